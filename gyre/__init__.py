@@ -1,0 +1,3 @@
+"""Gyre: elastic reinforcement learning for long-horizon LLM agents."""
+
+__version__ = "0.1.0"

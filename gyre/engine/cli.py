@@ -1,0 +1,9 @@
+"""`gyre engine`: serve. Keep heavy imports inside the command."""
+
+import typer
+
+
+def serve() -> None:
+    """Not implemented yet."""
+    typer.echo("gyre engine: not implemented yet", err=True)
+    raise typer.Exit(2)

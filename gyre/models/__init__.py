@@ -1,0 +1,1 @@
+"""Model helpers: the tiny offline model used by tests, quickstart and benchmarks."""

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install Gyre with everything its tests need.
+# Idempotent: a second run only checks. Installs the pinned CPU torch wheel
+# first, because an unpinned torch pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${GYRE_VENV:-.venv}
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+. "$VENV/bin/activate"
+stamp="$VENV/.gyre-installed"
+want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing (torch CPU wheel first, then gyre[dev])"
+  python -m pip install -q --upgrade pip
+  python -m pip install -q torch==2.13.0
+  python -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+# Third-party harness programs for the end-to-end tests (optional for users).
+if [ "${GYRE_SKIP_HARNESSES:-0}" != "1" ]; then
+  bash scripts/install-harnesses.sh
+fi
