@@ -1,0 +1,221 @@
+"""Async client for the engine wire protocol (any Gyre engine or a real SGLang server).
+
+Errors are split by what the caller should do about them:
+
+- :class:`EngineConnectionError`: the engine could not be reached or the
+  connection broke (mid-stream too). The request may be retried elsewhere
+  (the proxy's drain/resume path).
+- :class:`EngineRequestError` (4xx): the request itself is bad (empty or
+  out-of-vocab ids, context too long, ...). Retrying will not help.
+- :class:`EngineServerError` (5xx): the engine failed while serving.
+
+One client owns one ``httpx.AsyncClient`` (connection pooling); close it with
+``await client.aclose()`` or ``async with EngineClient(url) as c``. Create it in
+the event loop that uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Optional, Union
+
+import httpx
+
+from gyre.engine.protocol import (
+    DONE_SENTINEL,
+    AbortRequest,
+    GenerateRequest,
+    GenerateResponse,
+    ModelInfo,
+    PauseMode,
+    PauseRequest,
+    SamplingParams,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsResponse,
+)
+
+
+class EngineError(Exception):
+    """Base class of every error raised by :class:`EngineClient`."""
+
+    def __init__(self, message: str, *, url: str = "", status_code: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        self.url = url
+        self.status_code = status_code
+
+
+class EngineConnectionError(EngineError):
+    """Engine unreachable, timed out, or the connection dropped."""
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with an error status."""
+
+
+class EngineRequestError(EngineHTTPError):
+    """4xx: the request is invalid for this engine (clear message from the engine)."""
+
+
+class EngineServerError(EngineHTTPError):
+    """5xx: the engine failed."""
+
+
+def _error_message(resp_text: str) -> str:
+    try:
+        body = json.loads(resp_text)
+    except ValueError:
+        return resp_text.strip() or "(empty body)"
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body))
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        return str(err)
+    return str(body)
+
+
+def _raise_for_status(status: int, text: str, url: str) -> None:
+    if status < 400:
+        return
+    msg = f"engine {url} returned {status}: {_error_message(text)}"
+    cls = EngineRequestError if status < 500 else EngineServerError
+    raise cls(msg, url=url, status_code=status)
+
+
+SamplingLike = Union[SamplingParams, dict, None]
+
+
+def _build_request(
+    input_ids: Union[list[int], GenerateRequest],
+    sampling_params: SamplingLike,
+    rid: Optional[str],
+    return_logprob: bool,
+    stream: bool,
+) -> dict:
+    if isinstance(input_ids, GenerateRequest):
+        req = input_ids.model_copy(update={"stream": stream})
+    else:
+        sp = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams(**(sampling_params or {}))
+        req = GenerateRequest(rid=rid, input_ids=list(input_ids), sampling_params=sp,
+                              return_logprob=return_logprob, stream=stream)
+    # exclude_none: a real SGLang constructs SamplingParams(**dict) and rejects unknown keys.
+    return req.model_dump(exclude_none=True)
+
+
+class EngineClient:
+    """Typed async client of one engine at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
+
+    def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: Optional[float] = None,
+                 transport: Optional[httpx.AsyncBaseTransport] = None):
+        # read_timeout None: a long generation may legitimately take minutes.
+        self.base_url = base_url.rstrip("/")
+        timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
+
+    async def __aenter__(self) -> "EngineClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    async def _request(self, method: str, path: str, json_body: Any = None) -> httpx.Response:
+        url = self.base_url + path
+        try:
+            resp = await self._http.request(method, path, json=json_body)
+        except httpx.TransportError as e:  # connect/read/write errors and timeouts
+            raise EngineConnectionError(f"engine {url} unreachable: {type(e).__name__}: {e}", url=url) from e
+        _raise_for_status(resp.status_code, resp.text, url)
+        return resp
+
+    @staticmethod
+    def _json(resp: httpx.Response) -> Any:
+        if not resp.content:
+            return {}
+        try:
+            return resp.json()
+        except ValueError:
+            return {}
+
+    # -- generation -------------------------------------------------------------------------
+    async def generate(self, input_ids: Union[list[int], GenerateRequest], sampling_params: SamplingLike = None,
+                       *, rid: Optional[str] = None, return_logprob: bool = True) -> GenerateResponse:
+        """Non-streaming generation; returns the final response."""
+        body = _build_request(input_ids, sampling_params, rid, return_logprob, stream=False)
+        resp = await self._request("POST", "/generate", body)
+        data = resp.json()
+        if isinstance(data, list):  # SGLang answers a batch request with a list
+            data = data[0]
+        return GenerateResponse.model_validate(data)
+
+    async def generate_stream(self, input_ids: Union[list[int], GenerateRequest],
+                              sampling_params: SamplingLike = None, *, rid: Optional[str] = None,
+                              return_logprob: bool = True) -> AsyncIterator[GenerateResponse]:
+        """Streaming generation: yields cumulative chunks; the last has ``finish_reason`` set.
+
+        Closing the iterator early (``break`` / ``aclose()``) closes the HTTP
+        stream, which Gyre engines treat as an abort of the request.
+        """
+        body = _build_request(input_ids, sampling_params, rid, return_logprob, stream=True)
+        url = self.base_url + "/generate"
+        try:
+            async with self._http.stream("POST", "/generate", json=body) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    _raise_for_status(resp.status_code, resp.text, url)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == DONE_SENTINEL:
+                        return
+                    data = json.loads(payload)
+                    if isinstance(data, dict) and "error" in data:
+                        err = data["error"]
+                        code = int(err.get("code", 500)) if isinstance(err, dict) else 500
+                        _raise_for_status(code if code >= 400 else 500, json.dumps(data), url)
+                    yield GenerateResponse.model_validate(data)
+        except httpx.TransportError as e:
+            raise EngineConnectionError(f"engine {url} stream broke: {type(e).__name__}: {e}", url=url) from e
+
+    # -- control ----------------------------------------------------------------------------
+    async def abort(self, rid: str) -> bool:
+        """Abort request ``rid``; it ends with finish_reason ``abort`` and its partial output.
+        Returns whether the engine knew the request (always True for SGLang, which does not say)."""
+        resp = await self._request("POST", "/abort_request", AbortRequest(rid=rid).model_dump())
+        return bool(self._json(resp).get("found", True))
+
+    async def abort_all(self) -> None:
+        await self._request("POST", "/abort_request", AbortRequest(abort_all=True).model_dump())
+
+    async def pause(self, mode: PauseMode = "in_place") -> None:
+        """Stop scheduling generation steps (mode sent explicitly: SGLang's default is ``abort``)."""
+        await self._request("POST", "/pause_generation", PauseRequest(mode=mode).model_dump())
+
+    async def resume(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def update_weights_from_disk(self, path: str, *, weight_version: Optional[Union[int, str]] = None
+                                       ) -> UpdateWeightsResponse:
+        req = UpdateWeightsFromDiskRequest(model_path=str(path), weight_version=weight_version)
+        resp = await self._request("POST", "/update_weights_from_disk", req.model_dump(exclude_none=True))
+        out = UpdateWeightsResponse.model_validate(self._json(resp))
+        if not out.success:
+            raise EngineRequestError(f"engine {self.base_url} refused weights update: {out.message}",
+                                     url=self.base_url, status_code=resp.status_code)
+        return out
+
+    async def model_info(self) -> ModelInfo:
+        resp = await self._request("GET", "/get_model_info")
+        return ModelInfo.model_validate(self._json(resp))
+
+    async def health(self) -> bool:
+        """True when the engine answers ``/health`` with 200; False on any error status or no connection."""
+        try:
+            await self._request("GET", "/health")
+        except EngineError:
+            return False
+        return True

@@ -1,0 +1,212 @@
+"""The engine wire protocol: SGLang's native ``/generate`` shape, as pydantic types.
+
+Why SGLang's shape: a real SGLang server is then a drop-in engine behind the
+proxy (no adapter), and the protocol is token-level (``input_ids`` in,
+``output_ids`` + per-token log-probs out), which is what a token-exact trace
+needs. Every Gyre engine (embedded torch, scripted, null) speaks it.
+
+Routes (all JSON):
+
+- ``POST /generate``                 :class:`GenerateRequest` -> :class:`GenerateResponse`,
+  or with ``stream: true`` an SSE stream of cumulative :class:`GenerateResponse`
+  chunks (``data: {...}``), ended by ``data: [DONE]``.
+- ``POST /abort_request``            :class:`AbortRequest`
+- ``POST /pause_generation``         :class:`PauseRequest`
+- ``POST /continue_generation``      (empty body)
+- ``POST /update_weights_from_disk`` :class:`UpdateWeightsFromDiskRequest` -> :class:`UpdateWeightsResponse`
+- ``GET  /get_model_info``           -> :class:`ModelInfo`
+- ``GET  /health``                   -> 200 when the engine can serve
+
+Errors: a 4xx/5xx status with ``{"error": {"message": str, "type": str, "code": int}}``
+(SGLang's error shape). Mid-stream errors arrive as one ``data: {"error": ...}`` chunk.
+
+Types accept unknown fields (``extra="allow"``) so a newer SGLang adding
+meta fields never breaks the client, and so SGLang-only sampling parameters
+pass through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DONE_SENTINEL = "[DONE]"
+"""The payload of the last SSE event of a stream (``data: [DONE]``)."""
+
+WeightVersion = Union[int, str]
+"""Gyre engines count weight versions with ints; SGLang uses strings (default ``"default"``)."""
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class SamplingParams(_Open):
+    """Per-request sampling parameters (SGLang names and defaults).
+
+    ``seed`` is Gyre's name; SGLang calls it ``sampling_seed`` (both accepted
+    here; the client drops unset fields so a real SGLang never sees an unknown
+    ``None`` key). ``top_k = -1`` means no top-k cut (SGLang's convention).
+    """
+
+    max_new_tokens: int = Field(128, ge=0, description="Upper bound on generated tokens.")
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, description="-1 (or 0) disables top-k.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop_token_ids: Optional[list[int]] = Field(None, description="Extra stop tokens besides EOS.")
+    ignore_eos: bool = Field(False, description="Do not stop at EOS (benchmarks).")
+    seed: Optional[int] = Field(None, description="Per-request sampling seed (SGLang: sampling_seed).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_sglang_seed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("seed") is None and data.get("sampling_seed") is not None:
+            data = dict(data)
+            data["seed"] = data.pop("sampling_seed")
+        return data
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < -1:
+            raise ValueError("top_k must be -1 (disabled) or >= 0")
+        return v
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class GenerateRequest(_Open):
+    """``POST /generate`` body (token-level: Gyre never sends text to an engine)."""
+
+    rid: Optional[str] = Field(None, description="Request id; the engine makes one when absent.")
+    input_ids: list[int]
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    return_logprob: bool = True
+    stream: bool = False
+
+    @field_validator("input_ids")
+    @classmethod
+    def _non_empty(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("input_ids must not be empty")
+        if any(t < 0 for t in v):
+            raise ValueError("input_ids must be non-negative token ids")
+        return v
+
+
+FinishType = Literal["stop", "length", "abort"]
+
+
+class FinishReason(_Open):
+    """Why a request ended. ``stop``: a stop token (``matched``) was sampled and is
+    the last output token; ``length``: ``max_new_tokens`` or the context limit was
+    reached; ``abort``: aborted (``message`` says why) with partial output."""
+
+    type: FinishType
+    matched: Optional[Union[int, str]] = None
+    length: Optional[int] = None
+    message: Optional[str] = None
+
+
+class MetaInfo(_Open):
+    id: str
+    finish_reason: Optional[FinishReason] = Field(None, description="None while a stream is running.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_token_logprobs: Optional[list[tuple[float, int, Optional[str]]]] = Field(
+        None, description="[[logprob, token_id, token_text_or_null], ...] aligned with output_ids."
+    )
+    weight_version: Optional[WeightVersion] = Field(None, description="Engine weights version at the last token.")
+    # Gyre additions (SGLang does not send these; keep them optional).
+    weight_version_segments: Optional[list[tuple[int, WeightVersion]]] = Field(
+        None, description="[[first_output_index, version], ...]: output tokens from that index on were "
+        "sampled under that weights version (a pause/update can happen mid-request)."
+    )
+    engine_id: Optional[str] = None
+
+
+class GenerateResponse(_Open):
+    """Non-stream response, and also each (cumulative) stream chunk."""
+
+    text: Optional[str] = None
+    output_ids: list[int] = Field(default_factory=list)
+    meta_info: MetaInfo
+
+    @property
+    def finished(self) -> bool:
+        return self.meta_info.finish_reason is not None
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [lp for lp, _, _ in (self.meta_info.output_token_logprobs or [])]
+
+
+class AbortRequest(_Open):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class AbortResponse(_Open):
+    found: bool = Field(description="Whether a live request with that rid existed.")
+
+
+PauseMode = Literal["in_place", "abort", "retract"]
+
+
+class PauseRequest(_Open):
+    """``in_place``: stop scheduling steps, in-flight requests keep their state and
+    wait; ``abort``: also abort every in-flight request (partial output returned);
+    ``retract`` (SGLang: drop KV, recompute later) is served as ``in_place``."""
+
+    mode: PauseMode = "in_place"
+
+
+class UpdateWeightsFromDiskRequest(_Open):
+    model_path: str
+    load_format: Optional[str] = None
+    weight_version: Optional[WeightVersion] = Field(
+        None, description="Version to adopt; Gyre engines increment their counter when absent."
+    )
+    abort_all_requests: bool = False
+
+
+class UpdateWeightsResponse(_Open):
+    success: bool
+    message: str = ""
+    num_paused_requests: int = 0
+    weight_version: Optional[WeightVersion] = None
+
+
+class ModelInfo(_Open):
+    model_path: str
+    tokenizer_path: Optional[str] = None
+    is_generation: bool = True
+    weight_version: Optional[WeightVersion] = None
+    # Gyre additions.
+    engine_kind: Optional[str] = Field(None, description="embedded | scripted | null (absent on SGLang).")
+    engine_id: Optional[str] = None
+    max_context_length: Optional[int] = None
+    vocab_size: Optional[int] = None
+    eos_token_ids: Optional[list[int]] = None
+    max_batch: Optional[int] = None
+    paused: Optional[bool] = None
+
+
+class ErrorBody(_Open):
+    message: str
+    type: str = "invalid_request_error"
+    code: int = 400
+
+
+class ErrorResponse(_Open):
+    error: ErrorBody
+
+
+def error_payload(message: str, code: int = 400, type_: str = "invalid_request_error") -> dict:
+    """The JSON body every Gyre engine returns on error."""
+    return {"error": {"message": message, "type": type_, "code": code}}
