@@ -1,0 +1,243 @@
+"""Per-token log-probs of a :class:`~gyre.trace.packing.PackedSequence` under a HF causal LM.
+
+``token_logprobs(model, seq)`` returns a length-L tensor holding
+``log p(input_ids[i] | ancestors of i)`` at every target position (0 elsewhere),
+with gradient, for Hugging Face Qwen2/Qwen3-family models. The same call serves
+both packing modes because a row carries its own ``parent`` array.
+
+Three implementations, chosen by ``impl``:
+
+``"segments"`` (default; the tree attention we train with)
+    Runs the model's own modules layer by layer over the packed tokens. Every
+    per-token piece (embedding, norms, q/k/v/o projections, q_norm/k_norm, MLP)
+    runs once over the L packed tokens, so MLP work tracks *unique* tokens.
+    Attention runs per *segment*: a maximal run of tokens that each follow
+    their predecessor (``parent[i] == i - 1``). In depth-first pre-order the
+    ancestors of a segment are a stack of prefixes of earlier segments, so a
+    segment's queries attend to the concatenated keys/values of those prefixes
+    plus a causal block over itself. Attention work is therefore the sum over
+    tokens of their ancestor count (what the expanded paths would cost), never
+    the O(L^2) of a dense mask over the packed row. Works on CPU with autograd
+    (plain SDPA calls), which ``flex_attention`` does not in torch 2.13.
+
+``"dense"``
+    One ordinary HF forward with a 4D boolean ancestor mask (L x L). Simple and
+    exact, O(L^2) in the packed length: the reference for the mask semantics,
+    and a fine choice on GPU for short rows.
+
+``"expand"``
+    One plain HF forward per root-to-leaf chain of the row (no custom mask at
+    all), each target taken from the first chain that contains it. The slow,
+    obviously-correct reference used by the exactness tests.
+
+On GPU, ``flex_attention`` with a block mask built from the same ancestor
+relation is the natural fast path; it is not implemented here because it cannot
+be tested on this machine (no CUDA, and flex has no CPU backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gyre.trace.packing import PackedSequence
+
+IMPLS = ("auto", "segments", "dense", "expand")
+
+
+@dataclass
+class SegmentPlan:
+    """Where each segment's attention context comes from.
+
+    ``bounds[s] = (start, end)`` of segment s in the row; ``ctx[s]`` is a
+    LongTensor of row indices of all ancestors of the segment's first token
+    (in root-to-parent order), empty for a segment that starts at a root.
+    """
+
+    bounds: list[tuple[int, int]]
+    ctx: list[torch.Tensor | None]
+
+    @property
+    def attention_pairs(self) -> int:
+        """(query, key) pairs the plan computes: sum over tokens of ancestors+1."""
+        total = 0
+        for (s, e), c in zip(self.bounds, self.ctx):
+            n = e - s
+            total += n * (0 if c is None else c.numel()) + n * (n + 1) // 2
+        return total
+
+
+def plan_segments(parent: list[int], device: torch.device | None = None) -> SegmentPlan:
+    """Split a row into segments and gather each one's ancestor indices."""
+    n = len(parent)
+    bounds: list[tuple[int, int]] = []
+    ranges: list[list[tuple[int, int]]] = []  # per segment: ancestor ranges [a, b)
+    seg_of = [0] * n
+    start = 0
+    for i in range(n + 1):
+        if i == n or (i > 0 and parent[i] != i - 1):
+            if i > start:
+                bounds.append((start, i))
+            start = i
+        if i < n:
+            p = parent[i]
+            if not -1 <= p < i:
+                raise ValueError(f"token {i}: parent {p} must be -1 or an earlier token")
+            seg_of[i] = len(bounds)
+    ctx: list[torch.Tensor | None] = []
+    for s, (a, _b) in enumerate(bounds):
+        p = parent[a]
+        if p < 0:
+            ranges.append([])
+            ctx.append(None)
+            continue
+        q = seg_of[p]
+        r = ranges[q] + [(bounds[q][0], p + 1)]
+        ranges.append(r)
+        ctx.append(torch.cat([torch.arange(x, y, device=device) for x, y in r]))
+    return SegmentPlan(bounds, ctx)
+
+
+def _modules(model):
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    head = model.get_output_embeddings()
+    cfg = model.config
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        raise NotImplementedError("sliding-window attention layers are not supported by packed forward")
+    return base, head, cfg
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _segments_forward(model, ids: torch.Tensor, pos: torch.Tensor, parent: list[int]) -> torch.Tensor:
+    """Final hidden states (L, D) computed with per-segment tree attention."""
+    base, _head, cfg = _modules(model)
+    plan = plan_segments(parent, device=ids.device)
+    L = ids.shape[0]
+    x = base.embed_tokens(ids)[None]  # (1, L, D)
+    cos, sin = base.rotary_emb(x, pos[None])
+    cos, sin = cos[:, None], sin[:, None]  # (1, 1, L, hd)
+    masks: dict[tuple[int, int], torch.Tensor] = {}
+    for layer in base.layers:
+        attn = layer.self_attn
+        hd = attn.head_dim
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(1, L, -1, hd)
+        k = attn.k_proj(h).view(1, L, -1, hd)
+        v = attn.v_proj(h).view(1, L, -1, hd).transpose(1, 2)
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        gqa = q.shape[1] != k.shape[1]
+        outs = []
+        for (s, e), c in zip(plan.bounds, plan.ctx):
+            qs = q[:, :, s:e]
+            if c is None:
+                o = F.scaled_dot_product_attention(qs, k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                                   scale=attn.scaling, enable_gqa=gqa)
+            else:
+                ks = torch.cat((k.index_select(2, c), k[:, :, s:e]), dim=2)
+                vs = torch.cat((v.index_select(2, c), v[:, :, s:e]), dim=2)
+                key = (e - s, c.numel())
+                m = masks.get(key)
+                if m is None:
+                    n, nc = key
+                    m = torch.ones(n, nc + n, dtype=torch.bool, device=ids.device)
+                    m[:, nc:] = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+                    masks[key] = m
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m, scale=attn.scaling,
+                                                   enable_gqa=gqa)
+            outs.append(o)
+        o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, L, -1)
+        x = x + attn.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return base.norm(x)[0]
+
+
+def ancestor_mask(parent: list[int], device: torch.device | None = None) -> torch.Tensor:
+    """Dense (L, L) boolean mask: ``m[i, j]`` iff j is i or an ancestor of i."""
+    n = len(parent)
+    m = torch.zeros(n, n, dtype=torch.bool, device=device)
+    for i, p in enumerate(parent):
+        if p >= 0:
+            m[i, : p + 1] = m[p, : p + 1]
+        m[i, i] = True
+    return m
+
+
+def _gather_logprobs(model, hidden: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor,
+                     parents: torch.Tensor, L: int) -> torch.Tensor:
+    head = model.get_output_embeddings()
+    logits = head(hidden.index_select(0, parents)).float()
+    lp = torch.log_softmax(logits, dim=-1).gather(1, ids.index_select(0, targets)[:, None])[:, 0]
+    return torch.zeros(L, dtype=lp.dtype, device=lp.device).index_put((targets,), lp)
+
+
+def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tensor:
+    """log p(token | its ancestors) at each target of ``seq`` (0 elsewhere), with grad.
+
+    ``impl``: ``"auto"`` (= ``"segments"``), ``"segments"``, ``"dense"`` or
+    ``"expand"``; see the module docstring.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    seq.validate()
+    L = len(seq)
+    dev = next(model.parameters()).device
+    ids = torch.tensor(seq.input_ids, dtype=torch.long, device=dev)
+    pos = torch.tensor(seq.position_ids, dtype=torch.long, device=dev)
+    tgt_list = [i for i, t in enumerate(seq.is_target) if t]
+    if L == 0 or not tgt_list:
+        # Keep the graph connected so callers can still .backward() a zero loss.
+        return torch.zeros(L, device=dev) + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
+    targets = torch.tensor(tgt_list, dtype=torch.long, device=dev)
+    parents = torch.tensor([seq.parent[i] for i in tgt_list], dtype=torch.long, device=dev)
+    if impl in ("auto", "segments"):
+        hidden = _segments_forward(model, ids, pos, seq.parent)
+        return _gather_logprobs(model, hidden, ids, targets, parents, L)
+    if impl == "dense":
+        mask = ancestor_mask(seq.parent, device=dev)
+        if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
+            mask = torch.zeros(L, L, device=dev).masked_fill(~mask, float("-inf"))
+        out = model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None])
+        hidden = out.last_hidden_state[0]
+        return _gather_logprobs(model, hidden, ids, targets, parents, L)
+    # expand: one plain forward per root-to-leaf chain
+    has_child = [False] * L
+    for p in seq.parent:
+        if p >= 0:
+            has_child[p] = True
+    out = torch.zeros(L, device=dev)
+    done = [False] * L
+    pieces_idx: list[torch.Tensor] = []
+    pieces_val: list[torch.Tensor] = []
+    for leaf in range(L):
+        if has_child[leaf]:
+            continue
+        chain = []
+        i = leaf
+        while i >= 0:
+            chain.append(i)
+            i = seq.parent[i]
+        chain.reverse()
+        want = [j for j, t in enumerate(chain) if seq.is_target[t] and not done[t]]
+        if not want:
+            continue
+        cidx = torch.tensor(chain, dtype=torch.long, device=dev)
+        logits = model(input_ids=ids[cidx][None], position_ids=pos[cidx][None]).logits[0].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        w = torch.tensor(want, dtype=torch.long, device=dev)
+        vals = lp[w - 1].gather(1, ids[cidx][w][:, None])[:, 0]
+        for j in want:
+            done[chain[j]] = True
+        pieces_idx.append(cidx[w])
+        pieces_val.append(vals)
+    return out.index_put((torch.cat(pieces_idx),), torch.cat(pieces_val))
