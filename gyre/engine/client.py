@@ -20,6 +20,7 @@ import json
 from typing import Any, AsyncIterator, Optional, Union
 
 import httpx
+from pydantic import ValidationError
 
 from gyre.engine.protocol import (
     DONE_SENTINEL,
@@ -95,9 +96,14 @@ def _build_request(
     if isinstance(input_ids, GenerateRequest):
         req = input_ids.model_copy(update={"stream": stream})
     else:
-        sp = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams(**(sampling_params or {}))
-        req = GenerateRequest(rid=rid, input_ids=list(input_ids), sampling_params=sp,
-                              return_logprob=return_logprob, stream=stream)
+        try:
+            sp = (sampling_params if isinstance(sampling_params, SamplingParams)
+                  else SamplingParams(**(sampling_params or {})))
+            req = GenerateRequest(rid=rid, input_ids=list(input_ids), sampling_params=sp,
+                                  return_logprob=return_logprob, stream=stream)
+        except ValidationError as e:  # refused before sending: same error class as the engine's 400
+            msgs = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors())
+            raise EngineRequestError(f"invalid request (not sent): {msgs}") from None
     # exclude_none: a real SGLang constructs SamplingParams(**dict) and rejects unknown keys.
     return req.model_dump(exclude_none=True)
 

@@ -1,0 +1,247 @@
+"""What every Gyre engine shares: request bookkeeping, abort, pause, weights version.
+
+An engine is an asyncio object (explicit ``await start()`` / ``await stop()``,
+no global state; two engines live happily in one process). The HTTP layer
+(:mod:`gyre.engine.server`) only translates routes into these calls, so a Ray
+actor or a test can also drive an engine in-process without HTTP.
+
+A request's life: :meth:`Engine.submit` validates (raising
+:class:`EngineInputError` for bad input, before anything is streamed) and
+registers a :class:`RequestState`; the concrete engine appends tokens to it;
+:meth:`RequestHandle.updates` yields cumulative snapshots. Slow consumers get
+coalesced snapshots (every snapshot is complete, so nothing is lost). Leaving
+the iterator before the end (client disconnect) aborts the request, so no
+orphan keeps decoding or holding KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional
+
+from gyre.engine.protocol import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResponse,
+    MetaInfo,
+    ModelInfo,
+    PauseMode,
+    SamplingParams,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsResponse,
+)
+
+
+class EngineInputError(ValueError):
+    """A request the engine refuses (HTTP 400). The message says what is wrong and how to fix it."""
+
+
+@dataclass
+class RequestState:
+    """One request's mutable state; written by the engine, read by its handle."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = True
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version_segments: list[tuple[int, int]] = field(default_factory=list)
+    finish: Optional[FinishReason] = None
+    abort_message: Optional[str] = None
+    created_s: float = field(default_factory=time.monotonic)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def abort_requested(self) -> bool:
+        return self.abort_message is not None
+
+    def append(self, token_id: int, logprob: float, version: int) -> None:
+        if not self.version_segments or self.version_segments[-1][1] != version:
+            self.version_segments.append((len(self.output_ids), version))
+        self.output_ids.append(int(token_id))
+        self.logprobs.append(float(logprob))
+        self.changed.set()
+
+    def finish_with(self, reason: FinishReason) -> None:
+        if self.finish is None:
+            self.finish = reason
+        self.changed.set()
+
+    def snapshot(self, engine_id: str, weight_version: int) -> GenerateResponse:
+        meta = MetaInfo(
+            id=self.rid,
+            finish_reason=self.finish,
+            prompt_tokens=len(self.input_ids),
+            completion_tokens=len(self.output_ids),
+            output_token_logprobs=(
+                [(lp, t, None) for lp, t in zip(self.logprobs, self.output_ids)] if self.return_logprob else None
+            ),
+            weight_version=self.version_segments[-1][1] if self.version_segments else weight_version,
+            weight_version_segments=list(self.version_segments) or None,
+            engine_id=engine_id,
+        )
+        return GenerateResponse(output_ids=list(self.output_ids), meta_info=meta)
+
+
+class RequestHandle:
+    """The caller's side of one request."""
+
+    def __init__(self, engine: "Engine", state: RequestState):
+        self.engine = engine
+        self.state = state
+
+    @property
+    def rid(self) -> str:
+        return self.state.rid
+
+    async def updates(self) -> AsyncIterator[GenerateResponse]:
+        """Cumulative snapshots whenever output grew; the last one is finished."""
+        st = self.state
+        sent = -1
+        try:
+            while True:
+                await st.changed.wait()
+                st.changed.clear()
+                if len(st.output_ids) != sent or st.finish is not None:
+                    sent = len(st.output_ids)
+                    yield st.snapshot(self.engine.engine_id, self.engine.weight_version)
+                if st.finish is not None:
+                    return
+        finally:
+            if st.finish is None:
+                self.engine.abort_state(st, "client went away before the request finished")
+            self.engine._requests.pop(st.rid, None)
+
+    async def result(self) -> GenerateResponse:
+        last = None
+        async for snap in self.updates():
+            last = snap
+        assert last is not None
+        return last
+
+
+class Engine(ABC):
+    """Base engine: request registry, abort, pause/resume, weights version."""
+
+    kind: str = "engine"
+
+    def __init__(self, engine_id: Optional[str] = None):
+        self.engine_id = engine_id or f"{self.kind}-{uuid.uuid4().hex[:8]}"
+        self.weight_version: int = 0
+        self._requests: dict[str, RequestState] = {}
+        self._unpaused: Optional[asyncio.Event] = None
+        self._started = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._started = True
+
+    async def stop(self) -> None:
+        for st in list(self._requests.values()):
+            self.abort_state(st, "engine stopped")
+        self._started = False
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def paused(self) -> bool:
+        return self._unpaused is not None and not self._unpaused.is_set()
+
+    def healthy(self) -> bool:
+        return self._started
+
+    # -- requests -------------------------------------------------------------------------------
+    def validate(self, req: GenerateRequest) -> None:
+        """Engine-specific checks beyond the protocol's (vocab, context length). Raise EngineInputError."""
+
+    async def submit(self, req: GenerateRequest) -> RequestHandle:
+        if not self._started:
+            raise EngineInputError("engine is not started")
+        self.validate(req)
+        rid = req.rid or uuid.uuid4().hex
+        if rid in self._requests:
+            raise EngineInputError(f"rid {rid!r} is already in use by a live request; use a unique rid")
+        st = RequestState(rid=rid, input_ids=list(req.input_ids), params=req.sampling_params,
+                          return_logprob=req.return_logprob)
+        self._requests[rid] = st
+        handle = RequestHandle(self, st)
+        if req.sampling_params.max_new_tokens == 0:
+            st.finish_with(FinishReason(type="length", length=0))
+            return handle
+        await self._enqueue(st)
+        return handle
+
+    async def generate(self, req: GenerateRequest) -> GenerateResponse:
+        """In-process convenience: submit and wait for the final response."""
+        return await (await self.submit(req)).result()
+
+    @abstractmethod
+    async def _enqueue(self, st: RequestState) -> None:
+        """Start producing tokens for ``st`` (it is registered and valid)."""
+
+    def abort_state(self, st: RequestState, message: str) -> None:
+        """Mark ``st`` aborted. Engines finish it at their next step boundary (or now, if idle)."""
+        if st.finish is None and st.abort_message is None:
+            st.abort_message = message
+            self._on_abort(st)
+
+    def _on_abort(self, st: RequestState) -> None:
+        # Default: finish now. Engines with an in-flight step override to finish at a boundary.
+        st.finish_with(FinishReason(type="abort", message=st.abort_message))
+
+    async def abort(self, rid: str) -> bool:
+        st = self._requests.get(rid)
+        if st is None:
+            return False
+        self.abort_state(st, "aborted by /abort_request")
+        return True
+
+    async def abort_all(self, message: str = "aborted by /abort_request abort_all") -> int:
+        live = [st for st in self._requests.values() if st.finish is None]
+        for st in live:
+            self.abort_state(st, message)
+        return len(live)
+
+    # -- pause / weights ------------------------------------------------------------------------
+    async def pause(self, mode: PauseMode = "in_place") -> None:
+        assert self._unpaused is not None, "engine not started"
+        self._unpaused.clear()
+        if mode == "abort":
+            await self.abort_all("aborted by /pause_generation mode=abort")
+
+    async def resume(self) -> None:
+        assert self._unpaused is not None, "engine not started"
+        self._unpaused.set()
+
+    async def update_weights_from_disk(self, req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+        """Default (engines without weights): accept and bump the version."""
+        if req.abort_all_requests:
+            await self.abort_all("aborted by weights update")
+        self._bump_version(req.weight_version)
+        return UpdateWeightsResponse(success=True, message="no weights to load; version bumped",
+                                     weight_version=self.weight_version)
+
+    def _bump_version(self, requested: Optional[int | str]) -> None:
+        if requested is not None:
+            try:
+                self.weight_version = int(requested)
+                return
+            except (TypeError, ValueError):
+                raise EngineInputError(f"weight_version must be an integer for Gyre engines, got {requested!r}")
+        self.weight_version += 1
+
+    @abstractmethod
+    def model_info(self) -> ModelInfo: ...
+
+    @property
+    def live_requests(self) -> int:
+        return sum(1 for st in self._requests.values() if st.finish is None)

@@ -1,0 +1,60 @@
+"""Typed configuration of the engines (composed into Gyre's top-level config by the lead)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, Field
+
+
+class NullEngineConfig(BaseModel):
+    """Null engine: answers every request at once with ``num_tokens`` fixed tokens
+    (overhead benchmarks of the proxy and the runtime, no model)."""
+
+    engine_id: Optional[str] = None
+    num_tokens: int = Field(16, ge=0, description="Tokens per response (capped by max_new_tokens).")
+    token_ids: list[int] = Field(default_factory=lambda: [100, 101, 102, 103],
+                                 description="Output cycles through these ids.")
+    eos_token_id: Optional[int] = Field(None, description="If set, the last token is EOS and the finish 'stop'.")
+    logprob: float = Field(-0.03, le=0.0, description="Log-prob reported for every token.")
+    vocab_size: int = Field(1 << 20, ge=1, description="Ids >= this are refused (400).")
+    max_context_length: int = Field(1 << 24, ge=1)
+    token_delay_s: float = Field(0.0, ge=0.0, description="Sleep per token (0: one instant chunk).")
+
+
+class ScriptedEngineConfig(BaseModel):
+    """Scripted engine (a test double, named as such): replays fixed assistant turns
+    through a real tokenizer. The script itself is a :class:`gyre.engine.script.ScriptBook`."""
+
+    engine_id: Optional[str] = None
+    tokenizer_dir: str = Field(description="HF tokenizer directory (the served model's).")
+    tokens_per_chunk: int = Field(4, ge=1, description="Tokens released per step (streams in several chunks).")
+    token_delay_s: float = Field(0.0, ge=0.0, description="Sleep per chunk, to exercise streaming and aborts.")
+    max_context_length: int = Field(1 << 20, ge=1)
+
+
+class EmbeddedEngineConfig(BaseModel):
+    """Embedded engine: a Hugging Face causal LM on CPU with continuous batching."""
+
+    engine_id: Optional[str] = None
+    model_dir: str
+    max_batch: int = Field(8, ge=1, description="Most requests decoded together in one batched forward.")
+    max_context_length: Optional[int] = Field(
+        None, ge=1, description="Limit on input + max_new_tokens (default: the model's max_position_embeddings).")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    attn_implementation: Optional[str] = Field("sdpa", description="HF attn_implementation (sdpa, eager).")
+    logprob_mode: Literal["raw", "processed"] = Field(
+        "raw", description="raw: log-softmax of the model's logits at temperature 1 (SGLang's default; "
+        "what a trainer recomputes); processed: log-prob under the distribution actually sampled from "
+        "(temperature, top-k, top-p, min-p applied and renormalised).")
+    torch_threads: Optional[int] = Field(None, ge=1, description="torch.set_num_threads for the worker (None: leave).")
+    seed: int = Field(0, description="Engine RNG seed for requests without their own seed.")
+
+
+class EngineServerConfig(BaseModel):
+    """``gyre engine``: which engine, where to listen."""
+
+    kind: Literal["embedded", "scripted", "null"] = "embedded"
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=0, le=65535)

@@ -1,0 +1,137 @@
+"""The HTTP face of an engine: a FastAPI app speaking the wire protocol.
+
+``create_app(engine)`` works for every :class:`~gyre.engine.base.Engine`; the
+app's lifespan starts and stops the engine, so serving it with uvicorn (or
+:class:`~gyre.engine.runner.ServerRunner`) is all it takes. Bad input is a 400
+with ``{"error": {"message": ...}}`` naming the field; it is never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from pydantic import ValidationError
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from gyre.engine.base import Engine, EngineInputError
+from gyre.engine.protocol import (
+    DONE_SENTINEL,
+    AbortRequest,
+    AbortResponse,
+    GenerateRequest,
+    PauseRequest,
+    UpdateWeightsFromDiskRequest,
+    error_payload,
+)
+
+_DISCONNECT_POLL_S = 0.25
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        msg = err.get("msg", "invalid")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "invalid request: " + "; ".join(parts)
+
+
+def create_app(engine: Engine) -> FastAPI:
+    """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    app = FastAPI(title=f"gyre engine ({engine.kind})", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_payload(_validation_message(exc), 400), status_code=400)
+
+    @app.exception_handler(EngineInputError)
+    async def _refused(_req: Request, exc: EngineInputError) -> JSONResponse:
+        return JSONResponse(error_payload(str(exc), 400), status_code=400)
+
+    @app.post("/generate")
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        handle = await engine.submit(req)  # EngineInputError -> 400 before any streaming
+        if req.stream:
+            return StreamingResponse(_sse(handle), media_type="text/event-stream")
+        final = asyncio.ensure_future(handle.result())
+        try:
+            while not final.done():
+                await asyncio.wait({final}, timeout=_DISCONNECT_POLL_S)
+                if not final.done() and await request.is_disconnected():
+                    await engine.abort(handle.rid)  # no orphan keeps decoding
+        except asyncio.CancelledError:
+            final.cancel()
+            raise
+        return JSONResponse(final.result().model_dump(mode="json"))
+
+    async def _sse(handle) -> AsyncIterator[str]:
+        # Leaving this generator early (client disconnect -> cancellation) closes
+        # handle.updates(), whose finally aborts the request.
+        updates = handle.updates()
+        try:
+            async for snap in updates:
+                yield f"data: {json.dumps(snap.model_dump(mode='json'))}\n\n"
+        except Exception as e:  # an engine failure mid-stream: tell the client in-band
+            yield f"data: {json.dumps(error_payload(f'engine failed: {e}', 500, 'engine_error'))}\n\n"
+        finally:
+            await updates.aclose()
+        yield f"data: {DONE_SENTINEL}\n\n"
+
+    @app.post("/abort_request")
+    async def abort_request(req: AbortRequest) -> AbortResponse:
+        if req.abort_all:
+            return AbortResponse(found=await engine.abort_all() > 0)
+        return AbortResponse(found=await engine.abort(req.rid))
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> dict:
+        body = await request.body()
+        try:
+            req = PauseRequest.model_validate_json(body) if body.strip() else PauseRequest()
+        except ValidationError as e:
+            raise EngineInputError(f"invalid pause request: {e.errors()[0].get('msg')}") from None
+        await engine.pause(req.mode)
+        return {"success": True, "paused": True}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> dict:
+        await engine.resume()
+        return {"success": True, "paused": False}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(req: UpdateWeightsFromDiskRequest) -> JSONResponse:
+        out = await engine.update_weights_from_disk(req)
+        return JSONResponse(out.model_dump(mode="json"), status_code=200 if out.success else 400)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict:
+        return engine.model_info().model_dump(mode="json", exclude_none=True)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.healthy():
+            return Response(status_code=200)
+        return JSONResponse(error_payload("engine not ready", 503, "unavailable"), status_code=503)
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict:
+        info = engine.model_info().model_dump(mode="json", exclude_none=True)
+        info["live_requests"] = engine.live_requests
+        return info
+
+    return app
