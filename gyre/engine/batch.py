@@ -1,0 +1,165 @@
+"""Continuous batching for a Hugging Face causal LM: one padded KV cache for all live rows.
+
+How it works (and why):
+
+- A new request is prefilled **alone** (batch 1, its whole prompt) into its
+  own ``DynamicCache``. Prefill alone keeps it bit-identical to
+  ``model.generate`` and needs no padding inside the prompt.
+- It then joins the decode batch: its K/V tensors are **left-padded** to the
+  batch's cache length and concatenated along the batch dimension; a 2D
+  attention mask marks the pad columns. Each decode step runs ONE forward of
+  shape ``[B, 1]`` for all rows, with per-row ``position_ids`` (the row's real
+  length, so RoPE sees true positions), exactly like HF's left-padded batched
+  generation.
+- When rows finish or are aborted they are dropped from the batch dimension
+  and leading all-pad columns are trimmed, so a batch that shrinks back to one
+  row has no padding left (and is again identical to unbatched decoding).
+
+Padded rows can differ from unpadded ones in the last floating-point bits
+(a masked softmax over a longer row); greedy tokens agree except at exact
+near-ties. Everything here runs in the engine's single worker thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from gyre.engine.protocol import FinishReason, SamplingParams
+from gyre.engine.sampling import sample_row
+
+
+@dataclass
+class Row:
+    """One live request as the worker sees it (no asyncio state here)."""
+
+    rid: str
+    params: SamplingParams
+    stops: frozenset[int]
+    generator: Optional[torch.Generator]
+    n_cached: int = 0          # real tokens in the KV cache (prompt + fed outputs)
+    n_out: int = 0             # tokens sampled so far
+    next_token: int = -1       # sampled, not yet fed to the model
+
+
+@dataclass
+class TokenEvent:
+    rid: str
+    token: int
+    raw_logprob: float
+    processed_logprob: float
+    finish: Optional[FinishReason] = None
+
+
+def _cache_kwarg(model) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@dataclass
+class DecodeBatch:
+    model: object
+    rows: list[Row] = field(default_factory=list)
+    cache: object = None                  # DynamicCache with [B, H, Lc, D] per layer
+    mask: Optional[torch.Tensor] = None   # [B, Lc] long, 1 = real token
+
+    def __post_init__(self) -> None:
+        self._cache_kw = _cache_kwarg(self.model)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def width(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[1])
+
+    # -- rows in and out ------------------------------------------------------------------------
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def prefill(self, row: Row, input_ids: list[int]) -> TokenEvent:
+        """Run the prompt alone, sample the first token; the row joins the batch unless it finished."""
+        ids = torch.tensor([input_ids], dtype=torch.long)
+        cache = self._new_cache()
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), **{self._cache_kw: cache},
+                         use_cache=True, logits_to_keep=1)
+        row.n_cached = len(input_ids)
+        ev = self._sampled(row, out.logits[0, -1])
+        if ev.finish is None:
+            self._merge(row, cache)
+        return ev
+
+    def _merge(self, row: Row, cache) -> None:
+        length = row.n_cached
+        if not self.rows:
+            self.rows, self.cache = [row], cache
+            self.mask = torch.ones((1, length), dtype=torch.long)
+            return
+        width = max(self.width, length)
+        pad_batch, pad_row = width - self.width, width - length
+        for lb, lr in zip(self.cache.layers, cache.layers):
+            lb.keys = torch.cat([_left_pad(lb.keys, pad_batch), _left_pad(lr.keys, pad_row)], dim=0)
+            lb.values = torch.cat([_left_pad(lb.values, pad_batch), _left_pad(lr.values, pad_row)], dim=0)
+        row_mask = torch.cat([torch.zeros((1, pad_row), dtype=torch.long), torch.ones((1, length), dtype=torch.long)], 1)
+        batch_mask = torch.cat([torch.zeros((len(self.rows), pad_batch), dtype=torch.long), self.mask], 1)
+        self.mask = torch.cat([batch_mask, row_mask], 0)
+        self.rows.append(row)
+
+    def remove(self, rids: set[str]) -> None:
+        """Drop rows (finished or aborted) and trim pad columns no row needs any more."""
+        keep = [i for i, r in enumerate(self.rows) if r.rid not in rids]
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.rows, self.cache, self.mask = [], None, None
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask = self.mask.index_select(0, idx)
+        first = int(torch.nonzero(self.mask.sum(0) > 0)[0])
+        self.mask = self.mask[:, first:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)[:, :, first:, :]
+            layer.values = layer.values.index_select(0, idx)[:, :, first:, :]
+
+    # -- one decode step ------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        """Feed every row's pending token in one ``[B, 1]`` forward and sample the next ones.
+        Finished rows leave the batch."""
+        if not self.rows:
+            return []
+        tokens = torch.tensor([[r.next_token] for r in self.rows], dtype=torch.long)
+        positions = torch.tensor([[r.n_cached] for r in self.rows], dtype=torch.long)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], 1)
+        out = self.model(input_ids=tokens, attention_mask=self.mask, position_ids=positions,
+                         **{self._cache_kw: self.cache}, use_cache=True, logits_to_keep=1)
+        events = []
+        for i, row in enumerate(self.rows):
+            row.n_cached += 1
+            events.append(self._sampled(row, out.logits[i, -1]))
+        self.remove({ev.rid for ev in events if ev.finish is not None})
+        return events
+
+    def _sampled(self, row: Row, logits: torch.Tensor) -> TokenEvent:
+        tok, raw_lp, proc_lp = sample_row(logits, row.params, row.generator)
+        row.n_out += 1
+        row.next_token = tok
+        finish = None
+        if tok in row.stops:
+            finish = FinishReason(type="stop", matched=tok)
+        elif row.n_out >= row.params.max_new_tokens:
+            finish = FinishReason(type="length", length=row.n_out)
+        return TokenEvent(row.rid, tok, raw_lp, proc_lp, finish)
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Left-pad a [B, H, L, D] tensor with n zero columns along L."""
+    if n == 0:
+        return t
+    pad = torch.zeros((t.shape[0], t.shape[1], n, t.shape[3]), dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t], dim=2)

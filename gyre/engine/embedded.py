@@ -1,0 +1,270 @@
+"""The embedded engine: a Hugging Face causal LM on CPU behind the wire protocol.
+
+Threads and loops: the engine lives in an asyncio loop (the server's). A
+scheduler task decides what runs next; every torch call (load, prefill,
+decode step, weights reload) runs in ONE dedicated worker thread, so the loop
+keeps answering HTTP while the model computes (torch releases the GIL), and
+the model, KV cache and RNGs are only ever touched by that one thread, in
+order. Each scheduler iteration is one worker job:
+
+    drop aborted rows -> prefill newly admitted requests (alone) -> one batched
+    decode step for every live row -> events back to the loop
+
+Abort finishes a request at once with its partial output (the worker drops
+its row at the next job). Pause (``in_place``) stops submitting jobs: live
+requests keep their KV and wait; new ones queue. A weights update is a job
+like the others, so it lands between two steps; tokens carry the version
+their step ran under (``weight_version_segments``). Nothing is global: two
+engines in one process each have their own model, thread and scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+from gyre.engine.base import Engine, EngineInputError, RequestState
+from gyre.engine.batch import DecodeBatch, Row, TokenEvent
+from gyre.engine.config import EmbeddedEngineConfig
+from gyre.engine.protocol import GenerateRequest, ModelInfo, UpdateWeightsFromDiskRequest, UpdateWeightsResponse
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        v = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+class EmbeddedEngine(Engine):
+    kind = "embedded"
+
+    def __init__(self, config: EmbeddedEngineConfig):
+        super().__init__(config.engine_id)
+        self.config = config
+        self.model = None
+        self.tokenizer = None
+        self.eos_token_ids: list[int] = []
+        self.vocab_size = 0
+        self.max_context_length = 0
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._batch: Optional[DecodeBatch] = None
+        self._waiting: deque[RequestState] = deque()
+        self._live: dict[str, RequestState] = {}   # rid -> state, for rows in the worker's batch
+        self._wake: Optional[asyncio.Event] = None
+        self._scheduler: Optional[asyncio.Task] = None
+        self._loaded_version = 0                     # written by the worker thread only
+        self._rng = random.Random(config.seed)
+        self.steps = 0                               # decode steps run (for tests/benchmarks)
+        self.max_rows_seen = 0                       # largest batch a decode step ran with
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _load(self, path: str):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        kwargs = {"dtype": getattr(torch, self.config.dtype)}
+        if self.config.attn_implementation:
+            kwargs["attn_implementation"] = self.config.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(self.config.device)
+        model.eval()
+        return model
+
+    def _start_worker(self) -> None:
+        import torch
+
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        self.model = self._load(self.config.model_dir)
+        try:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
+        except Exception:  # a model directory without tokenizer files still serves token ids
+            self.tokenizer = None
+        self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (1 << 30)
+        self.max_context_length = min(limit, self.config.max_context_length or limit)
+        self._batch = DecodeBatch(self.model)
+
+    async def start(self) -> None:
+        await super().start()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gyre-{self.engine_id}")
+        await self._run(self._start_worker)
+        self._wake = asyncio.Event()
+        self._scheduler = asyncio.create_task(self._schedule(), name=f"{self.engine_id}-scheduler")
+
+    async def stop(self) -> None:
+        await super().stop()  # aborts everything live
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            try:
+                await self._scheduler
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._scheduler = None
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown, True)  # waits for a running job
+            self._executor = None
+        self._batch = None
+        self.model = None
+
+    def healthy(self) -> bool:
+        return super().healthy() and self._scheduler is not None and not self._scheduler.done()
+
+    async def _run(self, fn, *args):
+        def job():
+            import torch
+
+            with torch.inference_mode():
+                return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    # -- requests -------------------------------------------------------------------------------
+    def validate(self, req: GenerateRequest) -> None:
+        bad = [t for t in req.input_ids if t >= self.vocab_size]
+        if bad:
+            raise EngineInputError(f"input_ids contains ids outside the model's vocabulary [0, {self.vocab_size}): "
+                                   f"{bad[:5]}")
+        n_in, n_new = len(req.input_ids), req.sampling_params.max_new_tokens
+        if n_in + n_new > self.max_context_length:
+            raise EngineInputError(
+                f"input ({n_in} tokens) + max_new_tokens ({n_new}) = {n_in + n_new} exceeds the context limit "
+                f"{self.max_context_length} tokens; shorten the input or lower max_new_tokens")
+        bad_stops = [t for t in (req.sampling_params.stop_token_ids or []) if not 0 <= t < self.vocab_size]
+        if bad_stops:
+            raise EngineInputError(f"stop_token_ids outside the vocabulary: {bad_stops[:5]}")
+
+    async def _enqueue(self, st: RequestState) -> None:
+        self._waiting.append(st)
+        self._wake.set()
+
+    def _on_abort(self, st: RequestState) -> None:
+        super()._on_abort(st)  # finish now with the partial output; the worker drops the row next job
+        if self._wake is not None:
+            self._wake.set()
+
+    async def pause(self, mode="in_place") -> None:
+        await super().pause(mode)
+        self._wake.set()
+
+    async def resume(self) -> None:
+        await super().resume()
+        self._wake.set()
+
+    # -- scheduling -----------------------------------------------------------------------------
+    def _make_row(self, st: RequestState):
+        from gyre.engine.sampling import make_generator
+
+        p = st.params
+        stops = set(p.stop_token_ids or [])
+        if not p.ignore_eos:
+            stops.update(self.eos_token_ids)
+        seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
+        gen = None if p.greedy else make_generator(seed)
+        return Row(rid=st.rid, params=p, stops=frozenset(stops), generator=gen)
+
+    def _worker_job(self, drop: set[str], admit: list[tuple[Row, list[int]]]) -> tuple[int, list[TokenEvent], list[str]]:
+        """Runs in the worker thread: drop rows, prefill admissions, one batched decode step."""
+        batch = self._batch
+        batch.remove(drop)
+        events: list[TokenEvent] = []
+        for row, ids in admit:
+            events.append(batch.prefill(row, ids))
+        if len(batch):
+            self.max_rows_seen = max(self.max_rows_seen, len(batch))
+            self.steps += 1
+            events.extend(batch.step())
+        return self._loaded_version, events, [r.rid for r in batch.rows]
+
+    async def _schedule(self) -> None:
+        while True:
+            drop = {rid for rid, st in self._live.items() if st.finish is not None}
+            for rid in drop:
+                self._live.pop(rid, None)
+            while self._waiting and self._waiting[0].finish is not None:
+                self._waiting.popleft()  # aborted while queued
+            runnable = bool(self._live) or bool(self._waiting)
+            if self.paused or not runnable:
+                if drop:  # free the KV of aborted rows even while paused/idle
+                    await self._run(self._batch.remove, drop)
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            admit = []
+            while self._waiting and len(self._live) + len(admit) < self.config.max_batch:
+                st = self._waiting.popleft()
+                if st.finish is None:
+                    admit.append((self._make_row(st), st.input_ids))
+                    self._live[st.rid] = st
+            try:
+                version, events, alive = await self._run(self._worker_job, drop, admit)
+            except Exception as e:  # a failing step must not hang every client: fail its requests, go on
+                self._fail_all(e)
+                continue
+            self._apply(version, events, set(alive))
+
+    def _fail_all(self, err: Exception) -> None:
+        from gyre.engine.protocol import FinishReason
+
+        for st in self._live.values():
+            st.finish_with(FinishReason(type="abort", message=f"engine error: {type(err).__name__}: {err}"))
+        self._live.clear()
+        self._batch = DecodeBatch(self.model)  # the old KV state is suspect; start clean
+
+    def _apply(self, version: int, events: list[TokenEvent], alive: set[str]) -> None:
+        for ev in events:
+            st = self._live.get(ev.rid)
+            if st is None or st.finish is not None:
+                continue  # aborted meanwhile: its tokens past the abort are discarded
+            lp = ev.raw_logprob if self.config.logprob_mode == "raw" else ev.processed_logprob
+            st.append(ev.token, lp, version)
+            if ev.finish is not None:
+                st.finish_with(ev.finish)
+        for rid in [rid for rid in self._live if rid not in alive and self._live[rid].finish is not None]:
+            self._live.pop(rid)  # finished and already gone from the worker's batch
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _reload(self, path: str, version: int) -> str:
+        new = self._load(path)
+        missing = self.model.load_state_dict(new.state_dict(), strict=True)
+        del new
+        self._loaded_version = version
+        return str(missing)
+
+    async def update_weights_from_disk(self, req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+        if not Path(req.model_path).is_dir():
+            return UpdateWeightsResponse(success=False, message=f"model_path {req.model_path!r} is not a directory",
+                                         weight_version=self.weight_version)
+        if req.abort_all_requests:
+            await self.abort_all("aborted by weights update")
+        old = self.weight_version
+        self._bump_version(req.weight_version)
+        new_version = self.weight_version
+        try:
+            await self._run(self._reload, req.model_path, new_version)
+        except Exception as e:  # wrong architecture/shapes, unreadable files: keep the old weights
+            self.weight_version = old
+            return UpdateWeightsResponse(success=False, message=f"weights not loaded: {type(e).__name__}: {e}",
+                                         weight_version=old)
+        return UpdateWeightsResponse(success=True, message=f"loaded {req.model_path}",
+                                     num_paused_requests=self.live_requests, weight_version=new_version)
+
+    def model_info(self) -> ModelInfo:
+        return ModelInfo(model_path=self.config.model_dir,
+                         tokenizer_path=self.config.model_dir if self.tokenizer is not None else None,
+                         weight_version=self.weight_version, engine_kind=self.kind, engine_id=self.engine_id,
+                         max_context_length=self.max_context_length, vocab_size=self.vocab_size,
+                         eos_token_ids=self.eos_token_ids, max_batch=self.config.max_batch, paused=self.paused)

@@ -1,0 +1,63 @@
+"""Token sampling and behaviour log-probs for the embedded engine (torch, one row at a time).
+
+Two log-probs are computed for every sampled token:
+
+- ``raw``: ``log_softmax(logits)[token]`` of the model's own distribution at
+  temperature 1, before temperature/top-k/top-p/min-p. This is what SGLang
+  returns by default and what a trainer recomputes with a forward pass, so
+  the engine's default behaviour log-prob is directly comparable with the
+  trainer's (``EmbeddedEngineConfig.logprob_mode = "raw"``).
+- ``processed``: the log-prob under the distribution actually sampled from
+  (tempered, truncated, renormalised). Greedy decoding samples from a point
+  mass, so its processed log-prob is 0.0. Use it when the importance ratio
+  must be against the true sampling distribution (``logprob_mode = "processed"``).
+
+Greedy is ``argmax`` of the raw logits, exactly as ``model.generate(do_sample=False)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from gyre.engine.protocol import SamplingParams
+
+
+def make_generator(seed: int) -> torch.Generator:
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    return g
+
+
+def processed_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p applied to one row of float32 logits (masked entries -inf)."""
+    x = logits / p.temperature
+    if p.top_k is not None and p.top_k > 0 and p.top_k < x.shape[-1]:
+        kth = torch.topk(x, p.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # drop a token when the mass before it already reaches top_p (the first token always stays)
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= p.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    if p.min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    return x
+
+
+def sample_row(logits: torch.Tensor, p: SamplingParams, generator: Optional[torch.Generator]
+               ) -> tuple[int, float, float]:
+    """Sample one token from a row of logits; returns (token, raw_logprob, processed_logprob)."""
+    logits = logits.float()
+    raw = torch.log_softmax(logits, dim=-1)
+    if p.greedy:
+        tok = int(torch.argmax(logits))
+        return tok, float(raw[tok]), 0.0
+    x = processed_logits(logits, p)
+    logp = torch.log_softmax(x, dim=-1)
+    tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
+    return tok, float(raw[tok]), float(logp[tok])
