@@ -6,6 +6,12 @@ Pure data and algorithms: no torch, no I/O beyond reading/writing trace files.
 from .record import TRACE_FORMAT_VERSION, OutputSegment, TraceFormatError, TraceRecord
 from .store import TraceReadResult, TraceWriter, read_trace, trace_path
 
+# Trees, roles, admission and packing (trace helper; additive to the lead's exports).
+from .admission import Admission, AdmittedPath, admit, execution_seed
+from .packing import MicroStep, PackedSequence, PackingError, pack
+from .roles import ROLE_ORDER, Condition, Role, RoleProfile, RoleRule, default_profile
+from .tree import TrajectoryTree, TreeBuildError, build_tree
+
 __all__ = [
     "TRACE_FORMAT_VERSION",
     "OutputSegment",
@@ -15,4 +21,21 @@ __all__ = [
     "TraceWriter",
     "read_trace",
     "trace_path",
+    "Admission",
+    "AdmittedPath",
+    "admit",
+    "execution_seed",
+    "MicroStep",
+    "PackedSequence",
+    "PackingError",
+    "pack",
+    "ROLE_ORDER",
+    "Condition",
+    "Role",
+    "RoleProfile",
+    "RoleRule",
+    "default_profile",
+    "TrajectoryTree",
+    "TreeBuildError",
+    "build_tree",
 ]

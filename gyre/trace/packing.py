@@ -16,12 +16,14 @@ makes the two modes (and a plain forward of the original request) give the same
 log-probs. Invariant checked by :meth:`PackedSequence.validate`:
 ``-1 <= parent[i] < i`` and ``position_ids[i] == position_ids[parent[i]] + 1``.
 
-Pure python: no torch here (the torch side is ``gyre.train.packed``).
+Pure python + numpy: no torch here (the torch side is ``gyre.train.packed``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 MODES = ("paths", "tree")
 
@@ -107,3 +109,136 @@ class MicroStep:
     @property
     def n_targets(self) -> int:
         return sum(s.n_targets for s in self.sequences)
+
+
+# ---------------------------------------------------------------------------- packing
+@dataclass
+class _Unit:
+    """A piece of one execution that must stay in one row: a path (``paths``) or a subtree (``tree``)."""
+
+    adm: int  # index into the admissions list
+    tokens: list[int]  # tree indices, parents first
+    parent: list[int]  # local parent index (-1 = root)
+    target: list[bool]
+    path_index: list[int]
+
+
+def _truncated_paths(adm) -> list[tuple[int, list[int], set[int]]]:
+    """(path number, tree indices root..last target, that path's targets) for paths with targets."""
+    out = []
+    for k, p in enumerate(adm.paths):
+        if p.last_target < 0:
+            continue
+        toks = adm.tree.path_tokens(p.leaf)
+        cut = int(np.searchsorted(toks, p.last_target)) + 1  # indices increase along a path
+        out.append((k, toks[:cut].tolist(), set(p.targets.tolist())))
+    return out
+
+
+def _path_units(ai: int, adm) -> list[_Unit]:
+    units = []
+    for k, toks, tg in _truncated_paths(adm):
+        target = [t in tg for t in toks]
+        units.append(_Unit(ai, toks, [i - 1 for i in range(len(toks))], target,
+                           [k if x else -1 for x in target]))
+    return units
+
+
+def _tree_units(ai: int, adm, token_budget: int) -> list[_Unit]:
+    """The admitted subtree, DFS pre-order; split into several subtrees if over budget."""
+    paths = sorted(_truncated_paths(adm), key=lambda x: x[1])  # lexicographic = DFS pre-order
+    units: list[_Unit] = []
+    cur: _Unit | None = None
+    local: dict[int, int] = {}
+    for k, toks, tg in paths:
+        if cur is not None:
+            shared = 0
+            while shared < len(toks) and toks[shared] in local:
+                shared += 1
+            if len(cur.tokens) + len(toks) - shared > token_budget and cur.tokens:
+                units.append(cur)
+                cur = None
+        if cur is None:
+            cur, local = _Unit(ai, [], [], [], []), {}
+        shared = 0
+        while shared < len(toks) and toks[shared] in local:
+            shared += 1
+        for j in range(shared, len(toks)):
+            t = toks[j]
+            local[t] = len(cur.tokens)
+            cur.tokens.append(t)
+            cur.parent.append(local[toks[j - 1]] if j else -1)
+            is_t = t in tg
+            cur.target.append(is_t)
+            cur.path_index.append(k if is_t else -1)
+    if cur is not None and cur.tokens:
+        units.append(cur)
+    return units
+
+
+def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
+    """Cut admitted executions into micro-steps of at most ``token_budget`` tokens.
+
+    ``paths``: each admitted path (cut after its last admitted target: later
+    tokens cannot affect any loss) is a unit. ``tree``: each execution's
+    admitted subtree is one unit, split into several subtrees (sharing is then
+    lost between them) only when it exceeds the budget. Units are bin-packed
+    first-fit-decreasing; each micro-step is one row (a forest). A single path
+    longer than the budget gets a micro-step of its own (a path cannot be cut
+    without changing its context). Dropped or empty executions are skipped;
+    every target carries ``1/|T_e|`` so each execution's weights sum to 1 over
+    all micro-steps.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if token_budget <= 0:
+        raise ValueError("token_budget must be positive")
+    seen: set[str] = set()
+    units: list[_Unit] = []
+    for ai, adm in enumerate(admissions):
+        if adm.execution_id in seen:
+            raise PackingError(f"execution {adm.execution_id!r} appears twice")
+        seen.add(adm.execution_id)
+        if adm.dropped or adm.n_targets == 0:
+            continue
+        units.extend(_path_units(ai, adm) if mode == "paths" else _tree_units(ai, adm, token_budget))
+    order = sorted(range(len(units)), key=lambda u: -len(units[u].tokens))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for u in order:
+        n = len(units[u].tokens)
+        for b in range(len(bins)):
+            if room[b] >= n:
+                bins[b].append(u)
+                room[b] -= n
+                break
+        else:
+            bins.append([u])
+            room.append(token_budget - n)
+    steps = []
+    for b in bins:
+        b.sort()  # keep admission/path order inside a row
+        executions: list[str] = []
+        ex_index: dict[int, int] = {}
+        row = PackedSequence([], [], [], [], [], [], [], [], [], [])
+        for u in b:
+            unit = units[u]
+            adm = admissions[unit.adm]
+            tree = adm.tree
+            if unit.adm not in ex_index:
+                ex_index[unit.adm] = len(executions)
+                executions.append(adm.execution_id)
+            e, w, off = ex_index[unit.adm], adm.weight, len(row.input_ids)
+            for t, p, is_t, k in zip(unit.tokens, unit.parent, unit.target, unit.path_index):
+                row.input_ids.append(tree.tokens[t])
+                row.position_ids.append(tree.depth[t])
+                row.parent.append(p + off if p >= 0 else -1)
+                row.is_target.append(is_t)
+                row.behaviour_logprob.append(tree.logprob[t] if is_t else 0.0)
+                row.policy_version.append(tree.version[t] if is_t else -1)
+                row.execution_index.append(e if is_t else -1)
+                row.token_weight.append(w if is_t else 0.0)
+                row.tree_index.append(t)
+                row.path_index.append(k)
+        steps.append(MicroStep(mode, [row], executions))
+    return steps
