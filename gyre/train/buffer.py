@@ -1,0 +1,265 @@
+"""Packing buffer: ready groups -> micro-step tasks on the claim queue, as groups land.
+
+A group is *ready* when every execution has a reward (score or missing). The buffer
+hands groups to the running step oldest policy version first (ties: arrival
+order), computes their advantages, drops what carries no gradient (missing
+executions, all-equal groups), packs the rest into micro-steps under a token
+budget and puts them on the claim queue. Streaming means this happens whenever
+groups land, so cells start computing before the batch is complete.
+
+Input rows: each execution brings its packed rows (:class:`PackedSequence`, from
+the trajectory-tree admission and packing of ``gyre.trace``), each row holding
+targets of that execution only. Packing here never cuts a row; it keeps an
+execution's rows in one micro-step whenever they fit the budget, so its s_e is
+computed locally. An execution larger than the budget is split across
+micro-steps and its tasks carry ``spans`` so replicas pre-pass s_e.
+
+The *data cursor* is the set of consumed group ids: a group enters the buffer only
+once, and a step's groups become consumed when the core commits that step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from gyre.trace.packing import MicroStep, PackedSequence
+from gyre.train.config import ObjectiveConfig, StreamConfig
+from gyre.train.rewards import Reward, group_advantages
+
+
+@dataclass
+class ReadyGroup:
+    """One query's N executions, all assessed."""
+
+    group_id: str
+    rewards: dict[str, Reward]
+    rows: dict[str, list[PackedSequence]]        # execution id -> its packed rows
+    policy_version: int | None = None            # oldest version that sampled its targets (derived if None)
+
+    def version(self) -> int:
+        if self.policy_version is not None:
+            return self.policy_version
+        vs = [v for rows in self.rows.values() for r in rows for v, t in zip(r.policy_version, r.is_target)
+              if t and v >= 0]
+        return min(vs) if vs else 0
+
+
+@dataclass
+class PackStats:
+    groups: int = 0
+    groups_all_equal: int = 0
+    executions_scored: int = 0
+    executions_missing: int = 0
+    executions_trained: int = 0
+    executions_split: int = 0
+    tokens: int = 0
+    targets: int = 0
+    micro_steps: int = 0
+
+    def add(self, o: "PackStats") -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+
+
+def _normalise_weights(eid: str, rows: list[PackedSequence]) -> None:
+    """Make sure target token weights are 1/|T_e| (fill them if the producer left zeros)."""
+    n = sum(r.n_targets for r in rows)
+    if n == 0:
+        return
+    tot = sum(w for r in rows for w, t in zip(r.token_weight, r.is_target) if t)
+    if tot == 0.0:
+        for r in rows:
+            r.token_weight = [1.0 / n if t else 0.0 for t in r.is_target]
+    elif abs(tot - 1.0) > 1e-6:
+        raise ValueError(f"execution {eid!r}: target token weights sum to {tot}, expected 1 (= |T_e| * 1/|T_e|)")
+
+
+def pack_rows(executions: list[tuple[str, list[PackedSequence]]], token_budget: int,
+              mode: str = "paths") -> list[MicroStep]:
+    """Greedy packing of whole rows; an execution stays in one micro-step when it fits.
+
+    Rows are not modified except ``execution_index``, which is remapped to the
+    micro-step's ``executions`` list.
+    """
+    out: list[MicroStep] = []
+    cur: list[tuple[str, PackedSequence]] = []
+    cur_tok = 0
+
+    def flush():
+        nonlocal cur, cur_tok
+        if cur:
+            names: list[str] = []
+            seqs = []
+            for eid, row in cur:
+                if eid not in names:
+                    names.append(eid)
+                j = names.index(eid)
+                r = PackedSequence(**{**row.__dict__})
+                r.execution_index = [j if t else -1 for t in row.is_target]
+                seqs.append(r)
+            out.append(MicroStep(mode, seqs, names))
+        cur, cur_tok = [], 0
+
+    for eid, rows in executions:
+        size = sum(len(r) for r in rows)
+        if cur and cur_tok + size > token_budget:
+            flush()
+        if size <= token_budget:
+            cur.extend((eid, r) for r in rows)
+            cur_tok += size
+            continue
+        for r in rows:  # larger than a micro-step: split by rows
+            if cur and cur_tok + len(r) > token_budget:
+                flush()
+            cur.append((eid, r))
+            cur_tok += len(r)
+    flush()
+    return out
+
+
+Packer = Callable[[list[tuple[str, list[PackedSequence]]], int, str], list[MicroStep]]
+
+
+@dataclass
+class PackedChunk:
+    tasks: list  # list[MicroStepTask]
+    stats: PackStats
+    groups: list[str]
+
+
+def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig, objective: ObjectiveConfig,
+                packer: Packer = pack_rows) -> PackedChunk:
+    """Advantages + packing for groups that landed together -> tasks numbered from ``start_index``."""
+    from gyre.train.tasks import MicroStepTask
+
+    stats = PackStats()
+    adv_of: dict[str, float] = {}
+    execs: list[tuple[str, list[PackedSequence]]] = []
+    for g in groups:
+        ga = group_advantages(g.rewards, eps=objective.adv_eps, std=objective.adv_std)
+        unknown = set(g.rows) - set(g.rewards)
+        if unknown:
+            raise ValueError(f"group {g.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}")
+        stats.groups += 1
+        stats.groups_all_equal += int(ga.all_equal and ga.n_scored > 0)
+        stats.executions_scored += ga.n_scored
+        stats.executions_missing += len(ga.missing)
+        for eid in ga.scored:
+            a = ga.advantages[eid]
+            rows = g.rows.get(eid, [])
+            if a == 0.0 or not rows:
+                continue  # no gradient: counted as scored, not packed
+            for r in rows:
+                r.validate()
+                tids = {x for x, t in zip(r.execution_index, r.is_target) if t}
+                if len(tids) > 1:
+                    raise ValueError(f"execution {eid!r}: a row holds targets of {len(tids)} executions")
+            _normalise_weights(eid, rows)
+            if eid in adv_of:
+                raise ValueError(f"execution id {eid!r} appears twice in one batch")
+            adv_of[eid] = a
+            execs.append((eid, rows))
+            stats.executions_trained += 1
+            stats.tokens += sum(len(r) for r in rows)
+            stats.targets += sum(r.n_targets for r in rows)
+    micro = packer(execs, stream.token_budget, stream.pack_mode)
+    where: dict[str, list[int]] = {}
+    for k, ms in enumerate(micro):
+        for e in ms.executions:
+            where.setdefault(e, []).append(start_index + k)
+    spans = {e: w for e, w in where.items() if len(w) > 1}
+    stats.executions_split = len(spans)
+    stats.micro_steps = len(micro)
+    tasks = [MicroStepTask(start_index + k, ms, [adv_of[e] for e in ms.executions],
+                           {e: spans[e] for e in ms.executions if e in spans},
+                           [g.group_id for g in groups])
+             for k, ms in enumerate(micro)]
+    return PackedChunk(tasks, stats, [g.group_id for g in groups])
+
+
+class PackingBuffer:
+    """Holds ready groups until a step takes them (oldest policy version first)."""
+
+    def __init__(self, consumed: Iterable[str] = ()):
+        self.consumed: set[str] = set(consumed)
+        self._ready: list[tuple[int, int, ReadyGroup]] = []
+        self._ids: set[str] = set()
+        self._arrival = itertools.count()
+        self.ignored_consumed = 0
+
+    def add(self, group: ReadyGroup) -> bool:
+        """Add a ready group; ``False`` if it was consumed already (cursor) or is already queued."""
+        if group.group_id in self.consumed:
+            self.ignored_consumed += 1
+            return False
+        if group.group_id in self._ids:
+            return False
+        self._ids.add(group.group_id)
+        self._ready.append((group.version(), next(self._arrival), group))
+        return True
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def take(self, n: int) -> list[ReadyGroup]:
+        """Up to ``n`` groups, oldest policy version first."""
+        self._ready.sort(key=lambda x: (x[0], x[1]))
+        got, self._ready = self._ready[:n], self._ready[n:]
+        for _, _, g in got:
+            self._ids.discard(g.group_id)
+        return [g for _, _, g in got]
+
+    def give_back(self, groups: list[ReadyGroup]) -> None:
+        """Return groups of a step that was abandoned (not committed)."""
+        for g in groups:
+            self.add(g)
+
+    def commit(self, group_ids: Iterable[str]) -> None:
+        self.consumed.update(group_ids)
+
+
+@dataclass
+class StepFeeder:
+    """Feeds one step: pulls landed groups from ``source``, packs them, puts tasks, closes at B groups.
+
+    ``pump()`` is cheap and idempotent; the core calls it between micro-steps and while
+    it waits, so the queue fills as groups land (streaming). With ``whole_batch=True`` it
+    waits for all B groups and packs them in one go (the non-streaming baseline).
+    """
+
+    buffer: PackingBuffer
+    coordinator: object
+    step: int
+    stream: StreamConfig
+    objective: ObjectiveConfig
+    source: Callable[[], list[ReadyGroup]] | None = None
+    packer: Packer = pack_rows
+    whole_batch: bool = False
+    taken: list[ReadyGroup] = field(default_factory=list)
+    stats: PackStats = field(default_factory=PackStats)
+    next_index: int = 0
+    closed: bool = False
+
+    def pump(self) -> None:
+        if self.closed:
+            return
+        if self.source is not None:
+            for g in self.source():
+                self.buffer.add(g)
+        need = self.stream.batch_groups - len(self.taken)
+        if self.whole_batch and len(self.buffer) < need:
+            return
+        groups = self.buffer.take(need)
+        if groups:
+            chunk = pack_groups(groups, self.next_index, self.stream, self.objective, self.packer)
+            for t in chunk.tasks:
+                self.coordinator.put(self.step, t)
+            self.next_index += len(chunk.tasks)
+            self.stats.add(chunk.stats)
+            self.taken.extend(groups)
+        if len(self.taken) >= self.stream.batch_groups:
+            self.closed = True
+            self.coordinator.close(self.step, self.stats.executions_scored,
+                                   {"groups": [g.group_id for g in self.taken], "pack": self.stats.__dict__})

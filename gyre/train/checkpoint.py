@@ -1,0 +1,80 @@
+"""Core checkpoints: HF-layout safetensors weights, optimizer state, policy version, data cursor.
+
+Layout of one checkpoint ``<root>/step-<n>/``::
+
+    config.json, model.safetensors, generation_config.json  # AutoModelForCausalLM.from_pretrained(dir)
+    tokenizer files copied from the source model dir (if any)
+    optimizer.pt                                             # torch.save(optimizer.state_dict())
+    trainer_state.json                                       # step, policy_version, consumed groups
+
+A checkpoint is written to a temporary directory and renamed into place, and
+``<root>/latest`` names the newest complete one, so a crash while saving leaves
+the previous checkpoint intact. The cursor is saved with the weights it
+produced: groups of a step that did not finish are not in it and are trained
+after resume; groups of a finished step are, and are never trained again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "added_tokens.json")
+
+
+@dataclass
+class TrainerState:
+    step: int = 0                  # batches committed
+    policy_version: int = 0        # optimizer steps applied to the initial weights
+    consumed_groups: list[str] = field(default_factory=list)
+    model_source: str = ""
+
+
+def save_checkpoint(root: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: TrainerState, *, keep: int = 2) -> Path:
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{state.step}"
+    tmp = root / f".tmp-step-{state.step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    src = Path(state.model_source) if state.model_source else None
+    if src is not None and src.is_dir():
+        for name in TOKENIZER_FILES:
+            if (src / name).exists():
+                shutil.copy2(src / name, tmp / name)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = root / f".latest.{os.getpid()}"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, root / "latest")
+    steps = sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
+    for old in steps[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(root: str | Path | None) -> Path | None:
+    if root is None:
+        return None
+    f = Path(root) / "latest"
+    if not f.exists():
+        return None
+    p = Path(root) / f.read_text().strip()
+    return p if (p / "trainer_state.json").exists() else None
+
+
+def load_state(ckpt: Path) -> TrainerState:
+    return TrainerState(**json.loads((ckpt / "trainer_state.json").read_text()))
+
+
+def load_optimizer(ckpt: Path, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))

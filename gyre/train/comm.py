@@ -1,0 +1,62 @@
+"""Prefix communicators: one process group per prefix {0..k-1} of cells, k = 2..K.
+
+Cells join a step in fixed order, so the participants are always a prefix and one
+of these groups covers exactly them; the reduce never waits for a cell that did
+not take part. ``new_group`` is collective over the whole world, so every rank
+builds all K-1 groups at start, in the same order, and keeps them (the paper keeps
+processes and groups alive while cells switch roles).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class PrefixCommunicators:
+    """Holds the groups; ``reduce_sum(k, t)`` sums ``t`` over cells 0..k-1 into cell 0."""
+
+    def __init__(self, world_size: int, rank: int):
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed must be initialised before building prefix communicators")
+        self.world_size, self.rank = world_size, rank
+        self.groups: dict[int, object] = {}
+        for k in range(2, world_size + 1):  # same order on every rank
+            self.groups[k] = dist.new_group(ranks=list(range(k)))
+
+    def reduce_sum(self, k: int, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place sum over cells 0..k-1 (result valid on cell 0). No-op for k == 1."""
+        if k < 1 or k > self.world_size:
+            raise ValueError(f"{k} participants but {self.world_size} cells")
+        if self.rank >= k:
+            raise RuntimeError(f"cell {self.rank} did not take part in a step of {k} cells")
+        if k >= 2:
+            dist.reduce(tensor, dst=0, op=dist.ReduceOp.SUM, group=self.groups[k])
+        return tensor
+
+
+def init_cell_process(rank: int, world_size: int, port: int, *, backend: str = "gloo",
+                      host: str = "127.0.0.1", timeout_s: float = 120.0) -> PrefixCommunicators:
+    """Join the cells' process group over TCP on ``host:port`` and build the prefix groups."""
+    import datetime
+
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return PrefixCommunicators(world_size, rank)
+
+
+def flat_grads(params: list[torch.Tensor]) -> torch.Tensor:
+    """All gradients in one contiguous vector (zeros where a parameter got none)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def unflatten_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    off = 0
+    for p in params:
+        n = p.numel()
+        g = flat[off:off + n].view_as(p)
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+        off += n

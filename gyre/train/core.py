@@ -1,0 +1,188 @@
+"""The core cell: authoritative weights, the optimizer, and the step loop.
+
+One step (= one batch = one optimizer step)::
+
+    publish weight snapshot (version v)  ->  open step on the coordinator
+    loop: pump the packing buffer; claim a micro-step; forward/backward; mark done
+    seal (all micro-steps done; membership frozen at k cells)
+    reduce gradients over the prefix communicator of k cells
+    scale by 1/E, clip, optimizer.step, v -> v+1, commit the data cursor, checkpoint
+
+Satellites (:mod:`gyre.train.satellite`) can join at any point before the seal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from gyre.train.buffer import PackingBuffer, Packer, ReadyGroup, StepFeeder, pack_rows
+from gyre.train.checkpoint import (TrainerState, latest_checkpoint, load_optimizer, load_state,
+                                   save_checkpoint)
+from gyre.train.comm import PrefixCommunicators, flat_grads, unflatten_grads
+from gyre.train.config import TrainerConfig
+from gyre.train.coordinator import StepCoordinator, StepSeal
+from gyre.train.objective import ObjectiveStats
+from gyre.train.replica import ReplicaWorker
+from gyre.train.weights import WeightChannel, named_params
+
+
+@dataclass
+class StepResult:
+    step: int
+    policy_version: int            # after the step
+    seal: StepSeal
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def reduce_step(worker: ReplicaWorker, comm: PrefixCommunicators | None, k: int,
+                stats: ObjectiveStats) -> ObjectiveStats:
+    """Sum gradients and objective counters over cells 0..k-1 (result on the core)."""
+    if k > 1:
+        if comm is None:
+            raise RuntimeError(f"{k} cells took part but this replica has no communicators")
+        params = worker.params
+        flat = flat_grads(params)
+        comm.reduce_sum(k, flat)
+        vec = torch.tensor(stats.as_list(), dtype=torch.float64)
+        comm.reduce_sum(k, vec)
+        if comm.rank == 0:
+            unflatten_grads(params, flat)
+        return ObjectiveStats.from_list(vec.tolist())
+    return stats
+
+
+class Core:
+    """Cell 0. Explicit ``start``/``stop``; no global state (a Ray actor can own one)."""
+
+    cell = 0
+
+    def __init__(self, cfg: TrainerConfig, coordinator: StepCoordinator, weights: WeightChannel | None = None,
+                 comm: PrefixCommunicators | None = None):
+        self.cfg, self.coord, self.weights, self.comm = cfg, coordinator, weights, comm
+        self.worker = ReplicaWorker(cfg)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.state = TrainerState(model_source=cfg.model_dir)
+        self.buffer = PackingBuffer()
+
+    # lifecycle --------------------------------------------------------------------------
+    def start(self, *, resume: bool = True) -> None:
+        torch.manual_seed(self.cfg.seed)
+        ckpt = latest_checkpoint(self.cfg.checkpoint.dir) if resume else None
+        self.worker.start(str(ckpt) if ckpt else self.cfg.model_dir)
+        self.optimizer = build_optimizer(self.worker.params, self.cfg.optim)
+        if ckpt is not None:
+            load_optimizer(ckpt, self.optimizer)
+            self.state = load_state(ckpt)
+        self.buffer = PackingBuffer(consumed=self.state.consumed_groups)
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.optimizer = None
+
+    @property
+    def policy_version(self) -> int:
+        return self.state.policy_version
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.worker.model
+
+    def add_groups(self, groups: list[ReadyGroup]) -> int:
+        """Groups that became ready; returns how many were new (not consumed, not queued)."""
+        return sum(self.buffer.add(g) for g in groups)
+
+    # the step -----------------------------------------------------------------------------
+    def run_step(self, *, source: Callable[[], list[ReadyGroup]] | None = None, whole_batch: bool = False,
+                 max_claims: int | None = None, packer: Packer = pack_rows,
+                 on_microstep: Callable[[int], None] | None = None) -> StepResult:
+        """Run one batch to its optimizer step.
+
+        ``source`` is polled for newly landed groups (streaming); ``whole_batch`` waits for
+        all B groups before packing (baseline). ``max_claims`` caps how many micro-steps the
+        core itself processes (benchmarks/tests that fix the split); ``on_microstep(n)`` is
+        called after the core's n-th micro-step.
+        """
+        t0 = time.perf_counter()
+        step, version = self.state.step, self.state.policy_version
+        if self.weights is not None:
+            self.weights.publish(version, named_params(self.model))
+        self.coord.open_step(step, version)
+        feeder = StepFeeder(self.buffer, self.coord, step, self.cfg.stream, self.cfg.objective, source,
+                            packer, whole_batch)
+        self.worker.zero_grad()
+        self.worker.new_step()
+        stats, n = ObjectiveStats(), 0
+        feeder.pump()
+        t_compute = 0.0
+        while max_claims is None or n < max_claims:
+            task = self.coord.claim(step, idle=feeder.pump)
+            if task is None:
+                break
+            tc = time.perf_counter()
+            stats.add(self.worker.compute(task, step=step, get_task=lambda i: self.coord.get(step, i)))
+            t_compute += time.perf_counter() - tc
+            self.coord.done(step, task.index, self.cell)
+            n += 1
+            if on_microstep is not None:
+                on_microstep(n)
+            feeder.pump()
+        seal = self.coord.seal(step, idle=feeder.pump)
+        t_reduce = time.perf_counter()
+        total = reduce_step(self.worker, self.comm, seal.participants, stats)
+        t_reduce = time.perf_counter() - t_reduce
+        metrics = self._optimizer_step(seal, total)
+        self.state.step += 1
+        self.state.consumed_groups.extend(seal.meta.get("groups", []))
+        self.buffer.commit(seal.meta.get("groups", []))
+        ck = self.cfg.checkpoint
+        if ck.dir is not None and self.state.step % ck.every_steps == 0:
+            save_checkpoint(ck.dir, self.model, self.optimizer, self.state, keep=ck.keep)
+        dt = time.perf_counter() - t0
+        pack = seal.meta.get("pack", {})
+        metrics.update({
+            "timing/step": dt, "timing/reduce": t_reduce, "timing/core_compute": t_compute,
+            "train/participants": seal.participants, "train/micro_steps": seal.n_items,
+            "train/core_micro_steps": n, "train/tokens": float(pack.get("tokens", 0)),
+            "train/tokens_per_s": float(pack.get("tokens", 0)) / dt if dt > 0 else 0.0,
+            "batch/groups": pack.get("groups", 0), "batch/groups_all_equal": pack.get("groups_all_equal", 0),
+            "batch/executions_scored": seal.n_scored, "batch/executions_missing": pack.get("executions_missing", 0),
+            "batch/executions_split": pack.get("executions_split", 0),
+        })
+        return StepResult(step, self.state.policy_version, seal, metrics)
+
+    def _optimizer_step(self, seal: StepSeal, total: ObjectiveStats) -> dict[str, float]:
+        params = self.worker.params
+        E = seal.n_scored
+        m: dict[str, float] = {
+            "actor/loss": total.loss_sum / E if E else 0.0,
+            "actor/token_capfrac": total.tokens_capped / total.tokens if total.tokens else 0.0,
+            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight if total.exec_weight else 0.0,
+            "actor/executions_clipped": total.exec_clipped_weight,
+            "actor/target_tokens": float(total.tokens),
+        }
+        if E == 0:  # nothing scored: no update, but the groups are consumed
+            self.worker.zero_grad()
+            m["actor/grad_norm"] = 0.0
+            return m
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(E)
+        clip = self.cfg.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
+        self.optimizer.step()
+        self.worker.zero_grad()
+        self.state.policy_version += 1
+        m["actor/grad_norm"] = float(norm)
+        return m

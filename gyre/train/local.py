@@ -1,0 +1,178 @@
+"""Run K cells as local OS processes (gloo on 127.0.0.1): tests, benchmarks, single-host use.
+
+Each process is one cell: rank 0 the core, ranks 1..K-1 satellites. The processes
+start once, build the gloo world, the prefix communicators and a TCPStore-backed
+coordinator, then run a list of *runs* in order (so a test pays the process and
+torch start-up once for several scenarios). A run describes the data (synthetic
+groups, named as such), how many steps, and per satellite when it joins each step
+(after how many micro-steps were done) and how many micro-steps it may take.
+
+Results land in ``out_dir/<run name>/``: ``final.safetensors`` (core weights after the
+run), ``metrics.jsonl`` (core), ``cell<k>.json`` (satellite participation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from gyre.train.config import TrainerConfig
+
+
+class JoinPlan(BaseModel):
+    join: bool = True
+    after_done: int = Field(0, ge=0, description="join once this many micro-steps of the step are done")
+    max_claims: int | None = None
+
+
+class KillPlan(BaseModel):
+    cell: int
+    step: int
+    after_micro_steps: int = 1
+
+
+class SyntheticData(BaseModel):
+    n_groups: int = 8
+    group_size: int = 4
+    seed: int = 0
+    context_len: tuple[int, int] = (8, 24)
+    target_len: tuple[int, int] = (8, 24)
+    noise: float = 0.02
+    missing_every: int = 0
+
+
+class LocalRun(BaseModel):
+    name: str
+    cfg: TrainerConfig
+    steps: int = 1
+    data: SyntheticData = SyntheticData()
+    source: str = Field("all", description="'all': every group ready at start; 'one_per_pump': groups land "
+                                           "one at a time (streaming)")
+    whole_batch: bool = False
+    core_max_claims: int | None = None
+    joins: dict[int, JoinPlan] = Field(default_factory=dict, description="satellite cell -> plan (absent: no join)")
+    kill: KillPlan | None = None
+    resume: bool = False
+    fresh_store_namespace: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cell_main(rank: int, world: int, dist_port: int, store_port: int, runs_json: str, out_dir: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    from gyre.train.comm import init_cell_process
+    from gyre.train.coordinator import StoreCoordinator
+
+    comm = init_cell_process(rank, world, dist_port)
+    store = dist.TCPStore("127.0.0.1", store_port, world, rank == 0, wait_for_workers=False)
+    try:
+        for raw in json.loads(runs_json):
+            _run_one(rank, LocalRun.model_validate(raw), comm, store, Path(out_dir))
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
+    import torch.distributed as dist
+
+    from gyre.train.checkpoint import latest_checkpoint, load_state
+    from gyre.train.coordinator import StoreCoordinator
+    from gyre.train.weights import FileWeightChannel
+
+    rdir = out / run.name
+    rdir.mkdir(parents=True, exist_ok=True)
+    ns = run.name + run.fresh_store_namespace
+    coord = StoreCoordinator(store, ns, poll_s=run.cfg.stream.poll_s, stall_timeout_s=run.cfg.stream.stall_timeout_s)
+    weights = FileWeightChannel(rdir / "weights", keep=3)
+    ckpt = latest_checkpoint(run.cfg.checkpoint.dir) if run.resume else None
+    first = load_state(ckpt).step if ckpt else 0
+    dist.barrier()  # everyone has read the starting step before the core can move on
+
+    def killer(step):
+        def hook(n):
+            k = run.kill
+            if k is not None and k.cell == rank and k.step == step and n >= k.after_micro_steps:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return hook
+
+    if rank == 0:
+        from safetensors.torch import save_file
+
+        from gyre.train.core import Core
+        from gyre.train.replica import load_causal_lm
+        from gyre.train.synthetic import synthetic_groups
+        from gyre.train.weights import named_params
+
+        d = run.data
+        gen_model = load_causal_lm(run.cfg.model_dir, run.cfg.dtype)
+        groups = synthetic_groups(gen_model, d.n_groups, d.group_size, seed=d.seed, context_len=d.context_len,
+                                  target_len=d.target_len, noise=d.noise, missing_every=d.missing_every)
+        del gen_model
+        core = Core(run.cfg, coord, weights, comm)
+        core.start(resume=run.resume)
+        pending = list(groups)
+
+        def one_per_pump():
+            return [pending.pop(0)] if pending else []
+
+        if run.source == "all":
+            core.add_groups(groups)
+        with (rdir / "metrics.jsonl").open("a") as f:
+            for s in range(first, run.steps):
+                res = core.run_step(source=one_per_pump if run.source != "all" else None,
+                                    whole_batch=run.whole_batch, max_claims=run.core_max_claims,
+                                    on_microstep=killer(s))
+                f.write(json.dumps({"step": s, "version": res.policy_version, **res.metrics,
+                                    "claims": res.seal.claims}) + "\n")
+                f.flush()
+        save_file(named_params(core.model), str(rdir / "final.safetensors"))
+        core.stop()
+    else:
+        from gyre.train.satellite import Satellite
+
+        plan = run.joins.get(rank)
+        sat = Satellite(rank, run.cfg, coord, weights, comm)
+        sat.start()
+        log = []
+        for s in range(first, run.steps):
+            if plan is None or not plan.join:
+                continue
+            sat.wait_for_step(s)
+            while coord.n_done(s) < plan.after_done:
+                time.sleep(run.cfg.stream.poll_s)
+            res = sat.join_step(s, max_claims=plan.max_claims, on_microstep=killer(s))
+            log.append({"step": s, "joined": res is not None, "micro_steps": res.micro_steps if res else 0,
+                        "compute_s": res.compute_s if res else 0.0})
+        (rdir / f"cell{rank}.json").write_text(json.dumps(log))
+        sat.stop()
+
+
+def run_local(world: int, runs: list[LocalRun], out_dir: str | Path, *, timeout_s: float = 600.0) -> None:
+    """Spawn ``world`` cell processes, run ``runs`` in order, wait. Raises if any cell fails."""
+    import torch.multiprocessing as mp
+
+    payload = json.dumps([r.model_dump(mode="json") for r in runs])
+    ctx = mp.start_processes(_cell_main, args=(world, free_port(), free_port(), payload, str(out_dir)),
+                             nprocs=world, join=False, start_method="spawn")
+    t0 = time.monotonic()
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() - t0 > timeout_s:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"local cells did not finish within {timeout_s}s")

@@ -1,0 +1,145 @@
+r"""The training objective: GSPO with capped token weights and a per-execution clip.
+
+The paper says only "GSPO with token-level importance weights capped at 5 and a
+sequence-level clip of [0.995, 1.005] applied per execution". Gyre adopts this
+reading (sg = stop-gradient):
+
+* ``b_t``: reference log-prob of target token t: the behaviour log-prob recorded
+  by the proxy from the engine that sampled it (default), or the *proximal*
+  log-prob of the step's starting weights;
+* ``l_t``: the current policy's log-prob of t (with grad);
+* ``r_t = exp(l_t - b_t)``; token weight ``w_t = min(sg(r_t), C)`` with ``C = 5``;
+* ``s_e = exp( (1/|T_e|) * sum_{t in T_e} (l_t - b_t) )``, execution e's sequence ratio;
+* clip mask ``m_e = 0`` if (A_e > 0 and s_e > 1.005) or (A_e < 0 and s_e < 0.995), else 1
+  (what GSPO's min(s A, clip(s) A) does to the gradient);
+* ``loss_e = -(m_e / |T_e|) * sum_{t in T_e} w_t * A_e * l_t``;
+* batch loss ``L = (1/E) * sum_e loss_e`` over the batch's E scored executions.
+
+T_e is the execution's admitted (disjoint) target set; ``1/|T_e|`` arrives per token
+as ``PackedSequence.token_weight``, so a branchy execution weighs as much as a
+straight one. Gradient flows only through ``l_t`` (``w_t`` and ``m_e`` are
+constants), so ``s_e`` may come from a no-grad pre-pass when T_e spans several
+micro-steps.
+
+With ``ratio_reference="proximal"`` the reference is the log-prob under the step's
+starting weights. Weights do not change during gradient accumulation and each
+batch gets exactly one optimizer step, so the proximal log-prob equals ``sg(l_t)``
+at the moment it is computed: no extra forward is needed, r_t = s_e = 1 and the
+objective reduces to an on-policy policy gradient weighted per execution.
+
+Micro-steps return the *sum* ``sum_e loss_e`` of their tokens; the 1/E factor is
+applied once to the reduced gradient, because under streaming E is known only
+when the batch's last group has landed. The gradient is linear in the per-token
+terms, so any split of the tokens into micro-steps sums to the same gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ObjectiveStats:
+    """Counters that reduce by summation across micro-steps and replicas."""
+
+    loss_sum: float = 0.0            # sum of loss_e parts (divide by E for the batch loss)
+    tokens: int = 0                  # target tokens
+    tokens_capped: int = 0           # targets with sg(r_t) > cap
+    exec_weight: float = 0.0         # sum of token_weight (= executions seen, split ones counted once in total)
+    exec_clipped_weight: float = 0.0 # same, for clipped executions
+
+    def add(self, other: "ObjectiveStats") -> None:
+        self.loss_sum += other.loss_sum
+        self.tokens += other.tokens
+        self.tokens_capped += other.tokens_capped
+        self.exec_weight += other.exec_weight
+        self.exec_clipped_weight += other.exec_clipped_weight
+
+    def as_list(self) -> list[float]:
+        return [self.loss_sum, float(self.tokens), float(self.tokens_capped), self.exec_weight,
+                self.exec_clipped_weight]
+
+    @classmethod
+    def from_list(cls, xs) -> "ObjectiveStats":
+        return cls(float(xs[0]), int(round(float(xs[1]))), int(round(float(xs[2]))), float(xs[3]), float(xs[4]))
+
+
+def execution_log_ratio(diff: torch.Tensor, exec_index: torch.Tensor, token_weight: torch.Tensor,
+                        n_exec: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-execution sum of ``token_weight * (l - b)`` and of ``token_weight`` (no grad).
+
+    With token_weight = 1/|T_e| and all of T_e present, the first is log s_e and the
+    second is 1.
+    """
+    d = diff.detach().to(torch.float64)
+    w = token_weight.detach().to(torch.float64)
+    num = torch.zeros(n_exec, dtype=torch.float64, device=d.device).index_add_(0, exec_index, w * d)
+    den = torch.zeros(n_exec, dtype=torch.float64, device=d.device).index_add_(0, exec_index, w)
+    return num, den
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    exec_index: torch.Tensor,
+    token_weight: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    token_cap: float = 5.0,
+    clip_low: float = 0.995,
+    clip_high: float = 1.005,
+    seq_log_ratio: torch.Tensor | None = None,
+    check_complete: bool = True,
+) -> tuple[torch.Tensor, ObjectiveStats]:
+    """Sum over executions of ``loss_e`` for the target tokens given (see module docstring).
+
+    Args:
+        logp: ``l_t`` for N target tokens (with grad).
+        ref_logp: reference log-probs ``b_t`` (N); ``None`` means proximal (``sg(l_t)``).
+        exec_index: execution of each token, in ``[0, E)``.
+        token_weight: ``1/|T_e|`` per token.
+        advantages: ``A_e`` per execution (E).
+        seq_log_ratio: per-execution ``log s_e`` from a pre-pass; when ``None`` it is
+            computed from these tokens, which must then hold all of each T_e.
+        check_complete: with ``seq_log_ratio=None``, raise if an execution's token
+            weights do not sum to 1 (its T_e is split, so a local s_e would be wrong).
+    Returns:
+        (loss, stats): ``loss`` is the sum of ``loss_e``; backprop it and divide the
+        gradient by E at the end of the batch.
+    """
+    n_exec = int(advantages.numel())
+    ref = logp.detach() if ref_logp is None else ref_logp.to(logp.dtype)
+    diff = logp - ref
+    if seq_log_ratio is None:
+        num, den = execution_log_ratio(diff, exec_index, token_weight, n_exec)
+        present = den > 0
+        if check_complete and bool(present.any()):
+            bad = present & ((den - 1.0).abs() > 1e-4)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"execution #{i} has token weights summing to {float(den[i]):.6f} != 1 in this micro-step: "
+                    "its target set is split across micro-steps, so s_e needs a pre-pass "
+                    "(objective.execution_split='prepass')")
+        log_s = num
+    else:
+        log_s = seq_log_ratio.to(torch.float64)
+    adv64 = advantages.to(torch.float64)
+    clipped = ((adv64 > 0) & (log_s > math.log(clip_high))) | ((adv64 < 0) & (log_s < math.log(clip_low)))
+    keep = (~clipped).to(logp.dtype)
+    r = torch.exp(diff.detach())
+    w = torch.clamp(r, max=token_cap)
+    coef = keep[exec_index] * token_weight.to(logp.dtype) * w * advantages.to(logp.dtype)[exec_index]
+    loss = -(coef * logp).sum()
+    tw = token_weight.detach().to(torch.float64)
+    stats = ObjectiveStats(
+        loss_sum=float(loss.detach()),
+        tokens=int(logp.numel()),
+        tokens_capped=int((r > token_cap).sum()),
+        exec_weight=float(tw.sum()),
+        exec_clipped_weight=float((tw * clipped[exec_index].to(torch.float64)).sum()),
+    )
+    return loss, stats

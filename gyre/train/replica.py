@@ -1,0 +1,151 @@
+"""A training replica: one copy of the model that turns claimed micro-steps into gradients.
+
+It holds no optimizer and no step state: the core wraps one with an optimizer and
+the step loop (:mod:`gyre.train.core`), a satellite wraps one with joining
+(:mod:`gyre.train.satellite`). Gradients accumulate in ``param.grad`` across the
+micro-steps a replica processes; the step's reduce sums them over participants.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+
+from gyre.train.config import TrainerConfig
+from gyre.train.objective import ObjectiveStats, execution_log_ratio, gspo_loss
+from gyre.train.tasks import MicroStepTask
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def resolve(spec: str) -> Callable:
+    """``'module:function'`` -> the function."""
+    mod, _, fn = spec.partition(":")
+    if not fn:
+        raise ValueError(f"expected 'module:function', got {spec!r}")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def load_causal_lm(model_dir: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
+    """Any HF causal LM directory -> model in train mode (eager-free, SDPA attention)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model.to(device)
+    model.train()
+    return model
+
+
+class ReplicaWorker:
+    """Model + objective. ``compute(task)`` runs forward/backward of one micro-step."""
+
+    def __init__(self, cfg: TrainerConfig):
+        self.cfg = cfg
+        self.model: torch.nn.Module | None = None
+        self._logprob_fn = resolve(cfg.logprob_fn)
+        self._prepass_cache: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
+
+    def start(self, model_dir: str | None = None) -> None:
+        self.model = load_causal_lm(model_dir or self.cfg.model_dir, self.cfg.dtype, self.cfg.device)
+
+    def stop(self) -> None:
+        self.model = None
+        self._prepass_cache.clear()
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def zero_grad(self) -> None:
+        for p in self.model.parameters():
+            p.grad = None
+
+    def new_step(self) -> None:
+        """Forget per-step caches (pre-pass results are valid only for one set of weights)."""
+        self._prepass_cache.clear()
+
+    # ---------------------------------------------------------------------------------
+    def _targets(self, task: MicroStepTask, grad: bool):
+        """Concatenate l_t, b_t, execution index and token weight over the micro-step's targets."""
+        dev = next(self.model.parameters()).device
+        logps, refs, exs, tws = [], [], [], []
+        ctx = torch.enable_grad() if grad else torch.no_grad()
+        with ctx:
+            for seq in task.micro_step.sequences:
+                idx = [i for i, t in enumerate(seq.is_target) if t]
+                if not idx:
+                    continue
+                lp = self._logprob_fn(self.model, seq)
+                it = torch.tensor(idx, dtype=torch.long, device=dev)
+                logps.append(lp.index_select(0, it))
+                refs.append(torch.tensor([seq.behaviour_logprob[i] for i in idx], dtype=torch.float64, device=dev))
+                exs.append(torch.tensor([seq.execution_index[i] for i in idx], dtype=torch.long, device=dev))
+                tws.append(torch.tensor([seq.token_weight[i] for i in idx], dtype=torch.float64, device=dev))
+        if not logps:
+            return None
+        logp = torch.cat(logps)
+        ref = None if self.cfg.objective.ratio_reference == "proximal" else torch.cat(refs).to(logp.dtype)
+        return logp, ref, torch.cat(exs), torch.cat(tws).to(logp.dtype)
+
+    def _partials(self, step: int, task: MicroStepTask) -> dict[str, tuple[float, float]]:
+        """No-grad per-execution (sum w*(l-b), sum w) of one micro-step, cached per step."""
+        key = (step, task.index)
+        if key not in self._prepass_cache:
+            got = self._targets(task, grad=False)
+            out: dict[str, tuple[float, float]] = {}
+            if got is not None:
+                logp, ref, ex, tw = got
+                diff = logp - (logp if ref is None else ref)
+                num, den = execution_log_ratio(diff, ex, tw, len(task.micro_step.executions))
+                for i, e in enumerate(task.micro_step.executions):
+                    if float(den[i]) > 0:
+                        out[e] = (float(num[i]), float(den[i]))
+            self._prepass_cache[key] = out
+        return self._prepass_cache[key]
+
+    def compute(self, task: MicroStepTask, *, step: int = 0,
+                get_task: Callable[[int], MicroStepTask] | None = None) -> ObjectiveStats:
+        """Forward + backward of one micro-step; gradients accumulate into ``param.grad``.
+
+        Executions listed in ``task.spans`` have targets in other micro-steps too: their
+        s_e comes from a no-grad pre-pass over those micro-steps (exact, because the
+        weights do not change during accumulation), or an error with
+        ``execution_split='forbid'``.
+        """
+        ocfg = self.cfg.objective
+        got = self._targets(task, grad=True)
+        if got is None:
+            return ObjectiveStats()
+        logp, ref, ex, tw = got
+        execs = task.micro_step.executions
+        adv = torch.tensor(task.advantages, dtype=logp.dtype, device=logp.device)
+        if len(task.advantages) != len(execs):
+            raise ValueError(f"micro-step {task.index}: {len(task.advantages)} advantages for {len(execs)} executions")
+        seq_log_ratio = None
+        if task.spans:
+            if ocfg.execution_split == "forbid":
+                raise ValueError(
+                    f"micro-step {task.index}: executions {sorted(task.spans)} span several micro-steps; "
+                    "objective.execution_split='forbid' requires each execution's targets in one micro-step")
+            if get_task is None:
+                raise ValueError("a micro-step with split executions needs get_task for the s_e pre-pass")
+            diff = logp.detach() - (logp.detach() if ref is None else ref)
+            num, den = execution_log_ratio(diff, ex, tw, len(execs))
+            for e, where in task.spans.items():
+                i = execs.index(e)
+                for j in where:
+                    if j == task.index:
+                        continue
+                    n, d = self._partials(step, get_task(j)).get(e, (0.0, 0.0))
+                    num[i] += n
+                    den[i] += d
+            bad = [(execs[i], float(den[i])) for i in range(len(execs)) if abs(float(den[i]) - 1.0) > 1e-4]
+            if bad:
+                raise ValueError(f"micro-step {task.index}: token weights of executions do not sum to 1: {bad[:3]}")
+            seq_log_ratio = num
+        loss, stats = gspo_loss(logp, ref, ex, tw, adv, token_cap=ocfg.token_cap, clip_low=ocfg.clip_low,
+                                clip_high=ocfg.clip_high, seq_log_ratio=seq_log_ratio)
+        loss.backward()
+        return stats

@@ -1,0 +1,85 @@
+"""A satellite cell: joins a running step, pulls the core's snapshot, claims micro-steps.
+
+A satellite holds no optimizer state and no authoritative weights. Joining a step
+``s`` (cells join in fixed order 1, 2, ...): take the next membership slot, pull the
+weights of the step's policy version (constant during accumulation, so any time
+is a consistent time), claim micro-steps until the queue is closed and empty,
+then take part in the reduce over the prefix communicator of the k participants.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from gyre.train.comm import PrefixCommunicators
+from gyre.train.config import TrainerConfig
+from gyre.train.coordinator import StepCoordinator, StepSeal
+from gyre.train.core import reduce_step
+from gyre.train.objective import ObjectiveStats
+from gyre.train.replica import ReplicaWorker
+from gyre.train.weights import WeightChannel, load_params
+
+
+@dataclass
+class JoinResult:
+    step: int
+    micro_steps: int
+    seal: StepSeal
+    compute_s: float
+
+
+class Satellite:
+    def __init__(self, cell: int, cfg: TrainerConfig, coordinator: StepCoordinator, weights: WeightChannel,
+                 comm: PrefixCommunicators | None):
+        if cell < 1:
+            raise ValueError("satellites are cells 1..K-1 (cell 0 is the core)")
+        self.cell, self.cfg, self.coord, self.weights, self.comm = cell, cfg, coordinator, weights, comm
+        self.worker = ReplicaWorker(cfg)
+
+    def start(self) -> None:
+        """Load the architecture (weights are replaced by the core's snapshot on every join)."""
+        self.worker.start(self.cfg.model_dir)
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+    def wait_for_step(self, step: int, timeout_s: float = 600.0) -> int:
+        """Block until the core has opened ``step``; returns its policy version."""
+        t0 = time.monotonic()
+        while True:
+            cur = self.coord.current_step()
+            if cur is not None and cur[0] >= step:
+                if cur[0] > step:
+                    raise RuntimeError(f"step {step} is over (the core is at step {cur[0]})")
+                return cur[1]
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"step {step} did not open within {timeout_s}s")
+            time.sleep(self.cfg.stream.poll_s)
+
+    def join_step(self, step: int, *, max_claims: int | None = None,
+                  on_microstep: Callable[[int], None] | None = None) -> JoinResult | None:
+        """Join ``step`` (blocks until it is open and it is this cell's turn); ``None`` if it sealed first."""
+        version = self.wait_for_step(step)
+        if not self.coord.join(step, self.cell):
+            return None
+        load_params(self.worker.model, self.weights.pull(version))
+        self.worker.zero_grad()
+        self.worker.new_step()
+        stats, n, tc = ObjectiveStats(), 0, 0.0
+        while max_claims is None or n < max_claims:
+            task = self.coord.claim(step)
+            if task is None:
+                break
+            t0 = time.perf_counter()
+            stats.add(self.worker.compute(task, step=step, get_task=lambda i: self.coord.get(step, i)))
+            tc += time.perf_counter() - t0
+            self.coord.done(step, task.index, self.cell)
+            n += 1
+            if on_microstep is not None:
+                on_microstep(n)
+        seal = self.coord.wait_seal(step)
+        reduce_step(self.worker, self.comm, seal.participants, stats)
+        self.worker.zero_grad()
+        return JoinResult(step, n, seal, tc)
