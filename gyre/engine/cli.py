@@ -1,9 +1,86 @@
-"""`gyre engine`: serve. Keep heavy imports inside the command."""
+"""`gyre engine`: serve an engine over HTTP. Keep heavy imports inside the command.
+
+    gyre engine --model DIR --port 30000                       # embedded HF engine (CPU)
+    gyre engine --kind scripted --model DIR --script turns.json # scripted test double (tokenizer of DIR)
+    gyre engine --kind null --port 30001                        # null engine (overhead benchmarks)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 
-def serve() -> None:
-    """Not implemented yet."""
-    typer.echo("gyre engine: not implemented yet", err=True)
-    raise typer.Exit(2)
+def serve(
+    model: Optional[Path] = typer.Option(None, "--model", help="HF model directory (tokenizer dir for --kind scripted)."),
+    port: int = typer.Option(30000, "--port", help="TCP port (0: any free port; the URL is printed)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (keep loopback unless you mean it)."),
+    kind: str = typer.Option("embedded", "--kind", help="embedded | scripted | null."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Embedded: most requests decoded together."),
+    engine_id: Optional[str] = typer.Option(None, "--engine-id", help="Id reported in responses and model info."),
+    max_context: Optional[int] = typer.Option(None, "--max-context", help="Limit on input + max_new_tokens."),
+    logprob_mode: str = typer.Option("raw", "--logprob-mode", help="Embedded: raw | processed (see docs/engine.md)."),
+    dtype: str = typer.Option("float32", "--dtype", help="Embedded: float32 | bfloat16 | float16."),
+    torch_threads: Optional[int] = typer.Option(None, "--torch-threads", help="Embedded: torch intra-op threads."),
+    script: Optional[Path] = typer.Option(None, "--script", help="Scripted: ScriptBook JSON file."),
+    null_tokens: int = typer.Option(16, "--null-tokens", help="Null: tokens per response."),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Serve an engine speaking the SGLang-native /generate protocol."""
+    import uvicorn
+
+    from gyre.engine.server import create_app
+
+    try:
+        engine = build_engine(kind, model=model, max_batch=max_batch, engine_id=engine_id, max_context=max_context,
+                              logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads, script=script,
+                              null_tokens=null_tokens)
+    except (ValueError, FileNotFoundError) as e:
+        typer.echo(f"gyre engine: {e}", err=True)
+        raise typer.Exit(2)
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))  # bound here so --port 0 can print the port it got
+    port = sock.getsockname()[1]
+    typer.echo(f"gyre engine ({kind}, id {engine.engine_id}) on http://{host}:{port}", err=True)
+    config = uvicorn.Config(create_app(engine), host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def build_engine(kind: str, *, model: Optional[Path] = None, max_batch: int = 8, engine_id: Optional[str] = None,
+                 max_context: Optional[int] = None, logprob_mode: str = "raw", dtype: str = "float32",
+                 torch_threads: Optional[int] = None, script: Optional[Path] = None, null_tokens: int = 16):
+    """An (unstarted) engine of ``kind`` from CLI-style arguments."""
+    if kind == "null":
+        from gyre.engine.config import NullEngineConfig
+        from gyre.engine.null import NullEngine
+
+        cfg = NullEngineConfig(engine_id=engine_id, num_tokens=null_tokens)
+        if max_context:
+            cfg.max_context_length = max_context
+        return NullEngine(cfg)
+    if model is None or not Path(model).is_dir():
+        raise ValueError(f"--model must be an existing model directory for --kind {kind} (got {model})")
+    if kind == "scripted":
+        from gyre.engine.config import ScriptedEngineConfig
+        from gyre.engine.script import ScriptBook
+        from gyre.engine.scripted import ScriptedEngine
+
+        if script is None:
+            raise ValueError("--kind scripted needs --script FILE (a ScriptBook JSON)")
+        cfg = ScriptedEngineConfig(engine_id=engine_id, tokenizer_dir=str(model))
+        if max_context:
+            cfg.max_context_length = max_context
+        return ScriptedEngine(cfg, ScriptBook.from_json(Path(script)))
+    if kind == "embedded":
+        from gyre.engine.config import EmbeddedEngineConfig
+        from gyre.engine.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(EmbeddedEngineConfig(
+            engine_id=engine_id, model_dir=str(model), max_batch=max_batch, max_context_length=max_context,
+            logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads))
+    raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted or null")

@@ -41,6 +41,23 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+async def _parse(model, request: Request, *, empty_ok: bool = False):
+    """Parse a JSON body into ``model`` whatever the Content-Type (curl -d sends form type)."""
+    body = await request.body()
+    if not body.strip():
+        if empty_ok:
+            return model()
+        raise EngineInputError("invalid request: empty body; send a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else err.get("msg", "invalid"))
+        raise EngineInputError("invalid request: " + "; ".join(parts)) from None
+
+
 def create_app(engine: Engine) -> FastAPI:
     """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan)."""
 
@@ -64,7 +81,8 @@ def create_app(engine: Engine) -> FastAPI:
         return JSONResponse(error_payload(str(exc), 400), status_code=400)
 
     @app.post("/generate")
-    async def generate(req: GenerateRequest, request: Request) -> Response:
+    async def generate(request: Request) -> Response:
+        req = await _parse(GenerateRequest, request)
         handle = await engine.submit(req)  # EngineInputError -> 400 before any streaming
         if req.stream:
             return StreamingResponse(_sse(handle), media_type="text/event-stream")
@@ -93,18 +111,15 @@ def create_app(engine: Engine) -> FastAPI:
         yield f"data: {DONE_SENTINEL}\n\n"
 
     @app.post("/abort_request")
-    async def abort_request(req: AbortRequest) -> AbortResponse:
+    async def abort_request(request: Request) -> AbortResponse:
+        req = await _parse(AbortRequest, request)
         if req.abort_all:
             return AbortResponse(found=await engine.abort_all() > 0)
         return AbortResponse(found=await engine.abort(req.rid))
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> dict:
-        body = await request.body()
-        try:
-            req = PauseRequest.model_validate_json(body) if body.strip() else PauseRequest()
-        except ValidationError as e:
-            raise EngineInputError(f"invalid pause request: {e.errors()[0].get('msg')}") from None
+        req = await _parse(PauseRequest, request, empty_ok=True)
         await engine.pause(req.mode)
         return {"success": True, "paused": True}
 
@@ -114,7 +129,8 @@ def create_app(engine: Engine) -> FastAPI:
         return {"success": True, "paused": False}
 
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(req: UpdateWeightsFromDiskRequest) -> JSONResponse:
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        req = await _parse(UpdateWeightsFromDiskRequest, request)
         out = await engine.update_weights_from_disk(req)
         return JSONResponse(out.model_dump(mode="json"), status_code=200 if out.success else 400)
 
