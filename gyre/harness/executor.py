@@ -1,0 +1,321 @@
+"""The harness executor: one fresh workspace, one harness process, one assessment per execution.
+
+Lifecycle: ``await ex.start()`` ... ``await ex.run(spec)`` (many at once, up to
+``max_concurrency`` harnesses live) ... ``await ex.stop()`` (kills what is
+still running). No global state: two executors in one process do not interact.
+
+Timeout semantics (the paper's partial scoring):
+
+- harness timeout -> the whole process group is killed, the workspace kept,
+  and scored by the task's normal rule; the reward never looks at the exit
+  status or the elapsed time;
+- the overall budget (per task, counted from launch; or an absolute deadline
+  from the caller) running out -- before the harness is done, or during
+  scoring -- is a ``Missing`` assessment, as are verifier crashes/timeouts and
+  a harness that could not be launched at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Awaitable, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .assessment import Assessment, Missing, MissingReason, Scored
+from .config import ExecutorConfig
+from .process import run_process
+from .profiles import HarnessProfile, ProfileError, find_claude
+from .sandbox import SANDBOX_HOME, bwrap_argv, bwrap_available
+from .scorer import Scorer
+from .task import Task
+
+# (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
+RegisterKey = Callable[[str, str], Awaitable[str]]
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+HarnessStop = Literal["exited", "harness_timeout", "overall_timeout", "log_limit", "launch_failed", "not_run"]
+
+
+class ExecutionError(RuntimeError):
+    """A caller error (executor not started, duplicate execution id)."""
+
+
+class ExecutionSpec(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    execution_id: str
+    task: Task
+    profile: HarnessProfile
+    base_url: str
+    api_key: str | None = None  # None: obtained from the executor's ``register`` hook
+    model: str | None = None  # overrides the profile's model name
+    overall_timeout_s: float | None = None  # overrides the task's
+    harness_timeout_s: float | None = None  # overrides the task's
+    deadline: float | None = None  # absolute time.monotonic() deadline from the caller
+    extra_env: dict[str, str] = Field(default_factory=dict)
+    label: str | None = None
+
+
+class HarnessRun(BaseModel):
+    argv: list[str] = Field(default_factory=list)
+    stop: HarnessStop = "not_run"
+    exit_code: int | None = None
+    error: str = ""
+    stdout_path: str = ""
+    stderr_path: str = ""
+    log_truncated: bool = False
+
+
+class Timings(BaseModel):
+    queued_s: float = 0.0  # waiting for a slot
+    setup_s: float = 0.0  # workspace copy, key, launch
+    harness_s: float = 0.0
+    teardown_s: float = 0.0  # process-group kill and log flush after the harness stopped
+    scoring_s: float = 0.0
+    total_s: float = 0.0
+
+
+class ExecutionResult(BaseModel):
+    execution_id: str
+    task: str
+    profile: str
+    assessment: Assessment
+    harness: HarnessRun
+    workspace: str
+    execution_dir: str
+    timings: Timings
+
+    @property
+    def reward(self) -> float | None:
+        """The reward, or None when the assessment is missing (never 0 for missing)."""
+        return self.assessment.reward if isinstance(self.assessment, Scored) else None
+
+
+class HarnessExecutor:
+    def __init__(self, config: ExecutorConfig | None = None, *, register: RegisterKey | None = None) -> None:
+        self.config = config or ExecutorConfig()
+        self._register = register
+        self._sem: asyncio.Semaphore | None = None
+        self._scorer: Scorer | None = None
+        self._bwrap: str | None = None
+        self._inflight: set[asyncio.Task] = set()
+        self._ids: set[str] = set()
+
+    # ---- lifecycle -------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        cfg.workspace_root.mkdir(parents=True, exist_ok=True)
+        if cfg.sandbox.enabled:
+            self._bwrap = bwrap_available(cfg.sandbox.bwrap)
+            if self._bwrap is None:
+                raise ExecutionError(
+                    f"sandbox enabled but {cfg.sandbox.bwrap!r} is not installed (Debian: apt-get install bubblewrap)"
+                )
+        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._scorer = Scorer(cfg.scorer, bwrap=self._bwrap, hide=[cfg.workspace_root.resolve(), *cfg.sandbox.hide_paths])
+
+    async def stop(self) -> None:
+        """Cancel every running execution (their process groups are killed) and wait."""
+        tasks = list(self._inflight)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._sem = None
+
+    @property
+    def running(self) -> int:
+        return len(self._inflight)
+
+    async def __aenter__(self) -> "HarnessExecutor":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- one execution --------------------------------------------------------
+    async def run(self, spec: ExecutionSpec) -> ExecutionResult:
+        """Run one execution to its assessment. Never raises for harness or verifier failures."""
+        if self._sem is None or self._scorer is None:
+            raise ExecutionError("executor not started (await executor.start() first)")
+        if spec.execution_id in self._ids:
+            raise ExecutionError(f"execution id {spec.execution_id!r} was already used by this executor")
+        self._ids.add(spec.execution_id)
+        me = asyncio.current_task()
+        if me is not None:
+            self._inflight.add(me)
+        try:
+            t_submit = time.monotonic()
+            async with self._sem:
+                return await self._run(spec, t_submit)
+        finally:
+            if me is not None:
+                self._inflight.discard(me)
+
+    async def run_many(self, specs: list[ExecutionSpec]) -> list[ExecutionResult]:
+        return list(await asyncio.gather(*(self.run(s) for s in specs)))
+
+    async def _run(self, spec: ExecutionSpec, t_submit: float) -> ExecutionResult:
+        cfg, task, prof = self.config, spec.task, spec.profile
+        t_launch = time.monotonic()
+        timings = Timings(queued_s=t_launch - t_submit)
+        overall = spec.overall_timeout_s or task.overall_timeout_s or (
+            task.harness_timeout_s + task.verifier_timeout_s + cfg.overall_slack_s)
+        deadline = t_launch + overall
+        if spec.deadline is not None:
+            deadline = min(deadline, spec.deadline)
+        exec_dir = (cfg.workspace_root / (_SAFE.sub("_", spec.execution_id) or "_")).resolve()
+        ws, inputs, artifacts, home = exec_dir / "workspace", exec_dir / "input", exec_dir / "artifacts", exec_dir / "home"
+        run = HarnessRun(stdout_path=str(exec_dir / "harness.stdout"), stderr_path=str(exec_dir / "harness.stderr"))
+
+        def result(assessment: Scored | Missing) -> ExecutionResult:
+            timings.total_s = time.monotonic() - t_submit
+            r = ExecutionResult(
+                execution_id=spec.execution_id, task=task.name, profile=prof.name, assessment=assessment,
+                harness=run, workspace=str(ws), execution_dir=str(exec_dir), timings=timings,
+            )
+            try:
+                (exec_dir / "result.json").write_text(r.model_dump_json(indent=2))
+            except OSError:
+                pass
+            return r
+
+        # 1. Fresh workspace.
+        try:
+            if exec_dir.exists():
+                raise FileExistsError(f"execution folder {exec_dir} already exists (stale run with the same id?)")
+            await asyncio.to_thread(self._prepare, task, prof, exec_dir, ws, inputs, artifacts, home)
+        except OSError as e:
+            run.error = f"workspace setup failed: {e}"
+            return result(Missing(reason=MissingReason.infra_error, detail=run.error))
+
+        # 2. Key and command line.
+        try:
+            key = spec.api_key
+            if key is None:
+                if self._register is None:
+                    raise ExecutionError("no api_key in the spec and no register hook on the executor")
+                key = await self._register(spec.execution_id, spec.label or f"{task.name}/{prof.name}")
+            argv, env = self._command(spec, key, ws, inputs, artifacts, home)
+        except (ProfileError, ExecutionError) as e:
+            run.stop, run.error = "launch_failed", str(e)
+            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        except Exception as e:  # registration failed (proxy down, HTTP error)
+            run.stop, run.error = "launch_failed", f"key registration failed: {type(e).__name__}: {e}"
+            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        run.argv = argv
+        if shutil.which(argv[0], path=env.get("PATH")) is None:
+            run.stop, run.error = "launch_failed", f"harness command not found or not executable: {argv[0]!r}"
+            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        if self._bwrap:
+            argv = bwrap_argv(
+                argv, workspace=ws, hide=[cfg.workspace_root.resolve(), task.hidden, *cfg.sandbox.hide_paths],
+                writable=[artifacts], ro_binds=[inputs, *cfg.sandbox.ro_binds], home=SANDBOX_HOME, bwrap=self._bwrap,
+            )
+            env["HOME"] = SANDBOX_HOME
+
+        # 3. The harness, until it exits, its timeout, the overall deadline, or a log flood.
+        harness_timeout = spec.harness_timeout_s or task.harness_timeout_s
+        now = time.monotonic()
+        timeout = min(harness_timeout, deadline - now)
+        cut_by_overall = deadline - now < harness_timeout
+        timings.setup_s = now - t_launch
+        started = asyncio.get_running_loop().create_future()
+        try:
+            pres = await run_process(
+                argv, cwd=ws, env=env, stdout_path=Path(run.stdout_path), stderr_path=Path(run.stderr_path),
+                timeout_s=timeout, max_log_bytes=cfg.max_log_bytes, kill_grace_s=cfg.kill_grace_s, on_start=started,
+            )
+        except OSError as e:
+            run.stop, run.error = "launch_failed", f"harness could not start: {e}"
+            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        timings.harness_s = pres.wall_s
+        run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
+        if pres.stop == "timeout":
+            run.stop = "overall_timeout" if cut_by_overall else "harness_timeout"
+        else:
+            run.stop = pres.stop  # exited | log_limit
+        if pres.stop == "log_limit":
+            run.error = f"harness wrote more than {cfg.max_log_bytes} bytes to a stream and was stopped"
+        timings.teardown_s = pres.kill_s
+        if run.stop == "overall_timeout":
+            return result(Missing(reason=MissingReason.overall_timeout,
+                                  detail=f"overall budget ({overall:.1f}s) ran out while the harness was running"))
+
+        # 4. Score a copy of the workspace with the hidden tests (own process, own timeout).
+        t_score = time.monotonic()
+        left = deadline - t_score
+        assessment = await self._scorer.score(task, ws, exec_dir / "scoring", timeout_s=left)
+        timings.scoring_s = time.monotonic() - t_score
+        if not cfg.keep_workspaces:
+            await asyncio.to_thread(shutil.rmtree, ws, True)
+        return result(assessment)
+
+    @staticmethod
+    def _prepare(task: Task, prof: HarnessProfile, exec_dir: Path, ws: Path, inputs: Path, artifacts: Path, home: Path) -> None:
+        exec_dir.mkdir(parents=True)
+        skip = task.skip_files
+        shutil.copytree(task.repository, ws, symlinks=True,
+                        ignore=(lambda d, names: [n for n in names if n in skip]) if skip else None)
+        inputs.mkdir()
+        (inputs / "instruction.md").write_text(task.instruction + "\n", encoding="utf-8")
+        if prof.needs_solution:
+            if task.solution_dir is None:
+                raise FileNotFoundError(f"profile {prof.name!r} needs a solution/ folder; task {task.name} has none")
+            shutil.copytree(task.solution_dir, inputs / "solution", symlinks=True)
+        artifacts.mkdir()
+        home.mkdir()
+
+    def _command(self, spec: ExecutionSpec, key: str, ws: Path, inputs: Path, artifacts: Path, home: Path) -> tuple[list[str], dict[str, str]]:
+        base = spec.base_url.rstrip("/")
+        root = base[: -len("/v1")] if base.endswith("/v1") else base
+        prof = spec.profile
+        values = {
+            "instruction": spec.task.instruction,
+            "instruction_file": str(inputs / "instruction.md"),
+            "workspace": str(ws),
+            "artifacts": str(artifacts),
+            "home": SANDBOX_HOME if self._bwrap else str(home),
+            "base_url": spec.base_url,
+            "openai_base_url": root + "/v1",
+            "anthropic_base_url": root,
+            "api_key": key,
+            "model": spec.model or prof.model,
+            "python": sys.executable,
+            "python_bin": str(Path(sys.executable).parent),
+            "claude": find_claude() or "claude",
+            "solution_dir": str(inputs / "solution"),
+            "execution_id": spec.execution_id,
+            "task": spec.task.name,
+        }
+        argv, penv = prof.render(values)
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env = {
+            "PATH": f"{values['python_bin']}:{path}",
+            "HOME": values["home"],
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OPENAI_BASE_URL": values["openai_base_url"],
+            "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": values["anthropic_base_url"],
+            "ANTHROPIC_API_KEY": key,
+            "GYRE_EXECUTION_ID": spec.execution_id,
+            **penv,
+            **spec.extra_env,
+        }
+        return argv, env
+
+
+def load_result(path: str | Path) -> ExecutionResult:
+    """Read a ``result.json`` written by the executor."""
+    return ExecutionResult.model_validate(json.loads(Path(path).read_text()))

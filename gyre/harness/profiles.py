@@ -1,0 +1,158 @@
+"""Harness profiles: how to launch a harness, and how to read roles from its requests.
+
+A profile is a templated command line plus environment. Template variables
+(``{name}``) available in ``command``, ``args`` and ``env`` values:
+
+``instruction``, ``instruction_file``, ``workspace``, ``artifacts`` (a writable
+folder outside the workspace), ``home``, ``base_url`` (as given),
+``openai_base_url`` (ends in ``/v1``), ``anthropic_base_url`` (no ``/v1``),
+``api_key``, ``model``, ``python`` (the interpreter running Gyre),
+``python_bin`` (its folder: ``mini`` lives there), ``claude`` (the pinned
+Claude Code binary), ``allowed_tools`` (comma-joined), ``solution_dir``,
+``execution_id``, ``task``.
+
+Every harness also gets ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` and
+``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY`` in its environment, so most need no
+template at all. Profiles load from built-ins (below) or a TOML file with the
+same fields.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used (unknown name, bad template, bad file)."""
+
+
+class HarnessProfile(BaseModel):
+    name: str
+    description: str = ""
+    command: list[str]
+    args: list[str] = Field(default_factory=list)  # appended to command (user tweaks)
+    env: dict[str, str] = Field(default_factory=dict)
+    api: Literal["openai", "anthropic"] = "openai"
+    model: str = "policy"
+    allowed_tools: list[str] = Field(default_factory=list)
+    needs_solution: bool = False  # copy the task's solution/ into the execution's inputs
+    roles: str | None = None  # role rule set name (gyre.harness.roles)
+
+    def render(self, values: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """argv and env with every ``{var}`` filled; ProfileError names an unknown one."""
+        vals = dict(values)
+        vals.setdefault("allowed_tools", ",".join(self.allowed_tools))
+        vals.setdefault("model", self.model)
+
+        def fill(s: str) -> str:
+            try:
+                return s.format_map(vals)
+            except KeyError as e:
+                raise ProfileError(f"profile {self.name!r}: unknown template variable {{{e.args[0]}}} in {s!r}") from None
+            except (ValueError, IndexError) as e:
+                raise ProfileError(f"profile {self.name!r}: bad template {s!r} ({e})") from None
+
+        argv = [fill(a) for a in [*self.command, *self.args]]
+        env = {k: fill(v) for k, v in self.env.items()}
+        if not argv or not argv[0]:
+            raise ProfileError(f"profile {self.name!r}: empty command")
+        return argv, env
+
+
+def find_claude() -> str | None:
+    """The pinned Claude Code binary (scripts/install-harnesses.sh), else one on PATH."""
+    env = os.environ.get("GYRE_CLAUDE_BIN")
+    if env:
+        return env
+    here = Path(__file__).resolve()
+    for base in (Path.cwd(), *here.parents):
+        cand = base / ".cache" / "harnesses" / "claude-code" / "node_modules" / ".bin" / "claude"
+        if cand.exists():
+            return str(cand)
+    return shutil.which("claude")
+
+
+def find_mini() -> str | None:
+    cand = Path(sys.executable).parent / "mini"
+    return str(cand) if cand.exists() else shutil.which("mini")
+
+
+def _builtin() -> dict[str, HarnessProfile]:
+    py = "{python}"
+    return {
+        "reference": HarnessProfile(
+            name="reference",
+            description="Gyre's reference agent (OpenAI chat API, tools, compaction, sub-agents).",
+            command=[py, "-m", "gyre.harness.reference_agent", "--base-url", "{openai_base_url}",
+                     "--model", "{model}", "--workspace", "{workspace}",
+                     "--instruction-file", "{instruction_file}", "--answer-file", "answer.txt"],
+            roles="reference",
+        ),
+        "mini-swe-agent": HarnessProfile(
+            name="mini-swe-agent",
+            description="mini-swe-agent v2 (PyPI), unmodified, via litellm's OpenAI route.",
+            command=["{python_bin}/mini", "-m", "openai/{model}", "-c", "mini.yaml",
+                     "-c", "model.model_kwargs.api_base={openai_base_url}",
+                     "-c", "agent.step_limit=50",
+                     "-t", "{instruction}", "-y", "--exit-immediately", "-o", "{artifacts}/trajectory.json"],
+            env={"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors",
+                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.mini-swe-agent"},
+            roles="mini-swe-agent",
+        ),
+        "claude-code": HarnessProfile(
+            name="claude-code",
+            description="Claude Code (npm, pinned), unmodified, -p mode against the proxy's Anthropic API.",
+            api="anthropic",
+            command=["{claude}", "-p", "{instruction}", "--output-format", "json", "--model", "{model}",
+                     "--allowedTools", "{allowed_tools}"],
+            env={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+                 "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"},
+            allowed_tools=["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Task"],
+            roles="claude-code",
+        ),
+        "synthetic": HarnessProfile(
+            name="synthetic",
+            description="Synthetic harness: model calls spread over a random duration (scaled time).",
+            command=[py, "-m", "gyre.harness.synthetic", "--base-url", "{openai_base_url}", "--model", "{model}"],
+        ),
+        "oracle": HarnessProfile(
+            name="oracle",
+            description="Runs the task's reference solution (solution/solve.sh) in the workspace.",
+            command=["bash", "{solution_dir}/solve.sh"],
+            needs_solution=True,
+        ),
+    }
+
+
+def builtin_profiles() -> dict[str, HarnessProfile]:
+    return _builtin()
+
+
+def load_profile(name_or_path: str | Path) -> HarnessProfile:
+    """A built-in profile by name, or one read from a TOML file."""
+    builtins = _builtin()
+    if str(name_or_path) in builtins:
+        return builtins[str(name_or_path)]
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ProfileError(f"profile file {p}: not valid TOML ({e})") from None
+        data.setdefault("name", p.stem)
+        try:
+            return HarnessProfile.model_validate(data)
+        except Exception as e:  # pydantic ValidationError: say which file
+            raise ProfileError(f"profile file {p}: {e}") from None
+    raise ProfileError(f"unknown harness profile {str(name_or_path)!r} (built-in: {', '.join(sorted(builtins))}; or a .toml file)")

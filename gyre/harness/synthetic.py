@@ -1,0 +1,109 @@
+"""Synthetic harness for scheduling experiments: model calls over a random duration.
+
+``python -m gyre.harness.synthetic --base-url URL/v1 --dist lognormal --mean-s 5400 --time-scale 0.001``
+
+draws a *virtual* duration D from the distribution (seconds; the paper's
+executions are ~1.9 h on average with a heavy tail), then makes ``--calls``
+OpenAI chat-completion calls spread evenly over D, sleeping ``gap *
+time_scale`` real seconds between them, so an hour-long execution takes a few
+real seconds. Each call extends the previous conversation (like an agent loop),
+so a proxy sees prefix-sharing requests. Stdlib only: it starts in ~30 ms, which
+keeps the executor benchmark about the executor.
+
+It prints one JSON line at the end: virtual and real duration, calls, errors.
+``--write PATH=TEXT`` writes a file into the workspace after the last call
+(lets tests and benchmarks produce a scoreable workspace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def draw_duration(rng: random.Random, dist: str, mean_s: float, sigma: float, lo: float, hi: float) -> float:
+    """One virtual duration in seconds, clipped to [lo, hi]."""
+    if dist == "fixed":
+        d = mean_s
+    elif dist == "exponential":
+        d = rng.expovariate(1.0 / mean_s)
+    elif dist == "uniform":
+        d = rng.uniform(lo, hi)
+    elif dist == "lognormal":
+        # Parameterised by its mean: mu = ln(mean) - sigma^2 / 2.
+        d = rng.lognormvariate(math.log(mean_s) - sigma * sigma / 2.0, sigma)
+    else:
+        raise ValueError(f"unknown distribution {dist!r} (fixed, exponential, uniform, lognormal)")
+    return min(max(d, lo), hi)
+
+
+def _call(url: str, key: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
+    ap.add_argument("--model", default="policy")
+    ap.add_argument("--dist", default="lognormal", choices=["fixed", "exponential", "uniform", "lognormal"])
+    ap.add_argument("--mean-s", type=float, default=5400.0, help="mean virtual duration (seconds)")
+    ap.add_argument("--sigma", type=float, default=0.5, help="lognormal shape")
+    ap.add_argument("--min-s", type=float, default=0.0)
+    ap.add_argument("--max-s", type=float, default=float("inf"))
+    ap.add_argument("--time-scale", type=float, default=0.001, help="real seconds per virtual second")
+    ap.add_argument("--calls", type=int, default=8, help="model calls over the duration (0: none)")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--seed", type=int, default=None, help="default: derived from GYRE_EXECUTION_ID")
+    ap.add_argument("--write", action="append", default=[], metavar="PATH=TEXT")
+    a = ap.parse_args(argv)
+
+    seed = a.seed
+    if seed is None:
+        ident = os.environ.get("GYRE_EXECUTION_ID", str(os.getpid()))
+        seed = int(hashlib.sha1(ident.encode()).hexdigest()[:8], 16)
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    duration = draw_duration(rng, a.dist, a.mean_s, a.sigma, a.min_s, a.max_s)
+    url = a.base_url.rstrip("/") + "/chat/completions"
+    messages = [{"role": "system", "content": "You are a synthetic harness."},
+                {"role": "user", "content": f"Work for {duration:.0f} virtual seconds."}]
+    errors, gap = 0, (duration / a.calls if a.calls > 0 else duration)
+    for i in range(max(a.calls, 0)):
+        time.sleep(gap * a.time_scale)
+        try:
+            out = _call(url, a.api_key, {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
+                        a.request_timeout)
+            content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+            errors += 1
+            print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
+            content = ""
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"step {i + 1}"}]
+    if a.calls <= 0:
+        time.sleep(duration * a.time_scale)
+    for spec in a.write:
+        path, _, text = spec.partition("=")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("\\n", "\n"))
+    print(json.dumps({"virtual_s": round(duration, 3), "real_s": round(time.monotonic() - t0, 4),
+                      "calls": a.calls, "errors": errors, "seed": seed}), flush=True)
+    return 1 if a.calls > 0 and errors == a.calls else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

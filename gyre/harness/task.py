@@ -1,0 +1,194 @@
+"""Task folders in the Harbor / Terminal-Bench 2 layout, and task sets.
+
+A task is a folder::
+
+    my-task/
+      instruction.md        what the harness is told
+      task.toml             [agent] timeout_sec, [verifier] timeout_sec (+ env), [gyre] extension
+      environment/repo/     the starting repository (or environment/ itself, minus Dockerfile)
+      tests/test.sh         the verifier; hidden from the harness, copied in only to score
+      solution/solve.sh     optional reference solution (Harbor's "oracle")
+
+Harbor builds ``environment/`` into a container image; Gyre has no container
+runtime, so the starting repository is a plain directory that is copied into
+each execution's fresh workspace. The ``[gyre]`` table is Gyre's extension
+(Harbor ignores unknown tables): ``reward = "binary" | "fraction"``,
+``overall_timeout_sec`` and ``repository`` (a path relative to the task).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+RewardRule = Literal["binary", "fraction"]
+_ENV_FILES_NOT_COPIED = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class TaskError(ValueError):
+    """A task folder that cannot be used; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    root: Path
+    instruction: str
+    repository: Path  # starting repository, copied into every workspace
+    tests_dir: Path  # hidden; copied next to a copy of the workspace only when scoring
+    solution_dir: Path | None
+    reward_rule: RewardRule
+    harness_timeout_s: float
+    verifier_timeout_s: float
+    overall_timeout_s: float | None  # None: the executor's default (harness + verifier + slack)
+    verifier_env: dict[str, str] = field(default_factory=dict)
+    # Everything a sandboxed harness must not see (the task folder, or its whole task set).
+    hidden_root: Path | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    # Files of the starting repository that are not copied (Harbor's container build files).
+    skip_files: frozenset[str] = frozenset()
+
+    @property
+    def hidden(self) -> Path:
+        return self.hidden_root or self.root
+
+
+def _positive(value: Any, where: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TaskError(f"{where} must be a number, got {value!r}") from None
+    if not v > 0:
+        raise TaskError(f"{where} must be > 0, got {v}")
+    return v
+
+
+def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
+    """Load and check one task folder; raise TaskError naming the problem."""
+    root = Path(path).expanduser().resolve()
+    if not root.is_dir():
+        raise TaskError(f"task folder {root} does not exist or is not a directory")
+    instr = root / "instruction.md"
+    if not instr.is_file():
+        raise TaskError(f"task {root.name}: missing instruction.md in {root}")
+    instruction = instr.read_text(encoding="utf-8").strip()
+    if not instruction:
+        raise TaskError(f"task {root.name}: instruction.md is empty")
+    toml_path = root / "task.toml"
+    if not toml_path.is_file():
+        raise TaskError(f"task {root.name}: missing task.toml in {root}")
+    try:
+        conf = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"task {root.name}: task.toml is not valid TOML ({e})") from None
+    agent = conf.get("agent", {}) or {}
+    verifier = conf.get("verifier", {}) or {}
+    gyre = conf.get("gyre", {}) or {}
+    for tbl, name in ((agent, "agent"), (verifier, "verifier"), (gyre, "gyre")):
+        if not isinstance(tbl, dict):
+            raise TaskError(f"task {root.name}: [{name}] in task.toml must be a table")
+    harness_timeout = _positive(agent.get("timeout_sec", 600.0), f"task {root.name}: [agent].timeout_sec")
+    verifier_timeout = _positive(verifier.get("timeout_sec", 120.0), f"task {root.name}: [verifier].timeout_sec")
+    overall = gyre.get("overall_timeout_sec")
+    overall_timeout = None if overall is None else _positive(overall, f"task {root.name}: [gyre].overall_timeout_sec")
+    if overall_timeout is not None and overall_timeout < harness_timeout:
+        raise TaskError(
+            f"task {root.name}: [gyre].overall_timeout_sec ({overall_timeout}) is shorter than "
+            f"[agent].timeout_sec ({harness_timeout}); the harness timeout must come first"
+        )
+    rule = gyre.get("reward", "binary")
+    if rule not in ("binary", "fraction"):
+        raise TaskError(f"task {root.name}: [gyre].reward must be 'binary' or 'fraction', got {rule!r}")
+    env = verifier.get("env", {}) or {}
+    if not isinstance(env, dict):
+        raise TaskError(f"task {root.name}: [verifier].env must be a table of strings")
+
+    skip: frozenset[str] = frozenset()
+    if "repository" in gyre:
+        repo = (root / str(gyre["repository"])).resolve()
+        if not repo.is_relative_to(root):
+            raise TaskError(f"task {root.name}: [gyre].repository escapes the task folder")
+    elif (root / "environment" / "repo").exists():
+        repo = root / "environment" / "repo"
+    else:
+        repo = root / "environment"
+        skip = frozenset(_ENV_FILES_NOT_COPIED)
+    if not repo.is_dir():
+        raise TaskError(
+            f"task {root.name}: starting repository {repo} is missing "
+            "(expected environment/repo/, environment/, or [gyre].repository)"
+        )
+    tests = root / "tests"
+    if not (tests / "test.sh").is_file():
+        raise TaskError(f"task {root.name}: missing tests/test.sh (the verifier) in {root}")
+    sol = root / "solution"
+    return Task(
+        name=root.name,
+        root=root,
+        instruction=instruction,
+        repository=repo,
+        tests_dir=tests,
+        solution_dir=sol if sol.is_dir() else None,
+        reward_rule=rule,  # type: ignore[arg-type]
+        harness_timeout_s=harness_timeout,
+        verifier_timeout_s=verifier_timeout,
+        overall_timeout_s=overall_timeout,
+        verifier_env={str(k): str(v) for k, v in env.items()},
+        hidden_root=hidden_root,
+        metadata=dict(conf.get("metadata", {}) or {}),
+        skip_files=skip,
+    )
+
+
+def builtin_tasksets_dir() -> Path:
+    """Directory holding the task sets shipped with Gyre (package data)."""
+    return Path(str(resources.files("gyre.harness") / "tasksets"))
+
+
+def list_builtin_tasksets() -> list[str]:
+    d = builtin_tasksets_dir()
+    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+def resolve_taskset(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        return p.resolve()
+    builtin = builtin_tasksets_dir() / str(name_or_path)
+    if _NAME_OK.match(str(name_or_path)) and builtin.is_dir():
+        return builtin
+    raise TaskError(
+        f"task set {name_or_path!r} is neither a directory nor a built-in set "
+        f"(built-in: {', '.join(list_builtin_tasksets())})"
+    )
+
+
+def load_taskset(name_or_path: str | Path) -> list[Task]:
+    """All tasks of a set (a folder of task folders), sorted by name.
+
+    The whole set is the hidden root, so a sandboxed harness sees no task's tests.
+    Every bad task is reported at once.
+    """
+    root = resolve_taskset(name_or_path)
+    tasks, errors = [], []
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or d.name.startswith(("_", ".")):
+            continue
+        try:
+            tasks.append(load_task(d, hidden_root=root))
+        except TaskError as e:
+            errors.append(str(e))
+    if errors:
+        raise TaskError(f"task set {root}: {len(errors)} bad task(s):\n  " + "\n  ".join(errors))
+    if not tasks:
+        raise TaskError(f"task set {root} holds no task folders")
+    return tasks

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Reference solution (Harbor's oracle): write the fixed module.
+cat > bsearch.py <<'GYRE_EOF'
+def find(sorted_items, target):
+    """Index of target in sorted_items, or -1."""
+    lo, hi = 0, len(sorted_items) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if sorted_items[mid] == target:
+            return mid
+        if sorted_items[mid] < target:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return -1
+GYRE_EOF

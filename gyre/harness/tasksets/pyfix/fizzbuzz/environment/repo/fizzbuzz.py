@@ -1,0 +1,13 @@
+def fizzbuzz(n):
+    """Return the FizzBuzz words for 1..n inclusive."""
+    out = []
+    for i in range(1, n):
+        if i % 3 == 0:
+            out.append("Fizz")
+        elif i % 5 == 0:
+            out.append("Buzz")
+        elif i % 15 == 0:
+            out.append("FizzBuzz")
+        else:
+            out.append(str(i))
+    return out

@@ -1,0 +1,4 @@
+from palindrome import is_palindrome
+
+def test_case():
+    assert is_palindrome("Level")

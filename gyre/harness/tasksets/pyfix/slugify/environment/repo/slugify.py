@@ -1,0 +1,3 @@
+def slugify(title):
+    """'Hello, World!' -> 'hello-world'"""
+    return title.lower().replace(" ", "-")

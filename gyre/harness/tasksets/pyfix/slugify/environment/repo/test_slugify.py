@@ -1,0 +1,4 @@
+from slugify import slugify
+
+def test_basic():
+    assert slugify("Hello, World!") == "hello-world"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Reference solution (Harbor's oracle): write the fixed module.
+cat > temperature.py <<'GYRE_EOF'
+def c_to_f(c):
+    return c * 9 / 5 + 32
+
+
+def f_to_c(f):
+    return (f - 32) * 5 / 9
+GYRE_EOF

@@ -1,0 +1,4 @@
+from wordcount import word_counts
+
+def test_case():
+    assert word_counts("The the") == {"the": 2}

@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+printf '%s\n' 'aaaa' > answer.txt
