@@ -138,7 +138,8 @@ def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
                                     whole_batch=run.whole_batch, max_claims=run.core_max_claims,
                                     on_microstep=killer(s))
                 f.write(json.dumps({"step": s, "version": res.policy_version, **res.metrics,
-                                    "claims": res.seal.claims}) + "\n")
+                                    "claims": res.seal.claims,
+                                    "groups": res.seal.meta.get("groups", [])}) + "\n")
                 f.flush()
         save_file(named_params(core.model), str(rdir / "final.safetensors"))
         core.stop()

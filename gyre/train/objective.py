@@ -93,6 +93,7 @@ def gspo_loss(
     clip_high: float = 1.005,
     seq_log_ratio: torch.Tensor | None = None,
     check_complete: bool = True,
+    token_weight_exact: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ObjectiveStats]:
     """Sum over executions of ``loss_e`` for the target tokens given (see module docstring).
 
@@ -106,6 +107,8 @@ def gspo_loss(
             computed from these tokens, which must then hold all of each T_e.
         check_complete: with ``seq_log_ratio=None``, raise if an execution's token
             weights do not sum to 1 (its T_e is split, so a local s_e would be wrong).
+        token_weight_exact: float64 token weights for s_e and the counters when
+            ``token_weight`` was cast to a lower precision.
     Returns:
         (loss, stats): ``loss`` is the sum of ``loss_e``; backprop it and divide the
         gradient by E at the end of the batch.
@@ -114,7 +117,8 @@ def gspo_loss(
     ref = logp.detach() if ref_logp is None else ref_logp.to(logp.dtype)
     diff = logp - ref
     if seq_log_ratio is None:
-        num, den = execution_log_ratio(diff, exec_index, token_weight, n_exec)
+        num, den = execution_log_ratio(diff, exec_index,
+                                       token_weight if token_weight_exact is None else token_weight_exact, n_exec)
         present = den > 0
         if check_complete and bool(present.any()):
             bad = present & ((den - 1.0).abs() > 1e-4)
@@ -135,6 +139,8 @@ def gspo_loss(
     coef = keep[exec_index] * token_weight.to(logp.dtype) * w * advantages.to(logp.dtype)[exec_index]
     loss = -(coef * logp).sum()
     tw = token_weight.detach().to(torch.float64)
+    if token_weight_exact is not None:
+        tw = token_weight_exact.detach().to(torch.float64)
     stats = ObjectiveStats(
         loss_sum=float(loss.detach()),
         tokens=int(logp.numel()),

@@ -87,7 +87,8 @@ class ReplicaWorker:
             return None
         logp = torch.cat(logps)
         ref = None if self.cfg.objective.ratio_reference == "proximal" else torch.cat(refs).to(logp.dtype)
-        return logp, ref, torch.cat(exs), torch.cat(tws).to(logp.dtype)
+        tw64 = torch.cat(tws)
+        return logp, ref, torch.cat(exs), tw64.to(logp.dtype), tw64
 
     def _partials(self, step: int, task: MicroStepTask) -> dict[str, tuple[float, float]]:
         """No-grad per-execution (sum w*(l-b), sum w) of one micro-step, cached per step."""
@@ -96,9 +97,9 @@ class ReplicaWorker:
             got = self._targets(task, grad=False)
             out: dict[str, tuple[float, float]] = {}
             if got is not None:
-                logp, ref, ex, tw = got
+                logp, ref, ex, _tw, tw64 = got
                 diff = logp - (logp if ref is None else ref)
-                num, den = execution_log_ratio(diff, ex, tw, len(task.micro_step.executions))
+                num, den = execution_log_ratio(diff, ex, tw64, len(task.micro_step.executions))
                 for i, e in enumerate(task.micro_step.executions):
                     if float(den[i]) > 0:
                         out[e] = (float(num[i]), float(den[i]))
@@ -118,7 +119,7 @@ class ReplicaWorker:
         got = self._targets(task, grad=True)
         if got is None:
             return ObjectiveStats()
-        logp, ref, ex, tw = got
+        logp, ref, ex, tw, tw64 = got
         execs = task.micro_step.executions
         adv = torch.tensor(task.advantages, dtype=logp.dtype, device=logp.device)
         if len(task.advantages) != len(execs):
@@ -132,7 +133,7 @@ class ReplicaWorker:
             if get_task is None:
                 raise ValueError("a micro-step with split executions needs get_task for the s_e pre-pass")
             diff = logp.detach() - (logp.detach() if ref is None else ref)
-            num, den = execution_log_ratio(diff, ex, tw, len(execs))
+            num, den = execution_log_ratio(diff, ex, tw64, len(execs))
             for e, where in task.spans.items():
                 i = execs.index(e)
                 for j in where:
@@ -146,6 +147,7 @@ class ReplicaWorker:
                 raise ValueError(f"micro-step {task.index}: token weights of executions do not sum to 1: {bad[:3]}")
             seq_log_ratio = num
         loss, stats = gspo_loss(logp, ref, ex, tw, adv, token_cap=ocfg.token_cap, clip_low=ocfg.clip_low,
-                                clip_high=ocfg.clip_high, seq_log_ratio=seq_log_ratio)
+                                clip_high=ocfg.clip_high, seq_log_ratio=seq_log_ratio,
+                                token_weight_exact=tw64)
         loss.backward()
         return stats
