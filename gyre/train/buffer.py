@@ -35,7 +35,8 @@ class ReadyGroup:
 
     group_id: str
     rewards: dict[str, Reward]
-    rows: dict[str, list[PackedSequence]]        # execution id -> its packed rows
+    rows: dict[str, list[PackedSequence]] = field(default_factory=dict)  # execution id -> its packed rows
+    admissions: dict[str, object] = field(default_factory=dict)  # execution id -> gyre.trace Admission
     policy_version: int | None = None            # oldest version that sampled its targets (derived if None)
 
     def version(self) -> int:
@@ -43,6 +44,9 @@ class ReadyGroup:
             return self.policy_version
         vs = [v for rows in self.rows.values() for r in rows for v, t in zip(r.policy_version, r.is_target)
               if t and v >= 0]
+        for adm in self.admissions.values():
+            for p in adm.paths:
+                vs.extend(int(adm.tree.version[t]) for t in p.targets if int(adm.tree.version[t]) >= 0)
         return min(vs) if vs else 0
 
 
@@ -137,9 +141,10 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
     stats = PackStats()
     adv_of: dict[str, float] = {}
     execs: list[tuple[str, list[PackedSequence]]] = []
+    adms: list = []
     for g in groups:
         ga = group_advantages(g.rewards, eps=objective.adv_eps, std=objective.adv_std)
-        unknown = set(g.rows) - set(g.rewards)
+        unknown = (set(g.rows) | set(g.admissions)) - set(g.rewards)
         if unknown:
             raise ValueError(f"group {g.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}")
         stats.groups += 1
@@ -148,6 +153,15 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
         stats.executions_missing += len(ga.missing)
         for eid in ga.scored:
             a = ga.advantages[eid]
+            adm = g.admissions.get(eid)
+            if adm is not None and a != 0.0 and adm.n_targets > 0 and not adm.dropped:
+                if eid in adv_of:
+                    raise ValueError(f"execution id {eid!r} appears twice in one batch")
+                adv_of[eid] = a
+                adms.append(adm)
+                stats.executions_trained += 1
+                stats.targets += adm.n_targets
+                continue
             rows = g.rows.get(eid, [])
             if a == 0.0 or not rows:
                 continue  # no gradient: counted as scored, not packed
@@ -164,7 +178,13 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
             stats.executions_trained += 1
             stats.tokens += sum(len(r) for r in rows)
             stats.targets += sum(r.n_targets for r in rows)
-    micro = packer(execs, stream.token_budget, stream.pack_mode)
+    micro = packer(execs, stream.token_budget, stream.pack_mode) if execs else []
+    if adms:  # admitted trajectory trees: the trace package's packer (may share rows, may split executions)
+        from gyre.trace.packing import pack
+
+        tree_steps = pack(adms, stream.pack_mode, stream.token_budget)
+        stats.tokens += sum(ms.n_tokens for ms in tree_steps)
+        micro = micro + tree_steps
     where: dict[str, list[int]] = {}
     for k, ms in enumerate(micro):
         for e in ms.executions:
