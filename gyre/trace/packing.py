@@ -147,10 +147,13 @@ def _path_units(ai: int, adm) -> list[_Unit]:
 def _tree_units(ai: int, adm, token_budget: int) -> list[_Unit]:
     """The admitted subtree, DFS pre-order; split into several subtrees if over budget."""
     paths = sorted(_truncated_paths(adm), key=lambda x: x[1])  # lexicographic = DFS pre-order
+    # a shared token is emitted with whichever path comes first in DFS order, which need
+    # not be the path that admitted it: look targets up across all paths
+    owner = {t: k for k, _toks, tg in paths for t in tg}
     units: list[_Unit] = []
     cur: _Unit | None = None
     local: dict[int, int] = {}
-    for k, toks, tg in paths:
+    for _k, toks, _tg in paths:
         if cur is not None:
             shared = 0
             while shared < len(toks) and toks[shared] in local:
@@ -168,9 +171,9 @@ def _tree_units(ai: int, adm, token_budget: int) -> list[_Unit]:
             local[t] = len(cur.tokens)
             cur.tokens.append(t)
             cur.parent.append(local[toks[j - 1]] if j else -1)
-            is_t = t in tg
-            cur.target.append(is_t)
-            cur.path_index.append(k if is_t else -1)
+            k_t = owner.pop(t, -1)  # pop: a prefix repeated in a later split unit is context there
+            cur.target.append(k_t >= 0)
+            cur.path_index.append(k_t)
     if cur is not None and cur.tokens:
         units.append(cur)
     return units
