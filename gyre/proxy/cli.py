@@ -1,9 +1,40 @@
 """`gyre proxy`: serve. Keep heavy imports inside the command."""
 
+from __future__ import annotations
+
+from typing import List, Optional
+
 import typer
 
 
-def serve() -> None:
-    """Not implemented yet."""
-    typer.echo("gyre proxy: not implemented yet", err=True)
-    raise typer.Exit(2)
+def serve(
+    model: str = typer.Option(..., "--model", help="HF model directory (tokenizer + chat template)."),
+    engine: List[str] = typer.Option(..., "--engine", help="Engine base URL; repeat for a pool."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
+    trace_dir: str = typer.Option("traces", "--trace-dir", help="Where per-execution JSONL traces go."),
+    mode: str = typer.Option("open", "--mode", help="open (any key = its own execution) or managed."),
+    admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="GYRE_ADMIN_TOKEN",
+                                              help="Bearer token for /admin routes (managed: generated if absent)."),
+    parser: str = typer.Option("hermes", "--parser", help="Output parser: hermes | plain."),
+    max_context: Optional[int] = typer.Option(None, "--max-context", help="Token limit (default: model config)."),
+    no_fsync: bool = typer.Option(False, "--no-fsync", help="Do not fsync each trace record (faster, less durable)."),
+) -> None:
+    """Serve the OpenAI and Anthropic APIs in front of engines, recording token-exact traces."""
+    import secrets
+
+    import uvicorn
+
+    from gyre.proxy.app import build_app
+    from gyre.proxy.config import ProxyConfig
+
+    if mode not in ("open", "managed"):
+        raise typer.BadParameter("--mode must be open or managed")
+    if mode == "managed" and not admin_token:
+        admin_token = secrets.token_urlsafe(24)
+        typer.echo(f"admin token: {admin_token}", err=True)
+    cfg = ProxyConfig(model_dir=model, engines=list(engine), host=host, port=port, trace_dir=trace_dir, mode=mode,
+                      admin_token=admin_token, parser=parser, max_context_tokens=max_context, fsync=not no_fsync)
+    app = build_app(cfg)
+    typer.echo(f"gyre proxy on http://{host}:{port} -> {', '.join(engine)} (traces: {trace_dir}, mode {mode})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

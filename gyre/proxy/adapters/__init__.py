@@ -1,0 +1,1 @@
+"""One module per API dialect: request validation/normalisation and response writing."""

@@ -1,0 +1,186 @@
+"""The proxy as an ASGI app (Starlette): API routes, health, models and the admin routes.
+
+Routes
+  POST /v1/chat/completions          OpenAI chat completions (stream or not)
+  POST /v1/messages                  Anthropic messages (``?beta=true`` accepted)
+  POST /v1/messages/count_tokens     Anthropic token count
+  GET  /v1/models, /health
+  admin (``Authorization: Bearer <admin token>``):
+  POST   /admin/executions           {"execution_id", "label"?, "key"?} -> {"api_key", ...}
+  DELETE /admin/executions/{id}      revoke its keys, close its trace file
+  GET    /admin/executions
+  POST   /admin/engines              {"url"}: add an engine (or re-activate a drained one)
+  POST   /admin/engines/drain        {"url"} -> {"moved": n} once nothing is in flight there
+  POST   /admin/engines/remove       {"url"}: drain, then forget it
+  GET    /admin/stats                counters (bridged / forked / retries / disconnects / moves ...)
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gyre.proxy import jsonfast
+from gyre.proxy.config import ProxyConfig
+from gyre.proxy.errors import ApiError
+from gyre.proxy.service import ProxyService
+
+log = logging.getLogger("gyre.proxy.app")
+
+
+def _dialect(path: str) -> str:
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService | None = None) -> Starlette:
+    """A Starlette app; the service (tokenizer, pool, traces) starts and stops with the app's lifespan."""
+    svc = service or ProxyService(config, tokenizer)
+
+    async def chat(request: Request) -> Response:
+        return await svc.handle("openai", request)
+
+    async def messages(request: Request) -> Response:
+        return await svc.handle("anthropic", request)
+
+    async def count_tokens(request: Request) -> Response:
+        return await svc.count_tokens(request)
+
+    async def models(request: Request) -> Response:
+        m = {"id": svc.served_model, "object": "model", "created": 0, "owned_by": "gyre",
+             "type": "model", "display_name": svc.served_model, "created_at": "1970-01-01T00:00:00Z"}
+        return JSONResponse({"object": "list", "data": [m], "has_more": False, "first_id": m["id"],
+                             "last_id": m["id"]})
+
+    async def health(request: Request) -> Response:
+        engines = svc.pool.status()
+        ok = any(e["state"] == "active" for e in engines)
+        return JSONResponse({"status": "ok" if ok else "no_engine", "engines": engines}, status_code=200 if ok else 503)
+
+    # -- admin --------------------------------------------------------------------------------
+    def _admin(request: Request) -> None:
+        token = config.admin_token
+        auth = request.headers.get("authorization", "")
+        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token or not hmac.compare_digest(given.encode(), token.encode()):
+            raise ApiError(401, "admin routes need Authorization: Bearer <admin token>", "authentication")
+
+    async def _json(request: Request) -> dict:
+        try:
+            data = jsonfast.loads(await request.body())
+        except ValueError:
+            raise ApiError(400, "request body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "expected a JSON object")
+        return data
+
+    def admin_route(fn):
+        async def wrapped(request: Request) -> Response:
+            try:
+                _admin(request)
+                return await fn(request)
+            except ApiError as e:
+                return JSONResponse(e.openai_body(), status_code=e.status)
+        return wrapped
+
+    @admin_route
+    async def register(request: Request) -> Response:
+        data = await _json(request)
+        ex = data.get("execution_id")
+        if not isinstance(ex, str) or not ex:
+            raise ApiError(400, "execution_id: expected a non-empty string")
+        label = data.get("label") or ""
+        key = data.get("key")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ApiError(400, "key: expected a non-empty string")
+        try:
+            api_key = svc.keys.register(ex, str(label), key)
+        except ValueError as e:
+            raise ApiError(409, str(e)) from None
+        return JSONResponse({"execution_id": ex, "label": label, "api_key": api_key})
+
+    @admin_route
+    async def revoke(request: Request) -> Response:
+        ex = request.path_params["execution_id"]
+        n = svc.keys.revoke(ex)
+        svc.close_execution(ex)
+        return JSONResponse({"execution_id": ex, "revoked_keys": n})
+
+    @admin_route
+    async def list_executions(request: Request) -> Response:
+        return JSONResponse({"executions": svc.keys.executions()})
+
+    @admin_route
+    async def add_engine(request: Request) -> Response:
+        url = (await _json(request)).get("url")
+        if not isinstance(url, str):
+            raise ApiError(400, "url: expected a string")
+        await svc.pool.add(url)
+        return JSONResponse({"engines": svc.pool.status()})
+
+    @admin_route
+    async def drain_engine(request: Request) -> Response:
+        url = (await _json(request)).get("url")
+        try:
+            moved = await svc.pool.drain(str(url))
+        except KeyError as e:
+            raise ApiError(404, str(e), "not_found") from None
+        return JSONResponse({"moved": moved, "engines": svc.pool.status()})
+
+    @admin_route
+    async def remove_engine(request: Request) -> Response:
+        url = (await _json(request)).get("url")
+        if str(url).rstrip("/") not in svc.pool.engines:
+            raise ApiError(404, f"unknown engine {url}", "not_found")
+        await svc.pool.remove(str(url))
+        return JSONResponse({"engines": svc.pool.status()})
+
+    @admin_route
+    async def stats(request: Request) -> Response:
+        return JSONResponse(svc.stats())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await svc.start()
+        try:
+            yield
+        finally:
+            await svc.aclose()
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        err = ApiError(exc.status_code, exc.detail or "error", "not_found" if exc.status_code == 404 else "invalid_request")
+        return JSONResponse(err.body(_dialect(request.url.path)), status_code=exc.status_code)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        err = ApiError(500, f"internal proxy error: {type(exc).__name__}", "server")
+        return JSONResponse(err.body(_dialect(request.url.path)), status_code=500)
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/healthz", health, methods=["GET"]),
+        Route("/admin/executions", register, methods=["POST"]),
+        Route("/admin/executions", list_executions, methods=["GET"]),
+        Route("/admin/executions/{execution_id:path}", revoke, methods=["DELETE"]),
+        Route("/admin/engines", add_engine, methods=["POST"]),
+        Route("/admin/engines/drain", drain_engine, methods=["POST"]),
+        Route("/admin/engines/remove", remove_engine, methods=["POST"]),
+        Route("/admin/stats", stats, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: crash})
+    app.state.service = svc
+    return app

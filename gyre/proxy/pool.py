@@ -1,0 +1,379 @@
+"""A pool of engines: session affinity, least-loaded placement, drain with resume.
+
+Requests go to engines over the SGLang ``/generate`` protocol. The body is
+assembled from pre-serialised JSON bytes (the prefix ids of a long context are
+cached as JSON by the session), so sending a 500K-token input costs a memcpy,
+not half a million ``int -> str`` conversions.
+
+``drain(url)``: the engine gets no new requests; each in-flight request is
+aborted there (the engine answers with the tokens generated so far) and
+re-issued to another engine with the prompt plus those tokens, asking only for
+the remaining budget. The client's output is the concatenation, token for
+token, with each piece's log-probs as sampled; the trace gets one output
+segment per engine. The client sees one slower call, never an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+import httpx
+
+from gyre.engine.client import EngineClient
+from gyre.proxy import jsonfast
+from gyre.proxy.errors import ApiError
+from gyre.trace.record import OutputSegment
+
+log = logging.getLogger("gyre.proxy.pool")
+
+
+@dataclass(eq=False)
+class InFlight:
+    rid: str
+    execution_id: str
+    engine: "EngineHandle"
+    moving: bool = False
+    abort_sent: float = 0.0
+
+
+@dataclass(eq=False)
+class EngineHandle:
+    url: str
+    http: httpx.AsyncClient
+    ctl: EngineClient
+    engine_id: str
+    state: str = "active"  # active | draining
+    inflight: set = field(default_factory=set)
+    failures: int = 0
+    served: int = 0
+
+
+@dataclass
+class GenResult:
+    output_ids: list[int]
+    logprobs: list[float]
+    segments: list[OutputSegment]
+    finish: str  # stop | length | abort
+    moves: int = 0
+
+
+def _version(v: Any) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return -1  # SGLang's "default" and other non-numeric labels
+
+
+class EnginePool:
+    def __init__(self, urls: list[str], *, read_timeout: Optional[float] = None, max_resumes: int = 16,
+                 wait_for_engine_s: float = 600.0) -> None:
+        self._urls = [u.rstrip("/") for u in urls]
+        self.read_timeout = read_timeout
+        self.max_resumes = max_resumes
+        self.wait_for_engine_s = wait_for_engine_s
+        self.engines: dict[str, EngineHandle] = {}
+        self.affinity: dict[str, str] = {}
+        self.counters = {"requests": 0, "moved": 0, "engine_errors": 0}
+        self._rr = itertools.count()
+        self._changed: Optional[asyncio.Event] = None
+
+    async def start(self) -> None:
+        self._changed = asyncio.Event()
+        for u in self._urls:
+            await self.add(u)
+
+    async def aclose(self) -> None:
+        for e in list(self.engines.values()):
+            await e.http.aclose()
+            await e.ctl.aclose()
+        self.engines.clear()
+
+    # -- membership ---------------------------------------------------------------------------
+    async def add(self, url: str) -> EngineHandle:
+        url = url.rstrip("/")
+        if url in self.engines:
+            e = self.engines[url]
+            e.state = "active"
+            self._notify()
+            return e
+        timeout = httpx.Timeout(connect=10.0, read=self.read_timeout, write=120.0, pool=None)
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+        http = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
+        ctl = EngineClient(url)
+        engine_id = url
+        try:
+            info = await ctl.model_info()
+            engine_id = info.engine_id or url
+        except Exception as e:  # an engine that is still starting: keep its URL as id
+            log.warning("engine %s: model info unavailable (%s)", url, e)
+        h = EngineHandle(url=url, http=http, ctl=ctl, engine_id=engine_id)
+        self.engines[url] = h
+        self._notify()
+        return h
+
+    def undrain(self, url: str) -> None:
+        self.engines[url.rstrip("/")].state = "active"
+        self._notify()
+
+    async def remove(self, url: str) -> None:
+        await self.drain(url)
+        e = self.engines.pop(url.rstrip("/"), None)
+        if e is not None:
+            await e.http.aclose()
+            await e.ctl.aclose()
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"url": e.url, "engine_id": e.engine_id, "state": e.state, "inflight": len(e.inflight),
+                 "served": e.served, "failures": e.failures} for e in self.engines.values()]
+
+    # -- placement ----------------------------------------------------------------------------
+    def pick(self, execution_id: str, avoid: Optional[EngineHandle] = None) -> Optional[EngineHandle]:
+        """Same execution -> same engine while it is active (its KV prefix lives there); else least loaded."""
+        url = self.affinity.get(execution_id)
+        e = self.engines.get(url) if url else None
+        if e is not None and e.state == "active" and e is not avoid:
+            return e
+        active = [x for x in self.engines.values() if x.state == "active" and x is not avoid]
+        if not active:
+            active = [x for x in self.engines.values() if x.state == "active"]
+        if not active:
+            return None
+        n = next(self._rr)
+        best = min(active, key=lambda x: (len(x.inflight), (hash(x.url) + n) % 7919))
+        self.affinity[execution_id] = best.url
+        return best
+
+    async def _wait_engine(self, execution_id: str, avoid: Optional[EngineHandle]) -> EngineHandle:
+        deadline = time.monotonic() + self.wait_for_engine_s
+        while True:
+            e = self.pick(execution_id, avoid)
+            if e is not None:
+                return e
+            if time.monotonic() > deadline:
+                raise ApiError(503, "no inference engine is available", "overloaded")
+            ev = self._changed
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    def forget(self, execution_id: str) -> None:
+        self.affinity.pop(execution_id, None)
+
+    # -- drain --------------------------------------------------------------------------------
+    async def drain(self, url: str, timeout: Optional[float] = None) -> int:
+        """Stop routing to ``url`` and move its in-flight requests; returns how many were moved."""
+        e = self.engines.get(url.rstrip("/"))
+        if e is None:
+            raise KeyError(f"unknown engine {url}")
+        e.state = "draining"
+        for ex, u in list(self.affinity.items()):
+            if u == e.url:
+                del self.affinity[ex]
+        moved = 0
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while e.inflight:
+            now = time.monotonic()
+            for f in list(e.inflight):
+                if now - f.abort_sent > 0.25:  # re-sent: the engine may not have seen the rid yet
+                    if not f.moving:
+                        moved += 1
+                    f.moving = True
+                    f.abort_sent = now
+                    try:
+                        await e.ctl.abort(f.rid)
+                    except Exception as err:  # engine gone: the request's connection breaks and it moves
+                        log.info("abort %s on %s: %s", f.rid, e.url, err)
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        self.counters["moved"] += moved
+        return moved
+
+    # -- generation ---------------------------------------------------------------------------
+    @staticmethod
+    def _body(rid: str, input_json: bytes, extra_ids: list[int], sampling: dict[str, Any], stream: bool) -> bytes:
+        ids = input_json
+        if extra_ids:
+            ids = ids + b"," + jsonfast.ids_json(extra_ids) if ids else jsonfast.ids_json(extra_ids)
+        return b"".join([b'{"rid":', jsonfast.dumps(rid), b',"input_ids":[', ids, b'],"sampling_params":',
+                         jsonfast.dumps(sampling), b',"return_logprob":true,"stream":',
+                         b"true" if stream else b"false", b"}"])
+
+    async def generate(self, execution_id: str, input_json: bytes, input_len: int, sampling: dict[str, Any],
+                       *, stream: bool) -> AsyncIterator[tuple[list[int], list[float]] | GenResult]:
+        """Yield ``(new_ids, new_logprobs)`` pieces as they are sampled, then one :class:`GenResult`.
+
+        Survives drains and engine failures by resuming elsewhere with the tokens
+        generated so far. Cancelling the consumer aborts the engine request.
+        """
+        self.counters["requests"] += 1
+        out_ids: list[int] = []
+        out_lps: list[float] = []
+        segments: list[OutputSegment] = []
+        budget = int(sampling.get("max_new_tokens", 128))
+        avoid: Optional[EngineHandle] = None
+        moves = 0
+        while True:
+            engine = await self._wait_engine(execution_id, avoid)
+            rid = f"gyre-{uuid.uuid4().hex[:16]}"
+            f = InFlight(rid=rid, execution_id=execution_id, engine=engine)
+            sp = dict(sampling, max_new_tokens=max(budget - len(out_ids), 0))
+            body = self._body(rid, input_json, out_ids, sp, stream)
+            start = len(out_ids)
+            finish: Optional[str] = None
+            version_marks: list[tuple[int, int]] = []
+            broke = False
+            engine.inflight.add(f)
+            done = False
+            try:
+                if stream:
+                    async with contextlib.aclosing(self._stream_attempt(engine, body)) as chunks:
+                        async for ids, lps, fin, marks in chunks:
+                            got = len(out_ids) - start
+                            if len(ids) > got:
+                                new_ids, new_lps = ids[got:], lps[got:]
+                                out_ids.extend(new_ids)
+                                out_lps.extend(new_lps)
+                                yield new_ids, new_lps
+                            if marks:
+                                version_marks = marks
+                            if fin is not None:
+                                finish = fin
+                else:
+                    ids, lps, finish, version_marks = await self._plain_attempt(engine, body)
+                    out_ids.extend(ids)
+                    out_lps.extend(lps)
+                    if ids:
+                        yield ids, lps
+                done = True
+            except _EngineBroke as err:
+                broke = True
+                engine.failures += 1
+                self.counters["engine_errors"] += 1
+                log.warning("engine %s failed mid-request (%s); resuming elsewhere", engine.url, err)
+            finally:
+                engine.inflight.discard(f)
+                if not done and not broke:  # cancelled (client went away): free the engine's slot
+                    asyncio.get_running_loop().create_task(self._abort_quietly(engine, rid))
+            engine.served += 1
+            if len(out_ids) > start:
+                segments.extend(_segments(start, len(out_ids), engine.engine_id, version_marks))
+            if broke or finish == "abort" or finish is None:
+                moves += 1
+                if moves > self.max_resumes:
+                    raise ApiError(503, f"request moved {moves} times without finishing", "overloaded")
+                if len(out_ids) >= budget:
+                    finish = "length"
+                else:
+                    avoid = engine if (broke or f.moving) else None
+                    continue
+            yield GenResult(out_ids, out_lps, _merge(segments), finish, moves)
+            return
+
+    async def _abort_quietly(self, engine: EngineHandle, rid: str) -> None:
+        try:
+            await engine.ctl.abort(rid)
+        except Exception:
+            pass
+
+    async def _plain_attempt(self, engine: EngineHandle, body: bytes):
+        try:
+            resp = await engine.http.post("/generate", content=body, headers={"content-type": "application/json"})
+        except httpx.TransportError as e:
+            raise _EngineBroke(str(e)) from e
+        if resp.status_code >= 400:
+            _raise_engine_error(resp.status_code, resp.text, engine)
+        data = jsonfast.loads(resp.content)
+        if isinstance(data, list):
+            data = data[0]
+        return _unpack(data)
+
+    async def _stream_attempt(self, engine: EngineHandle, body: bytes):
+        try:
+            async with engine.http.stream("POST", "/generate", content=body,
+                                          headers={"content-type": "application/json"}) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    _raise_engine_error(resp.status_code, resp.text, engine)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        return
+                    data = jsonfast.loads(payload)
+                    if isinstance(data, dict) and "error" in data:
+                        err = data["error"]
+                        code = int(err.get("code", 500)) if isinstance(err, dict) else 500
+                        _raise_engine_error(code, str(err), engine)
+                    yield _unpack(data)
+        except httpx.TransportError as e:
+            raise _EngineBroke(str(e)) from e
+
+
+class _EngineBroke(Exception):
+    pass
+
+
+def _raise_engine_error(status: int, text: str, engine: EngineHandle) -> None:
+    if 400 <= status < 500:
+        raise ApiError(400, f"engine rejected the request: {text[:500]}")
+    raise _EngineBroke(f"engine {engine.url} answered {status}: {text[:200]}")
+
+
+def _unpack(data: dict[str, Any]):
+    meta = data.get("meta_info") or {}
+    ids = [int(t) for t in data.get("output_ids") or []]
+    lps_raw = meta.get("output_token_logprobs") or []
+    lps = [float(x[0]) if x[0] is not None else 0.0 for x in lps_raw]
+    if len(lps) < len(ids):  # an engine that did not return log-probs for every token
+        lps = lps + [0.0] * (len(ids) - len(lps))
+    fr = meta.get("finish_reason")
+    finish = fr.get("type") if isinstance(fr, dict) else fr
+    marks = [(int(i), _version(v)) for i, v in meta.get("weight_version_segments") or []]
+    if not marks and meta.get("weight_version") is not None:
+        marks = [(0, _version(meta["weight_version"]))]
+    return ids, lps[: len(ids)], finish, marks
+
+
+def _segments(start: int, end: int, engine_id: str, marks: list[tuple[int, int]]) -> list[OutputSegment]:
+    """Output ``[start, end)`` from one engine attempt, split where its weights version changed."""
+    if not marks:
+        return [OutputSegment(start, end, engine_id, -1)]
+    marks = sorted(marks)
+    marks[0] = (0, marks[0][1])
+    out = []
+    for k, (i, v) in enumerate(marks):
+        s = min(start + i, end)
+        e = min(start + marks[k + 1][0], end) if k + 1 < len(marks) else end
+        if e > s:
+            out.append(OutputSegment(s, e, engine_id, v))
+    return out
+
+
+def _merge(segs: list[OutputSegment]) -> list[OutputSegment]:
+    out: list[OutputSegment] = []
+    for s in segs:
+        if out and out[-1].engine_id == s.engine_id and out[-1].weights_version == s.weights_version \
+                and out[-1].end == s.start:
+            out[-1] = OutputSegment(out[-1].start, s.end, s.engine_id, s.weights_version)
+        else:
+            out.append(s)
+    return out

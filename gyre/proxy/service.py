@@ -1,0 +1,469 @@
+"""The proxy's request pipeline, independent of the HTTP framework's routing.
+
+identify (key -> execution) -> read + parse body -> validate into a
+:class:`ParsedCall` -> SDK-retry check -> bridge (token-exact continuation, or
+a full render) -> generate on the engine pool (survives drains) -> parse the
+output -> record (durable) -> answer in the request's dialect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gyre.proxy import jsonfast
+from gyre.proxy.adapters import anthropic_messages as anthropic
+from gyre.proxy.adapters import openai_chat as openai
+from gyre.proxy.config import ProxyConfig
+from gyre.proxy.detok import Detokenizer
+from gyre.proxy.errors import ApiError, bad_request
+from gyre.proxy.identity import Identity, KeyRegistry, key_from_headers
+from gyre.proxy.parsing import make_parser
+from gyre.proxy.pool import EnginePool, GenResult
+from gyre.proxy.recorder import build_meta
+from gyre.proxy.render import Renderer, RenderError
+from gyre.proxy.retries import RetryEntry, RetryWindow, retry_count
+from gyre.proxy.session import Bridge, CallNode, ExecutionState
+from gyre.proxy.types import (
+    AssistantTurn, Finished, ParsedCall, ReasoningDelta, StreamEvent, TextDelta, ToolCall, ToolCallEvent,
+)
+from gyre.trace.record import TraceRecord
+from gyre.trace.store import TraceWriter, read_trace, trace_path
+
+log = logging.getLogger("gyre.proxy")
+
+_ADAPTERS = {"openai": openai, "anthropic": anthropic}
+
+
+@dataclass
+class Plan:
+    request_id: str
+    bridge: Bridge
+    suffix: list[int]
+    prefix_json: bytes
+    input_json: bytes
+    input_len: int
+    mode: str  # continuation | resample | full | template_fallback
+    verify_equal: Optional[bool] = None
+
+
+@dataclass
+class Execution:
+    ident: Identity
+    state: ExecutionState
+    retries: RetryWindow
+
+
+class ClientGone(Exception):
+    pass
+
+
+class ProxyService:
+    """Holds the tokenizer, renderer, engine pool, key registry, execution states and trace writer."""
+
+    def __init__(self, config: ProxyConfig, tokenizer: Any = None) -> None:
+        self.config = config
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
+        self.tokenizer = tokenizer
+        self.renderer = Renderer(tokenizer)
+        self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
+        self.served_model = config.served_model_name or Path(config.model_dir).name
+        self.keys = KeyRegistry(config.mode)
+        self.pool = EnginePool(config.engines, read_timeout=config.engine_timeout_s, max_resumes=config.max_resumes)
+        self.writer = TraceWriter(config.trace_dir, fsync=config.fsync)
+        self.executions: dict[str, Execution] = {}
+        self.counters: dict[str, int] = {
+            "requests": 0, "answered": 0, "continuation": 0, "resample": 0, "full": 0, "forked": 0,
+            "template_fallback": 0, "bridge_mismatch": 0, "retries_replayed": 0, "retries_coalesced": 0,
+            "client_disconnects": 0, "errors_4xx": 0, "errors_5xx": 0,
+        }
+        self._stop_ids = frozenset(self.renderer.stop_token_ids)
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.pool.start()
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+        self.writer.close()
+
+    # -- identity / state ----------------------------------------------------------------------
+    def _identify(self, headers: Any) -> Identity:
+        ident = self.keys.resolve(key_from_headers(headers))
+        if ident is None:
+            raise ApiError(401, "invalid or missing API key (send it as x-api-key or Authorization: Bearer)",
+                           "authentication")
+        return ident
+
+    def _execution(self, ident: Identity) -> Execution:
+        ex = self.executions.get(ident.execution_id)
+        if ex is None:
+            st = ExecutionState(ident.execution_id, ident.label, hot_nodes=self.config.prefix_cache_nodes)
+            path = trace_path(self.config.trace_dir, ident.execution_id)
+            if path.exists():  # a restarted proxy continues the execution's numbering
+                recs = read_trace(path).records
+                st.next_seq = max((r.seq for r in recs), default=-1) + 1
+            ex = self.executions[ident.execution_id] = Execution(ident, st, RetryWindow(self.config.retry_window))
+        return ex
+
+    def close_execution(self, execution_id: str) -> None:
+        self.keys.revoke(execution_id)
+        self.executions.pop(execution_id, None)
+        self.pool.forget(execution_id)
+        self.writer.close_execution(execution_id)
+
+    # -- body --------------------------------------------------------------------------------
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.max_body_bytes
+        cl = request.headers.get("content-length")
+        if cl is not None and cl.isdigit() and int(cl) > limit:
+            raise ApiError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes", "too_large")
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes", "too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _parse(self, dialect: str, request: Request) -> tuple[Identity, bytes, ParsedCall]:
+        ident = self._identify(request.headers)
+        body = await self._read_body(request)
+        try:
+            data = jsonfast.loads(body)
+        except jsonfast.JSONDecodeError:
+            raise bad_request("request body is not valid JSON") from None
+        return ident, body, _ADAPTERS[dialect].parse_request(data)
+
+    # -- planning ----------------------------------------------------------------------------
+    async def _plan(self, st: ExecutionState, call: ParsedCall) -> Plan:
+        rid = uuid.uuid4().hex[:24]
+        bridge = st.find_bridge(call)
+        suffix: Optional[list[int]] = None
+        mode = "full"
+        try:
+            if bridge.base is not None and bridge.echo is not None:
+                last = bridge.base.output[-1] if bridge.base.output else None
+                suffix = self.renderer.continuation(bridge.head, bridge.base.assistant, bridge.new, call.tools, last)
+                mode = "continuation"
+                if suffix is None:  # the template does not render the anchor as a prefix
+                    mode = "template_fallback"
+                    bridge = Bridge(None, 0, None, bridge.norm, bridge.norm, bridge.raw_to_norm, bridge.head)
+            elif bridge.base is not None:
+                suffix, mode = [], "resample"
+            if suffix is None:
+                suffix = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
+        except RenderError as e:
+            raise bad_request(f"the model's chat template cannot render this conversation: {e}") from None
+        prefix = st.prefix_json(bridge.base, bridge.base_len)
+        input_json = b",".join(p for p in (prefix, jsonfast.ids_json(suffix) if suffix else b"") if p)
+        plan = Plan(rid, bridge, suffix, prefix, input_json, bridge.base_len + len(suffix), mode)
+        if self.config.verify_bridge and mode == "continuation":
+            full = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
+            plan.verify_equal = full == bridge.base.materialise(bridge.base_len) + suffix
+            if not plan.verify_equal:
+                self.counters["bridge_mismatch"] += 1
+        return plan
+
+    def _sampling(self, call: ParsedCall, input_len: int, dialect: str) -> dict[str, Any]:
+        if input_len <= 0:
+            raise bad_request("the rendered prompt is empty")
+        room = self.max_context - input_len
+        if room <= 0:
+            msg = (f"prompt is too long: {input_len} tokens > {self.max_context - 1} maximum"
+                   if dialect == "anthropic" else
+                   f"This model's maximum context length is {self.max_context} tokens; the messages resulted "
+                   f"in {input_len} tokens.")
+            raise ApiError(400, msg, "invalid_request", param="messages", code="context_length_exceeded")
+        s = call.sampling
+        sp: dict[str, Any] = {"max_new_tokens": min(s.max_tokens or self.config.default_max_tokens, room),
+                              "stop_token_ids": self.renderer.stop_token_ids}
+        if s.temperature is not None:
+            sp["temperature"] = s.temperature
+        if s.top_p is not None:
+            sp["top_p"] = s.top_p
+        if s.top_k is not None:
+            sp["top_k"] = s.top_k if s.top_k > 0 else -1
+        if s.seed is not None:
+            sp["seed"] = s.seed
+        return sp
+
+    # -- the pipeline --------------------------------------------------------------------------
+    async def handle(self, dialect: str, request: Request) -> Response:
+        self.counters["requests"] += 1
+        t0 = time.time()
+        try:
+            ident, body, call = await self._parse(dialect, request)
+            ex = self._execution(ident)
+            entry: Optional[RetryEntry] = None
+            if retry_count(request.headers) > 0:
+                entry = ex.retries.find(body)
+            if entry is not None:
+                done = entry.result.done()
+                turn = await asyncio.shield(entry.result)
+                if turn is not None and turn.finish != "abort":
+                    self.counters["retries_replayed" if done else "retries_coalesced"] += 1
+                    return self._replay(dialect, call, turn)
+            plan = await self._plan(ex.state, call)
+            sampling = self._sampling(call, plan.input_len, dialect)
+            entry = ex.retries.add(body) if self.config.retry_window > 0 else None
+            events = self._produce(dialect, ex, call, plan, sampling, entry, request.headers, t0)
+            if call.stream:
+                # wait for the first event so an early failure is still a plain HTTP error
+                first = await events.__anext__()
+                return StreamingResponse(self._sse(dialect, call, plan, first, events),
+                                         media_type="text/event-stream",
+                                         headers={"cache-control": "no-cache", "x-gyre-request-id": plan.request_id})
+            turn = await self._collect(events, request)
+            body_out = _ADAPTERS[dialect].response(call, turn, self.tokenizer)
+            return Response(jsonfast.dumps(body_out), media_type="application/json",
+                            headers={"x-gyre-request-id": plan.request_id})
+        except ApiError as e:
+            self.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
+            return JSONResponse(e.body(dialect), status_code=e.status)
+        except ClientGone:
+            self.counters["client_disconnects"] += 1
+            return Response(status_code=499)
+
+    def _replay(self, dialect: str, call: ParsedCall, turn: AssistantTurn) -> Response:
+        if call.stream:
+            async def events() -> AsyncIterator[StreamEvent]:
+                if turn.reasoning:
+                    yield ReasoningDelta(turn.reasoning)
+                if turn.content:
+                    yield TextDelta(turn.content)
+                for tc in turn.tool_calls:
+                    yield ToolCallEvent(tc)
+                yield Finished(turn)
+            if dialect == "anthropic":
+                gen = anthropic.stream(call, turn.request_id, events(), turn.prompt_tokens, self.tokenizer)
+            else:
+                gen = openai.stream(call, turn.request_id, events(), self.tokenizer)
+            return StreamingResponse(gen, media_type="text/event-stream")
+        return Response(jsonfast.dumps(_ADAPTERS[dialect].response(call, turn, self.tokenizer)),
+                        media_type="application/json")
+
+    async def _sse(self, dialect: str, call: ParsedCall, plan: Plan, first: StreamEvent,
+                   events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
+        async def chained() -> AsyncIterator[StreamEvent]:
+            yield first
+            async for ev in events:
+                yield ev
+
+        if dialect == "anthropic":
+            gen = anthropic.stream(call, plan.request_id, chained(), plan.input_len, self.tokenizer)
+        else:
+            gen = openai.stream(call, plan.request_id, chained(), self.tokenizer)
+        try:
+            async with contextlib.aclosing(gen):
+                async for chunk in gen:
+                    yield chunk
+        except ApiError as e:  # mid-stream failure: the dialect's error event, never a dropped connection
+            self.counters["errors_5xx" if e.status >= 500 else "errors_4xx"] += 1
+            if dialect == "anthropic":
+                yield b"event: error\ndata: " + jsonfast.dumps(e.anthropic_body()) + b"\n\n"
+            else:
+                yield b"data: " + jsonfast.dumps(e.openai_body()) + b"\n\n"
+        finally:
+            await events.aclose()
+
+    async def _collect(self, events: AsyncIterator[StreamEvent], request: Request) -> AssistantTurn:
+        """Run a non-streaming call; a client that hangs up cancels it (and its engine request)."""
+        async def consume() -> AssistantTurn:
+            async with contextlib.aclosing(events):
+                async for ev in events:
+                    if isinstance(ev, Finished):
+                        return ev.turn
+            raise ApiError(503, "generation ended without a result", "server")
+
+        async def hangup() -> None:
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    return
+
+        work = asyncio.ensure_future(consume())
+        watch = asyncio.ensure_future(hangup())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise ClientGone()
+
+    async def _produce(self, dialect: str, ex: Execution, call: ParsedCall, plan: Plan, sampling: dict[str, Any],
+                       entry: Optional[RetryEntry], headers: Any, t0: float) -> AsyncIterator[StreamEvent]:
+        st = ex.state
+        prefix = "toolu_" if dialect == "anthropic" else "call_"
+        no_tools = call.tool_choice == "none" or (isinstance(call.tool_choice, dict)
+                                                   and call.tool_choice.get("type") == "none")
+        parser = make_parser("plain" if no_tools else self.config.parser,
+                             lambda: prefix + uuid.uuid4().hex[:24], self.renderer.generation_opens_reasoning)
+        detok = Detokenizer(self.tokenizer, self._stop_ids)
+        texts: list[str] = []
+        reasoning: list[str] = []
+        calls: list[ToolCall] = []
+        out_ids: list[int] = []
+        out_lps: list[float] = []
+        result: Optional[GenResult] = None
+
+        def note(evs: list[StreamEvent]) -> list[StreamEvent]:
+            for ev in evs:
+                if isinstance(ev, TextDelta):
+                    texts.append(ev.text)
+                elif isinstance(ev, ReasoningDelta):
+                    reasoning.append(ev.text)
+                elif isinstance(ev, ToolCallEvent):
+                    calls.append(ev.call)
+            return evs
+
+        try:
+            gen = self.pool.generate(st.execution_id, plan.input_json, plan.input_len, sampling, stream=call.stream)
+            async with contextlib.aclosing(gen):
+                async for item in gen:
+                    if isinstance(item, GenResult):
+                        result = item
+                        break
+                    ids, lps = item
+                    out_ids.extend(ids)
+                    out_lps.extend(lps)
+                    if call.stream:
+                        for ev in note(parser.feed(detok.add(ids))):
+                            yield ev
+            assert result is not None
+            tail = [] if call.stream else note(parser.feed(detok.add(result.output_ids)))
+            tail += note(parser.feed(detok.flush()) + parser.finish())
+            finish = result.finish if result.finish in ("stop", "length") else "stop"
+            if calls and finish == "stop":
+                finish = "tool_calls"
+            turn = AssistantTurn(content="".join(texts), reasoning="".join(reasoning).strip() or None,
+                                 tool_calls=calls, finish=finish, prompt_tokens=plan.input_len,
+                                 completion_tokens=len(result.output_ids), output_ids=result.output_ids,
+                                 output_logprobs=result.logprobs, request_id=plan.request_id)
+            await self._record(ex, call, plan, result, turn, headers, t0, dialect)
+            if entry is not None:
+                entry.settle(turn)
+            for ev in tail:
+                yield ev
+            yield Finished(turn)
+        except BaseException as e:
+            if entry is not None:
+                entry.settle(None)
+            if result is None and out_ids and not isinstance(e, ApiError):
+                # the client went away mid-generation: keep what the policy sampled, marked as such
+                with contextlib.suppress(Exception):
+                    self._record_abort(ex, call, plan, out_ids, out_lps, headers, t0, dialect)
+            raise
+
+    # -- recording -----------------------------------------------------------------------------
+    def _meta(self, ex: Execution, call: ParsedCall, plan: Plan, headers: Any, extra: dict[str, Any]) -> dict:
+        b = plan.bridge
+        extra = {"bridge": plan.mode, **extra}
+        if b.fork_at is not None:
+            extra["fork_at"] = b.fork_at
+        if plan.verify_equal is not None:
+            extra["bridge_verified"] = plan.verify_equal
+        return build_meta(call, b.head, b.norm, headers, ex.ident.label, extra)
+
+    async def _record(self, ex: Execution, call: ParsedCall, plan: Plan, result: GenResult, turn: AssistantTurn,
+                      headers: Any, t0: float, dialect: str) -> None:
+        st = ex.state
+        b = plan.bridge
+        seq = st.next_seq
+        st.next_seq += 1
+        rec = TraceRecord(
+            execution_id=st.execution_id, request_id=plan.request_id, seq=seq, api=call.api,
+            base=b.base.request_id if b.base is not None else None, base_len=b.base_len,
+            input_suffix=tuple(plan.suffix), output_ids=tuple(result.output_ids),
+            output_logprobs=tuple(result.logprobs), segments=tuple(result.segments),
+            finish_reason=turn.finish if turn.finish != "tool_calls" else "stop", forked=b.forked,
+            t_start=t0, t_end=time.time(),
+            meta=self._meta(ex, call, plan, headers, {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)}),
+        )
+        if self.config.fsync:
+            await asyncio.to_thread(self.writer.append, rec)
+        else:
+            self.writer.append(rec)
+        node = CallNode(
+            request_id=plan.request_id, seq=seq, norm=b.norm, raw_to_norm=b.raw_to_norm, n_raw=len(call.raw_items),
+            raw_items=None, tools_raw=call.tools_raw, tools=call.tools, head=b.head, assistant=turn.as_message(),
+            base=b.base, base_len=b.base_len, suffix=plan.suffix, output=list(result.output_ids),
+        )
+        st.add_node(node, plan.prefix_json, call.raw_items)
+        st.counters[plan.mode] = st.counters.get(plan.mode, 0) + 1
+        self.counters["answered"] += 1
+        self.counters[plan.mode] += 1
+        if b.forked:
+            self.counters["forked"] += 1
+            st.counters["forked"] += 1
+
+    def _record_abort(self, ex: Execution, call: ParsedCall, plan: Plan, out_ids: list[int], out_lps: list[float],
+                      headers: Any, t0: float, dialect: str) -> None:
+        from gyre.trace.record import OutputSegment
+
+        st = ex.state
+        b = plan.bridge
+        seq = st.next_seq
+        st.next_seq += 1
+        rec = TraceRecord(
+            execution_id=st.execution_id, request_id=plan.request_id, seq=seq, api=call.api,
+            base=b.base.request_id if b.base is not None else None, base_len=b.base_len,
+            input_suffix=tuple(plan.suffix), output_ids=tuple(out_ids), output_logprobs=tuple(out_lps),
+            segments=(OutputSegment(0, len(out_ids), "unknown", -1),), finish_reason="abort", forked=b.forked,
+            t_start=t0, t_end=time.time(),
+            meta=self._meta(ex, call, plan, headers, {"client_disconnected": True}),
+        )
+        self.writer.append(rec)
+
+    # -- other routes ----------------------------------------------------------------------------
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            self._identify(request.headers)
+            body = await self._read_body(request)
+            try:
+                data = jsonfast.loads(body)
+            except jsonfast.JSONDecodeError:
+                raise bad_request("request body is not valid JSON") from None
+            if isinstance(data, dict) and "max_tokens" not in data:
+                data = {**data, "max_tokens": 1}
+            call = anthropic.parse_request(data)
+            norm = [m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)]
+            try:
+                ids = await asyncio.to_thread(self.renderer.full, norm, call.tools)
+            except RenderError as e:
+                raise bad_request(str(e)) from None
+            return JSONResponse({"input_tokens": len(ids)})
+        except ApiError as e:
+            return JSONResponse(e.anthropic_body(), status_code=e.status)
+
+    def stats(self) -> dict[str, Any]:
+        return {"counters": dict(self.counters), "pool": {"counters": dict(self.pool.counters),
+                                                          "engines": self.pool.status()},
+                "executions": len(self.executions)}
+
+
+def _model_max_context(model_dir: str) -> int:
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        return int(cfg.get("max_position_embeddings") or 32768)
+    except (OSError, ValueError):
+        return 32768
