@@ -1,0 +1,233 @@
+"""Executor must-shows: timeout semantics, missing assessments, orphans, isolation, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gyre.harness.assessment import Missing, MissingReason, Scored, mean_reward
+from gyre.harness.config import ExecutorConfig, SandboxConfig
+from gyre.harness.executor import ExecutionError, ExecutionSpec, HarnessExecutor
+from gyre.harness.profiles import HarnessProfile
+from gyre.harness.sandbox import bwrap_available
+from gyre.harness.task import load_task
+
+from test_harness_util import live_pids_with, make_task, shell_profile
+
+needs_bwrap = pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
+
+
+def spec(eid: str, task, profile: HarnessProfile, **kw) -> ExecutionSpec:
+    return ExecutionSpec(execution_id=eid, task=task, profile=profile, base_url="http://127.0.0.1:9", api_key="k", **kw)
+
+
+@pytest.fixture
+async def executor(tmp_path):
+    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8))
+    await ex.start()
+    yield ex
+    await ex.stop()
+
+
+async def test_solved_scores_one_untouched_scores_zero(executor, tmp_path):
+    task = load_task(make_task(tmp_path))
+    good, none = await executor.run_many([
+        spec("good", task, shell_profile("echo 42 > answer.txt")),
+        spec("none", task, shell_profile("true")),
+    ])
+    assert isinstance(good.assessment, Scored) and good.assessment.reward == 1.0
+    assert isinstance(none.assessment, Scored) and none.assessment.reward == 0.0
+    assert good.workspace != none.workspace
+    assert (Path(good.workspace) / "answer.txt").read_text().strip() == "42"
+    assert not (Path(none.workspace) / "answer.txt").exists()  # fresh workspace per execution
+
+
+async def test_timeout_after_correct_file_scores_one_and_nothing_scores_zero(executor, tmp_path):
+    task = load_task(make_task(tmp_path, agent_timeout=1.0))
+    wrote, idle = await executor.run_many([
+        spec("wrote", task, shell_profile("echo 42 > answer.txt; sleep 60")),
+        spec("idle", task, shell_profile("sleep 60")),
+    ])
+    for r in (wrote, idle):
+        assert r.harness.stop == "harness_timeout" and r.harness.exit_code is None
+        assert r.timings.harness_s < 10
+    assert wrote.assessment == Scored(reward=1.0, rule="binary", detail=wrote.assessment.detail)
+    assert isinstance(idle.assessment, Scored) and idle.assessment.reward == 0.0
+    # The reward ignores exit status: a harness that fails loudly after solving still scores 1.
+    r = await executor.run(spec("fail-after", task, shell_profile("echo 42 > answer.txt; exit 7")))
+    assert r.harness.exit_code == 7 and r.reward == 1.0
+
+
+async def test_evaluator_crash_and_hang_are_missing_never_zero(executor, tmp_path):
+    crash = load_task(make_task(tmp_path, "crash", test_sh="echo boom >&2; exit 3\n"))
+    hang = load_task(make_task(tmp_path, "hang", test_sh="sleep 60\n", verifier_timeout=1.0))
+    garbage = load_task(make_task(tmp_path, "garbage", test_sh='echo "not a number" > "$GYRE_REWARD_DIR/reward.txt"\n'))
+    ok = load_task(make_task(tmp_path, "ok"))
+    results = await executor.run_many([
+        spec("c", crash, shell_profile("echo 42 > answer.txt")),
+        spec("h", hang, shell_profile("echo 42 > answer.txt")),
+        spec("g", garbage, shell_profile("echo 42 > answer.txt")),
+        spec("ok1", ok, shell_profile("echo 42 > answer.txt")),
+        spec("ok0", ok, shell_profile("true")),
+    ])
+    c, h, g, ok1, ok0 = results
+    assert isinstance(c.assessment, Missing) and c.assessment.reason == MissingReason.evaluator_error
+    assert "boom" in c.assessment.detail and "status 3" in c.assessment.detail
+    assert isinstance(h.assessment, Missing) and h.assessment.reason == MissingReason.evaluator_timeout
+    assert isinstance(g.assessment, Missing) and g.assessment.reason == MissingReason.evaluator_error
+    for r in (c, h, g):
+        assert r.reward is None and not hasattr(r.assessment, "reward")
+    # Missing is excluded from the mean, not averaged as 0: mean of {1, 0} only.
+    assert mean_reward([r.assessment for r in results]) == 0.5
+    assert mean_reward([c.assessment, h.assessment]) is None
+
+
+async def test_overall_budget_exhausted_is_missing(executor, tmp_path):
+    task = load_task(make_task(tmp_path, agent_timeout=30.0, overall=40.0))
+    r = await executor.run(spec("o", task, shell_profile("echo 42 > answer.txt; sleep 60"), overall_timeout_s=1.0))
+    assert r.harness.stop == "overall_timeout"
+    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.overall_timeout
+    # A caller's absolute deadline works the same way.
+    r2 = await executor.run(spec("d", task, shell_profile("sleep 60"), deadline=time.monotonic() + 1.0))
+    assert isinstance(r2.assessment, Missing) and r2.assessment.reason == MissingReason.overall_timeout
+
+
+@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=needs_bwrap)])
+async def test_no_orphans_after_timeout(tmp_path, sandbox):
+    marker = f"{random.randint(100000, 999999)}"
+    # Background child, a child that ignores SIGTERM, and one that left the process group (setsid).
+    script = (f"sleep 900.{marker}1 & (trap '' TERM; sleep 900.{marker}2) & setsid sleep 900.{marker}3 & "
+              f"echo started; sleep 900.{marker}4")
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, sandbox=SandboxConfig(enabled=sandbox))
+    task = load_task(make_task(tmp_path, agent_timeout=1.5))
+    async with HarnessExecutor(cfg) as ex:
+        r = await ex.run(spec("orphans", task, shell_profile(script)))
+    assert r.harness.stop == "harness_timeout"
+    assert "started" in Path(r.harness.stdout_path).read_text()
+    await asyncio.sleep(0.2)
+    left = live_pids_with(f"900.{marker}")
+    for pid in left:  # clean up our own leftovers before failing
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+async def test_stop_kills_running_executions(tmp_path):
+    marker = f"{random.randint(100000, 999999)}"
+    task = load_task(make_task(tmp_path))
+    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5))
+    await ex.start()
+    t = asyncio.create_task(ex.run(spec("s", task, shell_profile(f"sleep 900.{marker}"))))
+    for _ in range(100):
+        if live_pids_with(f"900.{marker}"):
+            break
+        await asyncio.sleep(0.05)
+    assert ex.running == 1
+    await ex.stop()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert live_pids_with(f"900.{marker}") == []
+
+
+async def test_bad_input_recorded_while_others_are_served(tmp_path):
+    task = load_task(make_task(tmp_path, agent_timeout=20.0))
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024)
+    async with HarnessExecutor(cfg) as ex:
+        results = await ex.run_many([
+            spec("missing-cmd", task, HarnessProfile(name="nope", command=["/nonexistent/harness-xyz", "--go"])),
+            spec("bad-template", task, HarnessProfile(name="tmpl", command=["echo", "{no_such_var}"])),
+            spec("exits", task, shell_profile("exit 1")),
+            spec("flood", task, shell_profile("echo 42 > answer.txt; yes flood-flood-flood")),
+            spec("good", task, shell_profile("sleep 0.5; echo 42 > answer.txt")),
+        ])
+    by = {r.execution_id: r for r in results}
+    m = by["missing-cmd"]
+    assert m.harness.stop == "launch_failed" and "/nonexistent/harness-xyz" in m.harness.error
+    assert isinstance(m.assessment, Missing) and m.assessment.reason == MissingReason.launch_failed
+    t = by["bad-template"]
+    assert isinstance(t.assessment, Missing) and "no_such_var" in t.assessment.detail
+    e = by["exits"]
+    assert e.harness.stop == "exited" and e.harness.exit_code == 1 and e.reward == 0.0
+    f = by["flood"]
+    assert f.harness.stop == "log_limit" and f.harness.log_truncated
+    assert Path(f.harness.stdout_path).stat().st_size < 300 * 1024
+    assert f.reward == 1.0  # stopped for flooding, workspace still scored by the rule
+    assert by["good"].reward == 1.0
+
+
+async def test_missing_repository_is_a_clear_error(tmp_path):
+    from gyre.harness.task import TaskError
+
+    d = make_task(tmp_path)
+    import shutil
+
+    shutil.rmtree(d / "environment")
+    with pytest.raises(TaskError, match="starting repository .* is missing"):
+        load_task(d)
+
+
+async def test_caller_errors(tmp_path):
+    task = load_task(make_task(tmp_path))
+    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs"))
+    with pytest.raises(ExecutionError, match="not started"):
+        await ex.run(spec("x", task, shell_profile("true")))
+    async with ex:
+        await ex.run(spec("x", task, shell_profile("true")))
+        with pytest.raises(ExecutionError, match="already used"):
+            await ex.run(spec("x", task, shell_profile("true")))
+        # No key and no register hook: a launch failure, recorded.
+        r = await ex.run(ExecutionSpec(execution_id="nokey", task=task, profile=shell_profile("true"), base_url="http://x"))
+        assert isinstance(r.assessment, Missing) and "register" in r.assessment.detail
+
+
+async def test_concurrency_limit_and_register_hook(tmp_path):
+    task = load_task(make_task(tmp_path))
+    seen: list[tuple[str, str]] = []
+
+    async def register(eid: str, label: str) -> str:
+        seen.append((eid, label))
+        return f"key-{eid}"
+
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", max_concurrency=2)
+    prof = shell_profile('echo "$OPENAI_API_KEY $ANTHROPIC_API_KEY $OPENAI_BASE_URL $ANTHROPIC_BASE_URL"; sleep 0.6')
+    async with HarnessExecutor(cfg, register=register) as ex:
+        specs = [ExecutionSpec(execution_id=f"e{i}", task=task, profile=prof, base_url="http://127.0.0.1:5/v1") for i in range(4)]
+        rs = await ex.run_many(specs)
+    assert sorted(seen) == [(f"e{i}", "t42/shell") for i in range(4)]
+    out = Path(rs[0].harness.stdout_path).read_text().split()
+    assert out == ["key-e0", "key-e0", "http://127.0.0.1:5/v1", "http://127.0.0.1:5"]
+    # Two slots for four 0.6 s harnesses: two of them had to queue.
+    assert sum(1 for r in rs if r.timings.queued_s > 0.3) == 2
+
+
+@needs_bwrap
+async def test_sandbox_isolates_workspaces_and_hidden_tests(tmp_path):
+    task_dir = make_task(tmp_path, secret="TOP-SECRET")
+    task = load_task(task_dir)
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
+    runs = cfg.workspace_root.resolve()
+    probe = (
+        f"echo mine > mine.txt; sleep 0.5; "
+        f"ls {runs}/other/workspace 2>&1; cat {runs}/other/workspace/mine.txt 2>&1; "
+        f"cat {task_dir}/tests/secret.txt 2>&1; ls {task_dir} 2>&1; "
+        f"touch /usr/gyre-probe 2>&1; echo HOME=$HOME; echo 42 > answer.txt"
+    )
+    async with HarnessExecutor(cfg) as ex:
+        r, other = await ex.run_many([
+            spec("probe", task, shell_profile(probe)),
+            spec("other", task, shell_profile("echo secret-of-other > mine.txt; sleep 1.5")),
+        ])
+    out = Path(r.harness.stdout_path).read_text() + Path(r.harness.stderr_path).read_text()
+    assert "secret-of-other" not in out and "TOP-SECRET" not in out
+    assert "No such file or directory" in out and "Read-only file system" in out
+    assert "HOME=/tmp/gyre-home" in out
+    assert r.reward == 1.0 and other.reward == 0.0  # the sandboxed harness still wrote its own workspace
+    # Without the sandbox the same probe does see the hidden file (what the sandbox prevents).
+    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
+        r2 = await ex.run(spec("probe2", task, shell_profile(f"cat {task_dir}/tests/secret.txt")))
+    assert "TOP-SECRET" in Path(r2.harness.stdout_path).read_text()
