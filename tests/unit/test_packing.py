@@ -1,0 +1,98 @@
+"""Packing admitted executions into micro-steps (pure python side)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from gyre.trace import MicroStep, PackedSequence, PackingError, admit, build_tree, pack
+from gyre.trace.synthetic import case_study_execution, small_execution
+
+
+def _admissions(n=3, j_max=None):
+    out = []
+    for i in range(n):
+        tree = build_tree(small_execution(f"ex{i}", seed=i))
+        out.append(admit(tree, j_max, seed=i))
+    return out
+
+
+def _targets(steps):
+    got = defaultdict(list)
+    for s in steps:
+        for row in s.sequences:
+            for i, t in enumerate(row.is_target):
+                if t:
+                    got[s.executions[row.execution_index[i]]].append(row.tree_index[i])
+    return got
+
+
+@pytest.mark.parametrize("mode", ["paths", "tree"])
+@pytest.mark.parametrize("budget", [40, 150, 10_000])
+def test_pack_covers_every_admitted_target_once_with_unit_weight(mode, budget):
+    adms = _admissions()
+    steps = pack(adms, mode, budget)
+    assert all(isinstance(s, MicroStep) and s.mode == mode for s in steps)
+    got = _targets(steps)
+    for a in adms:
+        want = sorted(t for p in a.paths for t in p.targets.tolist())
+        assert sorted(got[a.execution_id]) == want
+    wsum = defaultdict(float)
+    for s in steps:
+        for row in s.sequences:
+            row.validate()
+            for i, w in enumerate(row.token_weight):
+                if w:
+                    assert row.is_target[i]
+                    wsum[s.executions[row.execution_index[i]]] += w
+            # packed tokens carry the tree's data
+            for i, t in enumerate(row.is_target):
+                if t:
+                    assert row.behaviour_logprob[i] < 0 and row.policy_version[i] >= 0
+    assert all(v == pytest.approx(1.0) for v in wsum.values()) and len(wsum) == len(adms)
+
+
+@pytest.mark.parametrize("mode", ["paths", "tree"])
+def test_budget_respected_unless_a_single_path_is_longer(mode):
+    adms = _admissions()
+    budget = 60
+    longest = max(int(a.tree.depth[p.last_target]) + 1 for a in adms for p in a.paths)
+    for s in pack(adms, mode, budget):
+        assert s.n_tokens <= max(budget, longest)
+
+
+def test_tree_mode_stores_shared_prefixes_once():
+    tree = build_tree(case_study_execution(n_requests=120, n_subagents=3, system_len=300, task_len=50,
+                                           out_len=(20, 60), tool_len=(20, 80), summary_len=(30, 60)))
+    adm = admit(tree, None, 0)
+    p = sum(s.n_tokens for s in pack([adm], "paths", 10**7))
+    t = sum(s.n_tokens for s in pack([adm], "tree", 10**7))
+    assert t < p
+    assert t <= len(tree)  # never more than the unique tokens
+    (step,) = pack([adm], "tree", 10**7)
+    assert len(step.sequences) == 1 and step.executions == [tree.execution_id]
+
+
+def test_dropped_and_duplicate_executions():
+    adms = _admissions(2)
+    adms[1].dropped = True
+    assert adms[1].weight == 0.0
+    steps = pack(adms, "tree", 10_000)
+    assert {e for s in steps for e in s.executions} == {adms[0].execution_id}
+    with pytest.raises(PackingError, match="twice"):
+        pack([adms[0], adms[0]], "tree", 100)
+    with pytest.raises(ValueError):
+        pack(adms, "bogus", 100)
+
+
+def test_validate_rejects_broken_rows():
+    row = PackedSequence.from_chain([5, 6, 7])
+    row.validate()
+    row.position_ids[2] = 7
+    with pytest.raises(PackingError, match="depth"):
+        row.validate()
+    row = PackedSequence.from_chain([5, 6, 7])
+    row.is_target[0] = True
+    with pytest.raises(PackingError, match="predecessor"):
+        row.validate()
