@@ -1,11 +1,192 @@
-"""`gyre sim ...` commands. Keep heavy imports inside the commands."""
+"""`gyre sim ...`: simulate placements on a preset workload, or sweep seeds and parameters.
+
+Heavy imports (numpy, matplotlib) stay inside the commands so ``gyre --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
-app = typer.Typer(help="sim commands (not implemented yet)", no_args_is_help=True)
+app = typer.Typer(
+    help="Scheduling simulator: compare Colocate, Async and Elastic placements in virtual time.",
+    invoke_without_command=True,
+    pretty_exceptions_enable=False,
+)
+
+PLACEMENT_CHOICES = ("colocate", "async", "async-streaming", "elastic", "all")
 
 
-@app.command("todo")
-def _todo() -> None:
-    """Placeholder until this package's CLI lands."""
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(2)
+
+
+def _load(preset: str, sets: list[str], seed: Optional[int]):
+    from gyre.sim.config import apply_overrides
+    from gyre.sim.presets import preset as get_preset
+
+    try:
+        cfg = get_preset(preset)
+        if sets:
+            cfg = apply_overrides(cfg, sets)
+        if seed is not None:
+            cfg = cfg.model_copy(update={"seed": seed})
+    except ValueError as e:  # pydantic ValidationError is a ValueError
+        _fail(str(e))
+    return cfg
+
+
+def _print_table(cfg, results) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gyre.sim.presets import PUBLISHED
+
+    pub = PUBLISHED.get(cfg.name, {})
+    ref = results.get("elastic")
+    w, cl = cfg.workload, cfg.cluster
+    t = Table(
+        title=f"{cfg.name} (seed {cfg.seed}): K={cl.cells} cells x C_e={cl.cell_capacity}"
+        + (f" + C_s={cl.standalone_capacity}" if cl.standalone_capacity else "")
+        + f", N={w.group_size}, B={w.batch_groups}, {w.steps} steps",
+        title_justify="left",
+    )
+    for col, just in (
+        ("placement", "left"), ("phi,mu", "center"), ("hours", "right"), ("x elastic", "right"),
+        ("paper h (x)", "right"), ("bound", "right"), ("eff.", "right"), ("E\\[d] real/exp", "right"),
+        ("train", "right"), ("idle cell-h", "right"), ("interrupted", "right"),
+    ):
+        t.add_column(col, justify=just, no_wrap=True)
+    for name, r in results.items():
+        ratio = f"{r.makespan_h / ref.makespan_h:.2f}x" if ref else "-"
+        p = pub.get(name)
+        pr = f"{p:.1f}" + (f" ({p / pub['elastic']:.2f}x)" if "elastic" in pub and name != "elastic" else "") if p else "-"
+        t.add_row(
+            name,
+            f"{r.phi:g},{r.mu}",
+            f"{r.makespan_h:.2f}",
+            ratio,
+            pr,
+            f"{r.lower_bound_h:.2f}",
+            f"{r.efficiency:.0%}",
+            f"{r.mean_staleness:.2f}/{r.expected_staleness:.2f}",
+            f"{r.mean_training_share:.0%}",
+            f"{r.idle_cell_hours:.1f}",
+            str(r.interrupted_executions),
+        )
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    console.print(t)
+    console.print(
+        "[dim]hours = makespan; x elastic = makespan / Elastic's on the same draw; paper h = published hours "
+        "(the seed's toy for seed-toy); bound = makespan no schedule can beat on this draw, eff. = bound / "
+        "makespan; E\\[d] = mean staleness realised over trained groups / phi + (mu-1)/2; train = mean share "
+        "of time cells spend in training; interrupted must be 0.[/dim]"
+    )
+
+
+@app.callback()
+def sim(
+    ctx: typer.Context,
+    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"),
+    placement: str = typer.Option("all", "--placement", help="colocate|async|async-streaming|elastic|all"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="workload draw seed (default: the preset's)"),
+    sets: list[str] = typer.Option([], "--set", help="override: name=value (e.g. tail=0.75, costs.optim_h=0.1)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write a Gantt chart PNG here"),
+) -> None:
+    """Simulate one preset for one or all placements on the same workload draw."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if preset is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    if placement not in PLACEMENT_CHOICES:
+        _fail(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {placement!r}")
+    cfg = _load(preset, sets, seed)
+    names = list(cfg.placements) if placement == "all" else [placement]
+    for n in names:
+        if n not in cfg.placements:
+            _fail(f"placement {n!r} is not configured in this preset")
+    from gyre.sim.run import simulate
+
+    results = simulate(cfg, names, record=plot is not None)
+    if plot is not None:
+        from gyre.sim.plot import plot_gantt
+
+        try:
+            plot_gantt(results, plot, title=f"{cfg.name}, seed {cfg.seed}")
+        except OSError as e:
+            _fail(f"cannot write plot {plot}: {e}")
+    if as_json:
+        if placement == "all":
+            obj = {n: r.to_dict() for n, r in results.items()}
+        else:
+            obj = results[names[0]].to_dict()
+        typer.echo(json.dumps(obj))
+    else:
+        _print_table(cfg, results)
+        if plot is not None:
+            typer.echo(f"plot: {plot}")
+
+
+@app.command("sweep")
+def sweep(
+    preset: str = typer.Option("seed-toy", "--preset", "-p", help="base preset"),
+    study: Optional[str] = typer.Option(
+        None, "--study", help="built-in point set: defaults | observations (the seed's three)"
+    ),
+    grid: list[str] = typer.Option([], "--grid", help="name=v1,v2,... (repeat for a cartesian product)"),
+    seeds: int = typer.Option(20, "--seeds", min=1, help="draws per point"),
+    first_seed: int = typer.Option(0, "--first-seed"),
+    sets: list[str] = typer.Option([], "--set", help="override applied to every point"),
+    placement: str = typer.Option("all", "--placement"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run many seeds (and parameter points); print medians, 10-90 % spread and ratios to Elastic."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from gyre.sim.sweep import STUDIES, grid_points, run_sweep
+
+    cfg = _load(preset, sets, None)
+    if study and grid:
+        _fail("use either --study or --grid, not both")
+    try:
+        if grid:
+            points = {", ".join(f"{k}={v}" for k, v in p.items()): p for p in grid_points(grid)}
+        else:
+            name = study or "defaults"
+            if name not in STUDIES:
+                _fail(f"unknown study {name!r}; choose one of {sorted(STUDIES)}")
+            points = STUDIES[name]
+        names = None if placement == "all" else [placement]
+        err = Console(stderr=True)
+        with Progress(console=err, transient=False) as prog:
+            task = prog.add_task("simulating", total=len(points) * seeds)
+            summaries = run_sweep(cfg, points, seeds, names, progress=lambda _l: prog.advance(task), first_seed=first_seed)
+    except ValueError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps({"preset": cfg.name, "seeds": seeds, "points": [s.to_dict() for s in summaries]}))
+        return
+    console = Console()
+    for s in summaries:
+        t = Table(title=f"{cfg.name}: {s.label} ({seeds} seeds)", title_justify="left")
+        for col in ("placement", "median h", "p10-p90 h", "median / elastic median", "per-seed ratio median"):
+            t.add_column(col, justify="right" if col != "placement" else "left")
+        d = s.to_dict()["placements"]
+        for n, v in d.items():
+            t.add_row(
+                n, f"{v['makespan_h_median']:.2f}", f"{v['makespan_h_p10']:.2f}-{v['makespan_h_p90']:.2f}",
+                f"{v['ratio_of_medians_vs_elastic']:.2f}x" if v["ratio_of_medians_vs_elastic"] else "-",
+                f"{v['ratio_vs_elastic_median']:.2f}x" if v["ratio_vs_elastic_median"] else "-",
+            )
+        console.print(t)
+        console.print(f"[dim]interrupted executions across all runs: {s.interrupted}[/dim]")
+    sys.stdout.flush()

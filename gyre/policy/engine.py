@@ -1,0 +1,381 @@
+"""The scheduling policy: one deterministic state machine for all three placements.
+
+``policy.start(time)`` and ``policy.handle(event)`` return the actions the world
+must carry out. The policy owns no clock, thread or I/O, so the simulator and
+the Ray runtime drive the very same object. All three placements share the
+bookkeeping (counters, groups, boundary dispatch, streaming micro-steps); they
+differ only in who may train when:
+
+* **elastic**: cells leave rollout one at a time, in order, core (cell 0) first,
+  when the *waterlevel rule* ((capacity without the next cell) >= w(t)) and the
+  *supply check* (>= rho_min B ready, unclaimed groups for ``hold_tau``) both
+  hold; they stay for the burst; at the boundary satellites return and the core
+  stays only if the *retention test* passes.
+* **colocate**: the same rules applied to the whole pool as one gang: with no
+  standalone pool the waterlevel rule means "every execution finished" (w = 0).
+* **async**: cells 0..n-1 train for the whole run, the rest serve rollouts.
+
+Only the core ever runs ``FinishStep`` or ``PublishWeights``: it alone holds
+optimizer state and the authoritative weights.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from gyre.policy.actions import (
+    Action,
+    AssignGroup,
+    ClaimMicroStep,
+    DispatchGroups,
+    EndRun,
+    FinishStep,
+    LaunchExecutions,
+    PublishWeights,
+    StartStep,
+    SwitchCell,
+    WakeAt,
+)
+from gyre.policy.config import Placement, PolicyConfig
+from gyre.policy.events import (
+    CellSwitched,
+    Event,
+    ExecutionFinished,
+    ExecutionId,
+    ExecutionsLaunched,
+    MicroStepDone,
+    StepDone,
+    Tick,
+    WeightsPublished,
+)
+from gyre.policy.roles import Role
+
+CORE = 0
+
+
+class PolicyError(ValueError):
+    """An event the policy cannot accept (unknown id, duplicate, out of order)."""
+
+
+@dataclass(slots=True)
+class _Group:
+    version: int
+    finished_mask: int = 0
+    finished: int = 0
+    valid: int = 0
+
+
+class SchedulingPolicy:
+    """Pure placement policy. Feed events, carry out the returned actions."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        c = config
+        self._K = c.cells
+        self._N = c.group_size
+        self._B = c.batch_groups
+        self._Ce = c.cell_capacity
+        self.placement = c.placement
+        self.roles: list[Role] = [Role.ROLLOUT] * c.cells
+        if c.placement is Placement.ASYNC:
+            for i in range(c.train_cells):
+                self.roles[i] = Role.TRAINING
+        self.capacity = c.standalone_capacity + c.cell_capacity * self.roles.count(Role.ROLLOUT)
+        # counters (executions)
+        self.dispatched = 0
+        self.launched = 0
+        self.finished = 0
+        self._reserved = 0  # launch requested, not yet finished: occupies capacity
+        self._queue: deque[ExecutionId] = deque()
+        self._groups: dict[int, _Group] = {}
+        self._next_gid = 0
+        self._ready: list[tuple[int, int, int]] = []  # heap of (version, seq, group_id)
+        self._ready_seq = 0
+        self.outstanding_groups = 0  # dispatched, not yet assigned to a step
+        self.version = 0  # published policy version (= optimizer steps published)
+        self.steps_done = 0
+        # current step
+        self._step_active = False
+        self._step_groups = 0
+        self._micro: deque[tuple[int, int]] = deque()
+        self._inflight = 0
+        self._finishing = False
+        self._busy = [False] * c.cells
+        # burst boundary
+        self._boundary = False
+        self._core_stays = False
+        self._supply_since: float | None = None
+        self._started = False
+        self.done = False
+        self.now = 0.0
+
+    # ------------------------------------------------------------------ views
+    @property
+    def waterlevel(self) -> int:
+        """w(t) = dispatched - finished: every queued or running execution."""
+        return self.dispatched - self.finished
+
+    @property
+    def running(self) -> int:
+        """Executions holding rollout capacity (launch requested, not finished)."""
+        return self._reserved
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def ready_groups(self) -> int:
+        """Scored groups not yet assigned to a step."""
+        return len(self._ready)
+
+    @property
+    def step_active(self) -> bool:
+        return self._step_active
+
+    def training_cells(self) -> list[int]:
+        return [i for i, r in enumerate(self.roles) if r is Role.TRAINING]
+
+    # ------------------------------------------------------------------ entry points
+    def start(self, time: float = 0.0) -> list[Action]:
+        """Begin the run: the first boundary dispatch at policy version 0."""
+        if self._started:
+            raise PolicyError("policy already started")
+        self._started = True
+        self.now = time
+        acts: list[Action] = []
+        self._dispatch(acts)
+        self._react(acts)
+        return acts
+
+    def handle(self, event: Event) -> list[Action]:
+        """Apply one event; return the actions it triggers (possibly none)."""
+        if not self._started:
+            raise PolicyError("call start() before handle()")
+        if event.time < self.now - 1e-9:
+            raise PolicyError(f"event time {event.time} is before the last event's time {self.now}")
+        self.now = event.time
+        acts: list[Action] = []
+        t = type(event)
+        if t is ExecutionFinished:
+            self._on_finished(event)  # type: ignore[arg-type]
+        elif t is ExecutionsLaunched:
+            self.launched += len(event.executions)  # type: ignore[attr-defined]
+        elif t is MicroStepDone:
+            self._on_micro_done(event)  # type: ignore[arg-type]
+        elif t is StepDone:
+            self._on_step_done(event, acts)  # type: ignore[arg-type]
+        elif t is WeightsPublished:
+            self._on_published(event, acts)  # type: ignore[arg-type]
+        elif t is CellSwitched:
+            self._on_switched(event)  # type: ignore[arg-type]
+        elif t is Tick:
+            pass
+        else:
+            raise PolicyError(f"unknown event type {t.__name__}")
+        self._react(acts)
+        return acts
+
+    # ------------------------------------------------------------------ event handlers
+    def _on_finished(self, ev: ExecutionFinished) -> None:
+        gid, attempt = ev.execution
+        g = self._groups.get(gid)
+        if g is None or not 0 <= attempt < self._N:
+            raise PolicyError(f"finished execution {ev.execution} was never dispatched (or its group was trained)")
+        bit = 1 << attempt
+        if g.finished_mask & bit:
+            raise PolicyError(f"execution {ev.execution} finished twice")
+        g.finished_mask |= bit
+        g.finished += 1
+        if ev.reward is not None:
+            g.valid += 1
+        self.finished += 1
+        self._reserved -= 1
+        if g.finished == self._N:  # group scored: ready for training
+            heapq.heappush(self._ready, (g.version, self._ready_seq, gid))
+            self._ready_seq += 1
+
+    def _on_micro_done(self, ev: MicroStepDone) -> None:
+        if not self._busy[ev.cell] or ev.step != self.steps_done:
+            raise PolicyError(f"unexpected micro-step completion {ev}")
+        self._busy[ev.cell] = False
+        self._inflight -= 1
+
+    def _on_step_done(self, ev: StepDone, acts: list[Action]) -> None:
+        if not self._finishing or ev.step != self.steps_done:
+            raise PolicyError(f"unexpected step completion {ev}")
+        c = self.config
+        self._finishing = False
+        self._step_active = False
+        self._busy[CORE] = False
+        self.steps_done += 1
+        if self.steps_done >= c.total_steps:
+            self.done = True
+            acts.append(EndRun(self.steps_done))
+            return
+        if self.steps_done % c.mu:
+            return  # mid-burst: the next step starts when supply allows
+        # ---- burst boundary: satellites return, core publishes (and maybe stays)
+        self._boundary = True
+        next_dispatch = (c.queue_depth_groups - self.outstanding_groups) * self._N
+        if self.placement is Placement.ASYNC:
+            self._core_stays = True
+        else:
+            satellites = [i for i in range(1, self._K) if self.roles[i] is Role.TRAINING]
+            if self.placement is Placement.COLOCATE:
+                cap_without_core = c.standalone_capacity  # the pool moves as one gang
+            else:
+                cap_without_core = c.standalone_capacity + self._Ce * (self._K - 1)
+            self._core_stays = (
+                len(self._ready) >= c.supply_groups and cap_without_core >= self.waterlevel + next_dispatch
+            )
+            # colocate moves as one gang: if the pool stays, every cell stays
+            if not (self.placement is Placement.COLOCATE and self._core_stays):
+                for i in satellites:
+                    self.roles[i] = Role.TO_ROLLOUT
+                    acts.append(SwitchCell(i, Role.ROLLOUT))
+        self._busy[CORE] = True
+        acts.append(PublishWeights(self.steps_done, CORE))
+
+    def _on_published(self, ev: WeightsPublished, acts: list[Action]) -> None:
+        if not self._boundary or ev.version != self.steps_done:
+            raise PolicyError(f"unexpected publication {ev}")
+        self.version = ev.version
+        self._boundary = False
+        self._busy[CORE] = False
+        self._dispatch(acts)
+        if not self._core_stays:
+            self.roles[CORE] = Role.TO_ROLLOUT
+            acts.append(SwitchCell(CORE, Role.ROLLOUT))
+
+    def _on_switched(self, ev: CellSwitched) -> None:
+        cur = self.roles[ev.cell]
+        if ev.role is Role.TRAINING and cur is Role.TO_TRAINING:
+            self.roles[ev.cell] = Role.TRAINING
+        elif ev.role is Role.ROLLOUT and cur is Role.TO_ROLLOUT:
+            self.roles[ev.cell] = Role.ROLLOUT
+            self.capacity += self._Ce
+        else:
+            raise PolicyError(f"cell {ev.cell} reported {ev.role.value} while {cur.value}")
+
+    # ------------------------------------------------------------------ decisions
+    def _react(self, acts: list[Action]) -> None:
+        if not self.done:
+            self._train(acts)
+            self._update_supply(acts)
+            self._switch(acts)
+        self._launch(acts)
+
+    def _dispatch(self, acts: list[Action]) -> None:
+        """Boundary dispatch: top the outstanding queue up to Q_b = (phi + mu) B groups."""
+        n = self.config.queue_depth_groups - self.outstanding_groups
+        if n <= 0:
+            return
+        gids = tuple(range(self._next_gid, self._next_gid + n))
+        self._next_gid += n
+        for gid in gids:
+            self._groups[gid] = _Group(self.version)
+            self._queue.extend((gid, a) for a in range(self._N))
+        self.outstanding_groups += n
+        self.dispatched += n * self._N
+        acts.append(DispatchGroups(gids, self.version, self._N))
+
+    def _launch(self, acts: list[Action]) -> None:
+        room = self.capacity - self._reserved
+        if room <= 0 or not self._queue:
+            return
+        k = min(room, len(self._queue))
+        q = self._queue
+        batch = tuple(q.popleft() for _ in range(k))
+        self._reserved += k
+        acts.append(LaunchExecutions(batch))
+
+    def _burst_need(self) -> int:
+        """Groups the current burst still has to assign (its remaining steps' batches)."""
+        c = self.config
+        steps_left = min(c.mu - self.steps_done % c.mu, c.total_steps - self.steps_done)
+        return steps_left * self._B - (self._step_groups if self._step_active else 0)
+
+    def _supply(self) -> int:
+        return min(len(self._ready), self._burst_need())
+
+    def _update_supply(self, acts: list[Action]) -> None:
+        if self.placement is Placement.ASYNC:
+            return
+        if self._supply() >= self.config.supply_groups and not self._boundary:
+            if self._supply_since is None:
+                self._supply_since = self.now
+                if self.config.hold_tau > 0:
+                    acts.append(WakeAt(self.now + self.config.hold_tau))
+        else:
+            self._supply_since = None
+
+    def _switch(self, acts: list[Action]) -> None:
+        """Move the next cell into training if the waterlevel rule and the supply check allow."""
+        if self.placement is Placement.ASYNC or self._boundary:
+            return
+        if self._supply_since is None or self.now - self._supply_since < self.config.hold_tau - 1e-12:
+            return
+        roles = self.roles
+        if self.placement is Placement.COLOCATE:
+            if any(r is not Role.ROLLOUT for r in roles):
+                return
+            leaving = list(range(self._K))
+        else:
+            nxt = 0
+            while nxt < self._K and roles[nxt] is Role.TRAINING:
+                nxt += 1
+            if nxt >= self._K or roles[nxt] is not Role.ROLLOUT:
+                return  # all cells training, or the next one is mid-switch: one at a time, in order
+            leaving = [nxt]
+        cap_after = self.capacity - self._Ce * len(leaving)
+        if cap_after < self.waterlevel:
+            return  # waterlevel rule: what stays must cover every queued or running execution
+        for i in leaving:
+            roles[i] = Role.TO_TRAINING
+            acts.append(SwitchCell(i, Role.TRAINING))
+        self.capacity = cap_after
+        self._supply_since = None  # the next cell needs its own hold
+
+    def _train(self, acts: list[Action]) -> None:
+        c = self.config
+        if self.roles[CORE] is not Role.TRAINING or self._boundary:
+            return
+        if not self._step_active:
+            if self.steps_done >= c.total_steps:
+                return
+            if len(self._ready) < (1 if c.streaming else self._B):
+                return
+            self._step_active = True
+            self._step_groups = 0
+            acts.append(StartStep(self.steps_done, self.steps_done))
+            if not c.streaming:
+                for _ in range(self._B):
+                    self._assign(acts)
+        step = self.steps_done
+        micro = self._micro
+        for cell in range(self._K):
+            if self.roles[cell] is not Role.TRAINING or self._busy[cell]:
+                continue
+            while not micro and self._step_groups < self._B and self._ready:
+                self._assign(acts)  # streaming: pull the oldest-version ready group into the step
+            if not micro:
+                break
+            gid, idx = micro.popleft()
+            self._busy[cell] = True
+            self._inflight += 1
+            acts.append(ClaimMicroStep(cell, step, gid, idx))
+        if self._step_groups == self._B and not micro and self._inflight == 0 and not self._finishing:
+            self._finishing = True
+            self._busy[CORE] = True
+            acts.append(FinishStep(step, CORE))
+
+    def _assign(self, acts: list[Action]) -> None:
+        version, _, gid = heapq.heappop(self._ready)
+        g = self._groups.pop(gid)
+        self._step_groups += 1
+        self.outstanding_groups -= 1
+        acts.append(AssignGroup(self.steps_done, gid, version, g.valid))
+        self._micro.extend((gid, i) for i in range(g.valid))

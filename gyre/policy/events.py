@@ -1,0 +1,81 @@
+"""Events: what the world tells the policy happened.
+
+Every event carries ``time``, the world's clock when it happened (the simulator's
+virtual hours, the runtime's wall-clock seconds). The policy never reads a clock
+of its own; it only compares these stamps (for the supply-check hold).
+
+Executions are named by ``(group_id, attempt)`` tuples: the policy allocates group
+ids in dispatch order (0, 1, 2, ...), so the world can map group ``g`` to the
+``g``-th query of its task stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gyre.policy.roles import Role
+
+ExecutionId = tuple[int, int]  # (group_id, attempt index 0..N-1)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionsLaunched(Event):
+    """The world started these executions' harnesses (answer to ``LaunchExecutions``)."""
+
+    executions: tuple[ExecutionId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFinished(Event):
+    """A harness exited and its workspace was scored.
+
+    ``reward`` is the task score; ``None`` means a *missing assessment* (the
+    evaluator crashed or the overall timeout hit): the execution is dropped from
+    its group, which is distinct from a valid zero. A group is *scored* (ready for
+    training) once all of its N executions finished.
+    """
+
+    execution: ExecutionId
+    reward: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CellSwitched(Event):
+    """Cell ``cell`` finished moving and now has ``role`` (ROLLOUT or TRAINING)."""
+
+    cell: int
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class MicroStepDone(Event):
+    """Cell ``cell`` finished the forward/backward of one claimed micro-step."""
+
+    cell: int
+    step: int
+    group_id: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone(Event):
+    """The core reduced gradients, clipped and applied optimizer step ``step``."""
+
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsPublished(Event):
+    """Every rollout engine now serves policy ``version``."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Event):
+    """Time passed (answer to ``WakeAt``, or any periodic poke from the world)."""

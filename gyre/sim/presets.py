@@ -1,0 +1,114 @@
+"""Named workloads. Numbers come from workload statistics only (never from speedups).
+
+* ``seed-toy``: the long seed's toy simulator (8 cells x 8 executions, 4 groups of
+  4 attempts per step, 12 steps, lognormal around 1.5 h with a per-query factor,
+  4.5 h timeout, E[d] = 1.5 for all). The seed does not give its tail sigma,
+  query factor or training cost; we use tail 0.5 (between its sweep values 0.2
+  and 0.75), query sigma 0.3, and 4 cell-hours per step (0.5 h on the whole pool;
+  its sweep *lowers* training cost to 0.25 h, so the default is above that).
+* ``nl2repo-122b``: 8 cells, C_e = 144, N = 16, B = 32, 12 steps; durations fitted
+  to mean execution 1.93 h, mean query 2.96 h, 9.51 % of queries >= 4 h (4 h read
+  as the harness timeout); training cost fitted so Elastic's mean training share
+  is 23.0 % (paper, Figure 6).
+* ``flagship-2.4t``: 4 cells, 48 steps, N = 16, B = 32; durations fitted to 61.1 %
+  of queries >= 4 h, 38.2 % of those with the slowest attempt killed by the
+  overall timeout, 9.37 % harness timeouts and 4.63 % overall timeouts per
+  execution. Not stated by the paper, so assumed: B = 32, the same total rollout
+  concurrency as the 122B cluster (4 x 288 = 1152), a 15-minute mean scoring
+  time, Async training on 2 of 4 cells, and the 122B run's 23 % training share.
+"""
+
+from __future__ import annotations
+
+from gyre.sim.config import (
+    ClusterConfig,
+    CostConfig,
+    SimConfig,
+    SupplyConfig,
+    WorkloadConfig,
+)
+
+NL2REPO_TARGETS = {"mean_execution_h": 1.93, "mean_query_h": 2.96, "frac_queries_ge_threshold": 0.0951}
+FLAGSHIP_TARGETS = {
+    "frac_queries_ge_threshold": 0.611,
+    "frac_long_queries_slowest_missing": 0.382,
+    "frac_harness_timeout": 0.0937,
+}
+# Also reported (per execution), not fitted: our model cannot hit all four at once (docs/scheduling.md).
+FLAGSHIP_CHECK = {"frac_missing": 0.0463}
+
+# Paper numbers we compare against (hours), for docs and the CLI's "published" column.
+PUBLISHED = {
+    "nl2repo-122b": {"elastic": 16.1, "colocate": 23.2, "async": 25.1},
+    "flagship-2.4t": {"elastic": 75.42, "colocate": 91.47, "async": 134.55},
+    "seed-toy": {"elastic": 13.5, "colocate": 18.1, "async": 22.1, "async-streaming": 18.5},
+}
+
+
+def _seed_toy() -> SimConfig:
+    return SimConfig(
+        name="seed-toy",
+        description="the long seed's toy: 8 cells x 8 executions, 4 groups x 4 attempts, 12 steps",
+        cluster=ClusterConfig(cells=8, cell_capacity=8),
+        workload=WorkloadConfig(
+            group_size=4, batch_groups=4, steps=12, median_h=1.5, tail=0.5, query_sigma=0.3, harness_timeout_h=4.5
+        ),
+        costs=CostConfig(train_step_cell_h=4.0),
+        supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
+    )
+
+
+def _nl2repo() -> SimConfig:
+    return SimConfig(
+        name="nl2repo-122b",
+        description="122B on NL2RepoBench, first 12 steps on 32 nodes (8 cells of 4)",
+        cluster=ClusterConfig(cells=8, cell_capacity=144),
+        workload=WorkloadConfig(
+            group_size=16,
+            batch_groups=32,
+            steps=12,
+            median_h=NL2REPO_FIT["median_h"],
+            tail=NL2REPO_FIT["tail"],
+            query_sigma=NL2REPO_FIT["query_sigma"],
+            harness_timeout_h=4.0,
+        ),
+        costs=CostConfig(train_step_cell_h=NL2REPO_TRAIN_CELL_H, optim_h=1 / 60, publish_h=1 / 60),
+        supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
+    )
+
+
+def _flagship() -> SimConfig:
+    return SimConfig(
+        name="flagship-2.4t",
+        description="2.4T flagship, 48 steps on 4 cells of 48 nodes",
+        cluster=ClusterConfig(cells=4, cell_capacity=288),
+        workload=WorkloadConfig(
+            group_size=16,
+            batch_groups=32,
+            steps=48,
+            median_h=FLAGSHIP_FIT["median_h"],
+            tail=FLAGSHIP_FIT["tail"],
+            query_sigma=FLAGSHIP_FIT["query_sigma"],
+            harness_timeout_h=4.0,
+            score_mean_h=0.25,
+            overall_timeout_h=FLAGSHIP_FIT["overall_timeout_h"],
+        ),
+        costs=CostConfig(train_step_cell_h=FLAGSHIP_TRAIN_CELL_H, optim_h=2 / 60, publish_h=2 / 60),
+        supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
+    )
+
+
+# Frozen outputs of `python -m gyre.sim.calibrate` (see tests/unit/test_sim_presets.py).
+NL2REPO_FIT = {"median_h": 1.8312, "tail": 0.2645, "query_sigma": 0.1878}
+NL2REPO_TRAIN_CELL_H = 1.775
+FLAGSHIP_FIT = {"median_h": 2.5, "tail": 0.5, "query_sigma": 0.5, "overall_timeout_h": 4.3}
+FLAGSHIP_TRAIN_CELL_H = 2.0
+
+PRESETS = {"seed-toy": _seed_toy, "nl2repo-122b": _nl2repo, "flagship-2.4t": _flagship}
+
+
+def preset(name: str) -> SimConfig:
+    """The named preset as a fresh ``SimConfig``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]()

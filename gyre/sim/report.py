@@ -1,0 +1,141 @@
+"""Results of a simulated run, the makespan lower bound, and the comparison table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gyre.sim.config import SimConfig
+from gyre.sim.workload import Draw
+
+
+@dataclass
+class LowerBound:
+    """A makespan no schedule can beat on this draw (see docs/scheduling.md).
+
+    * work: the cluster offers (K + C_s/C_e) cell-equivalents per hour; the run must
+      roll out and train S*B whole groups; take the S*B groups of least combined
+      cost (slot-hours / C_e + their micro-steps' training cell-hours) from the
+      draw, plus S optimizer steps on the core.
+    * path: step 1 cannot finish before B groups are complete and one optimizer
+      step ran; every later step needs the previous step's weights, so its
+      micro-steps (at least B * v_min of them, spread over at most K cells) and its
+      optimizer step follow in sequence; and the S*B-th fastest query must finish
+      before the last step can.
+    """
+
+    work_h: float
+    path_h: float
+
+    @property
+    def hours(self) -> float:
+        return max(self.work_h, self.path_h)
+
+
+def lower_bound(cfg: SimConfig, draw: Draw) -> LowerBound:
+    w, c, cl = cfg.workload, cfg.costs, cfg.cluster
+    S, B, N = w.steps, w.batch_groups, w.group_size
+    micro_h = c.train_step_cell_h / (B * N)
+    valid = (~draw.missing).sum(axis=1)
+    cost = draw.duration_h.sum(axis=1) / cl.cell_capacity + valid * micro_h
+    need = S * B
+    cheapest = np.sort(cost)[:need].sum()
+    work = (cheapest + S * c.optim_h) / (cl.cells + cl.standalone_capacity / cl.cell_capacity)
+    q = np.sort(draw.query_h())
+    v_min = int(valid.min())
+    path_a = q[B - 1] + c.optim_h + (S - 1) * (c.optim_h + B * v_min * micro_h / cl.cells)
+    path_b = q[need - 1] + c.optim_h
+    return LowerBound(work_h=float(work), path_h=float(max(path_a, path_b)))
+
+
+@dataclass
+class SimResult:
+    placement: str
+    makespan_h: float
+    lower_bound_h: float
+    efficiency: float
+    interrupted_executions: int
+    overbooked_executions: int
+    mean_staleness: float
+    mean_staleness_steady: float
+    expected_staleness: float
+    phi: float
+    mu: int
+    streaming: bool
+    step_end_h: list[float]
+    step_durations_h: list[float]
+    training_share: list[float]
+    mean_training_share: float
+    idle_cell_hours: float
+    idle_share: float
+    executions_dispatched: int
+    executions_finished: int
+    missing_assessments: int
+    groups_trained: int
+    sim_wall_s: float
+    timeline: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not timeline:
+            d.pop("timeline")
+        return d
+
+
+def summarise(world, lb: LowerBound) -> SimResult:
+    """Turn a finished ``World`` into a ``SimResult``."""
+    pc = world.pcfg
+    makespan = world.end_time
+    tr = world.trace
+    K = world.K
+    consumed = tr.consumed
+    d = [s - v for s, _, v in consumed]
+    steady = [s - v for s, _, v in consumed if s >= pc.mu]
+    train_share = [
+        (world.role_h[i]["training"] + world.role_h[i]["to_training"]) / makespan if makespan > 0 else 0.0
+        for i in range(K)
+    ]
+    train_idle = sum(max(0.0, world.role_h[i]["training"] - world.busy_h[i]) for i in range(K))
+    switching = sum(world.role_h[i]["to_training"] + world.role_h[i]["to_rollout"] for i in range(K))
+    idle = world.idle_slot_h_at_end / world.Ce + train_idle + switching
+    ends = [e for _, e in tr.steps]
+    starts = [s for s, _ in tr.steps]
+    durs = [ends[0]] + [ends[i] - ends[i - 1] for i in range(1, len(ends))] if ends else []
+    lbh = lb.hours
+    res = SimResult(
+        placement=world.name,
+        makespan_h=makespan,
+        lower_bound_h=lbh,
+        efficiency=lbh / makespan if makespan > 0 else 0.0,
+        interrupted_executions=world.interrupted,
+        overbooked_executions=world.overbooked,
+        mean_staleness=float(np.mean(d)) if d else 0.0,
+        mean_staleness_steady=float(np.mean(steady)) if steady else float("nan"),
+        expected_staleness=pc.expected_staleness,
+        phi=pc.phi,
+        mu=pc.mu,
+        streaming=pc.streaming,
+        step_end_h=ends,
+        step_durations_h=durs,
+        training_share=train_share,
+        mean_training_share=float(np.mean(train_share)),
+        idle_cell_hours=idle,
+        idle_share=idle / (makespan * (K + pc.standalone_capacity / pc.cell_capacity)) if makespan > 0 else 0.0,
+        executions_dispatched=world.dispatched_execs,
+        executions_finished=world.finished_execs,
+        missing_assessments=world.missing_execs,
+        groups_trained=len(consumed),
+        sim_wall_s=world.wall_s,
+    )
+    if world.record:
+        res.timeline = {
+            "segments": tr.segments,
+            "busy": tr.busy,
+            "steps": tr.steps,
+            "step_starts": starts,
+            "publications": tr.publications,
+            "utilisation": tr.utilisation,
+        }
+    return res

@@ -1,0 +1,303 @@
+"""The simulated world: a discrete-event loop that carries out the policy's actions.
+
+Virtual time in hours. Everything the policy asks for takes the time the cost
+model says, then comes back as an event. The world keeps its *own* view of the
+cluster (roles, capacity, running executions) so it can check the policy rather
+than trust it: an execution is counted as *interrupted* whenever a cell leaves
+rollout while the capacity left is below the executions running (serving is
+pooled, as the proxy reroutes in-flight calls to any rollout engine).
+
+Rollout progress runs on a shared *progress clock*: every running execution
+advances at rate r(t) = 1 / (1 + slowdown * occupancy), so an execution with work
+x launched at progress P0 finishes when P(t) = P0 + x. Only the earliest target
+matters, so the loop never ticks over executions (O(log n) per event).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time as _time
+from dataclasses import dataclass, field
+
+from gyre.policy import (
+    AssignGroup,
+    CellSwitched,
+    ClaimMicroStep,
+    DispatchGroups,
+    EndRun,
+    ExecutionFinished,
+    ExecutionsLaunched,
+    FinishStep,
+    LaunchExecutions,
+    MicroStepDone,
+    PublishWeights,
+    Role,
+    SchedulingPolicy,
+    StartStep,
+    StepDone,
+    SwitchCell,
+    Tick,
+    WakeAt,
+    WeightsPublished,
+)
+from gyre.sim.config import SimConfig
+from gyre.sim.workload import Draw
+
+# event kinds in the heap
+_LAUNCHED, _SWITCHED, _MICRO, _STEP, _PUBLISHED, _TICK = range(6)
+
+
+@dataclass
+class Trace:
+    """What happened, for reports, plots and invariant checks."""
+
+    cells: int
+    segments: list[list[tuple[float, float, str]]]  # per cell: (start, end, role)
+    busy: list[list[tuple[float, float]]]  # per cell: merged compute intervals while training
+    steps: list[tuple[float, float]] = field(default_factory=list)  # (start, end) per step
+    publications: list[float] = field(default_factory=list)
+    consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (step, group, version)
+    switch_order: list[tuple[float, int, str]] = field(default_factory=list)  # (time, cell, to-role)
+    utilisation: list[tuple[float, int, int]] = field(default_factory=list)  # (time, running, capacity)
+    finish_count: dict[tuple[int, int], int] = field(default_factory=dict)
+    optimizer_cells: set[int] = field(default_factory=set)  # cells that ran FinishStep / PublishWeights
+    min_slack: float = math.inf  # min over capacity drops of (capacity after - running)
+
+
+class World:
+    """Runs one placement of ``cfg`` on ``draw``; ``run()`` returns the raw trace and counters."""
+
+    def __init__(
+        self, cfg: SimConfig, placement: str, draw: Draw, *, record: bool = True, drain: bool = False
+    ) -> None:
+        self.cfg = cfg
+        self.name = placement
+        self.pcfg = cfg.policy_config(placement)
+        self.policy = SchedulingPolicy(self.pcfg)
+        self.record = record
+        self.drain = drain
+        self._dur = draw.duration_h.tolist()
+        self._missing = draw.missing.tolist()
+        self._groups_drawn = draw.groups
+        c = cfg.costs
+        w = cfg.workload
+        self._micro_h = c.train_step_cell_h / (w.batch_groups * w.group_size)
+        self._slow = w.slowdown
+        K = self.pcfg.cells
+        self.K = K
+        self.Ce = self.pcfg.cell_capacity
+        self.roles: list[Role] = list(self.policy.roles)
+        self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(Role.ROLLOUT)
+        self.running = 0
+        self.now = 0.0
+        self._heap: list[tuple] = []
+        self._seq = 0
+        # progress clock
+        self._P = 0.0
+        self._P_t = 0.0
+        self._rate = 1.0
+        self._run_heap: list[tuple[float, int, int]] = []  # (progress target, group, attempt)
+        # accounting
+        self.interrupted = 0
+        self.overbooked = 0
+        self.protocol_errors: list[str] = []
+        self.makespan: float | None = None
+        self.idle_slot_h = 0.0
+        self._acct_t = 0.0
+        self._role_since = [0.0] * K
+        self.role_h: list[dict[str, float]] = [dict.fromkeys((r.value for r in Role), 0.0) for _ in range(K)]
+        self.idle_slot_h_at_end: float | None = None
+        self._busy_since: list[float | None] = [None] * K
+        self.busy_h = [0.0] * K
+        self.dispatched_execs = 0
+        self.finished_execs = 0
+        self.missing_execs = 0
+        self._step_start: dict[int, float] = {}
+        self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
+
+    # ------------------------------------------------------------------ helpers
+    def _push(self, t: float, kind: int, a=None, b=None, c=None, d=None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, a, b, c, d))
+
+    def _account(self) -> None:
+        """Integrate idle rollout slots and advance the progress clock up to ``now``."""
+        dt = self.now - self._acct_t
+        if dt > 0:
+            self.idle_slot_h += max(0, self.capacity - self.running) * dt
+            self._P += self._rate * dt
+            self._acct_t = self.now
+
+    def _rerate(self) -> None:
+        if self._slow > 0:
+            occ = self.running / self.capacity if self.capacity > 0 else 1.0
+            self._rate = 1.0 / (1.0 + self._slow * min(occ, 1.0))
+        if self.record:
+            self.trace.utilisation.append((self.now, self.running, self.capacity))
+
+    def _set_role(self, cell: int, role: Role) -> None:
+        old = self.roles[cell]
+        self.role_h[cell][old.value] += self.now - self._role_since[cell]
+        if self.record and self.now > self._role_since[cell]:
+            self.trace.segments[cell].append((self._role_since[cell], self.now, old.value))
+        self._role_since[cell] = self.now
+        self.roles[cell] = role
+
+    def _busy_start(self, cell: int) -> None:
+        if self.roles[cell] is not Role.TRAINING:
+            self.protocol_errors.append(f"t={self.now:.3f}: cell {cell} asked to compute while {self.roles[cell].value}")
+        self._busy_since[cell] = self.now
+
+    def _busy_end(self, cell: int) -> None:
+        s = self._busy_since[cell]
+        if s is None:
+            return
+        self._busy_since[cell] = None
+        self.busy_h[cell] += self.now - s
+        if self.record:
+            iv = self.trace.busy[cell]
+            if iv and iv[-1][1] >= s - 1e-12:
+                iv[-1] = (iv[-1][0], self.now)
+            else:
+                iv.append((s, self.now))
+
+    # ------------------------------------------------------------------ actions
+    def _apply(self, acts: list) -> None:
+        costs = self.cfg.costs
+        for a in acts:
+            t = type(a)
+            if t is LaunchExecutions:
+                self._account()
+                n = len(a.executions)
+                self.running += n
+                if self.running > self.capacity:
+                    self.overbooked += self.running - self.capacity
+                P = self._P
+                dur = self._dur
+                for gid, att in a.executions:
+                    if gid >= self._groups_drawn:
+                        raise RuntimeError("workload draw too small for this run (pool_groups is wrong)")
+                    heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
+                self._rerate()
+                self._push(self.now, _LAUNCHED, a.executions)
+            elif t is DispatchGroups:
+                self.dispatched_execs += len(a.group_ids) * a.group_size
+            elif t is AssignGroup:
+                self.trace.consumed.append((a.step, a.group_id, a.version))
+            elif t is ClaimMicroStep:
+                self._busy_start(a.cell)
+                self._push(self.now + self._micro_h, _MICRO, a.cell, a.step, a.group_id, a.index)
+            elif t is SwitchCell:
+                self.trace.switch_order.append((self.now, a.cell, a.role.value))
+                if a.role is Role.TRAINING:
+                    if self.roles[a.cell] is not Role.ROLLOUT:
+                        self.protocol_errors.append(f"cell {a.cell} switched to training from {self.roles[a.cell]}")
+                    self._account()
+                    self.capacity -= self.Ce
+                    slack = self.capacity - self.running
+                    self.trace.min_slack = min(self.trace.min_slack, slack)
+                    if slack < 0:
+                        self.interrupted += -slack  # these executions lost their model mid-run
+                    self._set_role(a.cell, Role.TO_TRAINING)
+                    self._rerate()
+                    self._push(self.now + costs.switch_to_training_h, _SWITCHED, a.cell, Role.TRAINING)
+                else:
+                    if self.roles[a.cell] is not Role.TRAINING:
+                        self.protocol_errors.append(f"cell {a.cell} switched to rollout from {self.roles[a.cell]}")
+                    self._set_role(a.cell, Role.TO_ROLLOUT)
+                    self._push(self.now + costs.switch_to_rollout_h, _SWITCHED, a.cell, Role.ROLLOUT)
+            elif t is StartStep:
+                self._step_start[a.step] = self.now
+            elif t is FinishStep:
+                self.trace.optimizer_cells.add(a.cell)
+                self._busy_start(a.cell)
+                self._push(self.now + costs.optim_h, _STEP, a.cell, a.step)
+            elif t is PublishWeights:
+                self.trace.optimizer_cells.add(a.cell)
+                self._busy_start(a.cell)
+                self._push(self.now + costs.publish_h, _PUBLISHED, a.cell, a.version)
+            elif t is WakeAt:
+                self._push(max(a.time, self.now), _TICK)
+            elif t is EndRun:
+                self._account()
+                self.makespan = self.now
+                self.idle_slot_h_at_end = self.idle_slot_h
+            else:  # pragma: no cover - new action types must be handled here
+                raise RuntimeError(f"world cannot carry out {t.__name__}")
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> "World":
+        t0 = _time.perf_counter()
+        pol = self.policy
+        self._rerate()
+        self._apply(pol.start(0.0))
+        heap = self._heap
+        run_heap = self._run_heap
+        while True:
+            if self.makespan is not None and not self.drain:
+                break
+            t_ev = heap[0][0] if heap else math.inf
+            if run_heap:
+                t_fin = self._acct_t + (run_heap[0][0] - self._P) / self._rate
+            else:
+                t_fin = math.inf
+            if t_ev == math.inf and t_fin == math.inf:
+                break
+            if t_fin < t_ev:
+                # an execution finishes
+                self.now = max(t_fin, self.now)
+                self._account()
+                _, gid, att = heapq.heappop(run_heap)
+                self.running -= 1
+                self.finished_execs += 1
+                key = (gid, att)
+                fc = self.trace.finish_count
+                fc[key] = fc.get(key, 0) + 1
+                missing = self._missing[gid][att]
+                if missing:
+                    self.missing_execs += 1
+                self._rerate()
+                ev = ExecutionFinished(self.now, key, None if missing else 1.0)
+            else:
+                t, _, kind, a, b, c, d = heapq.heappop(heap)
+                self.now = t
+                if kind == _LAUNCHED:
+                    ev = ExecutionsLaunched(t, a)
+                elif kind == _MICRO:
+                    self._busy_end(a)
+                    ev = MicroStepDone(t, a, b, c, d)
+                elif kind == _SWITCHED:
+                    self._account()
+                    self._set_role(a, b)
+                    if b is Role.ROLLOUT:
+                        self.capacity += self.Ce
+                    self._rerate()
+                    ev = CellSwitched(t, a, b)
+                elif kind == _STEP:
+                    self._busy_end(a)
+                    if self.record:
+                        self.trace.steps.append((self._step_start.get(b, t), t))
+                    ev = StepDone(t, b)
+                elif kind == _PUBLISHED:
+                    self._busy_end(a)
+                    if self.record:
+                        self.trace.publications.append(t)
+                    ev = WeightsPublished(t, b)
+                else:
+                    ev = Tick(t)
+            self._apply(pol.handle(ev))
+        self.end_time = self.now if self.makespan is None else self.makespan
+        # close open role segments at the makespan
+        for cell in range(self.K):
+            self.role_h[cell][self.roles[cell].value] += max(0.0, self.end_time - self._role_since[cell])
+            if self.record and self.end_time > self._role_since[cell]:
+                self.trace.segments[cell].append((self._role_since[cell], self.end_time, self.roles[cell].value))
+            s = self._busy_since[cell]
+            if s is not None:
+                self.busy_h[cell] += max(0.0, self.end_time - s)
+        if self.idle_slot_h_at_end is None:
+            self._account()
+            self.idle_slot_h_at_end = self.idle_slot_h
+        self.wall_s = _time.perf_counter() - t0
+        return self
