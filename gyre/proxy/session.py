@@ -143,7 +143,13 @@ class ExecutionState:
             return n
 
         if self.nodes:
-            # 1. extension of an earlier call plus its answer (the common case)
+            # 1. the same input again (a new sample at the same context, not an SDK retry)
+            for last in reversed(self.nodes[-4:]):
+                if last.n_raw == len(raw) and call.tools_raw == last.tools_raw \
+                        and same_prefix(last, len(raw)) == len(raw):
+                    return Bridge(base=last, base_len=last.input_len, echo=None, new=[], norm=last.norm,
+                                  raw_to_norm=last.raw_to_norm, head=last.head)
+            # 2. extension of an earlier call plus its answer (the common case)
             for i in range(len(raw) - 1, -1, -1):
                 m = raw[i]
                 if not (isinstance(m, dict) and m.get("role") == "assistant"):
@@ -168,11 +174,6 @@ class ExecutionState:
                 norm = node.norm + [node.assistant] + new
                 return Bridge(base=node, base_len=node.full_len, echo=echo[0], new=new, norm=norm,
                               raw_to_norm=offsets, head=node.head)
-            # 2. the same input again (a new sample at the same context, not an SDK retry)
-            last = self.nodes[-1]
-            if last.n_raw == len(raw) and call.tools_raw == last.tools_raw and same_prefix(last, len(raw)) == len(raw):
-                return Bridge(base=last, base_len=last.input_len, echo=None, new=[], norm=last.norm,
-                              raw_to_norm=last.raw_to_norm, head=last.head)
         # 3. no bridge: normalise everything; note whether this rewrote a recorded history
         norm: list[Message] = []
         offsets = [0]
