@@ -109,9 +109,11 @@ class RequestHandle:
                 st.changed.clear()
                 if len(st.output_ids) != sent or st.finish is not None:
                     sent = len(st.output_ids)
-                    yield st.snapshot(self.engine.engine_id, self.engine.weight_version)
-                if st.finish is not None:
-                    return
+                    snap = st.snapshot(self.engine.engine_id, self.engine.weight_version)
+                    yield snap
+                    if snap.meta_info.finish_reason is not None:
+                        return
+                    # a finish that happened while the consumer held the snapshot set `changed`: loop again
         finally:
             if st.finish is None:
                 self.engine.abort_state(st, "client went away before the request finished")
