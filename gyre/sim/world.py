@@ -100,6 +100,7 @@ class World:
         self._run_heap: list[tuple[float, int, int]] = []  # (progress target, group, attempt)
         # accounting
         self.interrupted = 0
+        self.order_violations = 0
         self.overbooked = 0
         self.protocol_errors: list[str] = []
         self.makespan: float | None = None
@@ -162,6 +163,17 @@ class World:
             else:
                 iv.append((s, self.now))
 
+    def _check_order(self, cell: int) -> None:
+        """Cells join in fixed order (all earlier cells already training) and one at a time
+        (colocate's gang moves together, so earlier cells may be mid-switch with it)."""
+        gang = self.pcfg.placement.value == "colocate"
+        for j in range(self.K):
+            r = self.roles[j]
+            if j < cell and not (r is Role.TRAINING or (gang and r is Role.TO_TRAINING)):
+                self.order_violations += 1
+            if j != cell and r is Role.TO_TRAINING and not gang:
+                self.order_violations += 1
+
     # ------------------------------------------------------------------ actions
     def _apply(self, acts: list) -> None:
         costs = self.cfg.costs
@@ -191,6 +203,7 @@ class World:
             elif t is SwitchCell:
                 self.trace.switch_order.append((self.now, a.cell, a.role.value))
                 if a.role is Role.TRAINING:
+                    self._check_order(a.cell)
                     if self.roles[a.cell] is not Role.ROLLOUT:
                         self.protocol_errors.append(f"cell {a.cell} switched to training from {self.roles[a.cell]}")
                     self._account()

@@ -1,0 +1,94 @@
+"""Property tests: random workloads and parameters through the real simulator + policy."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gyre.sim.config import ClusterConfig, CostConfig, PlacementSpec, SimConfig, SupplyConfig, WorkloadConfig
+from gyre.sim.run import make_draw
+from gyre.sim.world import World
+
+PLACEMENTS = ["colocate", "async", "elastic"]
+
+
+@st.composite
+def sim_configs(draw, min_steps=2, max_steps=10):
+    K = draw(st.integers(2, 6))
+    B = draw(st.integers(1, 4))
+    N = draw(st.integers(1, 4))
+    mu = draw(st.integers(1, 3))
+    phi_groups = draw(st.integers(0, 2 * B))
+    streaming = draw(st.booleans())
+    overall = draw(st.one_of(st.none(), st.floats(1.0, 6.0)))
+    cfg = SimConfig(
+        seed=draw(st.integers(0, 10_000)),
+        cluster=ClusterConfig(cells=K, cell_capacity=draw(st.integers(1, 6)),
+                              standalone_capacity=draw(st.integers(0, 4))),
+        workload=WorkloadConfig(
+            group_size=N, batch_groups=B, steps=draw(st.integers(min_steps, max_steps)),
+            median_h=draw(st.floats(0.2, 3.0)), tail=draw(st.floats(0.0, 1.0)),
+            query_sigma=draw(st.floats(0.0, 0.6)), harness_timeout_h=draw(st.floats(1.0, 6.0)),
+            score_mean_h=draw(st.sampled_from([0.0, 0.1])), overall_timeout_h=overall,
+            slowdown=draw(st.sampled_from([0.0, 0.5])),
+        ),
+        costs=CostConfig(train_step_cell_h=draw(st.floats(0.0, 3.0)), optim_h=draw(st.sampled_from([0.0, 0.05])),
+                         publish_h=draw(st.sampled_from([0.0, 0.02]))),
+        supply=SupplyConfig(rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
+                            hold_tau_h=draw(st.sampled_from([0.0, 0.05]))),
+        placements={
+            "colocate": PlacementSpec(placement="colocate", phi=0.0, mu=mu, streaming=streaming),
+            "async": PlacementSpec(placement="async", phi=phi_groups / B, mu=mu, streaming=streaming,
+                                   async_train_cells=draw(st.integers(1, K - 1))),
+            "elastic": PlacementSpec(placement="elastic", phi=phi_groups / B, mu=mu, streaming=streaming),
+        },
+    )
+    return cfg
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sim_configs())
+def test_invariants_hold_for_every_placement(cfg):
+    draw = make_draw(cfg)
+    S, B = cfg.workload.steps, cfg.workload.batch_groups
+    for name in PLACEMENTS:
+        w = World(cfg, name, draw, record=True, drain=True).run()
+        # the run completes
+        assert w.makespan is not None and w.policy.steps_done == S, name
+        # no execution ever lost its engine, and launches never exceeded capacity
+        assert w.interrupted == 0 and w.overbooked == 0, name
+        assert w.trace.min_slack >= 0, name
+        # cells switch in order, one at a time; only the core holds optimizer state
+        assert w.order_violations == 0, name
+        assert w.trace.optimizer_cells <= {0}, name
+        assert not w.protocol_errors, (name, w.protocol_errors[:3])
+        # every dispatched execution finishes exactly once (drain mode runs them all out)
+        assert w.finished_execs == w.dispatched_execs, name
+        assert set(Counter(w.trace.finish_count.values())) <= {1}, name
+        assert len(w.trace.finish_count) == w.dispatched_execs, name
+        # every group is trained exactly once, S*B of them, each in a step after its dispatch version
+        gids = [g for _, g, _ in w.trace.consumed]
+        assert len(gids) == len(set(gids)) == S * B, name
+        assert all(step >= version for step, _, version in w.trace.consumed), name
+        # steps of a burst train on groups whose version is never newer than the trainer
+        per_step = Counter(step for step, _, _ in w.trace.consumed)
+        assert all(per_step[s] == B for s in range(S)), name
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sim_configs(min_steps=48, max_steps=60))
+def test_realised_staleness_matches_formula_in_steady_state(cfg):
+    """Mean version gap over steps after the first burst within 0.1 of phi + (mu-1)/2."""
+    draw = make_draw(cfg)
+    for name in PLACEMENTS:
+        w = World(cfg, name, draw, record=False).run()
+        pc = w.pcfg
+        S = pc.total_steps
+        # steady state: skip the first burst (everything there was sampled at version 0) and
+        # stop at the last full burst boundary
+        last = (S // pc.mu) * pc.mu
+        gaps = [s - v for s, _, v in w.trace.consumed if pc.mu <= s < last]
+        mean = sum(gaps) / len(gaps)
+        assert abs(mean - pc.expected_staleness) <= 0.1, (name, mean, pc.expected_staleness)
