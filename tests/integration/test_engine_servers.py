@@ -1,0 +1,88 @@
+"""Scripted and null engines over HTTP, the ServerRunner, and the `gyre engine` CLI as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from gyre.engine.client import EngineClient, EngineRequestError
+from gyre.engine.config import ScriptedEngineConfig
+from gyre.engine.null import NullEngine
+from gyre.engine.runner import ServerRunner
+from gyre.engine.script import ScriptBook, ScriptedToolCall, ScriptedTurn
+from gyre.engine.scripted import ScriptedEngine
+from gyre.engine.server import create_app
+
+
+async def test_scripted_engine_over_http_streams_tool_calls(tiny_model_dir, tiny_tokenizer):
+    turn = ScriptedTurn(text="Running it.", tool_calls=[ScriptedToolCall("bash", {"command": "echo hi"})])
+    engine = ScriptedEngine(ScriptedEngineConfig(tokenizer_dir=str(tiny_model_dir), tokens_per_chunk=2,
+                                                 engine_id="scripted-1"), ScriptBook.single([turn]))
+    prompt = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True,
+                                                tokenize=True)["input_ids"]
+    async with ServerRunner(create_app(engine)) as srv, EngineClient(srv.url) as c:
+        info = await c.model_info()
+        assert info.engine_kind == "scripted" and info.engine_id == "scripted-1"
+        chunks = [ch async for ch in c.generate_stream(list(prompt), {"max_new_tokens": 200})]
+        assert len(chunks) > 3 and chunks[-1].finished
+        text = tiny_tokenizer.decode(chunks[-1].output_ids)
+        assert text == turn.render() + "<|im_end|>"
+        assert "<tool_call>" in text and chunks[-1].meta_info.engine_id == "scripted-1"
+
+
+async def test_null_engine_server_and_runner_restart():
+    runner = ServerRunner(create_app(NullEngine(num_tokens=8)))
+    await runner.astart()
+    url = runner.url
+    async with EngineClient(url) as c:
+        results = await asyncio.gather(*[c.generate([1, 2, 3], {"max_new_tokens": 32}) for _ in range(20)])
+        assert all(len(r.output_ids) == 8 for r in results)
+        assert len({r.meta_info.id for r in results}) == 20
+        with pytest.raises(EngineRequestError, match="must not be empty"):
+            await c._request("POST", "/generate", {"input_ids": []})  # raw body: the server's own 400
+    await runner.astop()
+    assert not runner.running
+    async with EngineClient(url, connect_timeout=1) as c:
+        assert await c.health() is False
+    # a fresh runner (new engine, new port) in the same process
+    with ServerRunner(create_app(NullEngine(num_tokens=2))) as again:
+        r = httpx.post(again.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 5}})
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
+
+
+def test_gyre_engine_cli_serves_and_refuses_bad_arguments(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    bad = subprocess.run([sys.executable, "-m", "gyre.cli", "engine", "--kind", "embedded", "--model",
+                          str(tmp_path / "missing")], capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "--model must be an existing model directory" in bad.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "gyre.cli", "engine", "--kind", "null", "--port", "0",
+                             "--engine-id", "cli-null", "--null-tokens", "3"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert m, line
+        url = m.group(0)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "engine CLI never became healthy"
+            time.sleep(0.2)
+        info = httpx.get(url + "/get_model_info").json()
+        assert info["engine_id"] == "cli-null" and info["engine_kind"] == "null"
+        r = httpx.post(url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 9}})
+        assert len(r.json()["output_ids"]) == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
