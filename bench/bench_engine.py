@@ -1,0 +1,135 @@
+"""Engine benchmarks: embedded-engine decode throughput at batch 1 vs 8, null-engine request rate.
+
+    OMP_NUM_THREADS=1 python bench/bench_engine.py [--tokens 64] [--requests 8] [--model DIR]
+
+Everything goes through HTTP (uvicorn on 127.0.0.1 + EngineClient), as the
+proxy uses it. The baseline is Hugging Face ``model.generate`` on the same
+prompts in the same run (batch 1 sequential, and one left-padded batch of 8),
+so the ratios are comparable across machines; absolute numbers on a shared
+2-core machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [[5, 17, 300, 42, 9, 77, 120, 8][: 3 + i % 5] + [50 + i] * (2 + i % 4) for i in range(n)]
+
+
+def hf_generate_tps(model_dir: str, ps: list[list[int]], n_tok: int) -> tuple[float, float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.eval()
+    kw = dict(max_new_tokens=n_tok, min_new_tokens=n_tok, do_sample=False)
+    with torch.inference_mode():
+        model.generate(torch.tensor([ps[0]]), **kw)  # warm-up
+        t = time.perf_counter()
+        for p in ps:
+            model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kw)
+        seq = len(ps) * n_tok / (time.perf_counter() - t)
+        width = max(map(len, ps))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in ps])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
+        t = time.perf_counter()
+        model.generate(ids, attention_mask=mask, pad_token_id=0, **kw)
+        batched = len(ps) * n_tok / (time.perf_counter() - t)
+    return seq, batched
+
+
+async def embedded_tps(model_dir: str, ps: list[list[int]], n_tok: int) -> tuple[float, float, int]:
+    from gyre.engine.client import EngineClient
+    from gyre.engine.config import EmbeddedEngineConfig
+    from gyre.engine.embedded import EmbeddedEngine
+    from gyre.engine.runner import ServerRunner
+    from gyre.engine.server import create_app
+
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=model_dir, max_batch=len(ps)))
+    sp = {"max_new_tokens": n_tok, "temperature": 0.0, "ignore_eos": True}
+    async with ServerRunner(create_app(engine)) as srv, EngineClient(srv.url) as c:
+        await c.generate(ps[0], sp)  # warm-up
+        t = time.perf_counter()
+        for p in ps:
+            await c.generate(p, sp)
+        seq = len(ps) * n_tok / (time.perf_counter() - t)
+        engine.max_rows_seen = 0
+        t = time.perf_counter()
+        outs = await asyncio.gather(*[c.generate(p, sp) for p in ps])
+        conc = sum(len(o.output_ids) for o in outs) / (time.perf_counter() - t)
+        return seq, conc, engine.max_rows_seen
+
+
+async def null_rps(n_req: int, concurrency: int) -> tuple[float, float]:
+    from gyre.engine.client import EngineClient
+    from gyre.engine.null import NullEngine
+    from gyre.engine.runner import ServerRunner
+    from gyre.engine.server import create_app
+
+    sp = {"max_new_tokens": 16}
+    async with ServerRunner(create_app(NullEngine(num_tokens=16))) as srv, EngineClient(srv.url) as c:
+        for _ in range(20):
+            await c.generate([1, 2, 3], sp)
+        t = time.perf_counter()
+        for _ in range(n_req):
+            await c.generate([1, 2, 3], sp)
+        seq = n_req / (time.perf_counter() - t)
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one():
+            async with sem:
+                await c.generate([1, 2, 3], sp)
+
+        t = time.perf_counter()
+        await asyncio.gather(*[one() for _ in range(n_req)])
+        conc = n_req / (time.perf_counter() - t)
+    return seq, conc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="HF model dir (default: build the tiny model in a temp dir)")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--requests", type=int, default=8, help="requests (= concurrent batch)")
+    ap.add_argument("--null-requests", type=int, default=500)
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    import torch
+
+    model_dir = args.model
+    if model_dir is None:
+        from gyre.models.tiny import build_tiny_model
+
+        model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="gyre-bench-tiny-")))
+    ps = prompts(args.requests)
+    hf_seq, hf_batch = hf_generate_tps(model_dir, ps, args.tokens)
+    e_seq, e_conc, rows = asyncio.run(embedded_tps(model_dir, ps, args.tokens))
+    n_seq, n_conc = asyncio.run(null_rps(args.null_requests, 32))
+    res = {"torch_threads": torch.get_num_threads(), "tokens": args.tokens, "requests": args.requests,
+           "hf_generate_b1_tps": hf_seq, "hf_generate_b8_tps": hf_batch, "embedded_b1_tps": e_seq,
+           "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc}
+    print(f"\nengine benchmark (tiny model, {args.requests} requests x {args.tokens} tokens, greedy, "
+          f"torch threads {res['torch_threads']})\n")
+    print("| measurement | value | ratio |")
+    print("| --- | ---: | ---: |")
+    print(f"| HF generate, batch 1 sequential (baseline) | {hf_seq:8.1f} tok/s | 1.00 |")
+    print(f"| HF generate, one padded batch of {args.requests} | {hf_batch:8.1f} tok/s | {hf_batch / hf_seq:.2f} |")
+    print(f"| embedded engine via HTTP, 1 at a time | {e_seq:8.1f} tok/s | {e_seq / hf_seq:.2f} |")
+    print(f"| embedded engine via HTTP, {args.requests} concurrent (max batch seen {rows}) | {e_conc:8.1f} tok/s "
+          f"| {e_conc / hf_seq:.2f} |")
+    print(f"| embedded: concurrent / sequential | | {e_conc / e_seq:.2f} |")
+    print(f"| null engine via HTTP, sequential | {n_seq:8.1f} req/s | |")
+    print(f"| null engine via HTTP, 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
