@@ -102,7 +102,7 @@ def _flagship() -> SimConfig:
 NL2REPO_FIT = {"median_h": 1.8312, "tail": 0.2645, "query_sigma": 0.1878}
 NL2REPO_TRAIN_CELL_H = 1.775
 FLAGSHIP_FIT = {"median_h": 1.3749, "tail": 0.6692, "query_sigma": 0.5621, "overall_timeout_h": 4.4599}
-FLAGSHIP_TRAIN_CELL_H = 2.0
+FLAGSHIP_TRAIN_CELL_H = 1.105
 
 PRESETS = {"seed-toy": _seed_toy, "nl2repo-122b": _nl2repo, "flagship-2.4t": _flagship}
 
