@@ -1,0 +1,195 @@
+"""End to end: real harness processes -> real proxy -> scripted engine (a test double) -> scored workspace.
+
+The scripted engine replays fixed assistant turns through the tiny model's real
+tokenizer; everything else is real: the proxy (managed mode, keys registered by
+the executor), the harness programs, the executor, the verifier. A scripted fix
+must score 1 and a harness that touches nothing must score 0, through the same
+path. Trace records are checked against the per-harness role rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gyre.harness.config import ExecutorConfig, SandboxConfig
+from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.profiles import find_claude, find_mini, load_profile
+from gyre.harness.roles import role_profile
+from gyre.harness.sandbox import bwrap_available
+from gyre.harness.task import builtin_tasksets_dir, load_task
+
+FIXED_TEMPERATURE = "def c_to_f(c):\n    return c * 9 / 5 + 32\n\n\ndef f_to_c(f):\n    return (f - 32) * 5 / 9\n"
+BASH_FIX = "cat > temperature.py <<'EOF'\n" + FIXED_TEMPERATURE + "EOF"
+
+
+def _call(name: str, **arguments) -> dict:
+    return {"name": name, "arguments": arguments}
+
+
+BOOK = {"scripts": [
+    # Gyre's reference agent (matched by its per-role system prompts): delegate, compact, submit.
+    {"name": "ref-sub-summary", "match": "You compact the working context of a sub-agent", "turns": [{"text": "SUBSUMMARY-OK"}]},
+    {"name": "ref-main-summary", "match": "You compact the working context of Gyre's", "turns": [{"text": "MAINSUMMARY-OK"}]},
+    {"name": "ref-sub-after", "match": "SUBSUMMARY-OK", "turns": [{"tool_calls": [_call("submit", summary="sub done")]}]},
+    {"name": "ref-main-after", "match": "MAINSUMMARY-OK", "turns": [{"tool_calls": [_call("submit", summary="all done")]}]},
+    {"name": "ref-sub", "match": "You are a sub-agent of Gyre's", "turns": [
+        {"text": "Writing the fix.", "tool_calls": [_call("write_file", path="temperature.py", content=FIXED_TEMPERATURE)]}]},
+    {"name": "ref-noop", "match": "matrix.py's `transpose`", "turns": [{"tool_calls": [_call("submit", summary="nothing")]}]},
+    {"name": "ref-main", "match": "You are Gyre's reference coding agent", "turns": [
+        {"text": "Delegating.", "tool_calls": [_call("delegate", task="Fix temperature.py: the conversion factors are swapped.")]}]},
+    # mini-swe-agent v2 (one bash tool; ends on COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT).
+    {"name": "mini-fix", "match": "Please solve this issue: temperature.py", "turns": [
+        {"text": "Fix it.", "tool_calls": [_call("bash", command=BASH_FIX)]},
+        {"text": "Submit.", "tool_calls": [_call("bash", command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]}]},
+    {"name": "mini-noop", "match": "Please solve this issue: roman.py", "turns": [
+        {"text": "Submit.", "tool_calls": [_call("bash", command="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")]}]},
+    # Claude Code (Anthropic messages API; Bash and Agent tools).
+    {"name": "cc-sub", "match": "SUBTASK-7", "turns": [{"text": "Sub-agent report: SUBTASK-7 done."}],
+     "exhausted": {"text": "Done."}},
+    {"name": "cc-fix", "match": "temperature.py converts", "turns": [
+        {"text": "Fixing.", "tool_calls": [_call("Bash", command=BASH_FIX, description="Fix the conversion")]},
+        {"text": "Done."}], "exhausted": {"text": "Done."}},
+    {"name": "cc-delegate", "match": "palindrome.py's", "turns": [
+        {"text": "Delegating.", "tool_calls": [_call("Agent", description="check", prompt="SUBTASK-7: report done",
+                                                      subagent_type="general-purpose")]},
+        {"text": "Done."}], "exhausted": {"text": "Done."}},
+    {"name": "cc-noop", "match": "rle.py's `encode`", "turns": [{"text": "Nothing to do."}], "exhausted": {"text": "Done."}},
+    {"name": "fallback", "turns": [{"text": "OK."}], "exhausted": {"text": "OK."}},
+]}
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    """Scripted engine + managed proxy on 127.0.0.1; yields (proxy_url, register, trace_dir)."""
+    from gyre.engine.config import ScriptedEngineConfig
+    from gyre.engine.runner import ServerRunner
+    from gyre.engine.script import ScriptBook
+    from gyre.engine.scripted import ScriptedEngine
+    from gyre.engine.server import create_app
+    from gyre.proxy.admin import ProxyAdminClient
+    from gyre.proxy.config import ProxyConfig
+    from gyre.proxy.server import ProxyServer
+
+    traces = tmp_path_factory.mktemp("traces")
+    engine = ScriptedEngine(ScriptedEngineConfig(tokenizer_dir=str(tiny_model_dir)), ScriptBook.from_json(BOOK))
+    eng = ServerRunner(create_app(engine), name="scripted-engine").start()
+    proxy = ProxyServer(ProxyConfig(model_dir=str(tiny_model_dir), engines=[eng.url], mode="managed",
+                                    trace_dir=str(traces), max_context_tokens=1 << 20, fsync=False)).start()
+    admin = ProxyAdminClient(proxy.url, proxy.admin_token)
+
+    async def register(execution_id: str, label: str) -> str:
+        return await asyncio.to_thread(admin.register, execution_id, label)
+
+    try:
+        yield proxy.url, register, traces
+    finally:
+        admin.close()
+        proxy.stop()
+        eng.stop()
+
+
+def binary_copy(tmp_path: Path, name: str) -> Path:
+    """A pyfix task copied with the binary reward rule (untouched must give exactly 0)."""
+    dst = tmp_path / name
+    shutil.copytree(builtin_tasksets_dir() / "pyfix" / name, dst)
+    toml = dst / "task.toml"
+    toml.write_text(toml.read_text().replace('reward = "fraction"', 'reward = "binary"'))
+    return dst
+
+
+def roles_of(traces: Path, execution_id: str, profile_name: str) -> Counter:
+    from gyre.trace.store import read_trace, trace_path
+
+    res = read_trace(trace_path(traces, execution_id))
+    assert res.errors == [] and res.records, f"no clean trace for {execution_id}"
+    prof = role_profile(profile_name)
+    return Counter(prof.role_of(r.meta).value for r in res.records)
+
+
+async def run_all(tmp_path, register, specs):
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs")
+    async with HarnessExecutor(cfg, register=register) as ex:
+        return await ex.run_many(specs)
+
+
+def pyfix(name: str):
+    return load_task(builtin_tasksets_dir() / "pyfix" / name)
+
+
+def _diag(r) -> str:
+    return (f"{r.execution_id}: {r.assessment} stop={r.harness.stop} exit={r.harness.exit_code} {r.harness.error}\n"
+            + Path(r.harness.stdout_path).read_text()[-1500:] + Path(r.harness.stderr_path).read_text()[-1500:])
+
+
+async def test_reference_agent_e2e(stack, tmp_path):
+    url, register, traces = stack
+    prof = load_profile("reference")
+    prof = prof.model_copy(update={"args": ["--context-limit", "50"]})  # compact after every turn
+    fix, noop = await run_all(tmp_path, register, [
+        ExecutionSpec(execution_id="ref-fix", task=pyfix("temperature"), profile=prof, base_url=url),
+        ExecutionSpec(execution_id="ref-noop", task=pyfix("transpose"), profile=prof, base_url=url),
+    ])
+    assert fix.reward == 1.0, _diag(fix)
+    assert noop.reward == 0.0, _diag(noop)
+    # delegate -> sub-agent (write, compaction, submit) -> main compaction -> submit: all four roles.
+    assert roles_of(traces, "ref-fix", "reference") == Counter(
+        {"main": 2, "sub-agent": 2, "main-summary": 1, "sub-agent-summary": 1})
+    assert roles_of(traces, "ref-noop", "reference") == Counter({"main": 1})
+
+
+@pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
+async def test_reference_agent_sandboxed_reaches_proxy(stack, tmp_path):
+    """In the sandbox (shared network namespace) the harness still reaches the proxy on loopback."""
+    url, register, traces = stack
+    prof = load_profile("reference").model_copy(update={"args": ["--context-limit", "50"]})
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
+    async with HarnessExecutor(cfg, register=register) as ex:
+        r = await ex.run(ExecutionSpec(execution_id="ref-fix-sandboxed", task=pyfix("temperature"), profile=prof,
+                                       base_url=url))
+    assert r.reward == 1.0, _diag(r)
+    assert sum(roles_of(traces, "ref-fix-sandboxed", "reference").values()) == 6
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.skipif(find_mini() is None, reason="mini-swe-agent is not installed (scripts/install-harnesses.sh)")
+async def test_mini_swe_agent_e2e(stack, tmp_path):
+    url, register, traces = stack
+    prof = load_profile("mini-swe-agent")
+    fix, noop = await run_all(tmp_path, register, [
+        ExecutionSpec(execution_id="mini-fix", task=pyfix("temperature"), profile=prof, base_url=url, harness_timeout_s=240),
+        ExecutionSpec(execution_id="mini-noop", task=load_task(binary_copy(tmp_path, "roman")), profile=prof,
+                      base_url=url, harness_timeout_s=240),
+    ])
+    assert fix.reward == 1.0, _diag(fix)
+    assert noop.reward == 0.0, _diag(noop)
+    assert fix.harness.stop == "exited"
+    assert roles_of(traces, "mini-fix", "mini-swe-agent") == Counter({"main": 2})
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.skipif(find_claude() is None, reason="Claude Code is not installed (scripts/install-harnesses.sh)")
+async def test_claude_code_e2e(stack, tmp_path):
+    url, register, traces = stack
+    prof = load_profile("claude-code")
+    fix, noop, deleg = await run_all(tmp_path, register, [
+        ExecutionSpec(execution_id="cc-fix", task=pyfix("temperature"), profile=prof, base_url=url, harness_timeout_s=240),
+        ExecutionSpec(execution_id="cc-noop", task=load_task(binary_copy(tmp_path, "rle")), profile=prof,
+                      base_url=url, harness_timeout_s=240),
+        ExecutionSpec(execution_id="cc-delegate", task=pyfix("palindrome"), profile=prof, base_url=url,
+                      harness_timeout_s=240),
+    ])
+    assert fix.reward == 1.0, _diag(fix)
+    assert noop.reward == 0.0, _diag(noop)
+    assert isinstance(deleg.reward, float), _diag(deleg)
+    assert roles_of(traces, "cc-fix", "claude-code")["main"] >= 2
+    assert set(roles_of(traces, "cc-fix", "claude-code")) == {"main"}
+    # The Agent tool's sub-agent request is told apart from the main thread by the rules.
+    c = roles_of(traces, "cc-delegate", "claude-code")
+    assert c["sub-agent"] == 1 and c["main"] >= 2 and set(c) == {"main", "sub-agent"}, c
