@@ -105,7 +105,11 @@ def _build_request(
             msgs = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors())
             raise EngineRequestError(f"invalid request (not sent): {msgs}") from None
     # exclude_none: a real SGLang constructs SamplingParams(**dict) and rejects unknown keys.
-    return req.model_dump(exclude_none=True)
+    body = req.model_dump(exclude_none=True)
+    sp = body.get("sampling_params", {})
+    if "seed" in sp:  # SGLang's name; Gyre engines accept both
+        sp["sampling_seed"] = sp.pop("seed")
+    return body
 
 
 class EngineClient:

@@ -114,14 +114,15 @@ async def test_client_stream_parses_sse_and_inband_errors():
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         assert body["stream"] is True
+        assert body["sampling_params"]["sampling_seed"] == 3 and "seed" not in body["sampling_params"]
         return httpx.Response(200, text=good if body["input_ids"] == [1] else bad,
                               headers={"content-type": "text/event-stream"})
 
     async with _mock_client(handler) as c:
-        chunks = [ch async for ch in c.generate_stream([1], {"max_new_tokens": 2})]
+        chunks = [ch async for ch in c.generate_stream([1], {"max_new_tokens": 2, "seed": 3})]
         assert [len(ch.output_ids) for ch in chunks] == [1, 2] and chunks[-1].finished
         with pytest.raises(EngineServerError, match="engine died"):
-            async for _ in c.generate_stream([2], {"max_new_tokens": 2}):
+            async for _ in c.generate_stream([2], {"max_new_tokens": 2, "seed": 3}):
                 pass
 
 
