@@ -1,0 +1,106 @@
+"""Task folder loader: the Harbor layout, Gyre's [gyre] extension, and clear errors."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gyre.harness.task import TaskError, list_builtin_tasksets, load_task, load_taskset
+
+
+def write_task(root: Path, toml: str | None = None, *, repo: str = "environment/repo", instruction: str = "Do it.\n") -> Path:
+    d = root / "task"
+    (d / repo).mkdir(parents=True)
+    (d / repo / "main.py").write_text("x = 1\n")
+    (d / "tests").mkdir()
+    (d / "tests" / "test.sh").write_text("exit 0\n")
+    (d / "instruction.md").write_text(instruction)
+    (d / "task.toml").write_text(toml if toml is not None else textwrap.dedent("""\
+        version = "1.0"
+        [metadata]
+        difficulty = "easy"
+        [agent]
+        timeout_sec = 30.0
+        [verifier]
+        timeout_sec = 5.0
+        env = { FOO = "bar" }
+        [gyre]
+        reward = "fraction"
+        overall_timeout_sec = 100
+        """))
+    return d
+
+
+def test_loads_harbor_layout_with_gyre_extension(tmp_path):
+    t = load_task(write_task(tmp_path))
+    assert t.name == "task" and t.instruction == "Do it."
+    assert t.harness_timeout_s == 30.0 and t.verifier_timeout_s == 5.0 and t.overall_timeout_s == 100.0
+    assert t.reward_rule == "fraction" and t.verifier_env == {"FOO": "bar"}
+    assert t.repository.name == "repo" and (t.repository / "main.py").exists()
+    assert t.solution_dir is None and t.metadata == {"difficulty": "easy"}
+    assert t.hidden == t.root
+
+
+def test_plain_harbor_task_defaults(tmp_path):
+    """A Harbor task without [gyre]: binary reward, environment/ itself is the repo minus the Dockerfile."""
+    d = write_task(tmp_path, toml='version = "1.0"\n[agent]\ntimeout_sec = 12\n', repo="environment")
+    (d / "environment" / "Dockerfile").write_text("FROM python:3.11\n")
+    t = load_task(d)
+    assert t.reward_rule == "binary" and t.harness_timeout_s == 12.0 and t.verifier_timeout_s == 120.0
+    assert t.overall_timeout_s is None
+    assert t.repository == d / "environment" and "Dockerfile" in t.skip_files
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda d: (d / "instruction.md").unlink(), "missing instruction.md"),
+    (lambda d: (d / "instruction.md").write_text("  \n"), "instruction.md is empty"),
+    (lambda d: (d / "task.toml").unlink(), "missing task.toml"),
+    (lambda d: (d / "task.toml").write_text("[agent\n"), "not valid TOML"),
+    (lambda d: (d / "task.toml").write_text("[gyre]\nreward = 'best'\n"), "must be 'binary' or 'fraction'"),
+    (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"), "must be > 0"),
+    (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = 'soon'\n"), "must be a number"),
+    (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = 50\n[gyre]\noverall_timeout_sec = 10\n"),
+     "harness timeout must come first"),
+    (lambda d: (d / "task.toml").write_text("[gyre]\nrepository = '../../etc'\n"), "escapes the task folder"),
+    (lambda d: shutil.rmtree(d / "environment"), "starting repository .* is missing"),
+    (lambda d: (d / "tests" / "test.sh").unlink(), "missing tests/test.sh"),
+    (lambda d: (d / "task.toml").write_text("agent = 3\n"), r"\[agent\] in task.toml must be a table"),
+])
+def test_bad_task_folders_give_clear_errors(tmp_path, breakage, message):
+    d = write_task(tmp_path)
+    breakage(d)
+    with pytest.raises(TaskError, match=message):
+        load_task(d)
+
+
+def test_nonexistent_folder(tmp_path):
+    with pytest.raises(TaskError, match="does not exist"):
+        load_task(tmp_path / "nope")
+
+
+def test_taskset_reports_every_bad_task(tmp_path):
+    (tmp_path / "set").mkdir()
+    for name in ("a", "b", "c"):
+        write_task(tmp_path / name).rename(tmp_path / "set" / name)
+    (tmp_path / "set" / "a" / "instruction.md").unlink()
+    (tmp_path / "set" / "c" / "tests" / "test.sh").unlink()
+    with pytest.raises(TaskError) as e:
+        load_taskset(tmp_path / "set")
+    assert "2 bad task(s)" in str(e.value) and "task a" in str(e.value) and "task c" in str(e.value)
+    with pytest.raises(TaskError, match="neither a directory nor a built-in set"):
+        load_taskset("no-such-set")
+
+
+def test_builtin_tasksets_load():
+    assert {"pyfix", "quickstart"} <= set(list_builtin_tasksets())
+    pyfix = load_taskset("pyfix")
+    assert len(pyfix) >= 10
+    for t in pyfix:
+        assert t.solution_dir is not None and (t.solution_dir / "solve.sh").exists()
+        assert t.hidden == t.root.parent  # the whole set is hidden from a sandboxed harness
+        assert not any(p.name.endswith("_hidden.py") for p in t.repository.iterdir())
+    quick = load_taskset("quickstart")
+    assert len(quick) >= 4 and all(t.reward_rule == "fraction" for t in quick)
