@@ -175,7 +175,7 @@ def sweep(
     if as_json:
         typer.echo(json.dumps({"preset": cfg.name, "seeds": seeds, "points": [s.to_dict() for s in summaries]}))
         return
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)
     for s in summaries:
         t = Table(title=f"{cfg.name}: {s.label} ({seeds} seeds)", title_justify="left")
         for col in ("placement", "median h", "p10-p90 h", "median / elastic median", "per-seed ratio median"):
