@@ -63,6 +63,7 @@ class StepCoordinator(Protocol):
     def n_done(self, step: int) -> int: ...
     def seal(self, step: int, idle: Idle = None) -> StepSeal: ...
     def wait_seal(self, step: int) -> StepSeal: ...
+    def is_sealed(self, step: int) -> bool: ...
 
 
 class _Stall:
@@ -198,6 +199,9 @@ class StoreCoordinator:
         self.store.set(self._k(step, "seal"), json.dumps(asdict(seal)))
         return seal
 
+    def is_sealed(self, step: int) -> bool:
+        return self._has(self._k(step, "seal"))
+
     def wait_seal(self, step: int) -> StepSeal:
         key = self._k(step, "seal")
         stall = _Stall(self.stall_timeout_s, f"waiting for the seal of step {step}")
@@ -303,6 +307,10 @@ class LocalCoordinator:
                 idle()
             stall.tick(progress)
             time.sleep(self.poll_s)
+
+    def is_sealed(self, step: int) -> bool:
+        with self._lock:
+            return step in self._steps and self._steps[step]["sealed"] is not None
 
     def wait_seal(self, step: int) -> StepSeal:
         stall = _Stall(self.stall_timeout_s, f"waiting for the seal of step {step}")

@@ -54,11 +54,11 @@ def reduce_step(worker: ReplicaWorker, comm: PrefixCommunicators | None, k: int,
         params = worker.params
         flat = flat_grads(params)
         comm.reduce_sum(k, flat)
-        vec = torch.tensor(stats.as_list(), dtype=torch.float64)
+        vec = torch.tensor(stats.as_list(), dtype=torch.float64, device=flat.device)
         comm.reduce_sum(k, vec)
         if comm.rank == 0:
             unflatten_grads(params, flat)
-        return ObjectiveStats.from_list(vec.tolist())
+        return ObjectiveStats.from_list(vec.cpu().tolist())
     return stats
 
 

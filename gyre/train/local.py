@@ -154,7 +154,7 @@ def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
             if plan is None or not plan.join:
                 continue
             sat.wait_for_step(s)
-            while coord.n_done(s) < plan.after_done:
+            while coord.n_done(s) < plan.after_done and not coord.is_sealed(s):
                 time.sleep(run.cfg.stream.poll_s)
             res = sat.join_step(s, max_claims=plan.max_claims, on_microstep=killer(s))
             log.append({"step": s, "joined": res is not None, "micro_steps": res.micro_steps if res else 0,

@@ -45,14 +45,14 @@ class Satellite:
     def stop(self) -> None:
         self.worker.stop()
 
-    def wait_for_step(self, step: int, timeout_s: float = 600.0) -> int:
-        """Block until the core has opened ``step``; returns its policy version."""
+    def wait_for_step(self, step: int, timeout_s: float = 600.0) -> int | None:
+        """Block until the core has opened ``step``; its policy version, or ``None`` if it is already over."""
         t0 = time.monotonic()
         while True:
             cur = self.coord.current_step()
             if cur is not None and cur[0] >= step:
-                if cur[0] > step:
-                    raise RuntimeError(f"step {step} is over (the core is at step {cur[0]})")
+                if cur[0] > step or self.coord.is_sealed(step):
+                    return None
                 return cur[1]
             if time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"step {step} did not open within {timeout_s}s")
@@ -62,7 +62,7 @@ class Satellite:
                   on_microstep: Callable[[int], None] | None = None) -> JoinResult | None:
         """Join ``step`` (blocks until it is open and it is this cell's turn); ``None`` if it sealed first."""
         version = self.wait_for_step(step)
-        if not self.coord.join(step, self.cell):
+        if version is None or not self.coord.join(step, self.cell):
             return None
         load_params(self.worker.model, self.weights.pull(version))
         self.worker.zero_grad()
