@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.sim.config import ClusterConfig, CostConfig, PlacementSpec, SimConfig, SupplyConfig, WorkloadConfig
+from gyre.sim.report import lower_bound
 from gyre.sim.run import make_draw
 from gyre.sim.world import World
 
 PLACEMENTS = ["colocate", "async", "elastic"]
+# Modest by default so the suite stays fast; GYRE_HYPOTHESIS_SCALE=10 for a deeper search.
+SCALE = int(os.environ.get("GYRE_HYPOTHESIS_SCALE", "1"))
 
 
 @st.composite
@@ -48,15 +52,17 @@ def sim_configs(draw, min_steps=2, max_steps=10):
     return cfg
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sim_configs())
 def test_invariants_hold_for_every_placement(cfg):
     draw = make_draw(cfg)
     S, B = cfg.workload.steps, cfg.workload.batch_groups
+    lb = lower_bound(cfg, draw).hours
     for name in PLACEMENTS:
         w = World(cfg, name, draw, record=True, drain=True).run()
-        # the run completes
+        # the run completes, no faster than the lower bound allows
         assert w.makespan is not None and w.policy.steps_done == S, name
+        assert lb <= w.makespan + 1e-9, (name, lb, w.makespan)
         # no execution ever lost its engine, and launches never exceeded capacity
         assert w.interrupted == 0 and w.overbooked == 0, name
         assert w.trace.min_slack >= 0, name
@@ -77,7 +83,7 @@ def test_invariants_hold_for_every_placement(cfg):
         assert all(per_step[s] == B for s in range(S)), name
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sim_configs(min_steps=48, max_steps=60))
 def test_realised_staleness_matches_formula_in_steady_state(cfg):
     """Mean version gap over steps after the first burst within 0.1 of phi + (mu-1)/2."""
