@@ -53,6 +53,7 @@ class RequestState:
     version_segments: list[tuple[int, int]] = field(default_factory=list)
     finish: Optional[FinishReason] = None
     abort_message: Optional[str] = None
+    cached_tokens: int = 0
     created_s: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -78,6 +79,7 @@ class RequestState:
             finish_reason=self.finish,
             prompt_tokens=len(self.input_ids),
             completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens,
             output_token_logprobs=(
                 [(lp, t, None) for lp, t in zip(self.logprobs, self.output_ids)] if self.return_logprob else None
             ),

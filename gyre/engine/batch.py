@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import FinishReason, SamplingParams
 from gyre.engine.sampling import sample_row
 
@@ -41,6 +42,8 @@ class Row:
     stops: frozenset[int]
     generator: Optional[torch.Generator]
     n_cached: int = 0          # real tokens in the KV cache (prompt + fed outputs)
+    fed: list[int] = field(default_factory=list)  # those tokens (for the prefix cache)
+    kv_version: int = 0        # weights version its K/V started under (stale K/V never enter the cache)
     n_out: int = 0             # tokens sampled so far
     next_token: int = -1       # sampled, not yet fed to the model
 
@@ -52,6 +55,7 @@ class TokenEvent:
     raw_logprob: float
     processed_logprob: float
     finish: Optional[FinishReason] = None
+    cached_tokens: int = 0     # prefill only: input tokens whose K/V came from the prefix cache
 
 
 def _cache_kwarg(model) -> str:
@@ -65,9 +69,12 @@ class DecodeBatch:
     rows: list[Row] = field(default_factory=list)
     cache: object = None                  # DynamicCache with [B, H, Lc, D] per layer
     mask: Optional[torch.Tensor] = None   # [B, Lc] long, 1 = real token
+    prefix_cache: Optional[PrefixCache] = None
+    version: int = 0                      # weights version now loaded
 
     def __post_init__(self) -> None:
         self._cache_kw = _cache_kwarg(self.model)
+        self.device = next(self.model.parameters()).device
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -84,12 +91,27 @@ class DecodeBatch:
 
     def prefill(self, row: Row, input_ids: list[int]) -> TokenEvent:
         """Run the prompt alone, sample the first token; the row joins the batch unless it finished."""
-        ids = torch.tensor([input_ids], dtype=torch.long)
         cache = self._new_cache()
-        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), **{self._cache_kw: cache},
-                         use_cache=True, logits_to_keep=1)
+        hit = self.prefix_cache.lookup(input_ids) if self.prefix_cache is not None else None
+        start = 0
+        if hit is not None:
+            start, kv = hit
+            for i, (k, v) in enumerate(kv):
+                cache.update(k, v, i)
+        ids = torch.tensor([input_ids[start:]], dtype=torch.long, device=self.device)
+        kwargs = {}
+        if start:
+            kwargs["position_ids"] = torch.arange(start, len(input_ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=ids, attention_mask=torch.ones((1, len(input_ids)), dtype=torch.long,
+                                                                   device=self.device),
+                         **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1, **kwargs)
         row.n_cached = len(input_ids)
+        row.fed = list(input_ids)
+        row.kv_version = self.version
         ev = self._sampled(row, out.logits[0, -1])
+        ev.cached_tokens = start
+        if ev.finish is not None and self.prefix_cache is not None:
+            self.prefix_cache.put(row.fed, [(layer.keys, layer.values) for layer in cache.layers])
         if ev.finish is None:
             self._merge(row, cache)
         return ev
@@ -98,27 +120,41 @@ class DecodeBatch:
         length = row.n_cached
         if not self.rows:
             self.rows, self.cache = [row], cache
-            self.mask = torch.ones((1, length), dtype=torch.long)
+            self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
             return
         width = max(self.width, length)
         pad_batch, pad_row = width - self.width, width - length
         for lb, lr in zip(self.cache.layers, cache.layers):
             lb.keys = torch.cat([_left_pad(lb.keys, pad_batch), _left_pad(lr.keys, pad_row)], dim=0)
             lb.values = torch.cat([_left_pad(lb.values, pad_batch), _left_pad(lr.values, pad_row)], dim=0)
-        row_mask = torch.cat([torch.zeros((1, pad_row), dtype=torch.long), torch.ones((1, length), dtype=torch.long)], 1)
-        batch_mask = torch.cat([torch.zeros((len(self.rows), pad_batch), dtype=torch.long), self.mask], 1)
+        z = dict(dtype=torch.long, device=self.device)
+        row_mask = torch.cat([torch.zeros((1, pad_row), **z), torch.ones((1, length), **z)], 1)
+        batch_mask = torch.cat([torch.zeros((len(self.rows), pad_batch), **z), self.mask], 1)
         self.mask = torch.cat([batch_mask, row_mask], 0)
         self.rows.append(row)
+
+    def new_weights(self, version: int) -> None:
+        """Weights changed: cached prefixes are stale; live rows keep their K/V (SGLang's in_place)."""
+        self.version = version
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def remove(self, rids: set[str]) -> None:
         """Drop rows (finished or aborted) and trim pad columns no row needs any more."""
         keep = [i for i, r in enumerate(self.rows) if r.rid not in rids]
         if len(keep) == len(self.rows):
             return
+        if self.prefix_cache is not None:  # leave their K/V for a continuation of the conversation
+            width = self.width
+            for i, r in enumerate(self.rows):
+                if r.rid in rids and r.kv_version == self.version:
+                    lo = width - r.n_cached  # rows are left-padded: real tokens are the last n_cached
+                    self.prefix_cache.put(r.fed, [(layer.keys[i:i + 1, :, lo:, :], layer.values[i:i + 1, :, lo:, :])
+                                                  for layer in self.cache.layers])
         if not keep:
             self.rows, self.cache, self.mask = [], None, None
             return
-        idx = torch.tensor(keep, dtype=torch.long)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.rows = [self.rows[i] for i in keep]
         self.mask = self.mask.index_select(0, idx)
         first = int(torch.nonzero(self.mask.sum(0) > 0)[0])
@@ -133,20 +169,21 @@ class DecodeBatch:
         Finished rows leave the batch."""
         if not self.rows:
             return []
-        tokens = torch.tensor([[r.next_token] for r in self.rows], dtype=torch.long)
-        positions = torch.tensor([[r.n_cached] for r in self.rows], dtype=torch.long)
-        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], 1)
+        tokens = torch.tensor([[r.next_token] for r in self.rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[r.n_cached] for r in self.rows], dtype=torch.long, device=self.device)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1)
         out = self.model(input_ids=tokens, attention_mask=self.mask, position_ids=positions,
                          **{self._cache_kw: self.cache}, use_cache=True, logits_to_keep=1)
         events = []
         for i, row in enumerate(self.rows):
             row.n_cached += 1
+            row.fed.append(row.next_token)
             events.append(self._sampled(row, out.logits[i, -1]))
         self.remove({ev.rid for ev in events if ev.finish is not None})
         return events
 
     def _sampled(self, row: Row, logits: torch.Tensor) -> TokenEvent:
-        tok, raw_lp, proc_lp = sample_row(logits, row.params, row.generator)
+        tok, raw_lp, proc_lp = sample_row(logits.cpu(), row.params, row.generator)
         row.n_out += 1
         row.next_token = tok
         finish = None

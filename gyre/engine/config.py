@@ -48,6 +48,9 @@ class EmbeddedEngineConfig(BaseModel):
         "raw", description="raw: log-softmax of the model's logits at temperature 1 (SGLang's default; "
         "what a trainer recomputes); processed: log-prob under the distribution actually sampled from "
         "(temperature, top-k, top-p, min-p applied and renormalised).")
+    prefix_cache_mb: float = Field(
+        256.0, ge=0, description="Byte budget (MiB) of the prefix K/V cache reused by continuations (0: off).")
+    prefix_cache_min_tokens: int = Field(16, ge=1, description="Shortest shared prefix worth reusing.")
     torch_threads: Optional[int] = Field(None, ge=1, description="torch.set_num_threads for the worker (None: leave).")
     seed: int = Field(0, description="Engine RNG seed for requests without their own seed.")
 

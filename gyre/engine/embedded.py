@@ -30,6 +30,7 @@ from typing import Optional
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
 from gyre.engine.config import EmbeddedEngineConfig
+from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import GenerateRequest, ModelInfo, UpdateWeightsFromDiskRequest, UpdateWeightsResponse
 
 
@@ -96,7 +97,13 @@ class EmbeddedEngine(Engine):
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (1 << 30)
         self.max_context_length = min(limit, self.config.max_context_length or limit)
-        self._batch = DecodeBatch(self.model)
+        self._batch = self._new_batch()
+
+    def _new_batch(self) -> DecodeBatch:
+        pc = None
+        if self.config.prefix_cache_mb > 0:
+            pc = PrefixCache(int(self.config.prefix_cache_mb * 2**20), self.config.prefix_cache_min_tokens)
+        return DecodeBatch(self.model, prefix_cache=pc)
 
     async def start(self) -> None:
         await super().start()
@@ -222,7 +229,7 @@ class EmbeddedEngine(Engine):
         for st in self._live.values():
             st.finish_with(FinishReason(type="abort", message=f"engine error: {type(err).__name__}: {err}"))
         self._live.clear()
-        self._batch = DecodeBatch(self.model)  # the old KV state is suspect; start clean
+        self._batch = self._new_batch()  # the old KV state is suspect; start clean
 
     def _apply(self, version: int, events: list[TokenEvent], alive: set[str]) -> None:
         for ev in events:
@@ -230,6 +237,8 @@ class EmbeddedEngine(Engine):
             if st is None or st.finish is not None:
                 continue  # aborted meanwhile: its tokens past the abort are discarded
             lp = ev.raw_logprob if self.config.logprob_mode == "raw" else ev.processed_logprob
+            if ev.cached_tokens:
+                st.cached_tokens = ev.cached_tokens
             st.append(ev.token, lp, version)
             if ev.finish is not None:
                 st.finish_with(ev.finish)
@@ -242,6 +251,7 @@ class EmbeddedEngine(Engine):
         missing = self.model.load_state_dict(new.state_dict(), strict=True)
         del new
         self._loaded_version = version
+        self._batch.new_weights(version)
         return str(missing)
 
     async def update_weights_from_disk(self, req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:

@@ -299,3 +299,21 @@ async def test_weights_update_mid_request_is_recorded_per_segment(client, tiny_m
     (s0, v0), (s1, v1) = last.meta_info.weight_version_segments
     assert s0 == 0 and s1 >= len(first.output_ids) and v1 == out.weight_version == v0 + 1
     assert last.meta_info.weight_version == v1
+
+
+async def test_prefix_cache_reuses_a_conversations_kv_exactly(client, hf_model, tiny_model_dir):
+    """Turn 2 = turn 1's input + output + new tokens: only the new part is prefilled, same results."""
+    prompt = list(range(100, 160))
+    r1 = await client.generate(prompt, {"max_new_tokens": 20, **GREEDY})
+    assert r1.meta_info.cached_tokens == 0
+    turn2 = prompt + r1.output_ids + list(range(200, 230))
+    r2 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
+    assert r2.meta_info.cached_tokens == len(prompt) + len(r1.output_ids) - 1  # the last sampled token was never fed
+    assert r2.output_ids == hf_greedy(hf_model, turn2, 20)
+    assert r2.logprobs == pytest.approx(hf_logprobs(hf_model, turn2, r2.output_ids), abs=1e-4)
+    r3 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
+    assert r3.meta_info.cached_tokens == len(turn2) - 1 and r3.output_ids == r2.output_ids
+    # new weights: cached K/V are stale and must not be reused
+    await client.update_weights_from_disk(str(tiny_model_dir))
+    r4 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
+    assert r4.meta_info.cached_tokens == 0 and r4.output_ids == r2.output_ids

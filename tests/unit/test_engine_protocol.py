@@ -152,3 +152,27 @@ def test_sample_row_logprobs_and_determinism():
     assert proc == pytest.approx(float(torch.log_softmax(processed_logits(logits, p), -1)[tok]))
     assert raw == pytest.approx(float(torch.log_softmax(logits, -1)[tok]))
     assert proc > raw  # truncation + sharpening moves mass onto the kept tokens
+
+
+def test_prefix_cache_lcp_lru_budget_and_supersede():
+    from gyre.engine.prefix_cache import PrefixCache
+
+    def kv(n):  # 2 layers x (k, v) of [1, 1, n, 2] float32 = 32 bytes per token
+        return [(torch.full((1, 1, n, 2), float(i)), torch.zeros(1, 1, n, 2)) for i in range(2)]
+
+    pc = PrefixCache(max_bytes=32 * 40, min_tokens=4)
+    pc.put(list(range(10)), kv(10))
+    assert pc.lookup([9, 9, 9, 9, 9]) is None                  # nothing shared
+    n, got = pc.lookup(list(range(6)) + [99, 98])
+    assert n == 6 and got[1][0].shape == (1, 1, 6, 2) and float(got[1][0][0, 0, 0, 0]) == 1.0
+    n, _ = pc.lookup(list(range(10)))
+    assert n == 9                                              # one token left to run for logits
+    assert pc.lookup([0, 1, 2, 50]) is None                    # shares 3 < min_tokens
+    pc.put(list(range(20)), kv(20))                            # extends the first: replaces it
+    assert len(pc) == 1 and pc.bytes == 20 * 32
+    pc.put([7] * 30, kv(30))                                   # over budget: the older entry goes
+    assert len(pc) == 1 and pc.lookup(list(range(12))) is None
+    pc.put([1, 2], kv(2))                                      # shorter than min_tokens: not kept
+    assert len(pc) == 1
+    pc.clear()
+    assert len(pc) == 0 and pc.bytes == 0
