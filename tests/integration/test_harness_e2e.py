@@ -193,3 +193,51 @@ async def test_claude_code_e2e(stack, tmp_path):
     # The Agent tool's sub-agent request is told apart from the main thread by the rules.
     c = roles_of(traces, "cc-delegate", "claude-code")
     assert c["sub-agent"] == 1 and c["main"] >= 2 and set(c) == {"main", "sub-agent"}, c
+
+
+async def test_synthetic_harness_e2e(stack, tmp_path):
+    """The synthetic harness makes its calls through the proxy; each lands as one trace record."""
+    url, register, traces = stack
+    prof = load_profile("synthetic").model_copy(update={"args": [
+        "--calls", "3", "--dist", "lognormal", "--mean-s", "600", "--time-scale", "0.0005", "--write", "answer.txt=x"]})
+    task = pyfix("rle")
+    rs = await run_all(tmp_path, register, [
+        ExecutionSpec(execution_id=f"syn-{i}", task=task, profile=prof, base_url=url) for i in range(3)])
+    for r in rs:
+        assert r.harness.exit_code == 0 and r.reward == 0.25, _diag(r)
+        assert sum(roles_of(traces, r.execution_id, "synthetic").values()) == 3
+
+
+@pytest.mark.slow
+async def test_quickstart_with_tiny_model(tiny_model_dir, tmp_path):
+    """The quickstart path with a real (tiny, untrained) model: embedded engine -> proxy -> reference
+    agent -> answer.txt -> a graded reward in [0, 1], never missing."""
+    from gyre.engine.cli import build_engine
+    from gyre.engine.runner import ServerRunner
+    from gyre.engine.server import create_app
+    from gyre.proxy.config import ProxyConfig
+    from gyre.proxy.server import ProxyServer
+    from gyre.trace.store import read_trace
+
+    eng = ServerRunner(create_app(build_engine("embedded", model=tiny_model_dir, torch_threads=1)), name="tiny").start()
+    proxy = ProxyServer(ProxyConfig(model_dir=str(tiny_model_dir), engines=[eng.url], trace_dir=str(tmp_path / "t"),
+                                    fsync=False)).start()
+    try:
+        prof = load_profile("reference").model_copy(update={"args": ["--max-tokens", "48", "--max-turns", "2",
+                                                                      "--temperature", "1.0"]})
+        from gyre.harness.task import load_taskset
+
+        tasks = load_taskset("quickstart")[:2]
+        rs = await run_all(tmp_path, None, [
+            ExecutionSpec(execution_id=f"q-{t.name}", task=t, profile=prof, base_url=proxy.url, api_key=f"key-{t.name}")
+            for t in tasks])
+    finally:
+        proxy.stop()
+        eng.stop()
+    for r in rs:
+        assert r.reward is not None and 0.0 <= r.reward <= 1.0, _diag(r)
+    files = sorted((tmp_path / "t").glob("*.jsonl"))  # open mode: one trace per API key
+    assert len(files) == len(rs)
+    for f in files:
+        recs = read_trace(f).records
+        assert recs and all(rec.output_ids and rec.output_logprobs for rec in recs)
