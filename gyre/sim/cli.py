@@ -138,7 +138,7 @@ def sim(
 def sweep(
     preset: str = typer.Option("seed-toy", "--preset", "-p", help="base preset"),
     study: Optional[str] = typer.Option(
-        None, "--study", help="built-in point set: defaults | observations (the seed's three)"
+        None, "--study", help="built-in point set: defaults | observations (the seed's three, on seed-toy) | table1 (on nl2repo-122b)"
     ),
     grid: list[str] = typer.Option([], "--grid", help="name=v1,v2,... (repeat for a cartesian product)"),
     seeds: int = typer.Option(20, "--seeds", min=1, help="draws per point"),

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gyre.sim.config import SimConfig, apply_overrides
+from gyre.sim.presets import NL2REPO_TRAIN_CELL_H
 from gyre.sim.run import simulate
 
 # The long seed's three observations, as override sets on the seed-toy preset.
@@ -19,6 +20,19 @@ STUDIES: dict[str, dict[str, dict[str, Any]]] = {
         "defaults": {},
         "heavy tail 0.75, cheap training 0.25 h": {"tail": 0.75, "train_cost": 2.0},
         "light tail 0.2": {"tail": 0.2},
+    },
+    # Two of the paper's Table 1 ablations that our model can express (use with --preset nl2repo-122b).
+    "table1": {
+        "defaults": {},
+        # same hardware in half as many cells: each cell serves twice as many executions and
+        # trains a step in half the time
+        "E2: half as many cells (4 x 288)": {
+            "cells": 4, "cell_capacity": 288, "train_cost": NL2REPO_TRAIN_CELL_H / 2,
+        },
+        "Async training pool 8 nodes (2 of 8 cells)": {
+            "placements.async.async_train_cells": 2,
+            "placements.async-streaming.async_train_cells": 2,
+        },
     },
 }
 
