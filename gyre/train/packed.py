@@ -122,7 +122,23 @@ def _segments_forward(model, ids: torch.Tensor, pos: torch.Tensor, parent: list[
     x = base.embed_tokens(ids)[None]  # (1, L, D)
     cos, sin = base.rotary_emb(x, pos[None])
     cos, sin = cos[:, None], sin[:, None]  # (1, 1, L, hd)
+    # One gather (and one split) per layer instead of per-segment slicing: in autograd,
+    # every slice/index_select of a full tensor backpropagates into a full-size zero
+    # tensor, which made per-segment slicing O(segments x L) in the backward pass.
+    sizes = [e - s for s, e in plan.bounds]
+    has_ctx = any(c is not None for c in plan.ctx)
+    if has_ctx:
+        kv_idx = torch.cat([torch.arange(s, e, device=ids.device) if c is None
+                            else torch.cat((c, torch.arange(s, e, device=ids.device)))
+                            for (s, e), c in zip(plan.bounds, plan.ctx)])
+        kv_sizes = [(0 if c is None else c.numel()) + (e - s) for (s, e), c in zip(plan.bounds, plan.ctx)]
     masks: dict[tuple[int, int], torch.Tensor] = {}
+    for (s, e), c in zip(plan.bounds, plan.ctx):
+        if c is not None and (e - s, c.numel()) not in masks:
+            n, nc = e - s, c.numel()
+            m = torch.ones(n, nc + n, dtype=torch.bool, device=ids.device)
+            m[:, nc:] = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+            masks[(n, nc)] = m
     for layer in base.layers:
         attn = layer.self_attn
         hd = attn.head_dim
@@ -137,24 +153,19 @@ def _segments_forward(model, ids: torch.Tensor, pos: torch.Tensor, parent: list[
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         gqa = q.shape[1] != k.shape[1]
+        qs_all = q.split(sizes, dim=2)
+        if has_ctx:
+            ks_all = k.index_select(2, kv_idx).split(kv_sizes, dim=2)
+            vs_all = v.index_select(2, kv_idx).split(kv_sizes, dim=2)
+        else:
+            ks_all, vs_all = k.split(sizes, dim=2), v.split(sizes, dim=2)
         outs = []
-        for (s, e), c in zip(plan.bounds, plan.ctx):
-            qs = q[:, :, s:e]
+        for qs, ks, vs, c in zip(qs_all, ks_all, vs_all, plan.ctx):
             if c is None:
-                o = F.scaled_dot_product_attention(qs, k[:, :, s:e], v[:, :, s:e], is_causal=True,
-                                                   scale=attn.scaling, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scaling, enable_gqa=gqa)
             else:
-                ks = torch.cat((k.index_select(2, c), k[:, :, s:e]), dim=2)
-                vs = torch.cat((v.index_select(2, c), v[:, :, s:e]), dim=2)
-                key = (e - s, c.numel())
-                m = masks.get(key)
-                if m is None:
-                    n, nc = key
-                    m = torch.ones(n, nc + n, dtype=torch.bool, device=ids.device)
-                    m[:, nc:] = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
-                    masks[key] = m
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m, scale=attn.scaling,
-                                                   enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=masks[(qs.shape[2], c.numel())],
+                                                   scale=attn.scaling, enable_gqa=gqa)
             outs.append(o)
         o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, L, -1)
         x = x + attn.o_proj(o)
