@@ -1,0 +1,74 @@
+"""The world's own checks, the workload draw and the lower bound, on small hand-made cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gyre.policy import SchedulingPolicy
+from gyre.sim.config import apply_overrides
+from gyre.sim.presets import preset
+from gyre.sim.report import lower_bound
+from gyre.sim.run import make_draw, simulate
+from gyre.sim.workload import Draw, draw_workload
+from gyre.sim.world import World
+
+
+def test_world_detects_interruptions_when_the_waterlevel_rule_is_broken(monkeypatch):
+    """Sabotage the policy's view of w(t): cells then leave with executions running; the world must notice."""
+    cfg = preset("seed-toy")
+    monkeypatch.setattr(SchedulingPolicy, "waterlevel", property(lambda self: 0))
+    w = World(cfg, "elastic", make_draw(cfg), record=False).run()
+    assert w.interrupted > 0
+    assert w.trace.min_slack < 0
+
+
+def test_same_draw_for_every_placement_and_seed_changes_it():
+    cfg = preset("seed-toy")
+    d1, d2 = make_draw(cfg), make_draw(cfg)
+    assert np.array_equal(d1.duration_h, d2.duration_h)
+    d3 = make_draw(cfg.model_copy(update={"seed": 1}))
+    assert not np.array_equal(d1.duration_h, d3.duration_h)
+    # every placement trains groups drawn from the same pool, sized for the deepest queue
+    assert d1.groups == cfg.workload.steps * cfg.workload.batch_groups + 16
+
+
+def test_timeouts_cap_durations_and_overall_timeout_marks_missing():
+    w = apply_overrides(preset("seed-toy"), ["tail=1.5", "overall_timeout_h=3.0", "workload.score_mean_h=0.2"]).workload
+    d = draw_workload(w, 2000, seed=0)
+    assert d.duration_h.max() <= 3.0 + 1e-12
+    assert d.missing.any() and (d.duration_h[d.missing] == 3.0).all()
+    assert not (d.harness_timeout & d.missing).any()
+
+
+def test_lower_bound_on_a_hand_built_draw():
+    cfg = apply_overrides(preset("seed-toy"), ["K=2", "C_e=2", "N=2", "B=2", "steps=1", "train_cost=0.0"])
+    # 4 groups of 2 executions: query times 1, 2, 3, 4 h; each group occupies 2 slot-hours per hour of query
+    dur = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])
+    draw = Draw(duration_h=dur, missing=np.zeros_like(dur, bool), harness_timeout=np.zeros_like(dur, bool))
+    lb = lower_bound(cfg, draw)
+    # work: cheapest 2 groups = (2 + 4) slot-hours / C_e=2 -> 3 cell-hours over K=2 cells = 1.5 h
+    assert lb.work_h == pytest.approx(1.5)
+    # path: the first (and last) step needs B = 2 complete groups: the 2nd fastest query takes 2 h
+    assert lb.path_h == pytest.approx(2.0)
+    assert lb.hours == pytest.approx(2.0)
+
+
+def test_slowdown_with_occupancy_makes_rollouts_slower():
+    base = preset("seed-toy")
+    fast = simulate(base, ["colocate"], record=False)["colocate"].makespan_h
+    slow = simulate(apply_overrides(base, ["slowdown=1.0"]), ["colocate"], record=False)["colocate"].makespan_h
+    assert slow > fast * 1.2
+
+
+def test_results_report_consistent_accounting():
+    res = simulate(preset("seed-toy"))
+    for r in res.values():
+        assert len(r.step_end_h) == 12 and r.step_end_h[-1] == pytest.approx(r.makespan_h)
+        assert sum(r.step_durations_h) == pytest.approx(r.makespan_h)
+        assert 0 < r.efficiency <= 1
+        assert r.groups_trained == 12 * 4
+        assert 0 <= r.mean_training_share <= 1
+        assert r.timeline["segments"] and len(r.timeline["segments"]) == 8
+    assert res["async"].training_share[:4] == pytest.approx([1.0] * 4)
+    assert res["async"].training_share[4:] == pytest.approx([0.0] * 4)
