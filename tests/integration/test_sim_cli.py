@@ -57,3 +57,16 @@ def test_sim_sweep_json():
     obj = json.loads(out[out.index("{"):])
     assert len(obj["points"]) == 2
     assert obj["points"][0]["placements"]["elastic"]["makespan_h_median"] > 0
+
+
+def test_quickstart_command_runs_as_a_process():
+    """What scripts/quickstart.sh runs, through the real entry point and a pipe (no TTY)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "gyre.cli", "sim", "--preset", "seed-toy", "--placement", "all"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(line.startswith("│ elastic") for line in lines)
+    assert not any("…" in line for line in lines if line.startswith("│"))  # no truncated cells
