@@ -117,13 +117,15 @@ class _Unit:
     """A piece of one execution that must stay in one row: a path (``paths``) or a subtree (``tree``)."""
 
     adm: int  # index into the admissions list
-    tokens: list[int]  # tree indices, parents first
-    parent: list[int]  # local parent index (-1 = root)
-    target: list[bool]
-    path_index: list[int]
+    tokens: np.ndarray  # tree indices, parents first
+    parent: np.ndarray  # local parent index (-1 = root)
+    owner: np.ndarray  # admitted path number for targets, -1 for context
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
-def _truncated_paths(adm) -> list[tuple[int, list[int], set[int]]]:
+def _truncated_paths(adm) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """(path number, tree indices root..last target, that path's targets) for paths with targets."""
     out = []
     for k, p in enumerate(adm.paths):
@@ -131,52 +133,73 @@ def _truncated_paths(adm) -> list[tuple[int, list[int], set[int]]]:
             continue
         toks = adm.tree.path_tokens(p.leaf)
         cut = int(np.searchsorted(toks, p.last_target)) + 1  # indices increase along a path
-        out.append((k, toks[:cut].tolist(), set(p.targets.tolist())))
+        out.append((k, toks[:cut], p.targets))
     return out
 
 
 def _path_units(ai: int, adm) -> list[_Unit]:
     units = []
     for k, toks, tg in _truncated_paths(adm):
-        target = [t in tg for t in toks]
-        units.append(_Unit(ai, toks, [i - 1 for i in range(len(toks))], target,
-                           [k if x else -1 for x in target]))
+        owner = np.where(np.isin(toks, tg), k, -1)
+        units.append(_Unit(ai, toks, np.arange(len(toks)) - 1, owner))
     return units
 
 
 def _tree_units(ai: int, adm, token_budget: int) -> list[_Unit]:
     """The admitted subtree, DFS pre-order; split into several subtrees if over budget."""
-    paths = sorted(_truncated_paths(adm), key=lambda x: x[1])  # lexicographic = DFS pre-order
-    # a shared token is emitted with whichever path comes first in DFS order, which need
-    # not be the path that admitted it: look targets up across all paths
-    owner = {t: k for k, _toks, tg in paths for t in tg}
+    paths = sorted(_truncated_paths(adm), key=lambda x: x[1].tolist())  # lexicographic = DFS pre-order
+    n_tree = len(adm.tree)
+    # A shared token is emitted with whichever path comes first in DFS order, which need
+    # not be the path that admitted it, so targets are looked up across all paths.
+    owner = np.full(n_tree, -1, dtype=np.int64)
+    for k, _toks, tg in paths:
+        owner[tg] = k
+    local = np.full(n_tree, -1, dtype=np.int64)  # tree index -> local index in the current unit
     units: list[_Unit] = []
-    cur: _Unit | None = None
-    local: dict[int, int] = {}
+    chunks: list[tuple[np.ndarray, np.ndarray]] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal chunks, size
+        if chunks:
+            toks = np.concatenate([c[0] for c in chunks])
+            par = np.concatenate([c[1] for c in chunks])
+            own = owner[toks]
+            owner[toks] = -1  # a prefix repeated in a later split unit is context there
+            local[toks] = -1
+            units.append(_Unit(ai, toks, par, own))
+        chunks, size = [], 0
+
     for _k, toks, _tg in paths:
-        if cur is not None:
+        em = local[toks] >= 0  # emitted tokens form a prefix of the path
+        shared = len(toks) if em.all() else int(np.argmin(em))
+        if size and size + len(toks) - shared > token_budget:
+            flush()
             shared = 0
-            while shared < len(toks) and toks[shared] in local:
-                shared += 1
-            if len(cur.tokens) + len(toks) - shared > token_budget and cur.tokens:
-                units.append(cur)
-                cur = None
-        if cur is None:
-            cur, local = _Unit(ai, [], [], [], []), {}
-        shared = 0
-        while shared < len(toks) and toks[shared] in local:
-            shared += 1
-        for j in range(shared, len(toks)):
-            t = toks[j]
-            local[t] = len(cur.tokens)
-            cur.tokens.append(t)
-            cur.parent.append(local[toks[j - 1]] if j else -1)
-            k_t = owner.pop(t, -1)  # pop: a prefix repeated in a later split unit is context there
-            cur.target.append(k_t >= 0)
-            cur.path_index.append(k_t)
-    if cur is not None and cur.tokens:
-        units.append(cur)
+        new = toks[shared:]
+        if not len(new):
+            continue
+        ids = np.arange(size, size + len(new))
+        par = ids - 1
+        par[0] = local[toks[shared - 1]] if shared else -1
+        local[new] = ids
+        chunks.append((new, par))
+        size += len(new)
+    flush()
     return units
+
+
+def _tree_arrays(tree) -> dict[str, np.ndarray]:
+    cache = getattr(tree, "_np_cache", None)
+    if cache is None or len(cache["tokens"]) != len(tree):
+        cache = {
+            "tokens": np.asarray(tree.tokens, dtype=np.int64),
+            "depth": np.asarray(tree.depth, dtype=np.int64),
+            "logprob": np.asarray(tree.logprob, dtype=np.float64),
+            "version": np.asarray(tree.version, dtype=np.int64),
+        }
+        tree._np_cache = cache
+    return cache
 
 
 def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
@@ -205,11 +228,11 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
         if adm.dropped or adm.n_targets == 0:
             continue
         units.extend(_path_units(ai, adm) if mode == "paths" else _tree_units(ai, adm, token_budget))
-    order = sorted(range(len(units)), key=lambda u: -len(units[u].tokens))
+    order = sorted(range(len(units)), key=lambda u: -len(units[u]))
     bins: list[list[int]] = []
     room: list[int] = []
     for u in order:
-        n = len(units[u].tokens)
+        n = len(units[u])
         for b in range(len(bins)):
             if room[b] >= n:
                 bins[b].append(u)
@@ -223,25 +246,31 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
         b.sort()  # keep admission/path order inside a row
         executions: list[str] = []
         ex_index: dict[int, int] = {}
-        row = PackedSequence([], [], [], [], [], [], [], [], [], [])
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in (
+            "ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix")}
+        off = 0
         for u in b:
             unit = units[u]
             adm = admissions[unit.adm]
-            tree = adm.tree
+            arr = _tree_arrays(adm.tree)
             if unit.adm not in ex_index:
                 ex_index[unit.adm] = len(executions)
                 executions.append(adm.execution_id)
-            e, w, off = ex_index[unit.adm], adm.weight, len(row.input_ids)
-            for t, p, is_t, k in zip(unit.tokens, unit.parent, unit.target, unit.path_index):
-                row.input_ids.append(tree.tokens[t])
-                row.position_ids.append(tree.depth[t])
-                row.parent.append(p + off if p >= 0 else -1)
-                row.is_target.append(is_t)
-                row.behaviour_logprob.append(tree.logprob[t] if is_t else 0.0)
-                row.policy_version.append(tree.version[t] if is_t else -1)
-                row.execution_index.append(e if is_t else -1)
-                row.token_weight.append(w if is_t else 0.0)
-                row.tree_index.append(t)
-                row.path_index.append(k)
+            t = unit.tokens
+            tg = unit.owner >= 0
+            parts["ids"].append(arr["tokens"][t])
+            parts["pos"].append(arr["depth"][t])
+            parts["par"].append(np.where(unit.parent >= 0, unit.parent + off, -1))
+            parts["tgt"].append(tg)
+            parts["blp"].append(np.where(tg, arr["logprob"][t], 0.0))
+            parts["ver"].append(np.where(tg, arr["version"][t], -1))
+            parts["exe"].append(np.where(tg, ex_index[unit.adm], -1))
+            parts["w"].append(np.where(tg, adm.weight, 0.0))
+            parts["tix"].append(t)
+            parts["pix"].append(unit.owner)
+            off += len(t)
+        cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
+        row = PackedSequence(cat["ids"], cat["pos"], cat["par"], [bool(x) for x in cat["tgt"]], cat["blp"],
+                             cat["ver"], cat["exe"], cat["w"], cat["tix"], cat["pix"])
         steps.append(MicroStep(mode, [row], executions))
     return steps
