@@ -62,6 +62,7 @@ class PolicyError(ValueError):
 @dataclass(slots=True)
 class _Group:
     version: int
+    launched_mask: int = 0
     finished_mask: int = 0
     finished: int = 0
     valid: int = 0
@@ -187,6 +188,8 @@ class SchedulingPolicy:
         bit = 1 << attempt
         if g.finished_mask & bit:
             raise PolicyError(f"execution {ev.execution} finished twice")
+        if not g.launched_mask & bit:
+            raise PolicyError(f"execution {ev.execution} finished but was never launched")
         g.finished_mask |= bit
         g.finished += 1
         if ev.reward is not None:
@@ -289,6 +292,9 @@ class SchedulingPolicy:
         k = min(room, len(self._queue))
         q = self._queue
         batch = tuple(q.popleft() for _ in range(k))
+        groups = self._groups
+        for gid, att in batch:
+            groups[gid].launched_mask |= 1 << att
         self._reserved += k
         acts.append(LaunchExecutions(batch))
 

@@ -270,12 +270,14 @@ def test_async_streaming_starts_with_first_ready_group():
 
 # ---------------------------------------------------------------- bad input
 def test_bad_events_raise_clear_errors_and_keep_state():
-    p = SchedulingPolicy(cfg())
+    p = SchedulingPolicy(cfg(cell_capacity=1))  # capacity 4: groups 0-1 launch, 2-4 queue
     with pytest.raises(PolicyError, match="start"):
         p.handle(Tick(0.0))
     p.start(0.0)
     with pytest.raises(PolicyError, match="never dispatched"):
         p.handle(ExecutionFinished(1.0, (99, 0), 1.0))
+    with pytest.raises(PolicyError, match="never launched"):
+        p.handle(ExecutionFinished(1.0, (4, 1), 1.0))  # group 4 is dispatched but still queued
     p.handle(ExecutionFinished(1.0, (0, 0), 1.0))
     with pytest.raises(PolicyError, match="twice"):
         p.handle(ExecutionFinished(1.0, (0, 0), 1.0))
