@@ -17,4 +17,11 @@ if [ ! -x "$dest/node_modules/.bin/claude" ] && command -v npm >/dev/null; then
   (cd "$dest" && npm install --silent --no-audit --no-fund "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/dev/null) \
     || echo "[setup] WARNING: Claude Code install failed"
 fi
+# bubblewrap: the optional harness sandbox (gyre.harness.sandbox). Non-fatal: the
+# executor runs without it and the sandbox tests skip with a reason.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing bubblewrap (harness sandbox)"
+  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) \
+    || echo "[setup] WARNING: bubblewrap install failed (the harness sandbox will be unavailable)"
+fi
 exit 0

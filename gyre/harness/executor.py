@@ -75,7 +75,8 @@ class HarnessRun(BaseModel):
 
 class Timings(BaseModel):
     queued_s: float = 0.0  # waiting for a slot
-    setup_s: float = 0.0  # workspace copy, key, launch
+    setup_s: float = 0.0  # workspace copy, key, command line
+    launched_s: float = 0.0  # from submission until the harness process existed (queue + setup + spawn)
     harness_s: float = 0.0
     teardown_s: float = 0.0  # process-group kill and log flush after the harness stopped
     scoring_s: float = 0.0
@@ -238,6 +239,7 @@ class HarnessExecutor:
             run.stop, run.error = "launch_failed", f"harness could not start: {e}"
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         timings.harness_s = pres.wall_s
+        timings.launched_s = pres.started_at - t_submit
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
         if pres.stop == "timeout":
             run.stop = "overall_timeout" if cut_by_overall else "harness_timeout"

@@ -30,6 +30,7 @@ class ProcessResult:
     stderr_bytes: int
     truncated: bool  # a stream went past the byte limit
     kill_s: float = 0.0  # time spent stopping the group and flushing logs after the stop
+    started_at: float = 0.0  # time.monotonic() right after the process was spawned
 
 
 async def _pump(stream: asyncio.StreamReader, path: Path, limit: int, over: asyncio.Event) -> tuple[int, bool]:
@@ -131,6 +132,7 @@ async def run_process(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    t_spawned = time.monotonic()
     if on_start is not None and not on_start.done():
         on_start.set_result(None)
     over = asyncio.Event()
@@ -169,6 +171,7 @@ async def run_process(
         stderr_bytes=out[1][0],
         truncated=out[0][1] or out[1][1],
         kill_s=time.monotonic() - t_stop,
+        started_at=t_spawned,
     )
 
 

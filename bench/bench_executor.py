@@ -1,0 +1,144 @@
+"""Executor benchmark: executions started per second and executor overhead per execution,
+with N (default 200) synthetic harnesses running concurrently.
+
+    python bench/bench_executor.py [--n 200] [--harness-s 3] [--no-sandbox]
+
+Each synthetic harness (``gyre.harness.synthetic``, stdlib only) sleeps a fixed
+real duration and writes one file; the task's verifier is a one-line shell
+script, so what is measured is the executor: workspace copy, key, launch,
+process-group teardown, log capture, scoring copy, result file.
+
+Baseline, measured in the same run: the same N harness commands started
+directly with ``asyncio.create_subprocess_exec`` (no workspace, no scoring) --
+the floor any executor pays for a Python process.
+
+overhead/execution = wall time of the execution - the harness's own run time
+(reported by the harness itself). Noisy on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gyre.harness.config import ExecutorConfig, SandboxConfig
+from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.profiles import load_profile
+from gyre.harness.sandbox import bwrap_available
+from gyre.harness.task import load_task
+
+
+def make_task(root: Path) -> Path:
+    d = root / "bench-task"
+    (d / "environment" / "repo" / "pkg").mkdir(parents=True)
+    for i in range(20):  # a small repository: 20 files
+        (d / "environment" / "repo" / "pkg" / f"m{i}.py").write_text(f"X = {i}\n" * 20)
+    (d / "tests").mkdir()
+    (d / "tests" / "test.sh").write_text('[ -f "$GYRE_WORKSPACE/answer.txt" ] && echo 1 > "$GYRE_REWARD_DIR/reward.txt" || echo 0 > "$GYRE_REWARD_DIR/reward.txt"\n')
+    (d / "instruction.md").write_text("bench\n")
+    (d / "task.toml").write_text('[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 120\n[gyre]\nreward = "binary"\n')
+    return d
+
+
+def harness_args(harness_s: float) -> list[str]:
+    return ["--calls", "0", "--dist", "fixed", "--mean-s", str(harness_s), "--time-scale", "1.0", "--write", "answer.txt=1"]
+
+
+async def baseline(n: int, harness_s: float, root: Path) -> dict:
+    argv = [sys.executable, "-m", "gyre.harness.synthetic", *harness_args(harness_s)]
+    starts: list[float] = []
+
+    async def one(i: int) -> float:
+        d = root / f"base{i}"
+        d.mkdir(parents=True)
+        t0 = time.monotonic()
+        p = await asyncio.create_subprocess_exec(*argv, cwd=d, stdout=asyncio.subprocess.PIPE,
+                                                 stderr=asyncio.subprocess.DEVNULL)
+        starts.append(time.monotonic())
+        out, _ = await p.communicate()
+        return (time.monotonic() - t0) - json.loads(out)["real_s"]
+
+    t0 = time.monotonic()
+    over = await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.monotonic() - t0
+    return {"wall_s": wall, "starts_per_s": n / (max(starts) - t0), "overhead_s": list(over)}
+
+
+async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool) -> dict:
+    task = load_task(make_task(root))
+    prof = load_profile("synthetic").model_copy(update={"args": harness_args(harness_s)})
+    cfg = ExecutorConfig(workspace_root=root / "runs", max_concurrency=n, sandbox=SandboxConfig(enabled=sandbox),
+                         keep_workspaces=False)
+    cfg.scorer.max_concurrency = 16
+    async with HarnessExecutor(cfg) as ex:
+        t0 = time.monotonic()
+        rs = await ex.run_many([ExecutionSpec(execution_id=f"e{i}", task=task, profile=prof, base_url="http://127.0.0.1:9",
+                                              api_key="k") for i in range(n)])
+        wall = time.monotonic() - t0
+    bad = [r for r in rs if r.reward != 1.0]
+    if bad:
+        raise SystemExit(f"{len(bad)} executions did not score 1, e.g. {bad[0].model_dump_json()[:800]}")
+    launched = [r.timings.launched_s for r in rs]
+    own = [json.loads(Path(r.harness.stdout_path).read_text())["real_s"] for r in rs]
+    return {
+        "wall_s": wall,
+        "starts_per_s": n / max(launched),
+        "overhead_s": [r.timings.total_s - o for r, o in zip(rs, own)],
+        "overhead_no_scoring_s": [r.timings.total_s - r.timings.scoring_s - o for r, o in zip(rs, own)],
+        "setup_s": [r.timings.setup_s for r in rs],
+        "teardown_s": [r.timings.teardown_s for r in rs],
+        "scoring_s": [r.timings.scoring_s for r in rs],
+    }
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def p95(xs: list[float]) -> float:
+    return sorted(xs)[int(0.95 * (len(xs) - 1))]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--harness-s", type=float, default=3.0)
+    ap.add_argument("--no-sandbox", action="store_true")
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))
+    rows = []
+    # Baseline before and after the executor runs: the machine is shared, load drifts.
+    base = await baseline(a.n, a.harness_s, root / "b1")
+    rows.append(("bare subprocess (baseline, before)", base))
+    ex = await executor_run(a.n, a.harness_s, root / "plain", sandbox=False)
+    rows.append(("executor", ex))
+    if not a.no_sandbox and bwrap_available():
+        exs = await executor_run(a.n, a.harness_s, root / "sandboxed", sandbox=True)
+        rows.append(("executor + bwrap sandbox", exs))
+    base2 = await baseline(a.n, a.harness_s, root / "b2")
+    rows.append(("bare subprocess (baseline, after)", base2))
+    b_over = (med(base["overhead_s"]) + med(base2["overhead_s"])) / 2
+    print(f"\n{a.n} concurrent synthetic harnesses, each running {a.harness_s:.1f}s (contended 2-core machine: noisy)\n")
+    print(f"overhead vs baseline: divided by the mean of the two baseline medians\n")
+    print(f"| run | starts/s | overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall (s) | overhead vs baseline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in rows:
+        nos = r.get("overhead_no_scoring_s")
+        sc = r.get("scoring_s")
+        print(f"| {name} | {r['starts_per_s']:.1f} | {med(r['overhead_s']):.3f} | {p95(r['overhead_s']):.3f} | "
+              f"{med(nos) if nos else float('nan'):.3f} | {med(sc) if sc else float('nan'):.3f} | {r['wall_s']:.1f} | "
+              f"{med(r['overhead_s']) / b_over:.2f}x |")
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "bench_executor.json").write_text(json.dumps({name: {k: (v if not isinstance(v, list) else {
+        "median": med(v), "p95": p95(v)}) for k, v in r.items()} for name, r in rows}, indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
