@@ -139,6 +139,27 @@ class SchedulingPolicy:
     def training_cells(self) -> list[int]:
         return [i for i, r in enumerate(self.roles) if r is Role.TRAINING]
 
+    def status(self) -> dict[str, object]:
+        """A JSON-friendly snapshot for logs and metrics (``sched/*`` in the runtime)."""
+        return {
+            "time": self.now,
+            "placement": self.placement.value,
+            "roles": [r.value for r in self.roles],
+            "capacity": self.capacity,
+            "waterlevel": self.waterlevel,
+            "dispatched": self.dispatched,
+            "launched": self.launched,
+            "finished": self.finished,
+            "running": self._reserved,
+            "queued": len(self._queue),
+            "ready_groups": len(self._ready),
+            "outstanding_groups": self.outstanding_groups,
+            "version": self.version,
+            "steps_done": self.steps_done,
+            "step_active": self._step_active,
+            "done": self.done,
+        }
+
     # ------------------------------------------------------------------ entry points
     def start(self, time: float = 0.0) -> list[Action]:
         """Begin the run: the first boundary dispatch at policy version 0."""

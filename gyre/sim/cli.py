@@ -134,6 +134,22 @@ def sim(
             typer.echo(f"plot: {plot}")
 
 
+@app.command("pairs")
+def pairs(
+    target: float = typer.Option(1.5, "--target", help="mean staleness E[d] to hold"),
+    batch_groups: Optional[int] = typer.Option(None, "--batch-groups", "-B", help="require phi*B whole groups"),
+    max_mu: int = typer.Option(8, "--max-mu"),
+) -> None:
+    """List the (phi, mu) pairs each placement can run at a target E[d] = phi + (mu-1)/2."""
+    from gyre.policy import Placement, staleness_pairs
+
+    if target < 0:
+        _fail("--target must be >= 0")
+    for pl in Placement:
+        ps = staleness_pairs(pl, target, batch_groups, max_mu)
+        typer.echo(f"{pl.value:<9} " + (", ".join(f"({p:g}, {m})" for p, m in ps) or "none"))
+
+
 @app.command("sweep")
 def sweep(
     preset: str = typer.Option("seed-toy", "--preset", "-p", help="base preset"),

@@ -70,3 +70,9 @@ def test_quickstart_command_runs_as_a_process():
     lines = p.stdout.splitlines()
     assert any(line.startswith("│ elastic") for line in lines)
     assert not any("…" in line for line in lines if line.startswith("│"))  # no truncated cells
+
+
+def test_sim_pairs_lists_staleness_pairs():
+    r = runner.invoke(app, ["sim", "pairs", "--target", "1.5", "-B", "32"])
+    assert r.exit_code == 0, r.output
+    assert "colocate  (0, 4)" in r.output and "(0.5, 3)" in r.output

@@ -311,3 +311,11 @@ def test_staleness_pairs_per_placement():
     assert staleness_pairs("async", 1.5)[0] == (1.5, 1)
     assert staleness_pairs("colocate", 1.0) == [(0.0, 3)]
     assert staleness_pairs("colocate", 1.25) == []  # would need mu = 3.5
+
+
+def test_status_snapshot_tracks_counters():
+    p = SchedulingPolicy(cfg(cell_capacity=1))
+    p.start(0.0)
+    st = p.status()
+    assert st["dispatched"] == 10 and st["running"] == 4 and st["queued"] == 6
+    assert st["roles"] == ["rollout"] * 4 and st["waterlevel"] == 10 and st["version"] == 0
