@@ -195,6 +195,20 @@ async def test_claude_code_e2e(stack, tmp_path):
     assert c["sub-agent"] == 1 and c["main"] >= 2 and set(c) == {"main", "sub-agent"}, c
 
 
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.skipif(find_claude() is None, reason="Claude Code is not installed (scripts/install-harnesses.sh)")
+@pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
+async def test_claude_code_sandboxed_e2e(stack, tmp_path):
+    """Claude Code under bubblewrap (read-only root, tmpfs HOME, shared network) still fixes the task."""
+    url, register, traces = stack
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
+    async with HarnessExecutor(cfg, register=register) as ex:
+        r = await ex.run(ExecutionSpec(execution_id="cc-fix-sandboxed", task=pyfix("temperature"),
+                                       profile=load_profile("claude-code"), base_url=url, harness_timeout_s=240))
+    assert r.reward == 1.0, _diag(r)
+
+
 async def test_synthetic_harness_e2e(stack, tmp_path):
     """The synthetic harness makes its calls through the proxy; each lands as one trace record."""
     url, register, traces = stack

@@ -98,6 +98,15 @@ async def test_overall_budget_exhausted_is_missing(executor, tmp_path):
     assert isinstance(r2.assessment, Missing) and r2.assessment.reason == MissingReason.overall_timeout
 
 
+async def test_budget_running_out_during_scoring_is_missing(executor, tmp_path):
+    slow = load_task(make_task(tmp_path, "slowverifier", test_sh="sleep 30; echo 1 > \"$GYRE_REWARD_DIR/reward.txt\"\n",
+                               verifier_timeout=60.0))
+    r = await executor.run(spec("sv", slow, shell_profile("echo 42 > answer.txt"), overall_timeout_s=1.5))
+    assert r.harness.stop == "exited"
+    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.overall_timeout
+    assert r.timings.scoring_s < 10
+
+
 @pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=needs_bwrap)])
 async def test_no_orphans_after_timeout(tmp_path, sandbox):
     marker = f"{random.randint(100000, 999999)}"
