@@ -178,7 +178,9 @@ class SchedulingPolicy:
             raise PolicyError("call start() before handle()")
         if event.time < self.now - 1e-9:
             raise PolicyError(f"event time {event.time} is before the last event's time {self.now}")
-        self.now = event.time
+        cell = getattr(event, "cell", None)
+        if cell is not None and not 0 <= cell < self._K:
+            raise PolicyError(f"{type(event).__name__} names cell {cell}; cells are 0..{self._K - 1}")
         acts: list[Action] = []
         t = type(event)
         if t is ExecutionFinished:
@@ -197,6 +199,7 @@ class SchedulingPolicy:
             pass
         else:
             raise PolicyError(f"unknown event type {t.__name__}")
+        self.now = event.time  # only once the event was accepted
         self._react(acts)
         return acts
 

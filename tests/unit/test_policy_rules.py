@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from gyre.policy import (
@@ -9,6 +11,7 @@ from gyre.policy import (
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
+    Event,
     ExecutionFinished,
     ExecutionsLaunched,
     FinishStep,
@@ -269,6 +272,11 @@ def test_async_streaming_starts_with_first_ready_group():
 
 
 # ---------------------------------------------------------------- bad input
+@dataclass(frozen=True, slots=True)
+class _Bogus(Event):
+    pass
+
+
 def test_bad_events_raise_clear_errors_and_keep_state():
     p = SchedulingPolicy(cfg(cell_capacity=1))  # capacity 4: groups 0-1 launch, 2-4 queue
     with pytest.raises(PolicyError, match="start"):
@@ -288,6 +296,10 @@ def test_bad_events_raise_clear_errors_and_keep_state():
         p.handle(StepDone(1.0, 0))
     with pytest.raises(PolicyError, match="reported"):
         p.handle(CellSwitched(1.0, 2, Role.TRAINING))
+    with pytest.raises(PolicyError, match="cells are 0..3"):
+        p.handle(MicroStepDone(1.0, 9, 0, 0, 0))
+    with pytest.raises(PolicyError, match="unknown event"):
+        p.handle(_Bogus(1.0))
 
 
 def test_config_rejects_fractional_extra_groups():
