@@ -1,0 +1,103 @@
+"""One typed configuration for a whole Gyre run.
+
+Each package owns its section's model (policy, engine, proxy, trainer,
+executor); this module only composes them, so a controller or a Ray actor gets
+exactly the object its package defines and nothing is configured twice. The
+model directory is given once at the top and copied into every section that
+needs it, unless a section names its own (a different tokenizer for the proxy,
+say).
+
+Files are TOML. ``--set section.field=value`` overrides take JSON values where
+they parse as JSON (numbers, booleans, lists) and plain strings otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gyre.engine.config import EmbeddedEngineConfig
+from gyre.harness.config import ExecutorConfig
+from gyre.policy.config import Placement, PolicyConfig
+from gyre.proxy.config import ProxyConfig
+from gyre.train.config import TrainerConfig
+
+_SECTIONS_WITH_MODEL = ("engine", "proxy", "trainer")
+
+
+class GyreConfig(BaseModel):
+    """The run: one model, one policy, and each component's own section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: str = Field(description="HF model directory (weights, tokenizer, chat template)")
+    work_dir: str = Field("runs/gyre", description="traces, workspaces, checkpoints and logs go below this")
+    seed: int = 0
+    policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(placement=Placement.ELASTIC))
+    engine: EmbeddedEngineConfig
+    proxy: ProxyConfig
+    trainer: TrainerConfig
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _share_model_dir(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name in _SECTIONS_WITH_MODEL if "model_dir" in data else ():
+            section = dict(data.get(name) or {})
+            section.setdefault("model_dir", data["model_dir"])
+            data[name] = section
+        policy = data.get("policy")
+        if isinstance(policy, dict) and "placement" not in policy:
+            data["policy"] = {**policy, "placement": Placement.ELASTIC}
+        return data
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (copying what it touches)."""
+    out = json.loads(json.dumps(data))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} is not of the form section.field=value")
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ValueError(f"override {item!r}: {p!r} is a value, not a section")
+            node = nxt
+        node[parts[-1]] = _parse_value(value)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                **top: Any) -> GyreConfig:
+    """Read a TOML file (optional), apply overrides, validate.
+
+    Keyword arguments set top-level fields (``model_dir=...``) before overrides.
+    A validation error names the offending field path.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file {p} does not exist")
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    data.update({k: v for k, v in top.items() if v is not None})
+    data = apply_overrides(data, overrides or [])
+    return GyreConfig.model_validate(data)
