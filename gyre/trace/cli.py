@@ -1,11 +1,105 @@
-"""`gyre tree ...` commands. Keep heavy imports inside the commands."""
+"""`gyre tree ...` commands: look at trajectory trees built from trace files.
+
+Keep heavy imports inside the commands (no torch here at all).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
-app = typer.Typer(help="tree commands (not implemented yet)", no_args_is_help=True)
+app = typer.Typer(help="Trajectory trees: build from traces, admission stats, rendering.", no_args_is_help=True)
 
 
-@app.command("todo")
-def _todo() -> None:
-    """Placeholder until this package's CLI lands."""
-    raise typer.Exit(2)
+def _profile(path: Optional[Path]):
+    from gyre.trace.roles import RoleProfile, default_profile
+
+    if path is None:
+        return default_profile()
+    try:
+        return RoleProfile.model_validate_json(path.read_text())
+    except Exception as e:  # pydantic ValidationError, OSError
+        raise typer.BadParameter(f"role profile {path}: {e}") from e
+
+
+def _decoder(tokenizer: Optional[Path]):
+    if tokenizer is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    return lambda ids: tok.decode(ids)
+
+
+@app.command("stats")
+def stats(
+    traces: list[Path] = typer.Argument(..., help="Trace files (one execution's JSONL each).", exists=True),
+    j_max: Optional[int] = typer.Option(None, "--j-max", help="Admission cap (default: uncapped)."),
+    seed: int = typer.Option(0, help="Admission seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per trace, one per line."),
+    profile: Optional[Path] = typer.Option(None, help="RoleProfile JSON file (default: the built-in profile)."),
+    vocab_size: Optional[int] = typer.Option(None, help="Reject token ids outside this vocabulary."),
+) -> None:
+    """Requests, unique nodes/tokens, paths, expansion, targets by role, and admission for --j-max."""
+    from gyre.trace.stats import format_stats, load_tree, tree_stats
+
+    prof = _profile(profile)
+    for i, path in enumerate(traces):
+        s = tree_stats(load_tree(path, prof, vocab_size), j_max, seed)
+        s["trace"] = str(path)
+        if as_json:
+            typer.echo(json.dumps(s))
+        else:
+            if i:
+                typer.echo("")
+            typer.echo(f"{path}:")
+            typer.echo(format_stats(s))
+
+
+@app.command("show")
+def show(
+    trace: Path = typer.Argument(..., help="One execution's trace file.", exists=True),
+    j_max: Optional[int] = typer.Option(None, "--j-max", help="Mark the paths admitted under this cap."),
+    seed: int = typer.Option(0, help="Admission seed."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML picture of the tree here."),
+    tokenizer: Optional[Path] = typer.Option(None, help="Tokenizer directory: show node text."),
+    max_nodes: int = typer.Option(400, help="Print at most this many nodes."),
+    profile: Optional[Path] = typer.Option(None, help="RoleProfile JSON file."),
+) -> None:
+    """An indented outline of the tree's radix nodes (leaves with role and admission order)."""
+    from gyre.trace.admission import admit
+    from gyre.trace.stats import load_tree, render_html, render_text
+
+    tree = load_tree(trace, _profile(profile))
+    adm = admit(tree, j_max, seed)
+    decode = _decoder(tokenizer)
+    typer.echo(render_text(tree, adm, max_nodes=max_nodes, decode=decode))
+    for e in tree.errors:
+        typer.echo(f"problem: {e}", err=True)
+    if html_out is not None:
+        html_out.write_text(render_html(tree, adm, decode=decode), encoding="utf-8")
+        typer.echo(f"wrote {html_out}")
+
+
+@app.command("synth")
+def synth(
+    out_dir: Path = typer.Argument(..., help="Directory to write the synthetic trace to."),
+    requests: int = typer.Option(636, help="Requests in the execution."),
+    subagents: int = typer.Option(5, help="Sub-agents (sub-agent 0 compacts)."),
+    seed: int = typer.Option(0),
+    execution_id: str = typer.Option("case-study"),
+) -> None:
+    """Write a synthetic execution shaped like the paper's case study (for demos and benches)."""
+    from gyre.trace.store import TraceWriter, trace_path
+    from gyre.trace.synthetic import case_study_execution
+
+    w = TraceWriter(out_dir, fsync=False)
+    try:
+        for r in case_study_execution(execution_id, seed=seed, n_requests=requests, n_subagents=subagents):
+            w.append(r)
+    finally:
+        w.close()
+    typer.echo(str(trace_path(out_dir, execution_id)))

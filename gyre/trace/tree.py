@@ -114,7 +114,7 @@ class TrajectoryTree:
         self.is_target = bytearray()
         self.logprob: list[float] = []
         self.version: list[int] = []
-        self.source: list[int] = []  # request index that first introduced each token
+        self.source: list[int] = []  # request that sampled a target / first introduced a context token
         self.requests: list[RequestInfo] = []
         self.by_id: dict[str, int] = {}
         self.errors: list[str] = []  # one line per record that was skipped or is suspect
@@ -161,7 +161,7 @@ class TrajectoryTree:
             pieces.append((d, n0, k))
         return n0 + k - 1
 
-    def _mark(self, g: int, i: int, m: int, out_from: int, lps, vers) -> None:
+    def _mark(self, g: int, i: int, m: int, out_from: int, lps, vers, src: int) -> None:
         """Tokens seq[i:i+m] matched tree indices g..g+m-1; flag sampled ones as targets."""
         lo = max(i, out_from)
         for j in range(lo, i + m):
@@ -170,6 +170,7 @@ class TrajectoryTree:
                 self.is_target[t] = 1
                 self.logprob[t] = lps[j - out_from]
                 self.version[t] = vers[j - out_from]
+                self.source[t] = src
 
     def insert(self, start: int, seq: list[int], out_from: int, lps, vers, src: int,
                pieces: list[tuple[int, int, int]]) -> int:
@@ -189,7 +190,7 @@ class TrajectoryTree:
                 m = _common_prefix(tok, g + 1, seq, i, L)
                 if m:
                     if i + m > out_from:
-                        self._mark(g + 1, i, m, out_from, lps, vers)
+                        self._mark(g + 1, i, m, out_from, lps, vers, src)
                     d0, g0, ln = pieces[-1] if pieces else (0, -2, 0)
                     if g0 + ln == g + 1:
                         pieces[-1] = (d0, g0, ln + m)
@@ -205,7 +206,7 @@ class TrajectoryTree:
             if c is None:
                 return self._append(g, seq, i, out_from, lps, vers, src, pieces)
             if i >= out_from:
-                self._mark(c, i, 1, out_from, lps, vers)
+                self._mark(c, i, 1, out_from, lps, vers, src)
             pieces.append((self.depth[c], c, 1))
             g = c
             i += 1

@@ -203,3 +203,23 @@ def test_end_to_end_loss_gradients_match_between_modes(model):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     for n in grads[0]:
         torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4)
+
+
+def test_qwen2_family_with_biases_is_exact():
+    """Qwen2 has q/k/v biases and no q_norm/k_norm; the segment forward must handle both."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    cfg = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in m.model.layers:  # make the biases matter
+            layer.self_attn.q_proj.bias.normal_()
+            layer.self_attn.k_proj.bias.normal_()
+    paths = _paths(seed=5, vocab=300)
+    seq, rows = _tree_row(paths)
+    with torch.no_grad():
+        got = token_logprobs(m, seq)
+    for p, r in zip(paths, rows):
+        torch.testing.assert_close(got[r[1:]], _reference(m, p), atol=2e-5, rtol=1e-5)

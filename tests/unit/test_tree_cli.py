@@ -1,0 +1,54 @@
+"""`gyre tree stats/show/synth` through typer's test runner."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from gyre.trace.cli import app
+
+runner = CliRunner()
+
+
+def test_synth_stats_show(tmp_path):
+    r = runner.invoke(app, ["synth", str(tmp_path), "--requests", "60", "--subagents", "2",
+                            "--execution-id", "demo"])
+    assert r.exit_code == 0, r.output
+    trace = tmp_path / "demo.jsonl"
+    assert trace.exists()
+    # a truncated last line is reported, the rest still counts
+    with open(trace, "a") as f:
+        f.write('{"execution_id": "demo", "request_id": "half')
+    r = runner.invoke(app, ["stats", str(trace), "--j-max", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output.strip().splitlines()[-1])
+    assert s["requests"] == 60 and s["paths"] == 7
+    assert [p["role"] for p in s["admission"]["paths"]] == ["main", "main", "main-summary"]
+    assert s["dedup_ratio"] > 1.0 and s["tokens_expanded"] > s["unique_tokens"]
+    assert sum(s["targets_by_role"].values()) == s["targets"]
+    assert any("truncated" in e for e in s["errors"])
+    r = runner.invoke(app, ["stats", str(trace)])
+    assert r.exit_code == 0 and "unique tokens" in r.output and "problem" in r.output
+    html = tmp_path / "t.html"
+    r = runner.invoke(app, ["show", str(trace), "--j-max", "4", "--html", str(html)])
+    assert r.exit_code == 0, r.output
+    assert "LEAF main-summary" in r.output and "admitted #4" in r.output
+    assert html.read_text().count("<details") == s["unique_nodes"]
+
+
+def test_show_with_tokenizer_and_profile(tmp_path, tiny_model_dir):
+    from gyre.trace.roles import all_main_profile
+
+    runner.invoke(app, ["synth", str(tmp_path), "--requests", "30", "--subagents", "1", "--execution-id", "x"])
+    prof = tmp_path / "profile.json"
+    prof.write_text(all_main_profile().model_dump_json())
+    r = runner.invoke(app, ["show", str(tmp_path / "x.jsonl"), "--tokenizer", str(tiny_model_dir),
+                            "--profile", str(prof), "--html", str(tmp_path / "x.html")])
+    assert r.exit_code == 0, r.output
+    assert "LEAF main" in r.output and "sub-agent" not in r.output
+    assert 'class="tgt"' in (tmp_path / "x.html").read_text() or 'class="adm"' in (tmp_path / "x.html").read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rules": [{"role": "boss"}]}')
+    r = runner.invoke(app, ["stats", str(tmp_path / "x.jsonl"), "--profile", str(bad)])
+    assert r.exit_code != 0
