@@ -67,29 +67,69 @@ async def embedded_tps(model_dir: str, ps: list[list[int]], n_tok: int) -> tuple
 
 
 async def null_rps(n_req: int, concurrency: int) -> tuple[float, float]:
+    """The null engine in its own process (`gyre engine --kind null`), as the proxy would see it;
+    in-process, client and server would share one GIL and measure each other."""
+    import re
+    import subprocess
+    import sys
+
     from gyre.engine.client import EngineClient
-    from gyre.engine.null import NullEngine
+
+    proc = subprocess.Popen([sys.executable, "-m", "gyre.cli", "engine", "--kind", "null", "--port", "0",
+                             "--null-tokens", "16"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"http://[\d.]+:\d+", proc.stderr.readline()).group(0)
+        async with EngineClient(url) as c:
+            while not await c.health():
+                await asyncio.sleep(0.1)
+            return await _null_load(c, n_req, concurrency)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def _null_load(c, n_req: int, concurrency: int) -> tuple[float, float]:
+    sp = {"max_new_tokens": 16}
+    for _ in range(20):
+        await c.generate([1, 2, 3], sp)
+    t = time.perf_counter()
+    for _ in range(n_req):
+        await c.generate([1, 2, 3], sp)
+    seq = n_req / (time.perf_counter() - t)
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one():
+        async with sem:
+            await c.generate([1, 2, 3], sp)
+
+    t = time.perf_counter()
+    await asyncio.gather(*[one() for _ in range(n_req)])
+    conc = n_req / (time.perf_counter() - t)
+    return seq, conc
+
+
+async def conversation_s(model_dir: str, turns: int, grow: int, n_tok: int, prefix_cache_mb: float
+                         ) -> tuple[float, int]:
+    """Seconds for one agent-like conversation (each turn = previous input + output + `grow` new
+    tokens), and the input tokens the engine reused from its prefix cache."""
+    from gyre.engine.client import EngineClient
+    from gyre.engine.config import EmbeddedEngineConfig
+    from gyre.engine.embedded import EmbeddedEngine
     from gyre.engine.runner import ServerRunner
     from gyre.engine.server import create_app
 
-    sp = {"max_new_tokens": 16}
-    async with ServerRunner(create_app(NullEngine(num_tokens=16))) as srv, EngineClient(srv.url) as c:
-        for _ in range(20):
-            await c.generate([1, 2, 3], sp)
+    engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=model_dir, prefix_cache_mb=prefix_cache_mb))
+    sp = {"max_new_tokens": n_tok, "temperature": 0.0, "ignore_eos": True}
+    async with ServerRunner(create_app(engine)) as srv, EngineClient(srv.url) as c:
+        await c.generate([1, 2, 3], sp)  # warm-up
+        ids, reused = [], 0
         t = time.perf_counter()
-        for _ in range(n_req):
-            await c.generate([1, 2, 3], sp)
-        seq = n_req / (time.perf_counter() - t)
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one():
-            async with sem:
-                await c.generate([1, 2, 3], sp)
-
-        t = time.perf_counter()
-        await asyncio.gather(*[one() for _ in range(n_req)])
-        conc = n_req / (time.perf_counter() - t)
-    return seq, conc
+        for k in range(turns):
+            ids = ids + [(97 * k + i) % 1500 + 10 for i in range(grow)]
+            r = await c.generate(ids, sp)
+            reused += r.meta_info.cached_tokens
+            ids = ids + r.output_ids
+        return time.perf_counter() - t, reused
 
 
 def main() -> None:
@@ -111,9 +151,14 @@ def main() -> None:
     hf_seq, hf_batch = hf_generate_tps(model_dir, ps, args.tokens)
     e_seq, e_conc, rows = asyncio.run(embedded_tps(model_dir, ps, args.tokens))
     n_seq, n_conc = asyncio.run(null_rps(args.null_requests, 32))
+    turns, grow = 12, 512
+    conv_off, _ = asyncio.run(conversation_s(model_dir, turns, grow, 32, 0))
+    conv_on, reused = asyncio.run(conversation_s(model_dir, turns, grow, 32, 256))
     res = {"torch_threads": torch.get_num_threads(), "tokens": args.tokens, "requests": args.requests,
            "hf_generate_b1_tps": hf_seq, "hf_generate_b8_tps": hf_batch, "embedded_b1_tps": e_seq,
-           "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc}
+           "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc,
+           "conversation_no_prefix_cache_s": conv_off, "conversation_prefix_cache_s": conv_on,
+           "conversation_reused_tokens": reused}
     print(f"\nengine benchmark (tiny model, {args.requests} requests x {args.tokens} tokens, greedy, "
           f"torch threads {res['torch_threads']})\n")
     print("| measurement | value | ratio |")
@@ -124,8 +169,10 @@ def main() -> None:
     print(f"| embedded engine via HTTP, {args.requests} concurrent (max batch seen {rows}) | {e_conc:8.1f} tok/s "
           f"| {e_conc / hf_seq:.2f} |")
     print(f"| embedded: concurrent / sequential | | {e_conc / e_seq:.2f} |")
-    print(f"| null engine via HTTP, sequential | {n_seq:8.1f} req/s | |")
-    print(f"| null engine via HTTP, 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |")
+    print(f"| null engine (own process) via HTTP, sequential | {n_seq:8.1f} req/s | |")
+    print(f"| null engine (own process) via HTTP, 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |")
+    print(f"| {turns}-turn conversation (+{grow} tokens/turn, 32 out), no prefix cache | {conv_off:8.2f} s | 1.00 |")
+    print(f"| same, prefix cache on ({reused} input tokens reused) | {conv_on:8.2f} s | {conv_off / conv_on:.2f}x faster |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
