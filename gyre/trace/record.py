@@ -138,4 +138,12 @@ META_KEYS = {
                "x-claude-code-session-id, x-stainless-retry-count, ...)",
     "key_label": "label of the API key the execution used (never the key itself)",
     "stream": "whether the client asked for streaming",
+    # added by the proxy (additive; see docs/trace-format.md)
+    "bridge": "how the input was built: continuation (base's input+output + new suffix), resample "
+              "(base's input again), full (whole conversation rendered), template_fallback",
+    "fork_at": "index of the first message that differed from a recorded conversation (forked records)",
+    "moves": "how often the call was moved between engines (drain/engine failure) before finishing",
+    "n_tool_calls": "tool calls parsed out of the output",
+    "client_disconnected": "true on an abort record: the client hung up before the answer was complete",
+    "bridge_verified": "debug mode only: whether a full re-render gave the same ids as the bridge",
 }
