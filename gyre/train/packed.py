@@ -109,6 +109,21 @@ def _modules(model):
     return base, head, cfg
 
 
+def supports_segments(model) -> bool:
+    """True for decoder stacks shaped like Qwen2/Qwen3/Llama (what the segment forward re-runs)."""
+    try:
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        layer = base.layers[0]
+        attn = layer.self_attn
+        ok = all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
+        ok = ok and all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp"))
+        ok = ok and hasattr(base, "rotary_emb") and hasattr(base, "embed_tokens") and hasattr(base, "norm")
+        layer_types = getattr(model.config, "layer_types", None) or []
+        return bool(ok) and "sliding_attention" not in layer_types
+    except (AttributeError, IndexError, TypeError):
+        return False
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -195,8 +210,9 @@ def _gather_logprobs(model, hidden: torch.Tensor, ids: torch.Tensor, targets: to
 def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tensor:
     """log p(token | its ancestors) at each target of ``seq`` (0 elsewhere), with grad.
 
-    ``impl``: ``"auto"`` (= ``"segments"``), ``"segments"``, ``"dense"`` or
-    ``"expand"``; see the module docstring.
+    ``impl``: ``"auto"`` (``"segments"`` for Qwen2/Qwen3/Llama-shaped models,
+    else ``"dense"``), ``"segments"``, ``"dense"`` or ``"expand"``; see the
+    module docstring.
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -211,7 +227,9 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
         return torch.zeros(L, device=dev) + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
     targets = torch.tensor(tgt_list, dtype=torch.long, device=dev)
     parents = torch.tensor([seq.parent[i] for i in tgt_list], dtype=torch.long, device=dev)
-    if impl in ("auto", "segments"):
+    if impl == "auto":
+        impl = "segments" if supports_segments(model) else "dense"
+    if impl == "segments":
         hidden = _segments_forward(model, ids, pos, seq.parent)
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
     if impl == "dense":

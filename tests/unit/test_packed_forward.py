@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gyre.trace.packing import PackedSequence
-from gyre.train.packed import ancestor_mask, plan_segments, token_logprobs
+from gyre.train.packed import ancestor_mask, plan_segments, supports_segments, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,10 @@ def test_plan_attention_pairs_track_the_tree():
     assert plan.attention_pairs == int(mask.sum())
     # expanded paths compute each path's full triangle
     assert _paths_row(paths)[0] and plan.attention_pairs < sum(len(p) * (len(p) + 1) // 2 for p in paths)
+
+
+def test_auto_picks_segments_for_qwen3(model):
+    assert supports_segments(model)
 
 
 def test_bad_parent_rejected(model):
