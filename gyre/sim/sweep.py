@@ -29,6 +29,15 @@ STUDIES: dict[str, dict[str, dict[str, Any]]] = {
         "E2: half as many cells (4 x 288)": {
             "cells": 4, "cell_capacity": 288, "train_cost": NL2REPO_TRAIN_CELL_H / 2,
         },
+        # Colocate ablations C1/C2: a standalone rollout pool carved out of the same 32 nodes
+        # (assumed: one cell's worth, 4 nodes = 144 executions; "bigger" = two cells' worth)
+        "C1: colocate on 7 cells + standalone pool of 144": {"cells": 7, "standalone_capacity": 144},
+        "C2: C1 + streaming": {
+            "cells": 7, "standalone_capacity": 144, "placements.colocate.streaming": True,
+        },
+        "C2 with a bigger pool (6 cells + 288)": {
+            "cells": 6, "standalone_capacity": 288, "placements.colocate.streaming": True,
+        },
         "Async training pool 8 nodes (2 of 8 cells)": {
             "placements.async.async_train_cells": 2,
             "placements.async-streaming.async_train_cells": 2,
