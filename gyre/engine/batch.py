@@ -2,9 +2,11 @@
 
 How it works (and why):
 
-- A new request is prefilled **alone** (batch 1, its whole prompt) into its
-  own ``DynamicCache``. Prefill alone keeps it bit-identical to
-  ``model.generate`` and needs no padding inside the prompt.
+- A new request is prefilled **alone** (batch 1) into its own
+  ``DynamicCache``: in one forward when the prompt fits the step's prefill
+  budget (bit-identical to ``model.generate``), else in chunks across steps
+  (chunked prefill), so live rows keep decoding meanwhile. No padding inside
+  a prompt.
 - It then joins the decode batch: its K/V tensors are **left-padded** to the
   batch's cache length and concatenated along the batch dimension; a 2D
   attention mask marks the pad columns. Each decode step runs ONE forward of
@@ -49,6 +51,17 @@ class Row:
 
 
 @dataclass
+class Prefill:
+    """A request whose prompt is (partly) not yet in its cache."""
+
+    row: Row
+    ids: list[int]
+    cache: object
+    done: int      # prompt tokens already in `cache`
+    cached: int    # of those, how many came from the prefix cache
+
+
+@dataclass
 class TokenEvent:
     rid: str
     token: int
@@ -70,6 +83,7 @@ class DecodeBatch:
     cache: object = None                  # DynamicCache with [B, H, Lc, D] per layer
     mask: Optional[torch.Tensor] = None   # [B, Lc] long, 1 = real token
     prefix_cache: Optional[PrefixCache] = None
+    pending: list[Prefill] = field(default_factory=list)  # prefills not finished yet, in order
     version: int = 0                      # weights version now loaded
 
     def __post_init__(self) -> None:
@@ -89,8 +103,8 @@ class DecodeBatch:
 
         return DynamicCache(config=self.model.config)
 
-    def prefill(self, row: Row, input_ids: list[int]) -> TokenEvent:
-        """Run the prompt alone, sample the first token; the row joins the batch unless it finished."""
+    def admit(self, row: Row, input_ids: list[int]) -> None:
+        """Queue a new request's prefill (its own cache, seeded from the prefix cache when possible)."""
         cache = self._new_cache()
         hit = self.prefix_cache.lookup(input_ids) if self.prefix_cache is not None else None
         start = 0
@@ -98,23 +112,47 @@ class DecodeBatch:
             start, kv = hit
             for i, (k, v) in enumerate(kv):
                 cache.update(k, v, i)
-        ids = torch.tensor([input_ids[start:]], dtype=torch.long, device=self.device)
-        kwargs = {}
-        if start:
-            kwargs["position_ids"] = torch.arange(start, len(input_ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=ids, attention_mask=torch.ones((1, len(input_ids)), dtype=torch.long,
-                                                                   device=self.device),
-                         **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1, **kwargs)
-        row.n_cached = len(input_ids)
         row.fed = list(input_ids)
         row.kv_version = self.version
-        ev = self._sampled(row, out.logits[0, -1])
-        ev.cached_tokens = start
-        if ev.finish is not None and self.prefix_cache is not None:
-            self.prefix_cache.put(row.fed, [(layer.keys, layer.values) for layer in cache.layers])
-        if ev.finish is None:
-            self._merge(row, cache)
-        return ev
+        self.pending.append(Prefill(row, list(input_ids), cache, start, start))
+
+    def prefill_some(self, budget: int = 0) -> list[TokenEvent]:
+        """Run queued prefills, at most ``budget`` prompt tokens (0: no limit; at least one chunk runs).
+
+        A prompt that fits the budget runs in ONE forward (bit-identical to
+        ``model.generate``'s prefill); a longer one is split across jobs so the
+        decode steps of live rows go on between its chunks (chunked prefill).
+        A finished prefill samples the row's first token and the row joins the batch.
+        """
+        events: list[TokenEvent] = []
+        left = budget if budget > 0 else None
+        while self.pending and (left is None or left > 0):
+            p = self.pending[0]
+            total = len(p.ids)
+            n = total - p.done if left is None else min(left, total - p.done)
+            ids = torch.tensor([p.ids[p.done:p.done + n]], dtype=torch.long, device=self.device)
+            kwargs = {}
+            if p.done:
+                kwargs["position_ids"] = torch.arange(p.done, p.done + n, device=self.device).unsqueeze(0)
+            out = self.model(input_ids=ids, attention_mask=torch.ones((1, p.done + n), dtype=torch.long,
+                                                                       device=self.device),
+                             **{self._cache_kw: p.cache}, use_cache=True, logits_to_keep=1, **kwargs)
+            p.done += n
+            if left is not None:
+                left -= n
+            if p.done < total:
+                continue
+            self.pending.pop(0)
+            row = p.row
+            row.n_cached = total
+            ev = self._sampled(row, out.logits[0, -1])
+            ev.cached_tokens = p.cached
+            if ev.finish is None:
+                self._merge(row, p.cache)
+            elif self.prefix_cache is not None:
+                self.prefix_cache.put(row.fed, [(layer.keys, layer.values) for layer in p.cache.layers])
+            events.append(ev)
+        return events
 
     def _merge(self, row: Row, cache) -> None:
         length = row.n_cached
@@ -141,6 +179,7 @@ class DecodeBatch:
 
     def remove(self, rids: set[str]) -> None:
         """Drop rows (finished or aborted) and trim pad columns no row needs any more."""
+        self.pending = [p for p in self.pending if p.row.rid not in rids]
         keep = [i for i, r in enumerate(self.rows) if r.rid not in rids]
         if len(keep) == len(self.rows):
             return

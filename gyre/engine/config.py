@@ -48,6 +48,9 @@ class EmbeddedEngineConfig(BaseModel):
         "raw", description="raw: log-softmax of the model's logits at temperature 1 (SGLang's default; "
         "what a trainer recomputes); processed: log-prob under the distribution actually sampled from "
         "(temperature, top-k, top-p, min-p applied and renormalised).")
+    prefill_chunk_tokens: int = Field(
+        2048, ge=0, description="Most prompt tokens prefilled per scheduler step; longer prompts are split so "
+        "live requests keep decoding between the chunks (0: whole prompts at once).")
     prefix_cache_mb: float = Field(
         256.0, ge=0, description="Byte budget (MiB) of the prefix K/V cache reused by continuations (0: off).")
     prefix_cache_min_tokens: int = Field(16, ge=1, description="Shortest shared prefix worth reusing.")

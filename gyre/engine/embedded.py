@@ -7,8 +7,9 @@ keeps answering HTTP while the model computes (torch releases the GIL), and
 the model, KV cache and RNGs are only ever touched by that one thread, in
 order. Each scheduler iteration is one worker job:
 
-    drop aborted rows -> prefill newly admitted requests (alone) -> one batched
-    decode step for every live row -> events back to the loop
+    drop aborted rows -> prefill admitted requests (alone, at most
+    ``prefill_chunk_tokens`` prompt tokens per job) -> one batched decode step
+    for every live row -> events back to the loop
 
 Abort finishes a request at once with its partial output (the worker drops
 its row at the next job). Pause (``in_place``) stops submitting jobs: live
@@ -106,9 +107,9 @@ class EmbeddedEngine(Engine):
         return DecodeBatch(self.model, prefix_cache=pc)
 
     async def start(self) -> None:
-        await super().start()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gyre-{self.engine_id}")
-        await self._run(self._start_worker)
+        await self._run(self._start_worker)  # load first: requests are refused until the model is there
+        await super().start()
         self._wake = asyncio.Event()
         self._scheduler = asyncio.create_task(self._schedule(), name=f"{self.engine_id}-scheduler")
 
@@ -189,12 +190,13 @@ class EmbeddedEngine(Engine):
         batch.remove(drop)
         events: list[TokenEvent] = []
         for row, ids in admit:
-            events.append(batch.prefill(row, ids))
+            batch.admit(row, ids)
+        events.extend(batch.prefill_some(self.config.prefill_chunk_tokens))
         if len(batch):
             self.max_rows_seen = max(self.max_rows_seen, len(batch))
             self.steps += 1
             events.extend(batch.step())
-        return self._loaded_version, events, [r.rid for r in batch.rows]
+        return self._loaded_version, events, [r.rid for r in batch.rows] + [p.row.rid for p in batch.pending]
 
     async def _schedule(self) -> None:
         while True:

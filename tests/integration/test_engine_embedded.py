@@ -317,3 +317,26 @@ async def test_prefix_cache_reuses_a_conversations_kv_exactly(client, hf_model, 
     await client.update_weights_from_disk(str(tiny_model_dir))
     r4 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
     assert r4.meta_info.cached_tokens == 0 and r4.output_ids == r2.output_ids
+
+
+async def test_chunked_prefill_is_exact_and_interleaves_with_decoding(tiny_model_dir, hf_model):
+    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), prefill_chunk_tokens=8,
+                                              prefix_cache_mb=0))
+    await eng.start()
+    try:
+        long_prompt = [(7 * i) % 1900 + 20 for i in range(200)]  # 25 chunks of 8
+        runner = await eng.submit(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 3000,
+                                                                                         **GREEDY}))
+        updates = runner.updates()
+        await updates.__anext__()
+        n_before = len(runner.state.output_ids)
+        r = await eng.generate(GenerateRequest(input_ids=long_prompt, sampling_params={"max_new_tokens": 8, **GREEDY}))
+        n_after = len(runner.state.output_ids)
+        assert n_after - n_before >= 25, "the live request stalled during the chunked prefill"
+        assert r.output_ids == hf_greedy(hf_model, long_prompt, 8)
+        assert r.logprobs == pytest.approx(hf_logprobs(hf_model, long_prompt, r.output_ids), abs=1e-4)
+        await eng.abort(runner.rid)
+        async for _ in updates:
+            pass
+    finally:
+        await eng.stop()
