@@ -25,6 +25,7 @@ def serve(
     dtype: str = typer.Option("float32", "--dtype", help="Embedded: float32 | bfloat16 | float16."),
     torch_threads: Optional[int] = typer.Option(None, "--torch-threads", help="Embedded: torch intra-op threads."),
     prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Embedded: prefix K/V cache budget (0: off)."),
+    prefill_chunk: int = typer.Option(2048, "--prefill-chunk", help="Embedded: prompt tokens per step (0: no chunking)."),
     script: Optional[Path] = typer.Option(None, "--script", help="Scripted: ScriptBook JSON file."),
     null_tokens: int = typer.Option(16, "--null-tokens", help="Null: tokens per response."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
@@ -37,7 +38,7 @@ def serve(
     try:
         engine = build_engine(kind, model=model, max_batch=max_batch, engine_id=engine_id, max_context=max_context,
                               logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads, script=script,
-                              null_tokens=null_tokens, prefix_cache_mb=prefix_cache_mb)
+                              null_tokens=null_tokens, prefix_cache_mb=prefix_cache_mb, prefill_chunk=prefill_chunk)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"gyre engine: {e}", err=True)
         raise typer.Exit(2)
@@ -55,7 +56,7 @@ def serve(
 def build_engine(kind: str, *, model: Optional[Path] = None, max_batch: int = 8, engine_id: Optional[str] = None,
                  max_context: Optional[int] = None, logprob_mode: str = "raw", dtype: str = "float32",
                  torch_threads: Optional[int] = None, script: Optional[Path] = None, null_tokens: int = 16,
-                 prefix_cache_mb: float = 256.0):
+                 prefix_cache_mb: float = 256.0, prefill_chunk: int = 2048):
     """An (unstarted) engine of ``kind`` from CLI-style arguments."""
     if kind == "null":
         from gyre.engine.config import NullEngineConfig
@@ -84,5 +85,6 @@ def build_engine(kind: str, *, model: Optional[Path] = None, max_batch: int = 8,
 
         return EmbeddedEngine(EmbeddedEngineConfig(
             engine_id=engine_id, model_dir=str(model), max_batch=max_batch, max_context_length=max_context,
-            logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads, prefix_cache_mb=prefix_cache_mb))
+            logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads, prefix_cache_mb=prefix_cache_mb,
+            prefill_chunk_tokens=prefill_chunk))
     raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted or null")
