@@ -1,1 +1,23 @@
+"""Training: GSPO with per-execution normalisation, streaming micro-steps, elastic cells.
 
+Modules (each with one job; torch is imported only where a model is touched):
+
+* ``config``      typed configs (TrainerConfig and its parts)
+* ``rewards``     scores vs missing assessments, group advantages (pure python)
+* ``objective``   the GSPO loss with capped token weights and a per-execution clip
+* ``buffer``      packing buffer: ready groups -> micro-step tasks, oldest version first
+* ``tasks``       the claimable unit (a packed micro-step + advantages), JSON on the wire
+* ``coordinator`` claim queue + fixed-order membership (in-process, or any torch Store)
+* ``weights``     weight snapshots a joining satellite pulls (file / memory channels)
+* ``comm``        prefix communicators {0..k-1}, built once; gradient reduce
+* ``replica``     a model that turns micro-steps into accumulated gradients
+* ``core``        cell 0: optimizer, step loop, checkpoints, policy version
+* ``satellite``   cells 1..K-1: join a running step, claim, reduce
+* ``checkpoint``  HF safetensors weights + optimizer + version + data cursor
+* ``local``       run K cells as local processes (gloo on 127.0.0.1)
+* ``synthetic``   synthetic groups for tests and benchmarks
+* ``fsdp``        FSDP2 inside a cell on GPUs (untested sketch)
+* ``packed``      per-token log-probs of packed rows (owned by the trace package's author)
+
+See docs/training.md.
+"""
