@@ -30,9 +30,12 @@ Three implementations, chosen by ``impl``:
     all), each target taken from the first chain that contains it. The slow,
     obviously-correct reference used by the exactness tests.
 
-On GPU, ``flex_attention`` with a block mask built from the same ancestor
-relation is the natural fast path; it is not implemented here because it cannot
-be tested on this machine (no CUDA, and flex has no CPU backward).
+``"flex"``
+    The same layer loop with ``flex_attention`` and the O(L) interval mask
+    ``kv <= q < subtree_end[kv]`` (valid for depth-first pre-order rows, which
+    is what ``pack`` emits). Meant for GPUs (compiled there). On CPU, torch
+    2.13 runs flex forward only (no backward), so here it is tested for
+    forward exactness only; GPU training with it is untested.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import torch.nn.functional as F
 
 from gyre.trace.packing import PackedSequence
 
-IMPLS = ("auto", "segments", "dense", "expand")
+IMPLS = ("auto", "segments", "dense", "expand", "flex")
 
 
 @dataclass
@@ -129,31 +132,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def _segments_forward(model, ids: torch.Tensor, pos: torch.Tensor, parent: list[int]) -> torch.Tensor:
-    """Final hidden states (L, D) computed with per-segment tree attention."""
-    base, _head, cfg = _modules(model)
-    plan = plan_segments(parent, device=ids.device)
+def _layer_loop(model, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+    """Final hidden states (L, D): the model's own modules, with attention done by ``attend``.
+
+    ``attend(q, k, v, scale, gqa) -> (1, H, L, hd)`` gets rotary-embedded
+    ``q`` (1, H, L, hd) and ``k``/``v`` (1, Hkv, L, hd).
+    """
+    base, _head, _cfg = _modules(model)
     L = ids.shape[0]
     x = base.embed_tokens(ids)[None]  # (1, L, D)
     cos, sin = base.rotary_emb(x, pos[None])
     cos, sin = cos[:, None], sin[:, None]  # (1, 1, L, hd)
-    # One gather (and one split) per layer instead of per-segment slicing: in autograd,
-    # every slice/index_select of a full tensor backpropagates into a full-size zero
-    # tensor, which made per-segment slicing O(segments x L) in the backward pass.
-    sizes = [e - s for s, e in plan.bounds]
-    has_ctx = any(c is not None for c in plan.ctx)
-    if has_ctx:
-        kv_idx = torch.cat([torch.arange(s, e, device=ids.device) if c is None
-                            else torch.cat((c, torch.arange(s, e, device=ids.device)))
-                            for (s, e), c in zip(plan.bounds, plan.ctx)])
-        kv_sizes = [(0 if c is None else c.numel()) + (e - s) for (s, e), c in zip(plan.bounds, plan.ctx)]
-    masks: dict[tuple[int, int], torch.Tensor] = {}
-    for (s, e), c in zip(plan.bounds, plan.ctx):
-        if c is not None and (e - s, c.numel()) not in masks:
-            n, nc = e - s, c.numel()
-            m = torch.ones(n, nc + n, dtype=torch.bool, device=ids.device)
-            m[:, nc:] = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
-            masks[(n, nc)] = m
     for layer in base.layers:
         attn = layer.self_attn
         hd = attn.head_dim
@@ -167,9 +156,37 @@ def _segments_forward(model, ids: torch.Tensor, pos: torch.Tensor, parent: list[
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        gqa = q.shape[1] != k.shape[1]
+        o = attend(q, k, v, attn.scaling, q.shape[1] != k.shape[1])
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(1, L, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return base.norm(x)[0]
+
+
+def _segment_attention(parent: list[int], device):
+    """Per-segment tree attention (see module docstring) as an ``attend`` callback."""
+    plan = plan_segments(parent, device=device)
+    # One gather (and one split) per layer instead of per-segment slicing: in autograd,
+    # every slice/index_select of a full tensor backpropagates into a full-size zero
+    # tensor, which made per-segment slicing O(segments x L) in the backward pass.
+    sizes = [e - s for s, e in plan.bounds]
+    has_ctx = any(c is not None for c in plan.ctx)
+    kv_idx, kv_sizes = None, sizes
+    if has_ctx:
+        kv_idx = torch.cat([torch.arange(s, e, device=device) if c is None
+                            else torch.cat((c, torch.arange(s, e, device=device)))
+                            for (s, e), c in zip(plan.bounds, plan.ctx)])
+        kv_sizes = [(0 if c is None else c.numel()) + (e - s) for (s, e), c in zip(plan.bounds, plan.ctx)]
+    masks: dict[tuple[int, int], torch.Tensor] = {}
+    for (s, e), c in zip(plan.bounds, plan.ctx):
+        if c is not None and (e - s, c.numel()) not in masks:
+            n, nc = e - s, c.numel()
+            m = torch.ones(n, nc + n, dtype=torch.bool, device=device)
+            m[:, nc:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            masks[(n, nc)] = m
+
+    def attend(q, k, v, scale, gqa):
         qs_all = q.split(sizes, dim=2)
-        if has_ctx:
+        if kv_idx is not None:
             ks_all = k.index_select(2, kv_idx).split(kv_sizes, dim=2)
             vs_all = v.index_select(2, kv_idx).split(kv_sizes, dim=2)
         else:
@@ -177,26 +194,79 @@ def _segments_forward(model, ids: torch.Tensor, pos: torch.Tensor, parent: list[
         outs = []
         for qs, ks, vs, c in zip(qs_all, ks_all, vs_all, plan.ctx):
             if c is None:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scaling, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
             else:
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=masks[(qs.shape[2], c.numel())],
-                                                   scale=attn.scaling, enable_gqa=gqa)
+                                                   scale=scale, enable_gqa=gqa)
             outs.append(o)
-        o = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, L, -1)
-        x = x + attn.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return base.norm(x)[0]
+        return torch.cat(outs, dim=2)
+
+    return attend
+
+
+def subtree_end(parent: list[int]) -> list[int]:
+    """For a row in depth-first pre-order: ``end[j]`` such that j's subtree is rows [j, end[j]).
+
+    Then "j is i or an ancestor of i" is simply ``j <= i < end[j]``: an O(L)
+    description of the tree mask (what a flex_attention ``mask_mod`` needs).
+    Raises ValueError if the row is not in pre-order (every ``pack`` row is).
+    """
+    n = len(parent)
+    stack: list[int] = []
+    for i, p in enumerate(parent):
+        while stack and stack[-1] != p:
+            stack.pop()
+        if p >= 0 and not stack:
+            raise ValueError(f"token {i}: row is not in depth-first pre-order (parent {p} already closed)")
+        stack.append(i)
+    end = list(range(1, n + 1))
+    for i in range(n - 1, -1, -1):
+        p = parent[i]
+        if p >= 0 and end[i] > end[p]:
+            end[p] = end[i]
+    return end
+
+
+def _flex_attention(parent: list[int], device):
+    """flex_attention with the interval mask ``kv <= q < end[kv]`` (the GPU path).
+
+    On CPU torch 2.13 runs flex forward (eagerly, slowly) but has no backward,
+    so this is tested here for forward exactness only; training with it needs
+    a CUDA device (untested on this machine).
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    end = torch.tensor(subtree_end(parent), dtype=torch.long, device=device)
+    L = len(parent)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx < end[kv_idx])
+
+    block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=L, KV_LEN=L, device=device)
+    fn = flex_attention
+    if device.type == "cuda":  # compiled kernels on GPU; eager reference elsewhere
+        fn = torch.compile(flex_attention, dynamic=True)
+
+    def attend(q, k, v, scale, gqa):
+        return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+    return attend
 
 
 def ancestor_mask(parent: list[int], device: torch.device | None = None) -> torch.Tensor:
     """Dense (L, L) boolean mask: ``m[i, j]`` iff j is i or an ancestor of i."""
     n = len(parent)
-    m = torch.zeros(n, n, dtype=torch.bool, device=device)
-    for i, p in enumerate(parent):
-        if p >= 0:
-            m[i, : p + 1] = m[p, : p + 1]
-        m[i, i] = True
-    return m
+    try:
+        end = torch.tensor(subtree_end(parent), dtype=torch.long, device=device)
+        i = torch.arange(n, device=device)
+        return (i[None, :] <= i[:, None]) & (i[:, None] < end[None, :])
+    except ValueError:  # not pre-order: build row by row
+        m = torch.zeros(n, n, dtype=torch.bool, device=device)
+        for i, p in enumerate(parent):
+            if p >= 0:
+                m[i, : p + 1] = m[p, : p + 1]
+            m[i, i] = True
+        return m
 
 
 def _gather_logprobs(model, hidden: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor,
@@ -229,8 +299,11 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
     parents = torch.tensor([seq.parent[i] for i in tgt_list], dtype=torch.long, device=dev)
     if impl == "auto":
         impl = "segments" if supports_segments(model) else "dense"
-    if impl == "segments":
-        hidden = _segments_forward(model, ids, pos, seq.parent)
+    if impl in ("segments", "flex"):
+        if not supports_segments(model):
+            raise NotImplementedError(f"impl={impl!r} needs a Qwen2/Qwen3/Llama-shaped model; use impl='dense'")
+        attend = (_segment_attention if impl == "segments" else _flex_attention)(seq.parent, dev)
+        hidden = _layer_loop(model, ids, pos, attend)
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
     if impl == "dense":
         mask = ancestor_mask(seq.parent, device=dev)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gyre.trace.packing import PackedSequence
-from gyre.train.packed import ancestor_mask, plan_segments, supports_segments, token_logprobs
+from gyre.train.packed import ancestor_mask, plan_segments, subtree_end, supports_segments, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def _reference(model, path):
     return torch.tensor([lp[j - 1, path[j]].item() for j in range(1, len(path))])
 
 
-@pytest.mark.parametrize("impl", ["segments", "dense", "expand"])
+@pytest.mark.parametrize("impl", ["segments", "dense", "expand", "flex"])
 @pytest.mark.parametrize("mode", ["tree", "paths"])
 def test_packed_logprobs_match_plain_forward(model, impl, mode):
     paths = _paths()
@@ -134,6 +134,23 @@ def test_plan_attention_pairs_track_the_tree():
     assert plan.attention_pairs == int(mask.sum())
     # expanded paths compute each path's full triangle
     assert _paths_row(paths)[0] and plan.attention_pairs < sum(len(p) * (len(p) + 1) // 2 for p in paths)
+
+
+def test_interval_mask_equals_ancestor_walk_and_rejects_non_preorder():
+    seq, _ = _tree_row(_paths(seed=2))
+    fast = ancestor_mask(seq.parent)
+    slow = torch.zeros_like(fast)
+    for i in range(len(seq)):
+        j = i
+        while j >= 0:
+            slow[i, j] = True
+            j = seq.parent[j]
+    assert torch.equal(fast, slow)
+    # 0 -> 1, 0 -> 2, then 3 under 1: not pre-order (1's subtree was closed by 2)
+    with pytest.raises(ValueError, match="pre-order"):
+        subtree_end([-1, 0, 0, 1])
+    m = ancestor_mask([-1, 0, 0, 1])  # still correct via the row-by-row fallback
+    assert m[3].tolist() == [True, True, False, True]
 
 
 def test_auto_picks_segments_for_qwen3(model):
