@@ -340,3 +340,43 @@ async def test_chunked_prefill_is_exact_and_interleaves_with_decoding(tiny_model
             pass
     finally:
         await eng.stop()
+
+
+async def test_scheduler_churn_joins_leaves_aborts_stay_exact(tiny_model_dir, hf_model):
+    """Many requests through a small batch: rows join and leave at different steps (re-padding,
+    trimming), some are aborted mid-way; finished outputs equal HF generate, aborted ones are prefixes."""
+    import random
+
+    rng = random.Random(0)
+    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), max_batch=3, prefill_chunk_tokens=16,
+                                              prefix_cache_mb=0))
+    await eng.start()
+    try:
+        reqs = []
+        for i in range(10):
+            prompt = [rng.randrange(10, 2000) for _ in range(rng.randrange(2, 40))]
+            reqs.append((f"churn-{i}", prompt, rng.randrange(3, 30)))
+        handles = [await eng.submit(GenerateRequest(rid=rid, input_ids=p,
+                                                    sampling_params={"max_new_tokens": n, **GREEDY}))
+                   for rid, p, n in reqs]
+        to_abort = {"churn-2", "churn-5", "churn-8"}
+
+        async def aborter():
+            for rid in sorted(to_abort):
+                st = eng._requests.get(rid)
+                while st is not None and st.finish is None and len(st.output_ids) < 2:
+                    await asyncio.sleep(0.005)
+                await eng.abort(rid)
+
+        results, _ = await asyncio.gather(asyncio.gather(*[h.result() for h in handles]), aborter())
+        assert eng.max_rows_seen == 3
+        for (rid, prompt, n), r in zip(reqs, results):
+            ref = hf_greedy(hf_model, prompt, n)
+            if r.meta_info.finish_reason.type == "abort":
+                assert rid in to_abort and r.output_ids == ref[: len(r.output_ids)]
+            else:
+                assert r.output_ids == ref, rid
+                assert r.logprobs == pytest.approx(hf_logprobs(hf_model, prompt, ref), abs=1e-4)
+        assert eng.live_requests == 0
+    finally:
+        await eng.stop()
