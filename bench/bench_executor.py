@@ -12,8 +12,15 @@ Baseline, measured in the same run: the same N harness commands started
 directly with ``asyncio.create_subprocess_exec`` (no workspace, no scoring) --
 the floor any executor pays for a Python process.
 
-overhead/execution = wall time of the execution - the harness's own run time
-(reported by the harness itself). Noisy on a shared 2-core machine.
+Columns: starts/s (executions whose harness process exists, per second from
+submission), launcher CPU/exec (CPU of the launching process itself -- the
+executor's own cost, its threads included), children CPU/exec (harness +
+verifier + bwrap processes), wall overhead/exec = wall time of the execution
+minus the harness's own run time (reported by the harness). With 200 Python
+processes starting at once on 2 cores, wall overhead is dominated by CPU
+contention among the children (the bare baseline launches all 200 at once and
+suffers most); the launcher CPU column is the executor's real cost. Noisy on a
+shared machine.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -32,6 +40,19 @@ from gyre.harness.executor import ExecutionSpec, HarnessExecutor
 from gyre.harness.profiles import load_profile
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task
+
+
+def cpu() -> tuple[float, float]:
+    """(this process's CPU seconds, reaped children's CPU seconds)."""
+    me, ch = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, ch.ru_utime + ch.ru_stime
+
+
+def with_cpu(res: dict, before: tuple[float, float], n: int) -> dict:
+    after = cpu()
+    res["cpu_self_ms"] = 1000 * (after[0] - before[0]) / n
+    res["cpu_children_ms"] = 1000 * (after[1] - before[1]) / n
+    return res
 
 
 def make_task(root: Path) -> Path:
@@ -64,10 +85,11 @@ async def baseline(n: int, harness_s: float, root: Path) -> dict:
         out, _ = await p.communicate()
         return (time.monotonic() - t0) - json.loads(out)["real_s"]
 
+    c0 = cpu()
     t0 = time.monotonic()
     over = await asyncio.gather(*(one(i) for i in range(n)))
     wall = time.monotonic() - t0
-    return {"wall_s": wall, "starts_per_s": n / (max(starts) - t0), "overhead_s": list(over)}
+    return with_cpu({"wall_s": wall, "starts_per_s": n / (max(starts) - t0), "overhead_s": list(over)}, c0, n)
 
 
 async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool) -> dict:
@@ -76,6 +98,7 @@ async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool) -> d
     cfg = ExecutorConfig(workspace_root=root / "runs", max_concurrency=n, sandbox=SandboxConfig(enabled=sandbox),
                          keep_workspaces=False)
     cfg.scorer.max_concurrency = 16
+    c0 = cpu()
     async with HarnessExecutor(cfg) as ex:
         t0 = time.monotonic()
         rs = await ex.run_many([ExecutionSpec(execution_id=f"e{i}", task=task, profile=prof, base_url="http://127.0.0.1:9",
@@ -86,7 +109,7 @@ async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool) -> d
         raise SystemExit(f"{len(bad)} executions did not score 1, e.g. {bad[0].model_dump_json()[:800]}")
     launched = [r.timings.launched_s for r in rs]
     own = [json.loads(Path(r.harness.stdout_path).read_text())["real_s"] for r in rs]
-    return {
+    return with_cpu({
         "wall_s": wall,
         "starts_per_s": n / max(launched),
         "overhead_s": [r.timings.total_s - o for r, o in zip(rs, own)],
@@ -94,7 +117,7 @@ async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool) -> d
         "setup_s": [r.timings.setup_s for r in rs],
         "teardown_s": [r.timings.teardown_s for r in rs],
         "scoring_s": [r.timings.scoring_s for r in rs],
-    }
+    }, c0, n)
 
 
 def med(xs: list[float]) -> float:
@@ -126,12 +149,12 @@ async def main() -> None:
     b_over = (med(base["overhead_s"]) + med(base2["overhead_s"])) / 2
     print(f"\n{a.n} concurrent synthetic harnesses, each running {a.harness_s:.1f}s (contended 2-core machine: noisy)\n")
     print(f"overhead vs baseline: divided by the mean of the two baseline medians\n")
-    print(f"| run | starts/s | overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall (s) | overhead vs baseline |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| run | starts/s | launcher CPU/exec (ms) | children CPU/exec (ms) | wall overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall (s) | wall overhead vs baseline |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         nos = r.get("overhead_no_scoring_s")
         sc = r.get("scoring_s")
-        print(f"| {name} | {r['starts_per_s']:.1f} | {med(r['overhead_s']):.3f} | {p95(r['overhead_s']):.3f} | "
+        print(f"| {name} | {r['starts_per_s']:.1f} | {r['cpu_self_ms']:.1f} | {r['cpu_children_ms']:.0f} | {med(r['overhead_s']):.3f} | {p95(r['overhead_s']):.3f} | "
               f"{med(nos) if nos else float('nan'):.3f} | {med(sc) if sc else float('nan'):.3f} | {r['wall_s']:.1f} | "
               f"{med(r['overhead_s']) / b_over:.2f}x |")
     out = Path(__file__).parent / "results"

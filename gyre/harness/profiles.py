@@ -118,7 +118,7 @@ def _builtin() -> dict[str, HarnessProfile]:
                      "--allowedTools", "{allowed_tools}"],
             env={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                  "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"},
-            allowed_tools=["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Task"],
+            allowed_tools=["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Agent", "Task"],
             roles="claude-code",
         ),
         "synthetic": HarnessProfile(

@@ -31,7 +31,7 @@ def test_builtin_profiles_and_files(tmp_path):
     assert {"reference", "mini-swe-agent", "claude-code", "synthetic", "oracle"} <= names
     cc = load_profile("claude-code")
     argv, _ = cc.render({"claude": "/bin/claude", "instruction": "do", "model": "policy"})
-    assert argv[argv.index("--allowedTools") + 1] == "Bash,Read,Write,Edit,Glob,Grep,Task"
+    assert argv[argv.index("--allowedTools") + 1] == "Bash,Read,Write,Edit,Glob,Grep,Agent,Task"
     f = tmp_path / "mine.toml"
     f.write_text('command = ["echo", "{workspace}"]\nallowed_tools = ["Bash"]\n')
     p = load_profile(f)
