@@ -199,6 +199,37 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
     return PackedChunk(tasks, stats, [g.group_id for g in groups])
 
 
+def validate_group(group: ReadyGroup) -> None:
+    """Raise ``ValueError`` naming the problem if ``group`` could not be trained.
+
+    Run when a group enters the buffer, so a bad group is refused on its own and
+    never takes a step (or other groups) down with it.
+    """
+    if not group.rewards:
+        raise ValueError(f"group {group.group_id!r} has no executions")
+    group_advantages(group.rewards)  # bad scores raise here
+    unknown = (set(group.rows) | set(group.admissions)) - set(group.rewards)
+    if unknown:
+        raise ValueError(f"group {group.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}")
+    both = set(group.rows) & set(group.admissions)
+    if both:
+        raise ValueError(f"group {group.group_id!r}: executions with both rows and an admission: {sorted(both)[:3]}")
+    for eid, rows in group.rows.items():
+        for r in rows:
+            try:
+                r.validate()
+            except ValueError as e:
+                raise ValueError(f"group {group.group_id!r}, execution {eid!r}: {e}") from e
+            if len({x for x, t in zip(r.execution_index, r.is_target) if t}) > 1:
+                raise ValueError(f"group {group.group_id!r}, execution {eid!r}: a row holds targets of "
+                                 "several executions")
+        n = sum(r.n_targets for r in rows)
+        tot = sum(w for r in rows for w, t in zip(r.token_weight, r.is_target) if t)
+        if n and tot != 0.0 and abs(tot - 1.0) > 1e-6:
+            raise ValueError(f"group {group.group_id!r}, execution {eid!r}: target token weights sum to {tot}, "
+                             "expected 1 (= |T_e| * 1/|T_e|)")
+
+
 class PackingBuffer:
     """Holds ready groups until a step takes them (oldest policy version first)."""
 
@@ -210,7 +241,11 @@ class PackingBuffer:
         self.ignored_consumed = 0
 
     def add(self, group: ReadyGroup) -> bool:
-        """Add a ready group; ``False`` if it was consumed already (cursor) or is already queued."""
+        """Add a ready group; ``False`` if it was consumed already (cursor) or is already queued.
+
+        Raises ``ValueError`` (and adds nothing) for a group that could not be trained.
+        """
+        validate_group(group)
         if group.group_id in self.consumed:
             self.ignored_consumed += 1
             return False
@@ -273,7 +308,11 @@ class StepFeeder:
             return
         groups = self.buffer.take(need)
         if groups:
-            chunk = pack_groups(groups, self.next_index, self.stream, self.objective, self.packer)
+            try:
+                chunk = pack_groups(groups, self.next_index, self.stream, self.objective, self.packer)
+            except Exception:
+                self.buffer.give_back(groups)  # lose nothing: the groups stay ready
+                raise
             for t in chunk.tasks:
                 self.coordinator.put(self.step, t)
             self.next_index += len(chunk.tasks)

@@ -104,10 +104,19 @@ class StoreCoordinator:
 
     # producer -------------------------------------------------------------------------
     def open_step(self, step: int, policy_version: int) -> None:
+        self._forget(step - 2)  # everyone is done with it: step - 1 was sealed after it
         self.store.set(self._k(step, "members"), "1")  # the core is cell 0
         self.store.set(self._k(step, "version"), str(policy_version))
         self._n_put[step] = 0
         self.store.set(f"{self.ns}/current", json.dumps([step, policy_version]))
+
+    def _forget(self, step: int) -> None:
+        """Drop an old step's micro-steps from the store (bounded memory over a long run)."""
+        if step < 0 or not self._has(self._k(step, "closed")):
+            return
+        for i in range(self._closed(step)["total"]):
+            self.store.delete_key(self._k(step, f"item/{i}"))
+        self._n_put.pop(step, None)
 
     def put(self, step: int, task: MicroStepTask) -> None:
         i = self._n_put[step]

@@ -72,7 +72,7 @@ def test_kill_a_satellite_mid_step_and_resume(tiny_model_dir, tmp_path):
     ck = CheckpointConfig(dir=str(tmp_path / "ck"))
     killed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=stream, checkpoint=ck), data=data, steps=3,
                       joins=joins, kill=KillPlan(cell=1, step=2, after_micro_steps=1))
-    with pytest.raises(Exception):  # the satellite dies by SIGKILL; the core's step stalls and fails
+    with pytest.raises(Exception, match="SIGKILL|StepStalled|signal"):  # satellite SIGKILLed; the core stalls
         run_local(2, [full, killed], tmp_path, timeout_s=240)
     assert (tmp_path / "full" / "final.safetensors").exists()
     done = _lines(tmp_path / "killed" / "metrics.jsonl")

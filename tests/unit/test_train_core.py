@@ -102,7 +102,7 @@ def test_five_branches_move_weights_like_one(tiny_model_dir, base_groups):
     for r in flat[0].rows["g0/e1"]:
         r.token_weight = [5 * w for w in r.token_weight]
     with pytest.raises(ValueError, match="weights sum to 4.99"):
-        step_params(cfg, flat)
+        step_params(cfg, flat)  # refused when the group enters the buffer
 
 
 def test_split_execution_prepass_matches_local_and_forbid_refuses(tiny_model_dir, base_groups):
@@ -197,6 +197,23 @@ def test_pack_groups_rejects_bad_input(base_groups):
     g.rows["stranger"] = g.rows["g0/e0"]
     with pytest.raises(ValueError, match="without a reward"):
         pack_groups([g], 0, StreamConfig(), ObjectiveConfig())
+    with pytest.raises(ValueError, match="without a reward"):
+        PackingBuffer().add(g)
     g = copy.deepcopy(base_groups[0])
     with pytest.raises(ValueError, match="appears twice"):
         pack_groups([g, copy.deepcopy(g)], 0, StreamConfig(), ObjectiveConfig())
+
+
+def test_bad_group_is_refused_alone_and_loses_nothing(tiny_model_dir, base_groups):
+    buf = PackingBuffer()
+    good = copy.deepcopy(base_groups[0])
+    assert buf.add(good)
+    bad = copy.deepcopy(base_groups[1])
+    bad.rewards["g1/e0"] = float("nan")
+    with pytest.raises(ValueError, match="not finite"):
+        buf.add(bad)
+    bad = copy.deepcopy(base_groups[1])
+    bad.rows["g1/e0"][0].parent[3] = 7  # a parent after the token
+    with pytest.raises(ValueError, match="g1/e0"):
+        buf.add(bad)
+    assert len(buf) == 1 and buf.take(5)[0].group_id == "g0"
