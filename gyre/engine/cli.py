@@ -28,6 +28,9 @@ def serve(
     prefill_chunk: int = typer.Option(2048, "--prefill-chunk", help="Embedded: prompt tokens per step (0: no chunking)."),
     script: Optional[Path] = typer.Option(None, "--script", help="Scripted: ScriptBook JSON file."),
     null_tokens: int = typer.Option(16, "--null-tokens", help="Null: tokens per response."),
+    stream_interval: int = typer.Option(1, "--stream-interval", help="Stream a chunk per this many new tokens."),
+    incremental_streaming_output: bool = typer.Option(
+        False, "--incremental-streaming-output", help="Stream chunks carry only new tokens (SGLang's flag)."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve an engine speaking the SGLang-native /generate protocol."""
@@ -49,7 +52,9 @@ def serve(
     sock.bind((host, port))  # bound here so --port 0 can print the port it got
     port = sock.getsockname()[1]
     typer.echo(f"gyre engine ({kind}, id {engine.engine_id}) on http://{host}:{port}", err=True)
-    config = uvicorn.Config(create_app(engine), host=host, port=port, log_level=log_level, access_log=False)
+    app = create_app(engine, stream_interval=max(stream_interval, 1),
+                     incremental_streaming_output=incremental_streaming_output)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 

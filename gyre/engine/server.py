@@ -58,8 +58,18 @@ async def _parse(model, request: Request, *, empty_ok: bool = False):
         raise EngineInputError("invalid request: " + "; ".join(parts)) from None
 
 
-def create_app(engine: Engine) -> FastAPI:
-    """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan)."""
+def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streaming_output: bool = False) -> FastAPI:
+    """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan).
+
+    Streaming options (SGLang's server flags of the same names): ``stream_interval``
+    = emit a chunk once at least this many new tokens exist (the final chunk always
+    goes out); ``incremental_streaming_output`` = each chunk carries only the new
+    ``output_ids`` and ``output_token_logprobs`` instead of everything so far. The
+    protocol default is cumulative chunks; with long outputs that is quadratic in
+    bytes, which these two options bound.
+    """
+    if stream_interval < 1:
+        raise ValueError("stream_interval must be >= 1")
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -101,9 +111,20 @@ def create_app(engine: Engine) -> FastAPI:
         # Leaving this generator early (client disconnect -> cancellation) closes
         # handle.updates(), whose finally aborts the request.
         updates = handle.updates()
+        sent = 0
         try:
             async for snap in updates:
-                yield f"data: {json.dumps(snap.model_dump(mode='json'))}\n\n"
+                n = len(snap.output_ids)
+                if n - sent < stream_interval and not snap.finished:
+                    continue
+                body = snap.model_dump(mode="json")
+                if incremental_streaming_output:
+                    body["output_ids"] = body["output_ids"][sent:]
+                    lps = body["meta_info"].get("output_token_logprobs")
+                    if lps is not None:
+                        body["meta_info"]["output_token_logprobs"] = lps[sent:]
+                sent = n
+                yield f"data: {json.dumps(body)}\n\n"
         except Exception as e:  # an engine failure mid-stream: tell the client in-band
             yield f"data: {json.dumps(error_payload(f'engine failed: {e}', 500, 'engine_error'))}\n\n"
         finally:

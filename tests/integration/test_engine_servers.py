@@ -86,3 +86,24 @@ def test_gyre_engine_cli_serves_and_refuses_bad_arguments(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+async def test_stream_interval_and_incremental_output():
+    def app(**kw):
+        return create_app(NullEngine(num_tokens=40, token_delay_s=0.002, eos_token_id=7), **kw)
+
+    sp = {"max_new_tokens": 100}
+    async with ServerRunner(app(stream_interval=10)) as srv, EngineClient(srv.url) as c:
+        chunks = [ch async for ch in c.generate_stream([1], sp)]
+        sizes = [len(ch.output_ids) for ch in chunks]
+        assert all(b - a >= 10 for a, b in zip([0] + sizes[:-2], sizes[:-1])) and sizes[-1] == 41
+        assert chunks[-1].finished and len(chunks) <= 5
+    async with ServerRunner(app(incremental_streaming_output=True)) as srv, EngineClient(srv.url) as c:
+        chunks = [ch async for ch in c.generate_stream([1], sp)]
+        assert len(chunks) > 2
+        ids = [t for ch in chunks for t in ch.output_ids]
+        lps = [lp for ch in chunks for lp in ch.logprobs]
+        assert ids == ([100, 101, 102, 103] * 10 + [7]) and len(lps) == 41
+        assert chunks[-1].meta_info.completion_tokens == 41  # counts stay cumulative
+    with pytest.raises(ValueError):
+        create_app(NullEngine(), stream_interval=0)
