@@ -88,6 +88,10 @@ def main() -> None:
     ap.add_argument("--branches", type=int, default=8)
     ap.add_argument("--branch-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--shape", choices=["branchy", "case"], default="branchy",
+                    help="branchy: long shared prefix + short branches (the target case); "
+                         "case: the case study's shape, scaled down")
+    ap.add_argument("--j-max", type=int, default=None, help="admission cap (default: all paths)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: process CPU time (robust on a shared machine; default); wall: elapsed time")
@@ -99,8 +103,17 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     model.train()
 
-    tree = build_tree(branchy_records(args.prefix, args.branches, args.branch_len))
-    adm = admit(tree, None, seed=0)
+    if args.shape == "branchy":
+        tree = build_tree(branchy_records(args.prefix, args.branches, args.branch_len))
+        desc = f"branchy execution: prefix {args.prefix}, {args.branches} branches x {args.branch_len} tokens"
+    else:  # the case study's shape, scaled down to fit the tiny model on a CPU
+        from gyre.trace.synthetic import case_study_execution
+
+        tree = build_tree(case_study_execution("case", n_requests=60, n_subagents=3, system_len=600,
+                                               task_len=100, out_len=(10, 40), tool_len=(20, 60),
+                                               summary_len=(30, 60), vocab=2000))
+        desc = "case-study shape (60 requests, 3 sub-agents, scaled down)"
+    adm = admit(tree, args.j_max, seed=0)
     rows = {m: pack([adm], m, 10**9)[0].sequences[0] for m in ("paths", "tree")}
 
     # calibration: single chains (pure causal rows), targets everywhere after the first token
@@ -123,7 +136,7 @@ def main() -> None:
         t = times[m]
         res[m] = dict(tokens=len(seq), targets=seq.n_targets, pairs=pairs, measured_s=t,
                       predicted_s=a * len(seq) + b * pairs)
-    print(f"branchy execution: prefix {args.prefix}, {args.branches} branches x {args.branch_len} tokens; "
+    print(f"{desc}; "
           f"tree has {len(tree)} unique tokens, {len(tree.leaves)} leaves, {adm.n_targets} targets")
     print(f"cost model fitted on chains {[c[0] for c in cal]}: a={a * 1e6:.2f} us/token, b={b * 1e9:.2f} ns/pair")
     print(f"clock: {args.clock} time, min of {args.repeats} round-robin repeats, "
