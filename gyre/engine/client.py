@@ -116,9 +116,12 @@ class EngineClient:
     """Typed async client of one engine at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
 
     def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: Optional[float] = None,
-                 transport: Optional[httpx.AsyncBaseTransport] = None):
+                 transport: Optional[httpx.AsyncBaseTransport] = None, incremental_stream: bool = False):
         # read_timeout None: a long generation may legitimately take minutes.
+        # incremental_stream: the server sends only new tokens per chunk (SGLang's
+        # --incremental-streaming-output); generate_stream() still yields cumulative chunks.
         self.base_url = base_url.rstrip("/")
+        self.incremental_stream = incremental_stream
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
 
@@ -171,6 +174,8 @@ class EngineClient:
         """
         body = _build_request(input_ids, sampling_params, rid, return_logprob, stream=True)
         url = self.base_url + "/generate"
+        ids_so_far: list[int] = []
+        lps_so_far: list = []
         try:
             async with self._http.stream("POST", "/generate", json=body) as resp:
                 if resp.status_code >= 400:
@@ -187,7 +192,14 @@ class EngineClient:
                         err = data["error"]
                         code = int(err.get("code", 500)) if isinstance(err, dict) else 500
                         _raise_for_status(code if code >= 400 else 500, json.dumps(data), url)
-                    yield GenerateResponse.model_validate(data)
+                    chunk = GenerateResponse.model_validate(data)
+                    if self.incremental_stream:
+                        ids_so_far.extend(chunk.output_ids)
+                        lps_so_far.extend(chunk.meta_info.output_token_logprobs or [])
+                        chunk.output_ids = list(ids_so_far)
+                        if chunk.meta_info.output_token_logprobs is not None:
+                            chunk.meta_info.output_token_logprobs = list(lps_so_far)
+                    yield chunk
         except httpx.TransportError as e:
             raise EngineConnectionError(f"engine {url} stream broke: {type(e).__name__}: {e}", url=url) from e
 

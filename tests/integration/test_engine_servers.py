@@ -105,5 +105,10 @@ async def test_stream_interval_and_incremental_output():
         lps = [lp for ch in chunks for lp in ch.logprobs]
         assert ids == ([100, 101, 102, 103] * 10 + [7]) and len(lps) == 41
         assert chunks[-1].meta_info.completion_tokens == 41  # counts stay cumulative
+    async with ServerRunner(app(incremental_streaming_output=True)) as srv, \
+            EngineClient(srv.url, incremental_stream=True) as c:
+        chunks = [ch async for ch in c.generate_stream([1], sp)]
+        assert chunks[-1].output_ids == [100, 101, 102, 103] * 10 + [7] and len(chunks[-1].logprobs) == 41
+        assert all(a.output_ids == b.output_ids[: len(a.output_ids)] for a, b in zip(chunks, chunks[1:]))
     with pytest.raises(ValueError):
         create_app(NullEngine(), stream_interval=0)
