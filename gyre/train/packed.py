@@ -49,6 +49,10 @@ from gyre.trace.packing import PackedSequence
 
 IMPLS = ("auto", "segments", "dense", "expand", "flex")
 
+# Largest [queries x keys] boolean mask a segment may materialise (64 MiB); a bigger
+# segment uses the padded-causal form instead (exact, costs up to ctx^2/2 extra pairs).
+MAX_MASK_ELEMENTS = 1 << 26
+
 
 @dataclass
 class SegmentPlan:
@@ -178,6 +182,8 @@ def _segment_attention(parent: list[int], device):
         kv_sizes = [(0 if c is None else c.numel()) + (e - s) for (s, e), c in zip(plan.bounds, plan.ctx)]
     masks: dict[tuple[int, int], torch.Tensor] = {}
     for (s, e), c in zip(plan.bounds, plan.ctx):
+        if c is not None and (e - s) * (c.numel() + e - s) > MAX_MASK_ELEMENTS:
+            continue  # handled without a mask (see attend)
         if c is not None and (e - s, c.numel()) not in masks:
             n, nc = e - s, c.numel()
             m = torch.ones(n, nc + n, dtype=torch.bool, device=device)
@@ -195,9 +201,17 @@ def _segment_attention(parent: list[int], device):
         for qs, ks, vs, c in zip(qs_all, ks_all, vs_all, plan.ctx):
             if c is None:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
-            else:
+            elif (qs.shape[2], c.numel()) in masks:
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=masks[(qs.shape[2], c.numel())],
                                                    scale=scale, enable_gqa=gqa)
+            else:
+                # Mask too big to materialise: prepend nc zero queries so that plain
+                # (top-left) causal attention over [ctx; segment] is exactly "all of ctx
+                # + causal over the segment" for the real queries; drop the padding rows.
+                nc = c.numel()
+                pad = qs.new_zeros(qs.shape[0], qs.shape[1], nc, qs.shape[3])
+                o = F.scaled_dot_product_attention(torch.cat((pad, qs), dim=2), ks, vs, is_causal=True,
+                                                   scale=scale, enable_gqa=gqa)[:, :, nc:]
             outs.append(o)
         return torch.cat(outs, dim=2)
 

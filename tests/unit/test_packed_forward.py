@@ -244,3 +244,21 @@ def test_qwen2_family_with_biases_is_exact():
         got = token_logprobs(m, seq)
     for p, r in zip(paths, rows):
         torch.testing.assert_close(got[r[1:]], _reference(m, p), atol=2e-5, rtol=1e-5)
+
+
+def test_segments_without_materialised_masks_are_exact(model, monkeypatch):
+    """Segments whose mask would be too big use padded causal attention; same numbers, same grads."""
+    import gyre.train.packed as packed
+
+    seq, rows = _tree_row(_paths(seed=4))
+    w = torch.tensor([1.0 if t else 0.0 for t in seq.is_target])
+    outs = []
+    for limit in (packed.MAX_MASK_ELEMENTS, 0):
+        monkeypatch.setattr(packed, "MAX_MASK_ELEMENTS", limit)
+        model.zero_grad()
+        lp = token_logprobs(model, seq, impl="segments")
+        (lp * w).sum().backward()
+        outs.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
+    for n in outs[0][1]:
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=1e-5, rtol=1e-4)
