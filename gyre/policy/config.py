@@ -45,6 +45,9 @@ class PolicyConfig(BaseModel):
     async_train_cells: int = Field(
         0, ge=0, description="Async only: cells 0..n-1 train for the whole run (0 = half of the cells)"
     )
+    micro_steps_per_execution: int = Field(
+        1, ge=1, description="packing granularity: micro-steps each valid execution of a group is cut into"
+    )
     rho_min: float = Field(0.25, gt=0.0, le=1.0, description="supply check: fraction of B ready and unclaimed")
     hold_tau: float = Field(0.0, ge=0.0, description="supply check must hold this long (world time units)")
 

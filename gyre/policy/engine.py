@@ -367,7 +367,9 @@ class SchedulingPolicy:
             roles[i] = Role.TO_TRAINING
             acts.append(SwitchCell(i, Role.TRAINING))
         self.capacity = cap_after
-        self._supply_since = None  # the next cell needs its own hold
+        # The hold window is NOT restarted here: the rule is "supply >= rho_min B continuously
+        # for tau". If the joining cell drains supply below that, _update_supply restarts the
+        # window; if supply stays up, the next cell may go once this switch completes.
 
     def _train(self, acts: list[Action]) -> None:
         c = self.config
@@ -407,5 +409,6 @@ class SchedulingPolicy:
         g = self._groups.pop(gid)
         self._step_groups += 1
         self.outstanding_groups -= 1
-        acts.append(AssignGroup(self.steps_done, gid, version, g.valid))
-        self._micro.extend((gid, i) for i in range(g.valid))
+        n = g.valid * self.config.micro_steps_per_execution
+        acts.append(AssignGroup(self.steps_done, gid, version, n))
+        self._micro.extend((gid, i) for i in range(n))

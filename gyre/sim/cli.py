@@ -89,6 +89,30 @@ def _print_table(cfg, results) -> None:
     )
 
 
+def _print_bursts(results) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    for name, r in results.items():
+        t = Table(title=f"{name}: per burst (mu={r.mu})", title_justify="left")
+        for col in ("burst", "start h", "length h", "gather h", "overhang h", "publish h",
+                    "train-idle cell-h", "group wait h", "cells"):
+            t.add_column(col, justify="right")
+        for b in r.bursts:
+            t.add_row(str(b["burst"]), f"{b['start_h']:.2f}", f"{b['length_h']:.2f}", f"{b['gather_h']:.2f}",
+                      f"{b['overhang_h']:.2f}", f"{b['publish_gap_h']:.2f}", f"{b['train_idle_cell_h']:.2f}",
+                      f"{b['mean_group_wait_h']:.2f}", str(b["max_training_cells"]))
+        g = sum(b["gather_h"] for b in r.bursts)
+        o = sum(b["overhang_h"] for b in r.bursts)
+        t.add_row("sum", "", f"{r.makespan_h:.2f}", f"{g:.2f}", f"{o:.2f}", "", "", "", "")
+        console.print(t)
+    console.print(
+        "[dim]gather = burst start (its dispatch) -> its last trained group ready; overhang = -> burst end "
+        "(training still on the critical path); publish = end -> next dispatch.[/dim]"
+    )
+
+
 @app.callback()
 def sim(
     ctx: typer.Context,
@@ -98,6 +122,9 @@ def sim(
     sets: list[str] = typer.Option([], "--set", help="override: name=value (e.g. tail=0.75, costs.optim_h=0.1)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a Gantt chart PNG here"),
+    bursts: bool = typer.Option(
+        False, "--bursts", help="also print where each burst's time goes (gather vs training overhang)"
+    ),
 ) -> None:
     """Simulate one preset for one or all placements on the same workload draw."""
     if ctx.invoked_subcommand is not None:
@@ -114,7 +141,7 @@ def sim(
             _fail(f"placement {n!r} is not configured in this preset")
     from gyre.sim.run import simulate
 
-    results = simulate(cfg, names, record=plot is not None)
+    results = simulate(cfg, names, record=plot is not None or bursts or as_json)
     if plot is not None:
         from gyre.sim.plot import plot_gantt
 
@@ -130,6 +157,8 @@ def sim(
         typer.echo(json.dumps(obj))
     else:
         _print_table(cfg, results)
+        if bursts:
+            _print_bursts(results)
         if plot is not None:
             typer.echo(f"plot: {plot}")
 

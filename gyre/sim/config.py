@@ -51,6 +51,12 @@ class CostConfig(BaseModel):
     train_step_cell_h: float = Field(2.0, ge=0, description="forward/backward of one full step on ONE cell")
     optim_h: float = Field(0.0, ge=0, description="core: reduce, clip, optimizer step")
     publish_h: float = Field(0.0, ge=0, description="core: publish weights to every rollout engine")
+    micro_steps_per_execution: int = Field(
+        1, ge=1,
+        description="packing granularity: micro-steps per valid execution; each costs "
+        "train_step_cell_h / (B N m). 1 = one indivisible chunk per execution (coarse when an "
+        "execution's training is long, as in seed-toy: 15 cell-minutes)",
+    )
     switch_to_training_h: float = Field(8.52 * SECOND_H, ge=0)
     switch_to_rollout_h: float = Field(3.46 * SECOND_H, ge=0)
 
@@ -116,6 +122,7 @@ class SimConfig(BaseModel):
             total_steps=self.workload.steps,
             streaming=p.streaming,
             async_train_cells=p.async_train_cells,
+            micro_steps_per_execution=self.costs.micro_steps_per_execution,
             rho_min=self.supply.rho_min,
             hold_tau=self.supply.hold_tau_h,
         )
@@ -147,6 +154,8 @@ ALIASES: dict[str, str] = {
     "slowdown": "workload.slowdown",
     "train_cost": "costs.train_step_cell_h",
     "train_step_cell_h": "costs.train_step_cell_h",
+    "micro": "costs.micro_steps_per_execution",
+    "micro_steps_per_execution": "costs.micro_steps_per_execution",
     "rho_min": "supply.rho_min",
     "tau": "supply.hold_tau_h",
     "hold_tau_h": "supply.hold_tau_h",

@@ -50,6 +50,65 @@ def lower_bound(cfg: SimConfig, draw: Draw) -> LowerBound:
     return LowerBound(work_h=float(work), path_h=float(max(path_a, path_b)))
 
 
+def burst_breakdown(world) -> list[dict[str, float]]:
+    """Where each burst's time goes (needs a world run with ``record=True``).
+
+    A burst (mu steps between publications) starts when its dispatch happens (the
+    previous publication; 0 for the first) and ends with its last optimizer step. Its
+    length splits exactly into
+
+    * ``gather_h``: start -> the moment the last group it trains became ready (its last
+      execution finished); 0 if every group was ready before the burst began. Under
+      boundary dispatch this is set by the slowest query among the groups the burst
+      needs, whatever the training side does.
+    * ``overhang_h``: last group ready -> burst end: training (micro-steps, optimizer
+      steps, the previous steps of the burst) still on the critical path.
+
+    plus ``publish_gap_h`` (this burst's end -> the next dispatch). Also reported:
+    ``train_idle_cell_h`` (cells in the training role but not computing, inside the
+    burst), ``mean_group_wait_h`` (ready -> assigned to a step) and ``max_training_cells``.
+    """
+    tr = world.trace
+    mu = world.pcfg.mu
+    ends = [e for _, e in tr.steps]
+    by_step: dict[int, list[int]] = {}
+    for step, gid, _v in tr.consumed:
+        by_step.setdefault(step, []).append(gid)
+    out = []
+    n_bursts = (len(ends) + mu - 1) // mu
+    for b in range(n_bursts):
+        start = tr.publications[b - 1] if b > 0 else 0.0
+        end = ends[min((b + 1) * mu, len(ends)) - 1]
+        gids = [g for s in range(b * mu, min((b + 1) * mu, len(ends))) for g in by_step.get(s, [])]
+        ready = [tr.group_ready[g] for g in gids if g in tr.group_ready]
+        last_ready = max(ready) if ready else start
+        waits = [tr.group_assigned[g] - tr.group_ready[g] for g in gids if g in tr.group_ready and g in tr.group_assigned]
+        gather = max(0.0, last_ready - start)
+        idle = 0.0
+        for cell in range(world.K):
+            train_t = sum(max(0.0, min(e, end) - max(s0, start)) for s0, e, r in tr.segments[cell] if r == "training")
+            busy_t = sum(max(0.0, min(e, end) - max(s0, start)) for s0, e in tr.busy[cell])
+            idle += max(0.0, train_t - busy_t)
+        max_cells = 0
+        for cell in range(world.K):
+            if any(r == "training" and s0 < end and e > start for s0, e, r in tr.segments[cell]):
+                max_cells += 1
+        nxt = tr.publications[b] if b < len(tr.publications) else end
+        out.append({
+            "burst": b,
+            "start_h": start,
+            "end_h": end,
+            "length_h": end - start,
+            "gather_h": gather,
+            "overhang_h": end - start - gather,
+            "publish_gap_h": max(0.0, nxt - end),
+            "train_idle_cell_h": idle,
+            "mean_group_wait_h": float(np.mean(waits)) if waits else 0.0,
+            "max_training_cells": max_cells,
+        })
+    return out
+
+
 @dataclass
 class SimResult:
     placement: str
@@ -75,6 +134,7 @@ class SimResult:
     missing_assessments: int
     groups_trained: int
     sim_wall_s: float
+    bursts: list[dict[str, float]] = field(default_factory=list, repr=False)
     timeline: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
@@ -130,6 +190,7 @@ def summarise(world, lb: LowerBound) -> SimResult:
         sim_wall_s=world.wall_s,
     )
     if world.record:
+        res.bursts = burst_breakdown(world)
         res.timeline = {
             "segments": tr.segments,
             "busy": tr.busy,

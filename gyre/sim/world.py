@@ -63,6 +63,8 @@ class Trace:
     finish_count: dict[tuple[int, int], int] = field(default_factory=dict)
     optimizer_cells: set[int] = field(default_factory=set)  # cells that ran FinishStep / PublishWeights
     min_slack: float = math.inf  # min over capacity drops of (capacity after - running)
+    group_ready: dict[int, float] = field(default_factory=dict)  # group -> time its last execution finished
+    group_assigned: dict[int, float] = field(default_factory=dict)  # group -> time it joined a step
 
 
 class World:
@@ -82,7 +84,7 @@ class World:
         self._groups_drawn = draw.groups
         c = cfg.costs
         w = cfg.workload
-        self._micro_h = c.train_step_cell_h / (w.batch_groups * w.group_size)
+        self._micro_h = c.train_step_cell_h / (w.batch_groups * w.group_size * c.micro_steps_per_execution)
         self._slow = w.slowdown
         K = self.pcfg.cells
         self.K = K
@@ -115,6 +117,7 @@ class World:
         self.finished_execs = 0
         self.missing_execs = 0
         self._step_start: dict[int, float] = {}
+        self._group_finished: dict[int, int] = {}
         self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
 
     # ------------------------------------------------------------------ helpers
@@ -197,6 +200,8 @@ class World:
                 self.dispatched_execs += len(a.group_ids) * a.group_size
             elif t is AssignGroup:
                 self.trace.consumed.append((a.step, a.group_id, a.version))
+                if self.record:
+                    self.trace.group_assigned[a.group_id] = self.now
             elif t is ClaimMicroStep:
                 self._busy_start(a.cell)
                 self._push(self.now + self._micro_h, _MICRO, a.cell, a.step, a.group_id, a.index)
@@ -267,6 +272,11 @@ class World:
                 key = (gid, att)
                 fc = self.trace.finish_count
                 fc[key] = fc.get(key, 0) + 1
+                if self.record:
+                    gf = self._group_finished
+                    gf[gid] = gf.get(gid, 0) + 1
+                    if gf[gid] == self.pcfg.group_size:
+                        self.trace.group_ready[gid] = self.now
                 missing = self._missing[gid][att]
                 if missing:
                     self.missing_execs += 1

@@ -331,3 +331,41 @@ def test_status_snapshot_tracks_counters():
     st = p.status()
     assert st["dispatched"] == 10 and st["running"] == 4 and st["queued"] == 6
     assert st["roles"] == ["rollout"] * 4 and st["waterlevel"] == 10 and st["version"] == 0
+
+
+# ---------------------------------------------------------------- audit fixes (each failed before its fix)
+def test_supply_hold_is_not_restarted_by_a_switch_when_supply_stayed_up():
+    """PAPER: the supply check is ">= rho_min B ready and unclaimed, continuously for tau". If it
+    held throughout (the joining core took one group and enough were left), the next cell in
+    order may go as soon as the previous switch completes; it does not need a second hold."""
+    p = SchedulingPolicy(cfg(rho_min=0.5, hold_tau=1.0))  # needs 1 ready group for 1.0
+    p.start(0.0)  # Q_b = 5 groups = 10 executions, capacity 16
+    for g in (0, 1, 2):
+        finish_group(p, g, 1.0)  # supply 3 from t = 1.0
+    assert of(p.handle(Tick(2.0)), SwitchCell) == [SwitchCell(0, Role.TRAINING)]
+    acts = p.handle(CellSwitched(2.01, 0, Role.TRAINING))
+    assert of(acts, AssignGroup)  # the core claims a group; two stay unclaimed
+    assert of(acts, SwitchCell) == [SwitchCell(1, Role.TRAINING)]
+
+
+def test_supply_hold_restarts_when_the_joining_cell_drains_supply():
+    p = SchedulingPolicy(cfg(rho_min=0.5, hold_tau=1.0))
+    p.start(0.0)
+    finish_group(p, 0, 1.0)
+    assert of(p.handle(Tick(2.0)), SwitchCell) == [SwitchCell(0, Role.TRAINING)]
+    acts = p.handle(CellSwitched(2.01, 0, Role.TRAINING))  # the core takes the only ready group
+    assert not of(acts, SwitchCell)
+    acts = finish_group(p, 1, 2.5)  # supply is back: a fresh hold from 2.5
+    assert of(acts, WakeAt) == [WakeAt(3.5)] and not of(acts, SwitchCell)
+    assert not of(p.handle(Tick(3.0)), SwitchCell)
+    assert of(p.handle(Tick(3.5)), SwitchCell) == [SwitchCell(1, Role.TRAINING)]
+
+
+def test_packing_granularity_cuts_each_valid_execution_into_m_micro_steps():
+    p = SchedulingPolicy(cfg(cell_capacity=16, micro_steps_per_execution=3))
+    p.start(0.0)
+    acts = p.handle(ExecutionFinished(1.0, (0, 0), None)) + p.handle(ExecutionFinished(1.0, (0, 1), 0.0))
+    out, _ = drive_training(p, acts, 1.0)
+    (a,) = of(out, AssignGroup)
+    assert a.micro_steps == 3  # one valid execution x 3
+    assert sorted(c.index for c in of(out, ClaimMicroStep)) == [0, 1, 2]

@@ -72,3 +72,31 @@ def test_results_report_consistent_accounting():
         assert r.timeline["segments"] and len(r.timeline["segments"]) == 8
     assert res["async"].training_share[:4] == pytest.approx([1.0] * 4)
     assert res["async"].training_share[4:] == pytest.approx([0.0] * 4)
+
+
+def test_burst_breakdown_splits_each_burst_into_gather_and_overhang():
+    cfg = preset("seed-toy")
+    res = simulate(cfg, ["elastic", "colocate"])
+    for r in res.values():
+        bs = r.bursts
+        assert len(bs) == cfg.workload.steps // r.mu
+        total = sum(b["gather_h"] + b["overhang_h"] + b["publish_gap_h"] for b in bs)
+        assert total == pytest.approx(r.makespan_h, abs=1e-9)
+        for b in bs:
+            assert b["gather_h"] >= 0 and b["overhang_h"] >= 0 and b["train_idle_cell_h"] >= 0
+            assert 1 <= b["max_training_cells"] <= cfg.cluster.cells
+    # colocate trains only once every execution finished: its gather is the whole rollout phase
+    assert all(b["max_training_cells"] == cfg.cluster.cells for b in res["colocate"].bursts)
+
+
+def test_finer_micro_steps_keep_training_work_and_split_groups():
+    cfg = preset("seed-toy")
+    fine = apply_overrides(cfg, ["micro=4"])
+    r1 = simulate(cfg, ["elastic"])["elastic"]
+    r4 = simulate(fine, ["elastic"])["elastic"]
+    w1 = World(cfg, "elastic", make_draw(cfg)).run()
+    w4 = World(fine, "elastic", make_draw(fine)).run()
+    # same groups trained; the compute is the same total (per-step cost unchanged), only divisible
+    assert r1.groups_trained == r4.groups_trained
+    assert sum(w4.busy_h) == pytest.approx(sum(w1.busy_h), rel=1e-6)
+    assert r4.interrupted_executions == 0
