@@ -48,6 +48,20 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def _check_cache_layout(model) -> None:
+    """The batch code re-pads and slices K/V along the sequence axis, which is only right for
+    full-attention layers (Llama/Qwen2/Qwen3 families). Refuse others clearly instead of
+    decoding garbage (sliding-window, linear-attention or hybrid caches)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if odd:
+        raise ValueError(f"the embedded engine supports full-attention decoder models only; this model's cache "
+                         f"has {', '.join(odd)} layers (use SGLang or vLLM for it)")
+
+
 class EmbeddedEngine(Engine):
     kind = "embedded"
 
@@ -94,6 +108,7 @@ class EmbeddedEngine(Engine):
             self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
         except Exception:  # a model directory without tokenizer files still serves token ids
             self.tokenizer = None
+        _check_cache_layout(self.model)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (1 << 30)
@@ -108,7 +123,12 @@ class EmbeddedEngine(Engine):
 
     async def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gyre-{self.engine_id}")
-        await self._run(self._start_worker)  # load first: requests are refused until the model is there
+        try:
+            await self._run(self._start_worker)  # load first: requests are refused until the model is there
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
         await super().start()
         self._wake = asyncio.Event()
         self._scheduler = asyncio.create_task(self._schedule(), name=f"{self.engine_id}-scheduler")

@@ -380,3 +380,16 @@ async def test_scheduler_churn_joins_leaves_aborts_stay_exact(tiny_model_dir, hf
         assert eng.live_requests == 0
     finally:
         await eng.stop()
+
+
+async def test_sliding_window_models_are_refused_clearly(tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from gyre.models.tiny import tiny_config_kwargs
+
+    cfg = Qwen3Config(**tiny_config_kwargs(256, layers=2, hidden=64), use_sliding_window=True, sliding_window=8,
+                      max_window_layers=1)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="full-attention decoder models only"):
+        await eng.start()
