@@ -107,6 +107,7 @@ class HarnessExecutor:
         self._scorer: Scorer | None = None
         self._bwrap: str | None = None
         self._inflight: set[asyncio.Task] = set()
+        self._stopping = False
         self._ids: set[str] = set()
 
     # ---- lifecycle -------------------------------------------------------------
@@ -123,13 +124,19 @@ class HarnessExecutor:
         self._scorer = Scorer(cfg.scorer, bwrap=self._bwrap, hide=[cfg.workspace_root.resolve(), *cfg.sandbox.hide_paths])
 
     async def stop(self) -> None:
-        """Cancel every running execution (their process groups are killed) and wait."""
+        """Stop every running execution (process groups killed, workspaces kept) and wait.
+
+        Their ``run`` calls return a ``Missing(cancelled)`` result (written to
+        ``result.json`` like any other), so a stop loses no record.
+        """
+        self._stopping = True
         tasks = list(self._inflight)
         for t in tasks:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._sem = None
+        self._stopping = False
 
     @property
     def running(self) -> int:
@@ -144,22 +151,40 @@ class HarnessExecutor:
 
     # ---- one execution --------------------------------------------------------
     async def run(self, spec: ExecutionSpec) -> ExecutionResult:
-        """Run one execution to its assessment. Never raises for harness or verifier failures."""
+        """Run one execution to its assessment. Never raises for harness or verifier failures.
+
+        The execution runs in its own task, so ``stop()`` cancels only it, never
+        the caller; cancelling the caller cancels the execution (its process
+        group is killed) and re-raises.
+        """
         if self._sem is None or self._scorer is None:
             raise ExecutionError("executor not started (await executor.start() first)")
         if spec.execution_id in self._ids:
             raise ExecutionError(f"execution id {spec.execution_id!r} was already used by this executor")
         self._ids.add(spec.execution_id)
-        me = asyncio.current_task()
-        if me is not None:
-            self._inflight.add(me)
-        try:
-            t_submit = time.monotonic()
-            async with self._sem:
+        sem = self._sem
+        t_submit = time.monotonic()
+
+        async def body() -> ExecutionResult:
+            try:
+                await sem.acquire()
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    raise
+                return ExecutionResult(  # stopped while queued: nothing was started
+                    execution_id=spec.execution_id, task=spec.task.name, profile=spec.profile.name,
+                    assessment=Missing(reason=MissingReason.cancelled, detail="executor stopped before launch"),
+                    harness=HarnessRun(), workspace="", execution_dir="",
+                    timings=Timings(queued_s=time.monotonic() - t_submit, total_s=time.monotonic() - t_submit))
+            try:
                 return await self._run(spec, t_submit)
-        finally:
-            if me is not None:
-                self._inflight.discard(me)
+            finally:
+                sem.release()
+
+        inner = asyncio.get_running_loop().create_task(body())
+        self._inflight.add(inner)
+        inner.add_done_callback(self._inflight.discard)
+        return await inner
 
     async def run_many(self, specs: list[ExecutionSpec]) -> list[ExecutionResult]:
         return list(await asyncio.gather(*(self.run(s) for s in specs)))
@@ -189,6 +214,19 @@ class HarnessExecutor:
                 pass
             return r
 
+        try:
+            return await self._execute(spec, t_launch, deadline, overall, exec_dir, ws, inputs, artifacts, home,
+                                       run, timings, result)
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            run.error = run.error or "executor stopped while the execution was running"
+            return result(Missing(reason=MissingReason.cancelled, detail=run.error))
+
+    async def _execute(self, spec: ExecutionSpec, t_launch: float, deadline: float, overall: float, exec_dir: Path,
+                       ws: Path, inputs: Path, artifacts: Path, home: Path, run: HarnessRun, timings: Timings,
+                       result: Callable[[Scored | Missing], ExecutionResult]) -> ExecutionResult:
+        cfg, task, prof = self.config, spec.task, spec.profile
         # 1. Fresh workspace.
         try:
             if exec_dir.exists():
@@ -239,7 +277,7 @@ class HarnessExecutor:
             run.stop, run.error = "launch_failed", f"harness could not start: {e}"
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         timings.harness_s = pres.wall_s
-        timings.launched_s = pres.started_at - t_submit
+        timings.launched_s = timings.queued_s + (pres.started_at - t_launch)
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
         if pres.stop == "timeout":
             run.stop = "overall_timeout" if cut_by_overall else "harness_timeout"

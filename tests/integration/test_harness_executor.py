@@ -129,18 +129,35 @@ async def test_no_orphans_after_timeout(tmp_path, sandbox):
 async def test_stop_kills_running_executions(tmp_path):
     marker = f"{random.randint(100000, 999999)}"
     task = load_task(make_task(tmp_path))
-    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5))
+    # One slot: one execution runs, the other waits in the queue.
+    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1))
     await ex.start()
     t = asyncio.create_task(ex.run(spec("s", task, shell_profile(f"sleep 900.{marker}"))))
+    queued = asyncio.create_task(ex.run(spec("q", task, shell_profile("echo never"))))
     for _ in range(100):
         if live_pids_with(f"900.{marker}"):
             break
         await asyncio.sleep(0.05)
-    assert ex.running == 1
+    assert ex.running == 2
     await ex.stop()
-    with pytest.raises(asyncio.CancelledError):
-        await t
+    q = await queued
+    assert isinstance(q.assessment, Missing) and q.assessment.detail == "executor stopped before launch"
+    r = await t  # the caller gets a recorded result, not an exception
+    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.cancelled
+    assert (Path(r.execution_dir) / "result.json").exists() and Path(r.workspace).is_dir()
     assert live_pids_with(f"900.{marker}") == []
+    # Cancelling the caller cancels its execution too (and kills its process group).
+    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2", kill_grace_s=0.5)) as ex2:
+        t2 = asyncio.create_task(ex2.run(spec("s2", task, shell_profile(f"sleep 901.{marker}"))))
+        for _ in range(100):
+            if live_pids_with(f"901.{marker}"):
+                break
+            await asyncio.sleep(0.05)
+        t2.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t2
+        assert ex2.running == 0
+    assert live_pids_with(f"901.{marker}") == []
 
 
 async def test_bad_input_recorded_while_others_are_served(tmp_path):
