@@ -246,6 +246,10 @@ class Engine(ABC):
     @abstractmethod
     def model_info(self) -> ModelInfo: ...
 
+    def stats(self) -> dict:
+        """Load figures for schedulers and dashboards (``GET /get_server_info``)."""
+        return {"live_requests": self.live_requests, "paused": self.paused, "weight_version": self.weight_version}
+
     @property
     def live_requests(self) -> int:
         return sum(1 for st in self._requests.values() if st.finish is None)

@@ -294,6 +294,18 @@ class EmbeddedEngine(Engine):
         return UpdateWeightsResponse(success=True, message=f"loaded {req.model_path}",
                                      num_paused_requests=self.live_requests, weight_version=new_version)
 
+    def stats(self) -> dict:
+        out = super().stats()
+        batch = self._batch
+        pc = batch.prefix_cache if batch is not None else None
+        out.update(waiting=len(self._waiting), running=len(batch) if batch is not None else 0,
+                   prefilling=len(batch.pending) if batch is not None else 0, decode_steps=self.steps,
+                   max_rows_seen=self.max_rows_seen)
+        if pc is not None:
+            out.update(prefix_cache_entries=len(pc), prefix_cache_bytes=pc.bytes, prefix_cache_hits=pc.hits,
+                       prefix_cache_misses=pc.misses)
+        return out
+
     def model_info(self) -> ModelInfo:
         return ModelInfo(model_path=self.config.model_dir,
                          tokenizer_path=self.config.model_dir if self.tokenizer is not None else None,

@@ -168,7 +168,7 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
     @app.get("/get_server_info")
     async def get_server_info() -> dict:
         info = engine.model_info().model_dump(mode="json", exclude_none=True)
-        info["live_requests"] = engine.live_requests
+        info.update(engine.stats())
         return info
 
     return app
