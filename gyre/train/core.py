@@ -171,7 +171,9 @@ class Core:
             "actor/executions_clipped": total.exec_clipped_weight,
             "actor/target_tokens": float(total.tokens),
         }
-        if E == 0:  # nothing scored: no update, but the groups are consumed
+        if E == 0 or seal.n_items == 0:
+            # no gradient signal (nothing scored, or every group all-equal): the groups are consumed,
+            # the weights and the policy version stay (no needless publication, no decay-only step)
             self.worker.zero_grad()
             m["actor/grad_norm"] = 0.0
             return m

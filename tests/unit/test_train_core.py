@@ -217,3 +217,13 @@ def test_bad_group_is_refused_alone_and_loses_nothing(tiny_model_dir, base_group
     with pytest.raises(ValueError, match="g1/e0"):
         buf.add(bad)
     assert len(buf) == 1 and buf.take(5)[0].group_id == "g0"
+
+
+def test_batch_without_signal_consumes_groups_without_an_update(tiny_model_dir, base_groups):
+    eq = [copy.deepcopy(g) for g in base_groups[:2]]
+    for g in eq:
+        g.rewards = {e: 0.0 for e in g.rewards}
+    p, r = step_params(cfg_for(tiny_model_dir), eq)
+    assert moved(tiny_model_dir, p) == 0.0
+    assert r[0].policy_version == 0 and r[0].metrics["batch/groups_all_equal"] == 2
+    assert r[0].seal.meta["groups"] == ["g0", "g1"] and r[0].seal.n_items == 0
