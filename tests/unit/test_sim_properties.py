@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.sim.config import ClusterConfig, CostConfig, PlacementSpec, SimConfig, SupplyConfig, WorkloadConfig
-from gyre.sim.report import lower_bound
+from gyre.sim.report import burst_breakdown, lower_bound
 from gyre.sim.run import make_draw
 from gyre.sim.world import World
 
@@ -39,7 +39,8 @@ def sim_configs(draw, min_steps=2, max_steps=10):
             slowdown=draw(st.sampled_from([0.0, 0.5])),
         ),
         costs=CostConfig(train_step_cell_h=draw(st.floats(0.0, 3.0)), optim_h=draw(st.sampled_from([0.0, 0.05])),
-                         publish_h=draw(st.sampled_from([0.0, 0.02]))),
+                         publish_h=draw(st.sampled_from([0.0, 0.02])),
+                         micro_steps_per_execution=draw(st.sampled_from([1, 3]))),
         supply=SupplyConfig(rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
                             hold_tau_h=draw(st.sampled_from([0.0, 0.05]))),
         placements={
@@ -81,6 +82,10 @@ def test_invariants_hold_for_every_placement(cfg):
         # steps of a burst train on groups whose version is never newer than the trainer
         per_step = Counter(step for step, _, _ in w.trace.consumed)
         assert all(per_step[s] == B for s in range(S)), name
+        # the per-burst breakdown accounts for the whole makespan
+        bs = burst_breakdown(w)
+        total = sum(b["gather_h"] + b["overhang_h"] + b["publish_gap_h"] for b in bs)
+        assert abs(total - w.makespan) <= 1e-6, (name, total, w.makespan)
 
 
 @settings(max_examples=12 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
