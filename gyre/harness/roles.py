@@ -14,8 +14,9 @@ Claude Code (2.1.332, pinned) -- rules checked against recorded requests
   "You are an agent working with the user ...". Its tool list also lacks the
   orchestration tools (``ListAgents``, ``Workflow``, ...), but tool lists vary
   with ``--allowedTools``, so the rules do not rely on them.
-- **compaction** (auto or ``/compact``): the last user message asks to "create
-  a detailed summary of the conversation so far" (the string in the binary);
+- **compaction** (auto or ``/compact``): same system prompt and tools as the
+  thread it compacts; the last user message asks to "create a detailed summary
+  of the conversation so far" (recorded live with ``claude -p /compact --continue``);
   older versions also sent the system prompt "You are a helpful AI assistant
   tasked with summarizing conversations". A compaction request that carries the
   sub-agent marker is a sub-agent summary; one with the summariser system

@@ -10,6 +10,7 @@ path. Trace records are checked against the per-harness role rules.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -193,6 +194,19 @@ async def test_claude_code_e2e(stack, tmp_path):
     # The Agent tool's sub-agent request is told apart from the main thread by the rules.
     c = roles_of(traces, "cc-delegate", "claude-code")
     assert c["sub-agent"] == 1 and c["main"] >= 2 and set(c) == {"main", "sub-agent"}, c
+    # A live compaction: `claude -p /compact --continue` in the fixed execution's workspace and HOME.
+    key = await register("cc-compact", "compact")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path(fix.execution_dir) / "home"),
+           "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": key, **prof.env}
+    proc = await asyncio.create_subprocess_exec(
+        find_claude(), "-p", "/compact", "--continue", "--output-format", "json", "--model", "policy",
+        cwd=fix.workspace, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    assert proc.returncode == 0, (out[-1000:], err[-1000:])
+    # (Claude Code may re-ask when the scripted summary lacks its <summary> block: all are summaries.)
+    c = roles_of(traces, "cc-compact", "claude-code")
+    assert set(c) == {"main-summary"} and c["main-summary"] >= 1, c
 
 
 @pytest.mark.harness

@@ -74,11 +74,12 @@ def test_claude_code_roles_on_recorded_requests():
     prof = claude_code_profile()
     got = [(prof.role_of(r["meta"]).value, r["observed_as"]) for r in rec["records"]]
     assert [g for g, _ in got] == [o for _, o in got]
-    assert {"main", "sub-agent"} <= {o for _, o in got}
+    assert {"main", "sub-agent", "main-summary"} <= {o for _, o in got}
 
 
 def test_claude_code_roles_on_constructed_requests():
-    """Compaction and side requests (not observed live here): metadata built from the binary's strings."""
+    """Sub-agent compaction, old-style summariser and side requests: metadata built from the recorded
+    requests and the binary's strings (not all observable live in -p mode)."""
     rec = json.loads((Path(ref.__file__).parent / "recordings" / "claude-code-2.1.332.json").read_text())["records"]
     main = next(r["meta"] for r in rec if r["observed_as"] == "main")
     sub = next(r["meta"] for r in rec if r["observed_as"] == "sub-agent")
