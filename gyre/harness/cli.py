@@ -19,7 +19,7 @@ def run(
     task_dir: Path = typer.Argument(..., help="Task folder (instruction.md, task.toml, environment/, tests/)."),
     profile: str = typer.Option("reference", "--profile", "-p",
                                 help="Harness profile: reference, mini-swe-agent, claude-code, synthetic, oracle, or a .toml file."),
-    base_url: str = typer.Option(..., "--base-url", help="OpenAI/Anthropic-compatible endpoint (e.g. the proxy), http://HOST:PORT[/v1]."),
+    base_url: str = typer.Option(..., "--base-url", help="OpenAI/Anthropic-compatible endpoint (e.g. the proxy): http://HOST:PORT, optionally ending in /v1."),
     api_key: str = typer.Option("gyre-local", "--api-key", envvar="GYRE_API_KEY", help="Key the harness sends."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name the harness asks for (default: the profile's)."),
     workspace_root: Optional[Path] = typer.Option(None, "--workspace-root", help="Where execution folders go (default: $TMPDIR/gyre-executions)."),

@@ -37,6 +37,12 @@ def test_run_reports_missing_and_bad_input(tmp_path):
     assert r.exit_code == 2 and "unknown harness profile" in r.output
 
 
+def test_help_renders():
+    for cmd in (["--help"], ["run", "--help"], ["tasks", "--help"], ["profiles", "--help"]):
+        r = runner.invoke(app, cmd)
+        assert r.exit_code == 0, (cmd, r.output, r.exception)
+
+
 def test_tasks_and_profiles_listing():
     r = runner.invoke(app, ["tasks", "pyfix"])
     assert r.exit_code == 0 and len(r.output.strip().splitlines()) >= 10
