@@ -25,7 +25,7 @@ def run(
     workspace_root: Optional[Path] = typer.Option(None, "--workspace-root", help="Where execution folders go (default: $TMPDIR/gyre-executions)."),
     execution_id: Optional[str] = typer.Option(None, "--execution-id", help="Default: <task>-<random>."),
     sandbox: bool = typer.Option(False, "--sandbox/--no-sandbox", help="Run the harness and the verifier under bubblewrap."),
-    harness_timeout: Optional[float] = typer.Option(None, "--harness-timeout", help="Seconds; overrides task.toml [agent].timeout_sec."),
+    harness_timeout: Optional[float] = typer.Option(None, "--harness-timeout", help="Seconds; overrides timeout_sec of the agent table in task.toml."),
     overall_timeout: Optional[float] = typer.Option(None, "--overall-timeout", help="Seconds; overrides the task's overall budget."),
     arg: list[str] = typer.Option([], "--arg", help="Extra argument appended to the profile's command (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
