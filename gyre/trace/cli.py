@@ -42,13 +42,24 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per trace, one per line."),
     profile: Optional[Path] = typer.Option(None, help="RoleProfile JSON file (default: the built-in profile)."),
     vocab_size: Optional[int] = typer.Option(None, help="Reject token ids outside this vocabulary."),
+    tokenizer: Optional[Path] = typer.Option(
+        None, help="Tokenizer directory: also count message nodes (occurrences of --message-token)."),
+    message_token: str = typer.Option("<|im_start|>", help="Token that opens a message (with --tokenizer)."),
 ) -> None:
     """Requests, unique nodes/tokens, paths, expansion, targets by role, and admission for --j-max."""
     from gyre.trace.stats import format_stats, load_tree, tree_stats
 
     prof = _profile(profile)
+    msg_id = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        msg_id = tok.convert_tokens_to_ids(message_token)
+        if msg_id is None or msg_id == tok.unk_token_id:
+            raise typer.BadParameter(f"{message_token!r} is not a token of {tokenizer}")
     for i, path in enumerate(traces):
-        s = tree_stats(load_tree(path, prof, vocab_size), j_max, seed)
+        s = tree_stats(load_tree(path, prof, vocab_size), j_max, seed, message_token=msg_id)
         s["trace"] = str(path)
         if as_json:
             typer.echo(json.dumps(s))

@@ -24,8 +24,15 @@ def load_tree(path: str | Path, role_profile: RoleProfile | None = None,
     return tree
 
 
-def tree_stats(tree: TrajectoryTree, j_max: int | None = None, seed: int = 0) -> dict[str, Any]:
-    """Requests, unique nodes/tokens, paths, expansion, targets by role, admission for ``j_max``."""
+def tree_stats(tree: TrajectoryTree, j_max: int | None = None, seed: int = 0,
+               message_token: int | None = None) -> dict[str, Any]:
+    """Requests, unique nodes/tokens, paths, expansion, targets by role, admission for ``j_max``.
+
+    With ``message_token`` (e.g. the id of ``<|im_start|>``), also counts
+    *message* nodes, the paper's unit: a message node is a distinct root prefix
+    ending at a message end (the token before a message start, or a leaf);
+    expanding the paths independently counts every message on every path.
+    """
     leaves = tree.leaves
     node_occ = sum(len(tree.node_path(lf)) for lf in leaves)
     expanded_tokens = sum(int(tree.depth[tree.nodes[lf].ranges[-1][1] - 1]) + 1 for lf in leaves)
@@ -50,6 +57,18 @@ def tree_stats(tree: TrajectoryTree, j_max: int | None = None, seed: int = 0) ->
         "targets_by_role": {r.value: int(by_role[i]) for i, r in enumerate(ROLE_ORDER)},
         "errors": list(tree.errors),
     }
+    if message_token is not None:
+        # A message runs from a start token to the token before the next start (or a leaf).
+        # Unique message nodes = distinct root-prefixes ending at a message end: tokens
+        # with a start-token child, plus leaves. Expanded: start tokens on each path.
+        starts = np.asarray(tree.tokens, dtype=np.int64) == message_token
+        par = np.asarray(tree.parent, dtype=np.int64)
+        ends_before_start = np.zeros(len(tree), dtype=bool)
+        ends_before_start[par[starts & (par >= 0)]] = True
+        n_leaf_tokens = len(tree) - int(np.unique(par[par >= 0]).size)
+        out["unique_message_nodes"] = int(ends_before_start.sum()) + n_leaf_tokens
+        out["message_node_occurrences_expanded"] = int(sum(int(starts[tree.path_tokens(lf)].sum())
+                                                           for lf in leaves))
     adm = admit(tree, j_max, seed)
     out["admission"] = {
         "j_max": j_max,
@@ -71,6 +90,8 @@ def format_stats(s: dict[str, Any]) -> str:
         f"  paths {s['paths']} ({', '.join(f'{k} {v}' for k, v in s['paths_by_role'].items() if v)})",
         f"  if expanded: {s['node_occurrences_expanded']} node occurrences, {s['tokens_expanded']} tokens "
         f"(dedup ratio {s['dedup_ratio']:.2f}x)",
+        *([f"  message nodes {s['unique_message_nodes']} unique, {s['message_node_occurrences_expanded']} "
+           f"if expanded"] if "unique_message_nodes" in s else []),
         f"  targets {s['targets']} ({', '.join(f'{k} {v}' for k, v in s['targets_by_role'].items())})",
     ]
     a = s.get("admission")

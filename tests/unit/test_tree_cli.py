@@ -47,6 +47,22 @@ def test_show_with_tokenizer_and_profile(tmp_path, tiny_model_dir):
                             "--profile", str(prof), "--html", str(tmp_path / "x.html")])
     assert r.exit_code == 0, r.output
     assert "LEAF main" in r.output and "sub-agent" not in r.output
+    # message-level counts (the paper's unit) need the tokenizer's message-start token
+    from gyre.trace import OutputSegment, TraceRecord, TraceWriter
+
+    ims = 1  # <|im_start|> in the tiny tokenizer
+    recs = [TraceRecord("m", "a", 0, "x", None, 0, (ims, 50, ims, 51), (52,), (-0.1,), (OutputSegment(0, 1, "e", 0),)),
+            TraceRecord("m", "b", 1, "x", "a", 4, (ims, 60), (61,), (-0.1,), (OutputSegment(0, 1, "e", 0),)),
+            TraceRecord("m", "c", 2, "x", "a", 4, (ims, 70), (71,), (-0.1,), (OutputSegment(0, 1, "e", 0),))]
+    w = TraceWriter(tmp_path, fsync=False)
+    for rec in recs:
+        w.append(rec)
+    w.close()
+    r = runner.invoke(app, ["stats", str(tmp_path / "m.jsonl"), "--tokenizer", str(tiny_model_dir), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output.strip().splitlines()[-1])
+    # messages: [ims 50], [ims 51], [ims 51 52], [ims 60 61], [ims 70 71]; paths hold 2 + 3 + 3
+    assert s["unique_message_nodes"] == 5 and s["message_node_occurrences_expanded"] == 8
     assert 'class="tgt"' in (tmp_path / "x.html").read_text() or 'class="adm"' in (tmp_path / "x.html").read_text()
     bad = tmp_path / "bad.json"
     bad.write_text('{"rules": [{"role": "boss"}]}')
