@@ -350,6 +350,7 @@ class HarnessExecutor:
             "ANTHROPIC_BASE_URL": values["anthropic_base_url"],
             "ANTHROPIC_API_KEY": key,
             "GYRE_EXECUTION_ID": spec.execution_id,
+            "GYRE_TASK": spec.task.name,
             **penv,
             **spec.extra_env,
         }

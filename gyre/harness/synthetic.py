@@ -3,7 +3,9 @@
 ``python -m gyre.harness.synthetic --base-url URL/v1 --dist lognormal --mean-s 5400 --time-scale 0.001``
 
 draws a *virtual* duration D from the distribution (seconds; the paper's
-executions are ~1.9 h on average with a heavy tail), then makes ``--calls``
+executions are ~1.9 h on average with a heavy tail; ``--query-sigma`` adds a
+per-query factor shared by all attempts of one task, as in the seed's toy
+simulator; ``--max-s`` clips like a harness timeout), then makes ``--calls``
 OpenAI chat-completion calls spread evenly over D, sleeping ``gap *
 time_scale`` real seconds between them, so an hour-long execution takes a few
 real seconds. Each call extends the previous conversation (like an agent loop),
@@ -68,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=8, help="model calls over the duration (0: none)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument("--query-sigma", type=float, default=0.0,
+                    help="per-query lognormal factor (mean 1) shared by every execution of one task: "
+                         "queries differ in difficulty, attempts of one query are correlated")
+    ap.add_argument("--query-id", default=os.environ.get("GYRE_TASK", ""), help="default: $GYRE_TASK")
     ap.add_argument("--seed", type=int, default=None, help="default: derived from GYRE_EXECUTION_ID")
     ap.add_argument("--write", action="append", default=[], metavar="PATH=TEXT")
     a = ap.parse_args(argv)
@@ -78,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         seed = int(hashlib.sha1(ident.encode()).hexdigest()[:8], 16)
     rng = random.Random(seed)
     t0 = time.monotonic()
-    duration = draw_duration(rng, a.dist, a.mean_s, a.sigma, a.min_s, a.max_s)
+    factor = 1.0
+    if a.query_sigma > 0:
+        qrng = random.Random(int(hashlib.sha1(a.query_id.encode()).hexdigest()[:8], 16))
+        factor = qrng.lognormvariate(-a.query_sigma ** 2 / 2.0, a.query_sigma)
+    duration = draw_duration(rng, a.dist, a.mean_s * factor, a.sigma, a.min_s, a.max_s)
     url = a.base_url.rstrip("/") + "/chat/completions"
     messages = [{"role": "system", "content": "You are a synthetic harness."},
                 {"role": "user", "content": f"Work for {duration:.0f} virtual seconds."}]
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         path, _, text = spec.partition("=")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text.replace("\\n", "\n"))
-    print(json.dumps({"virtual_s": round(duration, 3), "real_s": round(time.monotonic() - t0, 4),
+    print(json.dumps({"virtual_s": round(duration, 3), "query_factor": round(factor, 4), "real_s": round(time.monotonic() - t0, 4),
                       "calls": a.calls, "errors": errors, "seed": seed}), flush=True)
     return 1 if a.calls > 0 and errors == a.calls else 0
 

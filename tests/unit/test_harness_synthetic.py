@@ -36,3 +36,16 @@ def test_offline_run_writes_files(tmp_path, capsys, monkeypatch):
     # Unreachable endpoint: every call fails -> exit status 1, failures on stderr.
     assert main(["--calls", "2", "--mean-s", "1", "--time-scale", "0", "--base-url", "http://127.0.0.1:9/v1",
                  "--request-timeout", "2"]) == 1
+
+
+def test_query_factor_is_shared_within_a_query(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def run(query: str, seed: int) -> dict:
+        main(["--calls", "0", "--dist", "fixed", "--mean-s", "100", "--time-scale", "0", "--query-sigma", "1.0",
+              "--query-id", query, "--seed", str(seed)])
+        return json.loads(capsys.readouterr().out)
+
+    a1, a2, b = run("q-a", 1), run("q-a", 2), run("q-b", 1)
+    assert a1["query_factor"] == a2["query_factor"] != b["query_factor"]
+    assert a1["virtual_s"] == a2["virtual_s"] == round(100 * a1["query_factor"], 3)
