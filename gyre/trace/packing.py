@@ -270,7 +270,7 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
             parts["pix"].append(unit.owner)
             off += len(t)
         cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
-        row = PackedSequence(cat["ids"], cat["pos"], cat["par"], [bool(x) for x in cat["tgt"]], cat["blp"],
+        row = PackedSequence(cat["ids"], cat["pos"], cat["par"], cat["tgt"], cat["blp"],
                              cat["ver"], cat["exe"], cat["w"], cat["tix"], cat["pix"])
         steps.append(MicroStep(mode, [row], executions))
     return steps
