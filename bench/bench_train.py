@@ -9,6 +9,10 @@ the steps after the first (warm-up).
     OMP_NUM_THREADS=1 python bench/bench_train.py            # ~1-2 min on 2 cores
     python bench/bench_train.py --steps 3 --groups 2          # quicker
 
+Also reported: tokens per CPU-second summed over the cells that took part, which isolates
+the work added by joining (snapshot publish/pull, reduce) or by streaming (less full
+micro-steps) from contention with other processes on a shared machine.
+
 Rows:
   one replica            core alone, all groups ready at the start, packed per step
   two joined replicas    a satellite joins every step at its start and claims micro-steps
@@ -67,13 +71,19 @@ def main(argv=None) -> int:
     for label in rounds[0]:
         use = []
         for rd in rounds:
-            lines = [json.loads(x) for x in (tmp / "out" / rd[label].name / "metrics.jsonl").read_text().splitlines()]
+            d = tmp / "out" / rd[label].name
+            lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            sat = d / "cell1.json"
+            sat_cpu = {x["step"]: x["cpu_s"] for x in json.loads(sat.read_text())} if sat.exists() else {}
+            for x in lines:
+                x["cpu_all"] = x["timing/step_cpu"] + sat_cpu.get(x["step"], 0.0)
             use += lines[1:] or lines
         rows[label] = {
             "tokens_per_step": statistics.median(x["train/tokens"] for x in use),
             "step_s": statistics.median(x["timing/step"] for x in use),
             "micro_steps": statistics.median(x["train/micro_steps"] for x in use),
             "tokens_per_s": statistics.median(x["train/tokens_per_s"] for x in use),
+            "tokens_per_cpu_s": statistics.median(x["train/tokens"] / x["cpu_all"] for x in use),
             "participants": use[0]["train/participants"],
         }
     base = {"one replica": "one replica", "two joined replicas": "one replica",
@@ -81,15 +91,20 @@ def main(argv=None) -> int:
     print(f"\ntrainer throughput, tiny model ({a.rounds} rounds x {a.steps} steps x {a.groups} groups x "
           f"{a.group_size} executions, budget {a.budget}; median of steps 2..{a.steps} of every round; "
           f"total wall {time.time() - t0:.0f}s)")
-    hdr = f"{'configuration':<22}{'cells':>6}{'tokens/step':>13}{'micro-steps':>13}{'step s':>9}{'tokens/s':>10}{'ratio':>8}"
+    hdr = (f"{'configuration':<22}{'cells':>6}{'tokens/step':>13}{'micro-steps':>13}{'step s':>9}{'tokens/s':>10}"
+           f"{'ratio':>8}{'tokens/cpu-s':>14}{'ratio':>8}")
     print(hdr)
     print("-" * len(hdr))
     for label, x in rows.items():
         ratio = x["tokens_per_s"] / rows[base[label]]["tokens_per_s"]
+        cratio = x["tokens_per_cpu_s"] / rows[base[label]]["tokens_per_cpu_s"]
         x["ratio_vs_" + base[label].replace(" ", "_")] = ratio
+        x["cpu_ratio_vs_" + base[label].replace(" ", "_")] = cratio
         print(f"{label:<22}{x['participants']:>6}{x['tokens_per_step']:>13.0f}{x['micro_steps']:>13.0f}"
-              f"{x['step_s']:>9.3f}{x['tokens_per_s']:>10.0f}{ratio:>8.2f}")
-    print("ratios: 'two joined replicas' vs 'one replica'; 'streaming' vs 'one packed batch'")
+              f"{x['step_s']:>9.3f}{x['tokens_per_s']:>10.0f}{ratio:>8.2f}{x['tokens_per_cpu_s']:>14.0f}{cratio:>8.2f}")
+    print("ratios: 'two joined replicas' vs 'one replica'; 'streaming' vs 'one packed batch'.")
+    print("tokens/cpu-s: packed tokens per CPU-second summed over the participating cells (overhead of joining or")
+    print("streaming, insensitive to other load on the machine); tokens/s: per wall-clock second of the step.")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))

@@ -113,7 +113,7 @@ class Core:
         core itself processes (benchmarks/tests that fix the split); ``on_microstep(n)`` is
         called after the core's n-th micro-step.
         """
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step, version = self.state.step, self.state.policy_version
         if self.weights is not None:
             self.weights.publish(version, named_params(self.model))
@@ -151,7 +151,7 @@ class Core:
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
         metrics.update({
-            "timing/step": dt, "timing/reduce": t_reduce, "timing/core_compute": t_compute,
+            "timing/step": dt, "timing/step_cpu": time.process_time() - c0, "timing/reduce": t_reduce, "timing/core_compute": t_compute,
             "train/participants": seal.participants, "train/micro_steps": seal.n_items,
             "train/core_micro_steps": n, "train/tokens": float(pack.get("tokens", 0)),
             "train/tokens_per_s": float(pack.get("tokens", 0)) / dt if dt > 0 else 0.0,

@@ -158,7 +158,7 @@ def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
                 time.sleep(run.cfg.stream.poll_s)
             res = sat.join_step(s, max_claims=plan.max_claims, on_microstep=killer(s))
             log.append({"step": s, "joined": res is not None, "micro_steps": res.micro_steps if res else 0,
-                        "compute_s": res.compute_s if res else 0.0})
+                        "compute_s": res.compute_s if res else 0.0, "cpu_s": res.cpu_s if res else 0.0})
         (rdir / f"cell{rank}.json").write_text(json.dumps(log))
         sat.stop()
 

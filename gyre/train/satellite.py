@@ -28,6 +28,7 @@ class JoinResult:
     micro_steps: int
     seal: StepSeal
     compute_s: float
+    cpu_s: float = 0.0      # process CPU time from joining to the end of the reduce
 
 
 class Satellite:
@@ -64,6 +65,7 @@ class Satellite:
         version = self.wait_for_step(step)
         if version is None or not self.coord.join(step, self.cell):
             return None
+        c0 = time.process_time()
         load_params(self.worker.model, self.weights.pull(version))
         self.worker.zero_grad()
         self.worker.new_step()
@@ -82,4 +84,4 @@ class Satellite:
         seal = self.coord.wait_seal(step)
         reduce_step(self.worker, self.comm, seal.participants, stats)
         self.worker.zero_grad()
-        return JoinResult(step, n, seal, tc)
+        return JoinResult(step, n, seal, tc, time.process_time() - c0)
