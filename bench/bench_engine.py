@@ -82,10 +82,37 @@ async def null_rps(n_req: int, concurrency: int) -> tuple[float, float]:
         async with EngineClient(url) as c:
             while not await c.health():
                 await asyncio.sleep(0.1)
-            return await _null_load(c, n_req, concurrency)
+            seq, conc = await _null_load(c, n_req, concurrency)
+        raw = await _aiohttp_load(url, n_req, concurrency)
+        return seq, conc, raw
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+async def _aiohttp_load(url: str, n_req: int, concurrency: int) -> tuple[float, float] | None:
+    """The same load from aiohttp (installed with ray[default]): separates the engine server's
+    capacity from httpx's own cost, which grows with concurrency."""
+    try:
+        import aiohttp
+    except ImportError:
+        return None
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}
+    out = []
+    async with aiohttp.ClientSession() as s:
+        for k in (1, concurrency):
+            sem = asyncio.Semaphore(k)
+
+            async def one():
+                async with sem:
+                    async with s.post(url + "/generate", json=body) as r:
+                        await r.read()
+
+            await asyncio.gather(*[one() for _ in range(20)])
+            t = time.perf_counter()
+            await asyncio.gather(*[one() for _ in range(n_req)])
+            out.append(n_req / (time.perf_counter() - t))
+    return out[0], out[1]
 
 
 async def _null_load(c, n_req: int, concurrency: int) -> tuple[float, float]:
@@ -150,7 +177,7 @@ def main() -> None:
     ps = prompts(args.requests)
     hf_seq, hf_batch = hf_generate_tps(model_dir, ps, args.tokens)
     e_seq, e_conc, rows = asyncio.run(embedded_tps(model_dir, ps, args.tokens))
-    n_seq, n_conc = asyncio.run(null_rps(args.null_requests, 32))
+    n_seq, n_conc, n_raw = asyncio.run(null_rps(args.null_requests, 32))
     turns, grow = 12, 512
     conv_off, _ = asyncio.run(conversation_s(model_dir, turns, grow, 32, 0))
     conv_on, reused = asyncio.run(conversation_s(model_dir, turns, grow, 32, 256))
@@ -158,7 +185,8 @@ def main() -> None:
            "hf_generate_b1_tps": hf_seq, "hf_generate_b8_tps": hf_batch, "embedded_b1_tps": e_seq,
            "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc,
            "conversation_no_prefix_cache_s": conv_off, "conversation_prefix_cache_s": conv_on,
-           "conversation_reused_tokens": reused}
+           "conversation_reused_tokens": reused, "null_aiohttp_seq_rps": n_raw and n_raw[0],
+           "null_aiohttp_c32_rps": n_raw and n_raw[1]}
     print(f"\nengine benchmark (tiny model, {args.requests} requests x {args.tokens} tokens, greedy, "
           f"torch threads {res['torch_threads']})\n")
     print("| measurement | value | ratio |")
@@ -169,8 +197,11 @@ def main() -> None:
     print(f"| embedded engine via HTTP, {args.requests} concurrent (max batch seen {rows}) | {e_conc:8.1f} tok/s "
           f"| {e_conc / hf_seq:.2f} |")
     print(f"| embedded: concurrent / sequential | | {e_conc / e_seq:.2f} |")
-    print(f"| null engine (own process) via HTTP, sequential | {n_seq:8.1f} req/s | |")
-    print(f"| null engine (own process) via HTTP, 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |")
+    print(f"| null engine (own process), EngineClient (httpx), sequential | {n_seq:8.1f} req/s | |")
+    print(f"| null engine (own process), EngineClient (httpx), 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |")
+    if n_raw:
+        print(f"| null engine, aiohttp client, sequential | {n_raw[0]:8.1f} req/s | |")
+        print(f"| null engine, aiohttp client, 32 in flight | {n_raw[1]:8.1f} req/s | {n_raw[1] / n_raw[0]:.2f} |")
     print(f"| {turns}-turn conversation (+{grow} tokens/turn, 32 out), no prefix cache | {conv_off:8.2f} s | 1.00 |")
     print(f"| same, prefix cache on ({reused} input tokens reused) | {conv_on:8.2f} s | {conv_off / conv_on:.2f}x faster |")
     if args.json:
