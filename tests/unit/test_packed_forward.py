@@ -10,6 +10,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gyre.trace.packing import PackedSequence
 from gyre.train.packed import ancestor_mask, plan_segments, subtree_end, supports_segments, token_logprobs
@@ -262,3 +264,35 @@ def test_segments_without_materialised_masks_are_exact(model, monkeypatch):
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
     for n in outs[0][1]:
         torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=1e-5, rtol=1e-4)
+
+
+@st.composite
+def _random_rows(draw):
+    """Random forests in pre-order: each new token hangs off some token on the current DFS stack."""
+    n = draw(st.integers(2, 60))
+    parent, stack = [], []
+    for i in range(n):
+        if not stack or draw(st.integers(0, 9)) == 0:
+            p = -1
+            stack = []
+        else:
+            k = draw(st.integers(0, len(stack) - 1))  # branch from any ancestor on the stack
+            p = stack[k]
+            stack = stack[: k + 1]
+        parent.append(p)
+        stack.append(i)
+    depth = []
+    for p in parent:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    ids = draw(st.lists(st.integers(0, 1999), min_size=n, max_size=n))
+    tgt = [p >= 0 and draw(st.booleans()) for p in parent]
+    return PackedSequence(ids, depth, parent, tgt, [0.0] * n, [0] * n, [0] * n, [0.0] * n)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(row=_random_rows())
+def test_segments_equal_expand_on_random_trees(model, row):
+    with torch.no_grad():
+        a = token_logprobs(model, row, impl="segments")
+        b = token_logprobs(model, row, impl="expand")
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
