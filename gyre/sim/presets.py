@@ -6,6 +6,9 @@
   query factor or training cost; we use tail 0.5 (between its sweep values 0.2
   and 0.75), query sigma 0.3, and 4 cell-hours per step (0.5 h on the whole pool;
   its sweep *lowers* training cost to 0.25 h, so the default is above that).
+  Streaming cuts groups into *small* micro-steps: with only B N = 16 executions per
+  step, one micro-step per execution would be 15 cell-minutes, so the toy cuts each
+  execution into 16 (256 micro-steps per step, like the 122B preset's 512).
 * ``nl2repo-122b``: 8 cells, C_e = 144, N = 16, B = 32, 12 steps; durations fitted
   to mean execution 1.93 h, mean query 2.96 h, 9.51 % of queries >= 4 h (4 h read
   as the harness timeout); training cost fitted so Elastic's mean training share
@@ -53,7 +56,9 @@ def _seed_toy() -> SimConfig:
         workload=WorkloadConfig(
             group_size=4, batch_groups=4, steps=12, median_h=1.5, tail=0.5, query_sigma=0.3, harness_timeout_h=4.5
         ),
-        costs=CostConfig(train_step_cell_h=4.0),
+        # "cuts them into small micro-steps": 16 per execution gives 256 micro-steps per step
+        # (the 122B preset has 512), instead of 16 indivisible 15-cell-minute chunks
+        costs=CostConfig(train_step_cell_h=4.0, micro_steps_per_execution=16),
         supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
     )
 
