@@ -123,7 +123,10 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         self.incremental_stream = incremental_stream
         timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=60.0, pool=None)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
+        # generous keep-alive: with httpx's default (20) a burst of concurrent requests closes and
+        # reopens connections on every wave
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport, limits=limits)
 
     async def __aenter__(self) -> "EngineClient":
         return self
