@@ -165,9 +165,11 @@ def bench_overhead(stack: Stack, calls: int) -> dict:
 
 
 async def _load(url: str, n_exec: int, calls_each: int, direct: bool) -> float:
-    limits = httpx.Limits(max_connections=n_exec + 8, max_keepalive_connections=n_exec + 8)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    # one client per 16 executions: httpcore scans its whole pool per request (quadratic in one big pool)
+    clients = [httpx.AsyncClient(timeout=300) for _ in range((n_exec + 15) // 16)]
+    try:
         async def execution(i: int) -> None:
+            client = clients[i // 16]
             rng = random.Random(i)
             h = {"authorization": f"Bearer load-{i}-{direct}", "content-type": "application/json"}
             msgs = [{"role": "system", "content": "agent"}, {"role": "user", "content": text(rng, 100)}]
@@ -188,6 +190,9 @@ async def _load(url: str, n_exec: int, calls_each: int, direct: bool) -> float:
         t0 = time.perf_counter()
         await asyncio.gather(*(execution(i) for i in range(n_exec)))
         return n_exec * calls_each / (time.perf_counter() - t0)
+    finally:
+        for c in clients:
+            await c.aclose()
 
 
 def bench_concurrency(stack: Stack, n_exec: int, calls_each: int) -> dict:

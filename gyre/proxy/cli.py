@@ -37,4 +37,6 @@ def serve(
                       admin_token=admin_token, parser=parser, max_context_tokens=max_context, fsync=not no_fsync)
     app = build_app(cfg)
     typer.echo(f"gyre proxy on http://{host}:{port} -> {', '.join(engine)} (traces: {trace_dir}, mode {mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    from gyre.proxy.server import KEEP_ALIVE_S
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S)

@@ -46,7 +46,7 @@ class InFlight:
 @dataclass(eq=False)
 class EngineHandle:
     url: str
-    http: httpx.AsyncClient
+    shards: list  # httpx.AsyncClient per shard (see EnginePool.add)
     ctl: EngineClient
     engine_id: str
     state: str = "active"  # active | draining
@@ -77,7 +77,8 @@ def _version(v: Any) -> int:
 
 class EnginePool:
     def __init__(self, urls: list[str], *, read_timeout: Optional[float] = None, max_resumes: int = 16,
-                 wait_for_engine_s: float = 600.0) -> None:
+                 wait_for_engine_s: float = 600.0, shards: int = 16) -> None:
+        self.shards = max(1, shards)
         self._urls = [u.rstrip("/") for u in urls]
         self.read_timeout = read_timeout
         self.max_resumes = max_resumes
@@ -95,7 +96,8 @@ class EnginePool:
 
     async def aclose(self) -> None:
         for e in list(self.engines.values()):
-            await e.http.aclose()
+            for c in e.shards:
+                await c.aclose()
             await e.ctl.aclose()
         self.engines.clear()
 
@@ -108,8 +110,12 @@ class EnginePool:
             self._notify()
             return e
         timeout = httpx.Timeout(connect=10.0, read=self.read_timeout, write=120.0, pool=None)
-        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
-        http = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
+        # Keep idle connections for less than the engine server's keep-alive (uvicorn: 5 s), so the
+        # proxy never reuses a connection the engine is closing at that moment. Sharded over several
+        # clients: httpcore scans its whole pool on every request, which is quadratic with hundreds
+        # of concurrent executions on one client.
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64, keepalive_expiry=2.0)
+        shards = [httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) for _ in range(self.shards)]
         ctl = EngineClient(url)
         engine_id = url
         try:
@@ -117,7 +123,7 @@ class EnginePool:
             engine_id = info.engine_id or url
         except Exception as e:  # an engine that is still starting: keep its URL as id
             log.warning("engine %s: model info unavailable (%s)", url, e)
-        h = EngineHandle(url=url, http=http, ctl=ctl, engine_id=engine_id)
+        h = EngineHandle(url=url, shards=shards, ctl=ctl, engine_id=engine_id)
         self.engines[url] = h
         self._notify()
         return h
@@ -130,7 +136,8 @@ class EnginePool:
         await self.drain(url)
         e = self.engines.pop(url.rstrip("/"), None)
         if e is not None:
-            await e.http.aclose()
+            for c in e.shards:
+                await c.aclose()
             await e.ctl.aclose()
 
     def _notify(self) -> None:
@@ -244,7 +251,8 @@ class EnginePool:
             done = False
             try:
                 if stream:
-                    async with contextlib.aclosing(self._stream_attempt(engine, body)) as chunks:
+                    http = engine.shards[hash(execution_id) % len(engine.shards)]
+                    async with contextlib.aclosing(self._stream_attempt(engine, http, body)) as chunks:
                         async for ids, lps, fin, marks in chunks:
                             got = len(out_ids) - start
                             if len(ids) > got:
@@ -257,7 +265,8 @@ class EnginePool:
                             if fin is not None:
                                 finish = fin
                 else:
-                    ids, lps, finish, version_marks = await self._plain_attempt(engine, body)
+                    http = engine.shards[hash(execution_id) % len(engine.shards)]
+                    ids, lps, finish, version_marks = await self._plain_attempt(engine, http, body)
                     out_ids.extend(ids)
                     out_lps.extend(lps)
                     if ids:
@@ -293,9 +302,9 @@ class EnginePool:
         except Exception:
             pass
 
-    async def _plain_attempt(self, engine: EngineHandle, body: bytes):
+    async def _plain_attempt(self, engine: EngineHandle, http: httpx.AsyncClient, body: bytes):
         try:
-            resp = await engine.http.post("/generate", content=body, headers={"content-type": "application/json"})
+            resp = await http.post("/generate", content=body, headers={"content-type": "application/json"})
         except httpx.TransportError as e:
             raise _EngineBroke(str(e)) from e
         if resp.status_code >= 400:
@@ -305,9 +314,9 @@ class EnginePool:
             data = data[0]
         return _unpack(data)
 
-    async def _stream_attempt(self, engine: EngineHandle, body: bytes):
+    async def _stream_attempt(self, engine: EngineHandle, http: httpx.AsyncClient, body: bytes):
         try:
-            async with engine.http.stream("POST", "/generate", content=body,
+            async with http.stream("POST", "/generate", content=body,
                                           headers={"content-type": "application/json"}) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()

@@ -23,6 +23,11 @@ from gyre.proxy.config import ProxyConfig
 from gyre.proxy.service import ProxyService
 
 
+KEEP_ALIVE_S = 75
+"""Idle keep-alive before the proxy closes a client connection. Longer than SDK connection pools
+keep idle connections (httpx: 5 s), so a client never sends on a connection being closed."""
+
+
 class ProxyServer:
     def __init__(self, config: ProxyConfig, tokenizer: Any = None) -> None:
         if config.mode == "managed" and not config.admin_token:
@@ -42,7 +47,8 @@ class ProxyServer:
         return self.config.admin_token
 
     def start(self, timeout: float = 60.0) -> "ProxyServer":
-        self._runner = ServerRunner(self.app, host=self.config.host, port=self.config.port, name="gyre-proxy")
+        self._runner = ServerRunner(self.app, host=self.config.host, port=self.config.port, name="gyre-proxy",
+                                    timeout_keep_alive=KEEP_ALIVE_S)
         self._runner.start(timeout)
         return self
 

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gyre.proxy import jsonfast
 from gyre.proxy.adapters import anthropic_messages as anthropic
 from gyre.proxy.adapters import openai_chat as openai
+from gyre.proxy.bodyparse import BodyParser
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.detok import Detokenizer
 from gyre.proxy.errors import ApiError, bad_request
@@ -61,6 +62,7 @@ class Execution:
     ident: Identity
     state: ExecutionState
     retries: RetryWindow
+    bodies: BodyParser
 
 
 class ClientGone(Exception):
@@ -116,7 +118,8 @@ class ProxyService:
             if path.exists():  # a restarted proxy continues the execution's numbering
                 recs = read_trace(path).records
                 st.next_seq = max((r.seq for r in recs), default=-1) + 1
-            ex = self.executions[ident.execution_id] = Execution(ident, st, RetryWindow(self.config.retry_window))
+            ex = self.executions[ident.execution_id] = Execution(ident, st, RetryWindow(self.config.retry_window),
+                                                                 BodyParser())
         return ex
 
     def close_execution(self, execution_id: str) -> None:
@@ -139,14 +142,15 @@ class ProxyService:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _parse(self, dialect: str, request: Request) -> tuple[Identity, bytes, ParsedCall]:
+    async def _parse(self, dialect: str, request: Request) -> tuple[Execution, bytes, ParsedCall]:
         ident = self._identify(request.headers)
         body = await self._read_body(request)
+        ex = self._execution(ident)
         try:
-            data = jsonfast.loads(body)
+            data = ex.bodies.parse(body)  # re-uses the history objects of this execution's last bodies
         except jsonfast.JSONDecodeError:
             raise bad_request("request body is not valid JSON") from None
-        return ident, body, _ADAPTERS[dialect].parse_request(data)
+        return ex, body, _ADAPTERS[dialect].parse_request(data)
 
     # -- planning ----------------------------------------------------------------------------
     async def _plan(self, st: ExecutionState, call: ParsedCall) -> Plan:
@@ -206,8 +210,7 @@ class ProxyService:
         self.counters["requests"] += 1
         t0 = time.time()
         try:
-            ident, body, call = await self._parse(dialect, request)
-            ex = self._execution(ident)
+            ex, body, call = await self._parse(dialect, request)
             entry: Optional[RetryEntry] = None
             if retry_count(request.headers) > 0:
                 entry = ex.retries.find(body)

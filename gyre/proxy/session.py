@@ -133,6 +133,8 @@ class ExecutionState:
         def same_prefix(node: CallNode, n: int) -> int:
             """Number of leading raw items (of the first ``n``) equal to ``node``'s messages."""
             nr = node.raw_items
+            if nr is not None and raw[:n] == nr[:n]:  # C-level; identical objects compare by identity
+                return n
             for j in range(n):
                 if nr is not None and (raw[j] is nr[j] or raw[j] == nr[j]):
                     continue

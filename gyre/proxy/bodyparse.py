@@ -1,0 +1,211 @@
+"""Incremental request-body parsing: re-use the parsed history a harness re-sends byte for byte.
+
+A harness re-sends its whole conversation on every call: at 500K tokens that is
+~2 MB of JSON, and parsing it again each call (plus allocating two million
+characters of new strings) would make the proxy's cost per call grow with the
+context. But the body of call k+1 starts with the same bytes as the body of
+call k up to (almost) the end of the old messages. So, per execution, the last
+few bodies are kept with the byte span of every element of their ``messages``
+array; a new body is compared with them (one ``memcmp``), every message that
+lies entirely inside the common byte prefix is taken over as the *same Python
+object*, and only the rest is parsed. Re-used objects also make the history
+comparison in :mod:`gyre.proxy.session` an identity check.
+
+Correctness does not depend on guessing: a message is re-used only if its
+bytes are identical, and anything unexpected (no top-level ``messages`` array,
+malformed JSON) falls back to parsing the whole body, which also produces the
+usual JSON error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gyre.proxy import jsonfast
+
+# JSON strings (with escapes) or a structural character; everything else is skipped.
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]', re.S)
+_WS = b" \t\r\n"
+
+
+@dataclass
+class ParsedBody:
+    body: bytes
+    data: dict[str, Any]
+    array_start: int  # offset just after the '[' of the messages array
+    spans: list[tuple[int, int]]  # byte span of each message element
+    array_end: int  # offset of the closing ']'
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the common prefix: a binary search of memcmp's (``startswith`` on memoryview
+    slices compares in C without copying; comparing two memoryviews would go item by item)."""
+    n = min(len(a), len(b))
+    ma = memoryview(a)
+    if b.startswith(ma[:n]):
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 256:
+        mid = (lo + hi) // 2
+        if b.startswith(ma[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def _find_messages_array(body: bytes) -> Optional[int]:
+    """Offset just after the '[' of the top-level "messages" value (depth 1), or None."""
+    depth = 0
+    last_key: Optional[bytes] = None
+    expect_value = False
+    for m in _TOKEN.finditer(body):
+        t = m.group()
+        c = t[:1]
+        if c == b'"':
+            if depth == 1 and not expect_value:
+                last_key = t
+            expect_value = False
+        elif c == b":":
+            expect_value = depth == 1
+        elif c in b"[{":
+            if c == b"[" and depth == 1 and expect_value and last_key == b'"messages"':
+                return m.end()
+            depth += 1
+            expect_value = False
+        elif c in b"]}":
+            depth -= 1
+        else:  # comma
+            expect_value = False
+    return None
+
+
+def _split_elements(body: bytes, pos: int) -> Optional[tuple[list[tuple[int, int]], int]]:
+    """Byte spans of the elements of the array whose content starts at ``pos``, and its closing offset."""
+    spans: list[tuple[int, int]] = []
+    depth = 0
+    start: Optional[int] = None
+    i = pos
+    n = len(body)
+    while True:
+        while i < n and body[i] in _WS:
+            i += 1
+        if i >= n:
+            return None
+        if depth == 0 and body[i] == 0x5D:  # ']'
+            if start is not None:
+                spans.append((start, _rstrip(body, start, i)))
+            return spans, i
+        m = _TOKEN.search(body, i)
+        if m is None:
+            return None
+        if start is None:
+            start = i
+        t = m.group()
+        c = t[:1]
+        i = m.end()
+        if c in b"[{":
+            depth += 1
+        elif c in b"]}":
+            depth -= 1
+            if depth < 0:
+                if start is not None:
+                    spans.append((start, _rstrip(body, start, m.start())))
+                return spans, m.start()
+        elif c == b"," and depth == 0:
+            spans.append((start, _rstrip(body, start, m.start())))
+            start = None
+
+
+def _rstrip(body: bytes, start: int, end: int) -> int:
+    while end > start and body[end - 1] in _WS:
+        end -= 1
+    return end
+
+
+def _full(body: bytes) -> tuple[Any, Optional[ParsedBody]]:
+    data = jsonfast.loads(body)  # raises on malformed JSON: the caller answers 400
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        return data, None
+    a = _find_messages_array(body)
+    if a is None:
+        return data, None
+    split = _split_elements(body, a)
+    if split is None or len(split[0]) != len(data["messages"]):
+        return data, None
+    return data, ParsedBody(body, data, a, split[0], split[1])
+
+
+class BodyParser:
+    """Per-execution parser that re-uses the messages of recent bodies (see module doc)."""
+
+    def __init__(self, keep: int = 4, min_reuse_bytes: int = 16384) -> None:
+        self.recent: deque[ParsedBody] = deque(maxlen=max(keep, 1))
+        self.min_reuse_bytes = min_reuse_bytes
+        self.reused_messages = 0
+
+    def parse(self, body: bytes) -> Any:
+        if len(body) < self.min_reuse_bytes:  # small: parsing is cheaper than bookkeeping
+            return jsonfast.loads(body)
+        best, best_l = None, 0
+        if True:
+            for p in self.recent:
+                if len(p.body) > p.array_start:
+                    l = _common_prefix(p.body, body)
+                    if l > best_l:
+                        best, best_l = p, l
+        if best is None or best_l <= best.array_start:
+            data, pb = _full(body)
+            if pb is not None:
+                self.recent.append(pb)
+            return data
+        try:
+            return self._extend(best, body, best_l)
+        except Exception:  # anything unexpected: the plain way (errors are reported from there)
+            data, pb = _full(body)
+            if pb is not None:
+                self.recent.append(pb)
+            return data
+
+    def _extend(self, prev: ParsedBody, body: bytes, common: int) -> Any:
+        # messages whose bytes lie entirely in the common prefix are the same objects
+        k = 0
+        pb_ = prev.body
+        for k_end, (s, e) in enumerate(prev.spans):
+            # objects, arrays and strings close themselves; a number could continue (12 -> 123)
+            if e > common or (e == common and pb_[s:s + 1] not in (b"{", b"[", b'"')):
+                break
+            k = k_end + 1
+        if k == 0:
+            data, pb = _full(body)
+            if pb is not None:
+                self.recent.append(pb)
+            return data
+        resume = prev.spans[k - 1][1]  # just after element k-1, in both bodies
+        split = _split_elements(body, resume + 1) if body[resume:resume + 1] == b"," else None
+        if body[resume:resume + 1] == b",":
+            if split is None:
+                raise ValueError("unsplittable tail")
+            new_spans, end = split
+        else:
+            rest = resume
+            while rest < len(body) and body[rest] in _WS:
+                rest += 1
+            if body[rest:rest + 1] != b"]":
+                raise ValueError("unexpected tail")
+            new_spans, end = [], rest
+        old = prev.data["messages"]
+        msgs = old[:k] + [jsonfast.loads(body[s:e]) for s, e in new_spans]
+        top = jsonfast.loads(body[: prev.array_start] + body[end:])  # every other field, messages = []
+        if not isinstance(top, dict) or top.get("messages") != []:
+            raise ValueError("top level changed shape")
+        top["messages"] = msgs
+        self.reused_messages += k
+        pb = ParsedBody(body, top, prev.array_start, prev.spans[:k] + new_spans, end)
+        self.recent.append(pb)
+        return top
