@@ -79,6 +79,9 @@ class SchedulingPolicy:
         self._B = c.batch_groups
         self._Ce = c.cell_capacity
         self.placement = c.placement
+        self._supply_groups = c.supply_groups  # derived config values, cached off the hot path
+        self._mu = c.mu
+        self._steps = c.total_steps
         self.roles: list[Role] = [Role.ROLLOUT] * c.cells
         if c.placement is Placement.ASYNC:
             for i in range(c.train_cells):
@@ -324,8 +327,8 @@ class SchedulingPolicy:
 
     def _burst_need(self) -> int:
         """Groups the current burst still has to assign (its remaining steps' batches)."""
-        c = self.config
-        steps_left = min(c.mu - self.steps_done % c.mu, c.total_steps - self.steps_done)
+        done = self.steps_done
+        steps_left = min(self._mu - done % self._mu, self._steps - done)
         return steps_left * self._B - (self._step_groups if self._step_active else 0)
 
     def _supply(self) -> int:
@@ -334,7 +337,7 @@ class SchedulingPolicy:
     def _update_supply(self, acts: list[Action]) -> None:
         if self.placement is Placement.ASYNC:
             return
-        if self._supply() >= self.config.supply_groups and not self._boundary:
+        if not self._boundary and self._supply() >= self._supply_groups:
             if self._supply_since is None:
                 self._supply_since = self.now
                 if self.config.hold_tau > 0:
