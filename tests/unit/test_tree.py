@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
@@ -165,7 +164,6 @@ def test_bad_records_are_named_and_the_rest_is_usable(tmp_path):
     assert len(t2.requests) == 1 and "'lp'" in t2.errors[0]
     with pytest.raises(TreeBuildError, match="'nobase'"):
         build_tree(good + [bad[2]], strict=True)
-    _ = json  # keep import for readers who extend this test
 
 
 def test_output_without_input_is_rejected():
