@@ -89,7 +89,9 @@ class EmbeddedEngine(Engine):
         import torch
         from transformers import AutoModelForCausalLM
 
-        kwargs = {"dtype": getattr(torch, self.config.dtype)}
+        if not Path(path).is_dir():  # never let from_pretrained treat it as a hub id (network)
+            raise FileNotFoundError(f"model directory {path!r} does not exist")
+        kwargs = {"dtype": getattr(torch, self.config.dtype), "local_files_only": True}
         if self.config.attn_implementation:
             kwargs["attn_implementation"] = self.config.attn_implementation
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(self.config.device)
@@ -105,7 +107,7 @@ class EmbeddedEngine(Engine):
         try:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir, local_files_only=True)
         except Exception:  # a model directory without tokenizer files still serves token ids
             self.tokenizer = None
         _check_cache_layout(self.model)

@@ -78,7 +78,9 @@ class ServerRunner:
         while not self._server.started:
             if not self._thread.is_alive():
                 self._close_sock()
-                raise RuntimeError(f"server {self.name} failed to start: {self._error!r}")
+                state = getattr(self.app, "state", None)
+                why = getattr(state, "startup_error", None) or self._error
+                raise RuntimeError(f"server {self.name} failed to start: {type(why).__name__}: {why}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"server {self.name} did not start within {timeout}s")

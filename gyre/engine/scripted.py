@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from pathlib import Path
 from typing import Optional
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
@@ -42,7 +43,9 @@ class ScriptedEngine(Engine):
 
         self.config = config
         self.book = book
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_dir)
+        if not Path(config.tokenizer_dir).is_dir():  # never a hub id: nothing is downloaded
+            raise FileNotFoundError(f"tokenizer directory {config.tokenizer_dir!r} does not exist")
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_dir, local_files_only=True)
         self.eos_id: int = self.tokenizer.eos_token_id
         self.vocab_size = len(self.tokenizer)
         self._header = self.tokenizer.encode("<|im_start|>assistant", add_special_tokens=False)

@@ -73,7 +73,11 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
+        try:
+            await engine.start()
+        except Exception as e:  # kept so whoever started the server can say why it failed
+            _app.state.startup_error = e
+            raise
         try:
             yield
         finally:

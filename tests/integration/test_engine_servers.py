@@ -112,3 +112,18 @@ async def test_stream_interval_and_incremental_output():
         assert all(a.output_ids == b.output_ids[: len(a.output_ids)] for a, b in zip(chunks, chunks[1:]))
     with pytest.raises(ValueError):
         create_app(NullEngine(), stream_interval=0)
+
+
+def test_engine_service_start_stop_and_clear_startup_failure(tmp_path):
+    from gyre.engine.config import EmbeddedEngineConfig, NullEngineConfig
+    from gyre.engine.service import EngineService
+
+    svc = EngineService(NullEngineConfig(engine_id="svc-null", num_tokens=2))
+    url = svc.start()
+    assert svc.start() == url  # idempotent
+    info = httpx.get(url + "/get_model_info").json()
+    assert info["engine_id"] == "svc-null" == svc.engine_id
+    svc.stop()
+    bad = EngineService(EmbeddedEngineConfig(model_dir=str(tmp_path / "nope")))
+    with pytest.raises(RuntimeError, match="failed to start: .*nope"):
+        bad.start()

@@ -1,0 +1,78 @@
+"""An engine plus its HTTP server as one object with start/stop: what a Ray actor holds.
+
+    svc = EngineService(EmbeddedEngineConfig(model_dir=DIR, engine_id="cell-0"))
+    url = svc.start()            # serves on 127.0.0.1, free port
+    ...                          # the proxy gets `url`; the controller calls svc.stop()
+
+As a Ray actor: ``ray.remote(num_cpus=0)(EngineService).remote(cfg)`` then
+``ray.get(actor.start.remote())``. Nothing here imports Ray, and the engine
+runs in the server's own thread and loop, so the actor's methods never block
+on generation.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from gyre.engine.config import EmbeddedEngineConfig, NullEngineConfig, ScriptedEngineConfig
+
+AnyEngineConfig = Union[EmbeddedEngineConfig, ScriptedEngineConfig, NullEngineConfig]
+
+
+def make_engine(config: AnyEngineConfig, book=None):
+    """An unstarted engine for a config (``book``: the ScriptBook of a scripted engine)."""
+    if isinstance(config, EmbeddedEngineConfig):
+        from gyre.engine.embedded import EmbeddedEngine
+
+        return EmbeddedEngine(config)
+    if isinstance(config, ScriptedEngineConfig):
+        from gyre.engine.scripted import ScriptedEngine
+
+        if book is None:
+            raise ValueError("a scripted engine needs a ScriptBook")
+        return ScriptedEngine(config, book)
+    if isinstance(config, NullEngineConfig):
+        from gyre.engine.null import NullEngine
+
+        return NullEngine(config)
+    raise TypeError(f"not an engine config: {type(config).__name__}")
+
+
+class EngineService:
+    def __init__(self, config: AnyEngineConfig, book=None, *, host: str = "127.0.0.1", port: int = 0,
+                 stream_interval: int = 1, incremental_streaming_output: bool = False):
+        self.config = config
+        self.book = book
+        self.host = host
+        self.port = port
+        self.stream_options = dict(stream_interval=stream_interval,
+                                   incremental_streaming_output=incremental_streaming_output)
+        self.engine = None
+        self._runner = None
+
+    def start(self, timeout: float = 120.0) -> str:
+        """Build the engine, serve it, return its URL (blocks until it accepts requests)."""
+        from gyre.engine.runner import ServerRunner
+        from gyre.engine.server import create_app
+
+        if self._runner is not None:
+            return self._runner.url
+        self.engine = make_engine(self.config, self.book)
+        runner = ServerRunner(create_app(self.engine, **self.stream_options), host=self.host, port=self.port,
+                              name=f"engine-{self.engine.engine_id}")
+        runner.start(timeout)
+        self._runner = runner
+        return runner.url
+
+    @property
+    def url(self) -> Optional[str]:
+        return self._runner.url if self._runner is not None else None
+
+    @property
+    def engine_id(self) -> Optional[str]:
+        return self.engine.engine_id if self.engine is not None else None
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            self._runner.stop()
+            self._runner = None
