@@ -58,9 +58,15 @@ def stats(
         msg_id = tok.convert_tokens_to_ids(message_token)
         if msg_id is None or msg_id == tok.unk_token_id:
             raise typer.BadParameter(f"{message_token!r} is not a token of {tokenizer}")
+    keys = ("requests", "unique_tokens", "tokens_expanded", "targets", "paths")
+    total = dict.fromkeys(keys, 0)
+    total["admitted_targets"] = 0
     for i, path in enumerate(traces):
         s = tree_stats(load_tree(path, prof, vocab_size), j_max, seed, message_token=msg_id)
         s["trace"] = str(path)
+        for k in keys:
+            total[k] += s[k]
+        total["admitted_targets"] += s["admission"]["admitted_targets"]
         if as_json:
             typer.echo(json.dumps(s))
         else:
@@ -68,6 +74,11 @@ def stats(
                 typer.echo("")
             typer.echo(f"{path}:")
             typer.echo(format_stats(s))
+    if len(traces) > 1 and not as_json:
+        dedup = total["tokens_expanded"] / total["unique_tokens"] if total["unique_tokens"] else 0.0
+        typer.echo(f"\ntotal over {len(traces)} executions: {total['requests']} requests, {total['paths']} paths, "
+                   f"{total['unique_tokens']} unique tokens ({total['tokens_expanded']} expanded, {dedup:.2f}x), "
+                   f"{total['targets']} targets, {total['admitted_targets']} admitted")
 
 
 @app.command("show")

@@ -30,6 +30,8 @@ def test_synth_stats_show(tmp_path):
     assert any("truncated" in e for e in s["errors"])
     r = runner.invoke(app, ["stats", str(trace)])
     assert r.exit_code == 0 and "unique tokens" in r.output and "problem" in r.output
+    r = runner.invoke(app, ["stats", str(trace), str(trace), "--j-max", "3"])
+    assert r.exit_code == 0 and "total over 2 executions: 120 requests, 14 paths" in r.output
     html = tmp_path / "t.html"
     r = runner.invoke(app, ["show", str(trace), "--j-max", "4", "--html", str(html)])
     assert r.exit_code == 0, r.output
