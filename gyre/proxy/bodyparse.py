@@ -20,6 +20,7 @@ usual JSON error.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -38,6 +39,11 @@ class ParsedBody:
     array_start: int  # offset just after the '[' of the messages array
     spans: list[tuple[int, int]]  # byte span of each message element
     array_end: int  # offset of the closing ']'
+    ends: list[int] = None  # type: ignore[assignment]  # span ends (sorted), for bisect
+
+    def __post_init__(self) -> None:
+        if self.ends is None:
+            self.ends = [e for _, e in self.spans]
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
@@ -174,13 +180,12 @@ class BodyParser:
 
     def _extend(self, prev: ParsedBody, body: bytes, common: int) -> Any:
         # messages whose bytes lie entirely in the common prefix are the same objects
-        k = 0
-        pb_ = prev.body
-        for k_end, (s, e) in enumerate(prev.spans):
+        k = bisect_right(prev.ends, common)  # elements ending at or before the divergence
+        if k and prev.ends[k - 1] == common:
+            s = prev.spans[k - 1][0]
             # objects, arrays and strings close themselves; a number could continue (12 -> 123)
-            if e > common or (e == common and pb_[s:s + 1] not in (b"{", b"[", b'"')):
-                break
-            k = k_end + 1
+            if prev.body[s:s + 1] not in (b"{", b"[", b'"'):
+                k -= 1
         if k == 0:
             data, pb = _full(body)
             if pb is not None:
@@ -206,6 +211,7 @@ class BodyParser:
             raise ValueError("top level changed shape")
         top["messages"] = msgs
         self.reused_messages += k
-        pb = ParsedBody(body, top, prev.array_start, prev.spans[:k] + new_spans, end)
+        pb = ParsedBody(body, top, prev.array_start, prev.spans[:k] + new_spans, end,
+                        prev.ends[:k] + [e for _, e in new_spans])
         self.recent.append(pb)
         return top

@@ -409,7 +409,7 @@ class ProxyService:
             raw_items=None, tools_raw=call.tools_raw, tools=call.tools, head=b.head, assistant=turn.as_message(),
             base=b.base, base_len=b.base_len, suffix=plan.suffix, output=list(result.output_ids),
         )
-        st.add_node(node, plan.prefix_json, call.raw_items)
+        st.add_node(node, plan.prefix_json, call.raw_items, plan.input_json)
         st.counters[plan.mode] = st.counters.get(plan.mode, 0) + 1
         self.counters["answered"] += 1
         self.counters[plan.mode] += 1

@@ -206,8 +206,10 @@ class ExecutionState:
         return jsonfast.ids_json(base.materialise(base_len))
 
     # -- recording ---------------------------------------------------------------------------
-    def add_node(self, node: CallNode, prefix: bytes, call_raw: list[Any]) -> None:
-        input_json = _concat_json(prefix, jsonfast.ids_json(node.suffix) if node.suffix else b"")
+    def add_node(self, node: CallNode, prefix: bytes, call_raw: list[Any], input_json: Optional[bytes] = None) -> None:
+        """Record an answered call; ``input_json`` (prefix + suffix ids as JSON) saves rebuilding it."""
+        if input_json is None:
+            input_json = _concat_json(prefix, jsonfast.ids_json(node.suffix) if node.suffix else b"")
         node.out_off = len(input_json)
         node.full_json = _concat_json(input_json, jsonfast.ids_json(node.output) if node.output else b"")
         node.raw_items = call_raw
