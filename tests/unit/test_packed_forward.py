@@ -297,3 +297,21 @@ def test_segments_equal_expand_on_random_trees(model, row):
         a = token_logprobs(model, row, impl="segments")
         b = token_logprobs(model, row, impl="expand")
     torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_llama_shaped_model_is_exact():
+    """The docs say Llama-shaped stacks work too; check it (random weights, rope scaling on)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
+                      rope_scaling={"rope_type": "linear", "factor": 2.0})
+    m = LlamaForCausalLM(cfg).eval()
+    assert supports_segments(m)
+    paths = _paths(seed=6, vocab=300)
+    seq, rows = _tree_row(paths)
+    with torch.no_grad():
+        got = token_logprobs(m, seq)
+    for p, r in zip(paths, rows):
+        torch.testing.assert_close(got[r[1:]], _reference(m, p), atol=2e-5, rtol=1e-5)
