@@ -10,21 +10,29 @@ import sys
 import tempfile
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
 class SandboxConfig(BaseModel):
     """Bubblewrap settings.
 
-    The harness keeps the host's network namespace: ``--unshare-net`` would also
-    cut loopback, and the harness must reach the proxy on 127.0.0.1. Everything
-    else is locked down: read-only root, private /tmp and HOME (tmpfs), private
-    pid/ipc/uts namespaces, every other execution's workspace and the task's
-    hidden files covered by empty tmpfs mounts.
+    Read-only root, private /tmp and HOME (tmpfs), private pid/ipc/uts
+    namespaces, every other execution's workspace and the task's hidden files
+    covered by empty tmpfs mounts. Network: ``--unshare-net`` alone would cut
+    the harness off from the proxy (a new namespace has its own loopback), so by
+    default ("proxy-only") the proxy's port is bridged into the sandbox's
+    loopback through a unix socket and nothing else is reachable; "shared" keeps
+    the host's network namespace instead.
     """
 
     enabled: bool = False
     bwrap: str = "bwrap"
+    # "shared": the host's network namespace (the harness reaches the proxy on loopback, but
+    # also anything else the host can reach). "proxy-only": its own network namespace; the
+    # proxy is bridged in through a unix socket (gyre.harness.netbridge), nothing else is reachable.
+    network: Literal["shared", "proxy-only"] = "proxy-only"
     # Extra host paths to hide from the harness (covered by an empty tmpfs).
     hide_paths: list[Path] = Field(default_factory=list)
     # Extra read-only binds (src -> same path) for things under hidden trees.

@@ -23,9 +23,11 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +35,7 @@ from .assessment import Assessment, Missing, MissingReason, Scored
 from .config import ExecutorConfig
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_claude
+from .netbridge import UnixForwarder
 from .sandbox import SANDBOX_HOME, bwrap_argv, bwrap_available
 from .scorer import Scorer
 from .task import Task
@@ -243,7 +246,9 @@ class HarnessExecutor:
                 if self._register is None:
                     raise ExecutionError("no api_key in the spec and no register hook on the executor")
                 key = await self._register(spec.execution_id, spec.label or f"{task.name}/{prof.name}")
-            argv, env = self._command(spec, key, ws, inputs, artifacts, home)
+            bridge = self._bridge_target(spec.base_url)
+            base_url = spec.base_url if bridge is None else bridge[2]
+            argv, env = self._command(spec, base_url, key, ws, inputs, artifacts, home)
         except (ProfileError, ExecutionError) as e:
             run.stop, run.error = "launch_failed", str(e)
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
@@ -254,10 +259,21 @@ class HarnessExecutor:
         if shutil.which(argv[0], path=env.get("PATH")) is None:
             run.stop, run.error = "launch_failed", f"harness command not found or not executable: {argv[0]!r}"
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        forwarder: UnixForwarder | None = None
+        sock_dir: Path | None = None
         if self._bwrap:
+            writable = [artifacts]
+            if bridge is not None:
+                # Proxy-only network: own network namespace, the proxy reachable through a unix socket.
+                sock_dir = Path(tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp"))  # short: AF_UNIX paths <= 107 bytes
+                forwarder = UnixForwarder(sock_dir / "p.sock", bridge[0], bridge[1])
+                argv = [sys.executable, "-m", "gyre.harness.netbridge", "--listen", f"127.0.0.1:{bridge[1]}",
+                        "--unix", str(sock_dir / "p.sock"), "--", *argv]
+                writable.append(sock_dir)
             argv = bwrap_argv(
                 argv, workspace=ws, hide=[cfg.workspace_root.resolve(), task.hidden, *cfg.sandbox.hide_paths],
-                writable=[artifacts], ro_binds=[inputs, *cfg.sandbox.ro_binds], home=SANDBOX_HOME, bwrap=self._bwrap,
+                writable=writable, ro_binds=[inputs, *cfg.sandbox.ro_binds], home=SANDBOX_HOME, bwrap=self._bwrap,
+                unshare_net=bridge is not None,
             )
             env["HOME"] = SANDBOX_HOME
 
@@ -269,6 +285,8 @@ class HarnessExecutor:
         timings.setup_s = now - t_launch
         started = asyncio.get_running_loop().create_future()
         try:
+            if forwarder is not None:
+                await forwarder.start()
             pres = await run_process(
                 argv, cwd=ws, env=env, stdout_path=Path(run.stdout_path), stderr_path=Path(run.stderr_path),
                 timeout_s=timeout, max_log_bytes=cfg.max_log_bytes, kill_grace_s=cfg.kill_grace_s, on_start=started,
@@ -276,6 +294,11 @@ class HarnessExecutor:
         except OSError as e:
             run.stop, run.error = "launch_failed", f"harness could not start: {e}"
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        finally:
+            if forwarder is not None:
+                await forwarder.stop()
+            if sock_dir is not None:
+                shutil.rmtree(sock_dir, ignore_errors=True)
         timings.harness_s = pres.wall_s
         timings.launched_s = timings.queued_s + (pres.started_at - t_launch)
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
@@ -314,8 +337,19 @@ class HarnessExecutor:
         artifacts.mkdir()
         home.mkdir()
 
-    def _command(self, spec: ExecutionSpec, key: str, ws: Path, inputs: Path, artifacts: Path, home: Path) -> tuple[list[str], dict[str, str]]:
-        base = spec.base_url.rstrip("/")
+    def _bridge_target(self, base_url: str) -> tuple[str, int, str] | None:
+        """(proxy host, port, base URL as the sandboxed harness sees it) in proxy-only mode, else None."""
+        if not self._bwrap or self.config.sandbox.network != "proxy-only":
+            return None
+        u = urlsplit(base_url)
+        if u.scheme != "http" or not u.hostname:
+            raise ExecutionError(f"proxy-only sandbox network needs an http:// base URL, got {base_url!r}")
+        port = u.port or 80
+        return u.hostname, port, urlunsplit(("http", f"127.0.0.1:{port}", u.path, u.query, u.fragment))
+
+    def _command(self, spec: ExecutionSpec, base_url: str, key: str, ws: Path, inputs: Path, artifacts: Path,
+                 home: Path) -> tuple[list[str], dict[str, str]]:
+        base = base_url.rstrip("/")
         root = base[: -len("/v1")] if base.endswith("/v1") else base
         prof = spec.profile
         values = {
@@ -324,7 +358,7 @@ class HarnessExecutor:
             "workspace": str(ws),
             "artifacts": str(artifacts),
             "home": SANDBOX_HOME if self._bwrap else str(home),
-            "base_url": spec.base_url,
+            "base_url": base_url,
             "openai_base_url": root + "/v1",
             "anthropic_base_url": root,
             "api_key": key,

@@ -144,16 +144,18 @@ async def test_reference_agent_e2e(stack, tmp_path):
 
 
 @pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
-async def test_reference_agent_sandboxed_reaches_proxy(stack, tmp_path):
-    """In the sandbox (shared network namespace) the harness still reaches the proxy on loopback."""
+@pytest.mark.parametrize("network", ["shared", "proxy-only"])
+async def test_reference_agent_sandboxed_reaches_proxy(stack, tmp_path, network):
+    """In the sandbox the harness still reaches the proxy: on the shared loopback, or bridged
+    through a unix socket into its own network namespace (proxy-only)."""
     url, register, traces = stack
     prof = load_profile("reference").model_copy(update={"args": ["--context-limit", "50"]})
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True, network=network))
     async with HarnessExecutor(cfg, register=register) as ex:
-        r = await ex.run(ExecutionSpec(execution_id="ref-fix-sandboxed", task=pyfix("temperature"), profile=prof,
-                                       base_url=url))
+        r = await ex.run(ExecutionSpec(execution_id=f"ref-fix-sandboxed-{network}", task=pyfix("temperature"),
+                                       profile=prof, base_url=url))
     assert r.reward == 1.0, _diag(r)
-    assert sum(roles_of(traces, "ref-fix-sandboxed", "reference").values()) == 6
+    assert sum(roles_of(traces, f"ref-fix-sandboxed-{network}", "reference").values()) == 6
 
 
 @pytest.mark.harness
@@ -214,9 +216,10 @@ async def test_claude_code_e2e(stack, tmp_path):
 @pytest.mark.skipif(find_claude() is None, reason="Claude Code is not installed (scripts/install-harnesses.sh)")
 @pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
 async def test_claude_code_sandboxed_e2e(stack, tmp_path):
-    """Claude Code under bubblewrap (read-only root, tmpfs HOME, shared network) still fixes the task."""
+    """Claude Code under bubblewrap (read-only root, tmpfs HOME, own network namespace with only the
+    proxy bridged in) still fixes the task, streaming through the bridge."""
     url, register, traces = stack
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True, network="proxy-only"))
     async with HarnessExecutor(cfg, register=register) as ex:
         r = await ex.run(ExecutionSpec(execution_id="cc-fix-sandboxed", task=pyfix("temperature"),
                                        profile=load_profile("claude-code"), base_url=url, harness_timeout_s=240))

@@ -257,3 +257,48 @@ async def test_sandbox_isolates_workspaces_and_hidden_tests(tmp_path):
     async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
         r2 = await ex.run(spec("probe2", task, shell_profile(f"cat {task_dir}/tests/secret.txt")))
     assert "TOP-SECRET" in Path(r2.harness.stdout_path).read_text()
+
+
+@needs_bwrap
+async def test_proxy_only_network_reaches_the_proxy_and_nothing_else(tmp_path):
+    """network="proxy-only": own network namespace; the base URL's port is bridged in, others are not."""
+    import socket
+
+    from gyre.engine.runner import ServerRunner
+
+    async def app(scope, receive, send):  # a minimal ASGI endpoint standing in for the proxy
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"proxy-says-hi"})
+
+    other = socket.socket()  # another host service on loopback the harness must not reach
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    srv = ServerRunner(app).start()
+    try:
+        task = load_task(make_task(tmp_path))
+        probe = ("python - <<'EOF'\n"
+                 "import os, socket, urllib.request\n"
+                 "print(urllib.request.urlopen(os.environ['OPENAI_BASE_URL'] + '/models', timeout=10).read().decode())\n"
+                 "try:\n"
+                 f"    socket.create_connection(('127.0.0.1', {other.getsockname()[1]}), timeout=2); print('OTHER-REACHED')\n"
+                 "except OSError as e:\n"
+                 "    print('other unreachable', type(e).__name__)\n"
+                 "EOF\n"
+                 "echo 42 > answer.txt")
+        for network in ("proxy-only", "shared"):
+            cfg = ExecutorConfig(workspace_root=tmp_path / f"runs-{network}",
+                                 sandbox=SandboxConfig(enabled=True, network=network))
+            async with HarnessExecutor(cfg) as ex:
+                r = await ex.run(ExecutionSpec(execution_id="p", task=task, profile=shell_profile(probe),
+                                               base_url=srv.url, api_key="k"))
+            out = Path(r.harness.stdout_path).read_text() + Path(r.harness.stderr_path).read_text()
+            assert "proxy-says-hi" in out and r.reward == 1.0, out
+            if network == "proxy-only":
+                assert "other unreachable" in out and "OTHER-REACHED" not in out, out
+            else:
+                assert "OTHER-REACHED" in out, out  # what proxy-only prevents
+    finally:
+        srv.stop()
+        other.close()
