@@ -25,6 +25,8 @@ def run(
     workspace_root: Optional[Path] = typer.Option(None, "--workspace-root", help="Where execution folders go (default: $TMPDIR/gyre-executions)."),
     execution_id: Optional[str] = typer.Option(None, "--execution-id", help="Default: <task>-<random>."),
     sandbox: bool = typer.Option(False, "--sandbox/--no-sandbox", help="Run the harness and the verifier under bubblewrap."),
+    sandbox_network: str = typer.Option("proxy-only", "--sandbox-network",
+                                        help="proxy-only (own network namespace, only the base URL bridged in) or shared."),
     harness_timeout: Optional[float] = typer.Option(None, "--harness-timeout", help="Seconds; overrides timeout_sec of the agent table in task.toml."),
     overall_timeout: Optional[float] = typer.Option(None, "--overall-timeout", help="Seconds; overrides the task's overall budget."),
     arg: list[str] = typer.Option([], "--arg", help="Extra argument appended to the profile's command (repeatable)."),
@@ -47,7 +49,10 @@ def run(
         raise typer.Exit(2)
     if arg:
         prof = prof.model_copy(update={"args": [*prof.args, *arg]})
-    cfg = ExecutorConfig(sandbox=SandboxConfig(enabled=sandbox))
+    if sandbox_network not in ("proxy-only", "shared"):
+        typer.echo(f"error: --sandbox-network must be proxy-only or shared, got {sandbox_network!r}", err=True)
+        raise typer.Exit(2)
+    cfg = ExecutorConfig(sandbox=SandboxConfig(enabled=sandbox, network=sandbox_network))
     if workspace_root is not None:
         cfg.workspace_root = workspace_root
     spec = ExecutionSpec(
