@@ -66,6 +66,7 @@ class TokenEvent:
     rid: str
     token: int
     raw_logprob: float
+    tempered_logprob: float
     processed_logprob: float
     finish: Optional[FinishReason] = None
     cached_tokens: int = 0     # prefill only: input tokens whose K/V came from the prefix cache
@@ -222,7 +223,7 @@ class DecodeBatch:
         return events
 
     def _sampled(self, row: Row, logits: torch.Tensor) -> TokenEvent:
-        tok, raw_lp, proc_lp = sample_row(logits.cpu(), row.params, row.generator)
+        tok, raw_lp, temp_lp, proc_lp = sample_row(logits.cpu(), row.params, row.generator)
         row.n_out += 1
         row.next_token = tok
         finish = None
@@ -230,7 +231,7 @@ class DecodeBatch:
             finish = FinishReason(type="stop", matched=tok)
         elif row.n_out >= row.params.max_new_tokens:
             finish = FinishReason(type="length", length=row.n_out)
-        return TokenEvent(row.rid, tok, raw_lp, proc_lp, finish)
+        return TokenEvent(row.rid, tok, raw_lp, temp_lp, proc_lp, finish)
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:

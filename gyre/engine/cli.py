@@ -21,7 +21,7 @@ def serve(
     max_batch: int = typer.Option(8, "--max-batch", help="Embedded: most requests decoded together."),
     engine_id: Optional[str] = typer.Option(None, "--engine-id", help="Id reported in responses and model info."),
     max_context: Optional[int] = typer.Option(None, "--max-context", help="Limit on input + max_new_tokens."),
-    logprob_mode: str = typer.Option("raw", "--logprob-mode", help="Embedded: raw | processed (see docs/engine.md)."),
+    logprob_mode: str = typer.Option("raw", "--logprob-mode", help="Embedded: raw | tempered | processed (docs/engine.md)."),
     dtype: str = typer.Option("float32", "--dtype", help="Embedded: float32 | bfloat16 | float16."),
     torch_threads: Optional[int] = typer.Option(None, "--torch-threads", help="Embedded: torch intra-op threads."),
     prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Embedded: prefix K/V cache budget (0: off)."),

@@ -44,10 +44,11 @@ class EmbeddedEngineConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     attn_implementation: Optional[str] = Field("sdpa", description="HF attn_implementation (sdpa, eager).")
-    logprob_mode: Literal["raw", "processed"] = Field(
-        "raw", description="raw: log-softmax of the model's logits at temperature 1 (SGLang's default; "
-        "what a trainer recomputes); processed: log-prob under the distribution actually sampled from "
-        "(temperature, top-k, top-p, min-p applied and renormalised).")
+    logprob_mode: Literal["raw", "tempered", "processed"] = Field(
+        "raw", description="raw: log-softmax of the model's logits at temperature 1 (what a trainer recomputes; "
+        "SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB=1); tempered: log-softmax(logits / T) (SGLang's default); "
+        "processed: log-prob under the distribution actually sampled from (temperature, top-k, top-p, "
+        "min-p applied and renormalised; 0 for greedy).")
     prefill_chunk_tokens: int = Field(
         2048, ge=0, description="Most prompt tokens prefilled per scheduler step; longer prompts are split so "
         "live requests keep decoding between the chunks (0: whole prompts at once).")

@@ -260,7 +260,7 @@ class EmbeddedEngine(Engine):
             st = self._live.get(ev.rid)
             if st is None or st.finish is not None:
                 continue  # aborted meanwhile: its tokens past the abort are discarded
-            lp = ev.raw_logprob if self.config.logprob_mode == "raw" else ev.processed_logprob
+            lp = getattr(ev, f"{self.config.logprob_mode}_logprob")
             if ev.cached_tokens:
                 st.cached_tokens = ev.cached_tokens
             st.append(ev.token, lp, version)

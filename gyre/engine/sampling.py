@@ -1,23 +1,25 @@
 """Token sampling and behaviour log-probs for the embedded engine (torch, one row at a time).
 
-Two log-probs are computed for every sampled token:
+Three log-probs are computed for every sampled token (``EmbeddedEngineConfig.logprob_mode``
+picks the one reported):
 
-- ``raw``: ``log_softmax(logits)[token]`` of the model's own distribution at
-  temperature 1, before temperature/top-k/top-p/min-p. This is what SGLang
-  returns by default and what a trainer recomputes with a forward pass, so
-  the engine's default behaviour log-prob is directly comparable with the
-  trainer's (``EmbeddedEngineConfig.logprob_mode = "raw"``).
-- ``processed``: the log-prob under the distribution actually sampled from
-  (tempered, truncated, renormalised). Greedy decoding samples from a point
-  mass, so its processed log-prob is 0.0. Use it when the importance ratio
-  must be against the true sampling distribution (``logprob_mode = "processed"``).
+- ``raw`` (default): ``log_softmax(logits)[token]``, the model's own distribution at
+  temperature 1, before temperature/top-k/top-p/min-p. It is what the trainer
+  recomputes with a forward pass, so the importance ratio compares like with like;
+  SGLang returns it with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``.
+- ``tempered``: ``log_softmax(logits / T)[token]`` (raw for greedy), no truncation:
+  SGLang's default.
+- ``processed``: the log-prob under the distribution actually sampled from (tempered,
+  truncated by top-k/top-p/min-p, renormalised). Greedy samples from a point mass, so
+  it is 0.0.
 
-Greedy is ``argmax`` of the raw logits, exactly as ``model.generate(do_sample=False)``.
+At temperature 1 without truncation all three agree. Greedy is ``argmax`` of the raw
+logits, exactly as ``model.generate(do_sample=False)``.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -49,15 +51,22 @@ def processed_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return x
 
 
-def sample_row(logits: torch.Tensor, p: SamplingParams, generator: Optional[torch.Generator]
-               ) -> tuple[int, float, float]:
-    """Sample one token from a row of logits; returns (token, raw_logprob, processed_logprob)."""
+class Sampled(NamedTuple):
+    token: int
+    raw: float
+    tempered: float
+    processed: float
+
+
+def sample_row(logits: torch.Tensor, p: SamplingParams, generator: Optional[torch.Generator]) -> Sampled:
+    """Sample one token from a row of logits, with its three log-probs."""
     logits = logits.float()
     raw = torch.log_softmax(logits, dim=-1)
     if p.greedy:
         tok = int(torch.argmax(logits))
-        return tok, float(raw[tok]), 0.0
+        return Sampled(tok, float(raw[tok]), float(raw[tok]), 0.0)
     x = processed_logits(logits, p)
     logp = torch.log_softmax(x, dim=-1)
     tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
-    return tok, float(raw[tok]), float(logp[tok])
+    tempered = float(torch.log_softmax(logits / p.temperature, dim=-1)[tok]) if p.temperature != 1.0 else float(raw[tok])
+    return Sampled(tok, float(raw[tok]), tempered, float(logp[tok]))

@@ -259,25 +259,38 @@ async def test_connection_error_is_distinct():
         assert await c.health() is False
 
 
-async def test_two_engines_in_one_process_and_processed_logprobs(tiny_model_dir, hf_model):
-    """No global state: two in-process engines, one reporting processed (tempered) log-probs."""
+async def test_three_engines_in_one_process_and_logprob_modes(tiny_model_dir, hf_model):
+    """No global state: three in-process engines, one per log-prob mode, same seeded tokens."""
     raw = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="a"))
     proc = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="b", logprob_mode="processed"))
+    temp = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="c", logprob_mode="tempered"))
     await raw.start()
     await proc.start()
+    await temp.start()
     try:
-        sp = {"max_new_tokens": 8, "temperature": 0.7, "seed": 5, "ignore_eos": True}
-        a, b = await asyncio.gather(raw.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params=sp)),
-                                    proc.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params=sp)))
-        assert a.output_ids == b.output_ids
-        assert a.meta_info.engine_id == "a" and b.meta_info.engine_id == "b"
+        sp = {"max_new_tokens": 8, "temperature": 0.7, "top_k": 40, "seed": 5, "ignore_eos": True}
+        req = GenerateRequest(input_ids=PROMPTS[0], sampling_params=sp)
+        a, b, c = await asyncio.gather(raw.generate(req), proc.generate(req), temp.generate(req))
+        assert a.output_ids == b.output_ids == c.output_ids
+        assert (a.meta_info.engine_id, b.meta_info.engine_id, c.meta_info.engine_id) == ("a", "b", "c")
         assert a.logprobs == pytest.approx(hf_logprobs(hf_model, PROMPTS[0], a.output_ids), abs=1e-4)
-        assert b.logprobs == pytest.approx(hf_logprobs(hf_model, PROMPTS[0], b.output_ids, 0.7), abs=1e-4)
+        assert c.logprobs == pytest.approx(hf_logprobs(hf_model, PROMPTS[0], c.output_ids, 0.7), abs=1e-4)
+        # processed: tempered and cut to the top 40, renormalised
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([PROMPTS[0] + b.output_ids])).logits[0].float() / 0.7
+        n = len(PROMPTS[0])
+        ref = []
+        for i, t in enumerate(b.output_ids):
+            row = logits[n - 1 + i]
+            kth = torch.topk(row, 40).values[-1]
+            ref.append(torch.log_softmax(row.masked_fill(row < kth, float("-inf")), -1)[t].item())
+        assert b.logprobs == pytest.approx(ref, abs=1e-4)
         g = await proc.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, **GREEDY}))
         assert g.logprobs == [0.0] * 4  # greedy samples from a point mass
     finally:
         await raw.stop()
         await proc.stop()
+        await temp.stop()
 
 
 async def test_weights_update_mid_request_is_recorded_per_segment(client, tiny_model_dir):

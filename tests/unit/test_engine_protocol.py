@@ -140,15 +140,16 @@ def test_processed_logits_topk_topp_minp():
 def test_sample_row_logprobs_and_determinism():
     torch.manual_seed(0)
     logits = torch.randn(50)
-    tok, raw, proc = sample_row(logits, SamplingParams(temperature=0.0), None)
+    tok, raw, tempered, proc = sample_row(logits, SamplingParams(temperature=0.0), None)
     assert tok == int(logits.argmax()) and proc == 0.0
-    assert raw == pytest.approx(float(torch.log_softmax(logits, -1)[tok]))
+    assert raw == tempered == pytest.approx(float(torch.log_softmax(logits, -1)[tok]))
     p = SamplingParams(temperature=0.8, top_k=10)
     a = [sample_row(logits, p, g)[0] for g in [make_generator(3)] for _ in range(20)]
     b = [sample_row(logits, p, g)[0] for g in [make_generator(3)] for _ in range(20)]
     assert a == b
-    tok, raw, proc = sample_row(logits, p, make_generator(4))
+    tok, raw, tempered, proc = sample_row(logits, p, make_generator(4))
     assert tok in torch.topk(logits, 10).indices.tolist()
+    assert tempered == pytest.approx(float(torch.log_softmax(logits / 0.8, -1)[tok]))
     assert proc == pytest.approx(float(torch.log_softmax(processed_logits(logits, p), -1)[tok]))
     assert raw == pytest.approx(float(torch.log_softmax(logits, -1)[tok]))
     assert proc > raw  # truncation + sharpening moves mass onto the kept tokens
