@@ -283,10 +283,15 @@ def ancestor_mask(parent: list[int], device: torch.device | None = None) -> torc
         return m
 
 
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax in at least float32 (bf16/fp16 models), keeping float64 models in float64."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def _gather_logprobs(model, hidden: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor,
                      parents: torch.Tensor, L: int) -> torch.Tensor:
     head = model.get_output_embeddings()
-    logits = head(hidden.index_select(0, parents)).float()
+    logits = _wide(head(hidden.index_select(0, parents)))
     lp = torch.log_softmax(logits, dim=-1).gather(1, ids.index_select(0, targets)[:, None])[:, 0]
     return torch.zeros(L, dtype=lp.dtype, device=lp.device).index_put((targets,), lp)
 
@@ -308,7 +313,8 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
     tgt_list = [i for i, t in enumerate(seq.is_target) if t]
     if L == 0 or not tgt_list:
         # Keep the graph connected so callers can still .backward() a zero loss.
-        return torch.zeros(L, device=dev) + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
+        wdt = torch.promote_types(next(model.parameters()).dtype, torch.float32)
+        return torch.zeros(L, device=dev, dtype=wdt) + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
     targets = torch.tensor(tgt_list, dtype=torch.long, device=dev)
     parents = torch.tensor([seq.parent[i] for i in tgt_list], dtype=torch.long, device=dev)
     if impl == "auto":
@@ -322,7 +328,7 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
     if impl == "dense":
         mask = ancestor_mask(seq.parent, device=dev)
         if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
-            mask = torch.zeros(L, L, device=dev).masked_fill(~mask, float("-inf"))
+            mask = torch.zeros(L, L, device=dev, dtype=next(model.parameters()).dtype).masked_fill(~mask, float("-inf"))
         out = model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None])
         hidden = out.last_hidden_state[0]
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
@@ -331,7 +337,7 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
     for p in seq.parent:
         if p >= 0:
             has_child[p] = True
-    out = torch.zeros(L, device=dev)
+    out = torch.zeros(L, device=dev, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
     done = [False] * L
     pieces_idx: list[torch.Tensor] = []
     pieces_val: list[torch.Tensor] = []
@@ -348,7 +354,7 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
         if not want:
             continue
         cidx = torch.tensor(chain, dtype=torch.long, device=dev)
-        logits = model(input_ids=ids[cidx][None], position_ids=pos[cidx][None]).logits[0].float()
+        logits = _wide(model(input_ids=ids[cidx][None], position_ids=pos[cidx][None]).logits[0])
         lp = torch.log_softmax(logits, dim=-1)
         w = torch.tensor(want, dtype=torch.long, device=dev)
         vals = lp[w - 1].gather(1, ids[cidx][w][:, None])[:, 0]

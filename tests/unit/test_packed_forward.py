@@ -315,3 +315,18 @@ def test_llama_shaped_model_is_exact():
         got = token_logprobs(m, seq)
     for p, r in zip(paths, rows):
         torch.testing.assert_close(got[r[1:]], _reference(m, p), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["segments", "dense", "expand"])
+def test_float64_models_stay_float64(tiny_model_dir, impl):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    paths = _paths(seed=7)
+    seq, rows = _tree_row(paths)
+    with torch.no_grad():
+        got = token_logprobs(m, seq, impl=impl)
+    assert got.dtype == torch.float64
+    ref = torch.log_softmax(m(input_ids=torch.tensor([paths[0]])).logits[0], -1)
+    want = torch.stack([ref[j - 1, paths[0][j]] for j in range(1, len(paths[0]))])
+    torch.testing.assert_close(got[rows[0][1:]], want.detach(), atol=1e-10, rtol=1e-10)
