@@ -134,6 +134,8 @@ class SimResult:
     missing_assessments: int
     groups_trained: int
     sim_wall_s: float
+    gather_h: float | None = None  # sum of the bursts' gather (None unless recorded); see burst_breakdown
+    overhang_h: float | None = None  # sum of the bursts' training overhang
     bursts: list[dict[str, float]] = field(default_factory=list, repr=False)
     timeline: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -191,6 +193,8 @@ def summarise(world, lb: LowerBound) -> SimResult:
     )
     if world.record:
         res.bursts = burst_breakdown(world)
+        res.gather_h = float(sum(b["gather_h"] for b in res.bursts))
+        res.overhang_h = float(sum(b["overhang_h"] for b in res.bursts))
         res.timeline = {
             "segments": tr.segments,
             "busy": tr.busy,
