@@ -94,6 +94,11 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
     async def _refused(_req: Request, exc: EngineInputError) -> JSONResponse:
         return JSONResponse(error_payload(str(exc), 400), status_code=400)
 
+    @app.exception_handler(Exception)
+    async def _failed(_req: Request, exc: Exception) -> JSONResponse:  # a bug, not bad input: say so, in shape
+        return JSONResponse(error_payload(f"engine error: {type(exc).__name__}: {exc}", 500, "engine_error"),
+                            status_code=500)
+
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         req = await _parse(GenerateRequest, request)
