@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from gyre.cli import app
@@ -76,3 +78,13 @@ def test_sim_pairs_lists_staleness_pairs():
     r = runner.invoke(app, ["sim", "pairs", "--target", "1.5", "-B", "32"])
     assert r.exit_code == 0, r.output
     assert "colocate  (0, 4)" in r.output and "(0.5, 3)" in r.output
+
+
+def test_sim_bursts_prints_breakdown_and_json_has_totals():
+    r = runner.invoke(app, ["sim", "--preset", "seed-toy", "--placement", "elastic", "--bursts"])
+    assert r.exit_code == 0, r.output
+    assert "gather" in r.output and "overhang" in r.output
+    r = runner.invoke(app, ["sim", "--preset", "seed-toy", "--placement", "elastic", "--json"])
+    obj = json.loads(r.output)
+    assert len(obj["bursts"]) == 4  # 12 steps / mu = 3
+    assert obj["gather_h"] + obj["overhang_h"] == pytest.approx(obj["makespan_h"])
