@@ -87,13 +87,14 @@ def show(
     j_max: Optional[int] = typer.Option(None, "--j-max", help="Mark the paths admitted under this cap."),
     seed: int = typer.Option(0, help="Admission seed."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML picture of the tree here."),
+    png_out: Optional[Path] = typer.Option(None, "--png", help="Also write a PNG icicle picture of the tree here."),
     tokenizer: Optional[Path] = typer.Option(None, help="Tokenizer directory: show node text."),
     max_nodes: int = typer.Option(400, help="Print at most this many nodes."),
     profile: Optional[Path] = typer.Option(None, help="RoleProfile JSON file."),
 ) -> None:
     """An indented outline of the tree's radix nodes (leaves with role and admission order)."""
     from gyre.trace.admission import admit
-    from gyre.trace.stats import load_tree, render_html, render_text
+    from gyre.trace.stats import load_tree, render_html, render_png, render_text
 
     tree = load_tree(trace, _profile(profile))
     adm = admit(tree, j_max, seed)
@@ -104,6 +105,8 @@ def show(
     if html_out is not None:
         html_out.write_text(render_html(tree, adm, decode=decode), encoding="utf-8")
         typer.echo(f"wrote {html_out}")
+    if png_out is not None:
+        typer.echo(f"wrote {render_png(tree, png_out, adm)}")
 
 
 @app.command("synth")

@@ -190,3 +190,51 @@ def render_html(tree: TrajectoryTree, adm: Admission | None = None,
               'admitted target <span class="adm">green</span></p>')
     return (f"<!doctype html><meta charset=utf-8><title>{html.escape(tree.execution_id)}</title>"
             f"<style>{style}</style><h3>{html.escape(repr(tree))}</h3>{legend}{roots}")
+
+
+ROLE_COLOURS = {"main": "#1f77b4", "main-summary": "#2ca02c", "sub-agent": "#ff7f0e", "sub-agent-summary": "#d62728"}
+
+
+def render_png(tree: TrajectoryTree, path: str | Path, adm: Admission | None = None) -> Path:
+    """An icicle picture: x = depth in tokens, one lane per leaf; a node spans its leaves' lanes.
+
+    Leaves are coloured by role, shared inner nodes grey; admitted paths are
+    numbered at their leaf. Needs matplotlib (a Gyre dependency), imported here.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    lane: dict[int, tuple[int, int]] = {}  # node -> [first lane, last lane + 1)
+    order = {lf: i for i, lf in enumerate(tree.leaves)}  # pre-order: a subtree's leaves are contiguous
+    for n in reversed(tree.nodes):
+        if not n.children:
+            lane[n.id] = (order[n.id], order[n.id] + 1)
+        else:
+            lane[n.id] = (min(lane[c][0] for c in n.children), max(lane[c][1] for c in n.children))
+    admitted = {p.leaf: i for i, p in enumerate(adm.paths)} if adm else {}
+    n_leaves = max(1, len(tree.leaves))
+    max_depth = max((n.depth + n.length for n in tree.nodes), default=1)
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.35 * n_leaves))
+    for n in tree.nodes:
+        a, b = lane[n.id]
+        colour = ROLE_COLOURS[tree.leaf_role(n.id).value] if not n.children else "#b0b0b0"
+        ax.add_patch(Rectangle((n.depth, a + 0.08), n.length, b - a - 0.16, facecolor=colour,
+                               edgecolor="black" if n.id in admitted else "white", linewidth=0.6))
+        if n.id in admitted:
+            ax.text(n.depth + n.length, (a + b) / 2, f" #{admitted[n.id] + 1}", va="center", fontsize=8)
+    ax.set_xlim(0, max_depth * 1.06)
+    ax.set_ylim(n_leaves, 0)
+    ax.set_yticks([i + 0.5 for i in range(len(tree.leaves))])
+    ax.set_yticklabels([tree.leaf_role(lf).value for lf in tree.leaves], fontsize=8)
+    ax.set_xlabel("depth (tokens)")
+    cap = "" if adm is None else f", admitted J_max={adm.j_max}"
+    ax.set_title(f"{tree.execution_id}: {len(tree.requests)} requests, {len(tree)} unique tokens, "
+                 f"{len(tree.leaves)} paths{cap}", fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -33,7 +33,9 @@ def test_synth_stats_show(tmp_path):
     r = runner.invoke(app, ["stats", str(trace), str(trace), "--j-max", "3"])
     assert r.exit_code == 0 and "total over 2 executions: 120 requests, 14 paths" in r.output
     html = tmp_path / "t.html"
-    r = runner.invoke(app, ["show", str(trace), "--j-max", "4", "--html", str(html)])
+    png = tmp_path / "t.png"
+    r = runner.invoke(app, ["show", str(trace), "--j-max", "4", "--html", str(html), "--png", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r.exit_code == 0, r.output
     assert "LEAF main-summary" in r.output and "admitted #4" in r.output
     assert html.read_text().count("<details") == s["unique_nodes"]
