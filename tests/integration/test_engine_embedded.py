@@ -408,3 +408,27 @@ async def test_sliding_window_models_are_refused_clearly(tmp_path):
     eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="full-attention decoder models only"):
         await eng.start()
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_model_dir):
+    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir)))
+    await eng.start()
+    try:
+        real_step = type(eng._batch).step
+        calls = {"n": 0}
+
+        def flaky_step(self):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected failure")
+            return real_step(self)
+
+        eng._batch.step = flaky_step.__get__(eng._batch)
+        r = await asyncio.wait_for(
+            eng.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 50, **GREEDY})), 30)
+        assert r.meta_info.finish_reason.type == "abort" and "injected failure" in r.meta_info.finish_reason.message
+        assert 0 < len(r.output_ids) < 50  # partial output kept
+        ok = await eng.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 5, **GREEDY}))
+        assert ok.meta_info.finish_reason.type == "length" and ok.output_ids[: len(r.output_ids)] == r.output_ids[:5]
+    finally:
+        await eng.stop()

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from gyre.engine.client import EngineClient, EngineRequestError
+from gyre.engine.client import EngineClient, EngineRequestError, EngineServerError
 from gyre.engine.config import ScriptedEngineConfig
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
@@ -127,3 +127,17 @@ def test_engine_service_start_stop_and_clear_startup_failure(tmp_path):
     bad = EngineService(EmbeddedEngineConfig(model_dir=str(tmp_path / "nope")))
     with pytest.raises(RuntimeError, match="failed to start: .*nope"):
         bad.start()
+
+
+async def test_engine_bug_is_a_500_in_protocol_shape():
+    class BrokenEngine(NullEngine):  # test double: an engine with a bug in request handling
+        def validate(self, req):
+            raise RuntimeError("bug in validate")
+
+    async with ServerRunner(create_app(BrokenEngine())) as srv:
+        async with httpx.AsyncClient(base_url=srv.url) as http:
+            resp = await http.post("/generate", json={"input_ids": [1]})
+        assert resp.status_code == 500 and "bug in validate" in resp.json()["error"]["message"]
+        async with EngineClient(srv.url) as c:
+            with pytest.raises(EngineServerError, match="bug in validate"):
+                await c.generate([1], {"max_new_tokens": 1})
