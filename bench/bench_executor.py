@@ -92,10 +92,10 @@ async def baseline(n: int, harness_s: float, root: Path) -> dict:
     return with_cpu({"wall_s": wall, "starts_per_s": n / (max(starts) - t0), "overhead_s": list(over)}, c0, n)
 
 
-async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool) -> dict:
+async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool, network: str = "proxy-only") -> dict:
     task = load_task(make_task(root))
     prof = load_profile("synthetic").model_copy(update={"args": harness_args(harness_s)})
-    cfg = ExecutorConfig(workspace_root=root / "runs", max_concurrency=n, sandbox=SandboxConfig(enabled=sandbox),
+    cfg = ExecutorConfig(workspace_root=root / "runs", max_concurrency=n, sandbox=SandboxConfig(enabled=sandbox, network=network),
                          keep_workspaces=False)
     cfg.scorer.max_concurrency = 16
     c0 = cpu()
@@ -142,8 +142,10 @@ async def main() -> None:
     ex = await executor_run(a.n, a.harness_s, root / "plain", sandbox=False)
     rows.append(("executor", ex))
     if not a.no_sandbox and bwrap_available():
-        exs = await executor_run(a.n, a.harness_s, root / "sandboxed", sandbox=True)
-        rows.append(("executor + bwrap sandbox", exs))
+        exs = await executor_run(a.n, a.harness_s, root / "sandboxed", sandbox=True, network="shared")
+        rows.append(("executor + bwrap (shared net)", exs))
+        exp = await executor_run(a.n, a.harness_s, root / "sandboxed-po", sandbox=True, network="proxy-only")
+        rows.append(("executor + bwrap (proxy-only net)", exp))
     base2 = await baseline(a.n, a.harness_s, root / "b2")
     rows.append(("bare subprocess (baseline, after)", base2))
     b_over = (med(base["overhead_s"]) + med(base2["overhead_s"])) / 2
