@@ -166,7 +166,9 @@ def bench_overhead(stack: Stack, calls: int) -> dict:
 
 async def _load(url: str, n_exec: int, calls_each: int, direct: bool) -> float:
     # one client per 16 executions: httpcore scans its whole pool per request (quadratic in one big pool)
-    clients = [httpx.AsyncClient(timeout=300) for _ in range((n_exec + 15) // 16)]
+    # idle connections expire before the servers' keep-alive (uvicorn: 5 s) closes them
+    clients = [httpx.AsyncClient(timeout=300, limits=httpx.Limits(keepalive_expiry=2.0))
+               for _ in range((n_exec + 15) // 16)]
     try:
         async def execution(i: int) -> None:
             client = clients[i // 16]

@@ -215,15 +215,22 @@ class EnginePool:
 
     # -- generation ---------------------------------------------------------------------------
     @staticmethod
-    def _body(rid: str, input_json: bytes, extra_ids: list[int], sampling: dict[str, Any], stream: bool) -> bytes:
-        ids = input_json
+    def _body(rid: str, input_parts: list[bytes], extra_ids: list[int], sampling: dict[str, Any],
+              stream: bool) -> bytes:
+        """The /generate body, assembled with one join from pre-serialised id pieces."""
+        pieces = [p for p in input_parts if p]
         if extra_ids:
-            ids = ids + b"," + jsonfast.ids_json(extra_ids) if ids else jsonfast.ids_json(extra_ids)
-        return b"".join([b'{"rid":', jsonfast.dumps(rid), b',"input_ids":[', ids, b'],"sampling_params":',
-                         jsonfast.dumps(sampling), b',"return_logprob":true,"stream":',
-                         b"true" if stream else b"false", b"}"])
+            pieces.append(jsonfast.ids_json(extra_ids))
+        out = [b'{"rid":', jsonfast.dumps(rid), b',"input_ids":[']
+        for i, p in enumerate(pieces):
+            if i:
+                out.append(b",")
+            out.append(p)
+        out += [b'],"sampling_params":', jsonfast.dumps(sampling), b',"return_logprob":true,"stream":',
+                b"true" if stream else b"false", b"}"]
+        return b"".join(out)
 
-    async def generate(self, execution_id: str, input_json: bytes, input_len: int, sampling: dict[str, Any],
+    async def generate(self, execution_id: str, input_parts: list[bytes], input_len: int, sampling: dict[str, Any],
                        *, stream: bool) -> AsyncIterator[tuple[list[int], list[float]] | GenResult]:
         """Yield ``(new_ids, new_logprobs)`` pieces as they are sampled, then one :class:`GenResult`.
 
@@ -242,7 +249,7 @@ class EnginePool:
             rid = f"gyre-{uuid.uuid4().hex[:16]}"
             f = InFlight(rid=rid, execution_id=execution_id, engine=engine)
             sp = dict(sampling, max_new_tokens=max(budget - len(out_ids), 0))
-            body = self._body(rid, input_json, out_ids, sp, stream)
+            body = self._body(rid, input_parts, out_ids, sp, stream)
             start = len(out_ids)
             finish: Optional[str] = None
             version_marks: list[tuple[int, int]] = []

@@ -50,8 +50,7 @@ class Plan:
     request_id: str
     bridge: Bridge
     suffix: list[int]
-    prefix_json: bytes
-    input_json: bytes
+    input_parts: list[bytes]  # JSON pieces of the input ids (prefix pieces are shared, not copied)
     input_len: int
     mode: str  # continuation | resample | full | template_fallback
     verify_equal: Optional[bool] = None
@@ -172,9 +171,10 @@ class ProxyService:
                 suffix = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
         except RenderError as e:
             raise bad_request(f"the model's chat template cannot render this conversation: {e}") from None
-        prefix = st.prefix_json(bridge.base, bridge.base_len)
-        input_json = b",".join(p for p in (prefix, jsonfast.ids_json(suffix) if suffix else b"") if p)
-        plan = Plan(rid, bridge, suffix, prefix, input_json, bridge.base_len + len(suffix), mode)
+        parts = st.prefix_parts(bridge.base, bridge.base_len)
+        if suffix:
+            parts = parts + [jsonfast.ids_json(suffix)]
+        plan = Plan(rid, bridge, suffix, parts, bridge.base_len + len(suffix), mode)
         if self.config.verify_bridge and mode == "continuation":
             full = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
             plan.verify_equal = full == bridge.base.materialise(bridge.base_len) + suffix
@@ -338,7 +338,7 @@ class ProxyService:
             return evs
 
         try:
-            gen = self.pool.generate(st.execution_id, plan.input_json, plan.input_len, sampling, stream=call.stream)
+            gen = self.pool.generate(st.execution_id, plan.input_parts, plan.input_len, sampling, stream=call.stream)
             async with contextlib.aclosing(gen):
                 async for item in gen:
                     if isinstance(item, GenResult):
@@ -409,7 +409,7 @@ class ProxyService:
             raw_items=None, tools_raw=call.tools_raw, tools=call.tools, head=b.head, assistant=turn.as_message(),
             base=b.base, base_len=b.base_len, suffix=plan.suffix, output=list(result.output_ids),
         )
-        st.add_node(node, plan.prefix_json, call.raw_items, plan.input_json)
+        st.add_node(node, [], call.raw_items, plan.input_parts)
         st.counters[plan.mode] = st.counters.get(plan.mode, 0) + 1
         self.counters["answered"] += 1
         self.counters[plan.mode] += 1

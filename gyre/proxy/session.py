@@ -52,8 +52,10 @@ class CallNode:
     base_len: int
     suffix: list[int]
     output: list[int]
-    full_json: Optional[bytes] = None  # JSON of input+output ids without brackets (hot calls only)
-    out_off: int = 0  # byte offset where the output part starts in full_json
+    # JSON of input+output ids as pieces (no brackets; join with b","), kept for hot calls only:
+    # building the next engine request then costs one join, not re-serialising the ids
+    json_parts: Optional[list[bytes]] = None
+    n_input_parts: int = 0  # json_parts[:n_input_parts] is the input
 
     @property
     def input_len(self) -> int:
@@ -93,10 +95,6 @@ class Bridge:
     head: list[Message]
     forked: bool = False
     fork_at: Optional[int] = None  # index of the first message that differed from a recorded call
-
-
-def _concat_json(*parts: bytes) -> bytes:
-    return b",".join(p for p in parts if p)
 
 
 @dataclass
@@ -193,25 +191,33 @@ class ExecutionState:
                       forked=forked, fork_at=fork_at)
 
     # -- prefix ids as JSON --------------------------------------------------------------------
-    def prefix_json(self, base: Optional[CallNode], base_len: int) -> bytes:
+    def prefix_parts(self, base: Optional[CallNode], base_len: int) -> list[bytes]:
+        """JSON pieces of ``base``'s first ``base_len`` ids (no copy when ``base`` is hot)."""
         if base is None or base_len == 0:
-            return b""
-        if base.full_json is not None:
+            return []
+        if base.json_parts is not None:
             if id(base) in self.hot:
                 self.hot.move_to_end(id(base))
             if base_len == base.full_len:
-                return base.full_json
+                return list(base.json_parts)
             if base_len == base.input_len:
-                return base.full_json[: base.out_off]
-        return jsonfast.ids_json(base.materialise(base_len))
+                return base.json_parts[: base.n_input_parts]
+        return [jsonfast.ids_json(base.materialise(base_len))]
+
+    def prefix_json(self, base: Optional[CallNode], base_len: int) -> bytes:
+        return b",".join(self.prefix_parts(base, base_len))
 
     # -- recording ---------------------------------------------------------------------------
-    def add_node(self, node: CallNode, prefix: bytes, call_raw: list[Any], input_json: Optional[bytes] = None) -> None:
-        """Record an answered call; ``input_json`` (prefix + suffix ids as JSON) saves rebuilding it."""
-        if input_json is None:
-            input_json = _concat_json(prefix, jsonfast.ids_json(node.suffix) if node.suffix else b"")
-        node.out_off = len(input_json)
-        node.full_json = _concat_json(input_json, jsonfast.ids_json(node.output) if node.output else b"")
+    def add_node(self, node: CallNode, prefix: "list[bytes] | bytes", call_raw: list[Any],
+                 input_parts: Optional[list[bytes]] = None) -> None:
+        """Record an answered call; ``input_parts`` (prefix + suffix ids as JSON pieces) saves rebuilding them."""
+        if input_parts is None:
+            prefix_list = [prefix] if isinstance(prefix, bytes) else list(prefix)
+            input_parts = [p for p in prefix_list + [jsonfast.ids_json(node.suffix) if node.suffix else b""] if p]
+        if len(input_parts) > 16:  # compact now and then: one copy every ~8 calls, not one per call
+            input_parts = [b",".join(input_parts)]
+        node.n_input_parts = len(input_parts)
+        node.json_parts = input_parts + ([jsonfast.ids_json(node.output)] if node.output else [])
         node.raw_items = call_raw
         if node.base is not None and node.base.raw_items is not None and node.base_len == node.base.full_len:
             node.base.raw_items = None  # superseded by the extension: one raw copy per leaf
@@ -222,7 +228,7 @@ class ExecutionState:
         self.hot[id(node)] = node
         while len(self.hot) > self.hot_nodes:
             _, old = self.hot.popitem(last=False)
-            old.full_json = None
+            old.json_parts = None
 
 
 def _same_turn(a: list[Message], b: list[Message]) -> bool:

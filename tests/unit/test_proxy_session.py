@@ -96,6 +96,6 @@ def test_prefix_json_hot_and_rebuilt_from_chain():
     full = nodes[-1].materialise(nodes[-1].full_len)
     assert full == [1, 2, 3, 11, 12, 13, 21, 22, 23, 31, 32, 33]
     assert st.prefix_json(nodes[-1], nodes[-1].full_len) == jsonfast.ids_json(full)  # hot
-    assert nodes[1].full_json is None  # evicted
+    assert nodes[1].json_parts is None  # evicted
     assert st.prefix_json(nodes[1], nodes[1].full_len) == jsonfast.ids_json(full[:6])  # rebuilt
     assert st.prefix_json(nodes[-1], nodes[-1].input_len) == jsonfast.ids_json(full[:-1])
