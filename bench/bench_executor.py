@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -133,6 +134,7 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--harness-s", type=float, default=3.0)
     ap.add_argument("--no-sandbox", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the execution folders (default: removed)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))
     rows = []
@@ -161,6 +163,8 @@ async def main() -> None:
               f"{med(r['overhead_s']) / b_over:.2f}x |")
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
+    if not a.keep:
+        shutil.rmtree(root, ignore_errors=True)
     (out / "bench_executor.json").write_text(json.dumps({name: {k: (v if not isinstance(v, list) else {
         "median": med(v), "p95": p95(v)}) for k, v in r.items()} for name, r in rows}, indent=1))
 
