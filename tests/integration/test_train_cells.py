@@ -3,11 +3,13 @@
 One spawn of 3 processes runs several scenarios in turn (process + torch start-up is
 paid once): the same batch trained by the core alone, by 3 cells splitting the
 micro-steps evenly, by 3 cells of which two join after micro-steps were done, and
-streamed (groups landing one by one) with late joiners. A second pair of spawns kills
-a satellite mid-step and resumes from the last checkpoint.
+streamed (groups landing one by one) with late joiners. The same spawn then trains 3 steps
+uninterrupted, and 3 steps with checkpoints in which satellite 1 is SIGKILLed mid-step
+(ending the spawn); a second spawn of 2 cells resumes from the last checkpoint.
 """
 
 import json
+import re
 
 import pytest
 from safetensors.torch import load_file
@@ -32,9 +34,20 @@ def _lines(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def test_one_vs_three_cells_vs_late_joiners(tiny_model_dir, tmp_path):
+# run_local notices the SIGKILLed cell at once and stops the others; the stall timeout is only a backstop
+STREAM_KILL = StreamConfig(batch_groups=2, token_budget=64, stall_timeout_s=60)
+KILL_DATA = SyntheticData(n_groups=6, group_size=3, seed=11)
+KILL_JOINS = {1: JoinPlan(after_done=1)}
+
+
+@pytest.fixture(scope="module")
+def cells_run(tiny_model_dir, tmp_path_factory):
+    """One spawn of 3 cells runs every scenario; the last one kills satellite 1 mid-step,
+    which ends the spawn (that is the point). Returns (out dir, the spawn's error)."""
+    out = tmp_path_factory.mktemp("cells")
     cfg = _cfg(tiny_model_dir, stream=StreamConfig(batch_groups=6, token_budget=64, stall_timeout_s=60))
     data = SyntheticData(n_groups=6, group_size=3, seed=1)  # packs into 12 micro-steps (asserted below)
+    ck = CheckpointConfig(dir=str(out / "ck"))
     runs = [
         LocalRun(name="core_alone", cfg=cfg, data=data),
         LocalRun(name="even", cfg=cfg, data=data, core_max_claims=4,
@@ -43,20 +56,34 @@ def test_one_vs_three_cells_vs_late_joiners(tiny_model_dir, tmp_path):
                  joins={1: JoinPlan(after_done=2), 2: JoinPlan(after_done=4)}),
         LocalRun(name="streamed_late", cfg=cfg, data=data, source="one_per_pump", core_max_claims=2,
                  joins={1: JoinPlan(after_done=1), 2: JoinPlan(after_done=2)}),
+        LocalRun(name="full", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL), data=KILL_DATA, steps=3,
+                 joins=KILL_JOINS),
+        LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
+                 steps=3, joins=KILL_JOINS, kill=KillPlan(cell=1, step=2, after_micro_steps=1)),
     ]
-    run_local(3, runs, tmp_path, timeout_s=240)
-    final = {r.name: load_file(str(tmp_path / r.name / "final.safetensors")) for r in runs}
-    m = {r.name: _lines(tmp_path / r.name / "metrics.jsonl")[0] for r in runs}
+    err = None
+    try:
+        run_local(3, runs, out, timeout_s=300)
+    except Exception as e:  # expected: the killed run
+        err = e
+    return out, err, ck
+
+
+def test_one_vs_three_cells_vs_late_joiners(cells_run, tiny_model_dir):
+    out, _, _ = cells_run
+    names = ["core_alone", "even", "late", "streamed_late"]
+    final = {n: load_file(str(out / n / "final.safetensors")) for n in names}
+    m = {n: _lines(out / n / "metrics.jsonl")[0] for n in names}
     assert m["core_alone"]["train/participants"] == 1 and m["core_alone"]["train/micro_steps"] == 12
     # even split: 12 micro-steps, 4 each, over the 3-cell communicator
     assert m["even"]["train/participants"] == 3 and m["even"]["claims"] == {"0": 4, "1": 4, "2": 4}
     # late joiners: they joined after micro-steps were done, and still did work
     for name in ("late", "streamed_late"):
-        cells = [json.loads((tmp_path / name / f"cell{c}.json").read_text())[0] for c in (1, 2)]
+        cells = [json.loads((out / name / f"cell{c}.json").read_text())[0] for c in (1, 2)]
         assert all(c["joined"] and c["micro_steps"] >= 1 for c in cells), (name, cells)
         assert m[name]["train/participants"] == 3
-    init = load_file(str(tiny_model_dir / "model.safetensors"))
-    moved = max(float((final["core_alone"][k] - init[k].double()).abs().max()) for k in init)
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    moved = max(float((final["core_alone"][k] - base[k].double()).abs().max()) for k in base)
     assert moved > 5e-4  # the step changed the weights (AdamW first step ~ lr)
     for name in ("even", "late", "streamed_late"):
         assert _diff(final["core_alone"], final[name]) < 1e-9, name
@@ -64,28 +91,23 @@ def test_one_vs_three_cells_vs_late_joiners(tiny_model_dir, tmp_path):
         assert m[name]["actor/loss"] == pytest.approx(m["core_alone"]["actor/loss"], rel=1e-6)  # float32 l_t sums
 
 
-def test_kill_a_satellite_mid_step_and_resume(tiny_model_dir, tmp_path):
-    stream = StreamConfig(batch_groups=2, token_budget=64, stall_timeout_s=4)
-    data = SyntheticData(n_groups=6, group_size=3, seed=11)
-    joins = {1: JoinPlan(after_done=1)}
-    full = LocalRun(name="full", cfg=_cfg(tiny_model_dir, stream=stream), data=data, steps=3, joins=joins)
-    ck = CheckpointConfig(dir=str(tmp_path / "ck"))
-    killed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=stream, checkpoint=ck), data=data, steps=3,
-                      joins=joins, kill=KillPlan(cell=1, step=2, after_micro_steps=1))
-    with pytest.raises(Exception, match="SIGKILL|StepStalled|signal"):  # satellite SIGKILLed; the core stalls
-        run_local(2, [full, killed], tmp_path, timeout_s=240)
-    assert (tmp_path / "full" / "final.safetensors").exists()
-    done = _lines(tmp_path / "killed" / "metrics.jsonl")
+def test_kill_a_satellite_mid_step_and_resume(cells_run, tiny_model_dir):
+    out, err, ck = cells_run
+    assert err is not None and re.search("SIGKILL|StepStalled|signal", str(err)), err
+    assert (out / "full" / "final.safetensors").exists()
+    done = _lines(out / "killed" / "metrics.jsonl")
     assert [d["step"] for d in done] == [0, 1]  # step 2 never committed
-    resumed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=stream, checkpoint=ck), data=data, steps=3,
-                       joins=joins, resume=True, fresh_store_namespace="-resume")
-    run_local(2, [resumed], tmp_path, timeout_s=240)
-    after = _lines(tmp_path / "killed" / "metrics.jsonl")
+    # resume with a different number of cells (2): the checkpoint holds only core state
+    resumed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
+                       steps=3, joins=KILL_JOINS, resume=True, fresh_store_namespace="-resume")
+    run_local(2, [resumed], out, timeout_s=240)
+    after = _lines(out / "killed" / "metrics.jsonl")
     assert [d["step"] for d in after] == [0, 1, 2]
-    full_m = _lines(tmp_path / "full" / "metrics.jsonl")
+    assert after[2]["train/participants"] == 2
+    full_m = _lines(out / "full" / "metrics.jsonl")
     trained = [g for d in after for g in d["groups"]]
     assert len(trained) == len(set(trained)) == 6  # no group twice, none lost
     assert [d["groups"] for d in after] == [d["groups"] for d in full_m]
-    a = load_file(str(tmp_path / "full" / "final.safetensors"))
-    b = load_file(str(tmp_path / "killed" / "final.safetensors"))
+    a = load_file(str(out / "full" / "final.safetensors"))
+    b = load_file(str(out / "killed" / "final.safetensors"))
     assert _diff(a, b) < 1e-12
