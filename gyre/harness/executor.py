@@ -205,16 +205,17 @@ class HarnessExecutor:
         ws, inputs, artifacts, home = exec_dir / "workspace", exec_dir / "input", exec_dir / "artifacts", exec_dir / "home"
         run = HarnessRun(stdout_path=str(exec_dir / "harness.stdout"), stderr_path=str(exec_dir / "harness.stderr"))
 
-        def result(assessment: Scored | Missing) -> ExecutionResult:
+        def result(assessment: Scored | Missing, write: bool = True) -> ExecutionResult:
             timings.total_s = time.monotonic() - t_submit
             r = ExecutionResult(
                 execution_id=spec.execution_id, task=task.name, profile=prof.name, assessment=assessment,
                 harness=run, workspace=str(ws), execution_dir=str(exec_dir), timings=timings,
             )
-            try:
-                (exec_dir / "result.json").write_text(r.model_dump_json(indent=2))
-            except OSError:
-                pass
+            if write:  # never into a folder this execution did not create
+                try:
+                    (exec_dir / "result.json").write_text(r.model_dump_json(indent=2))
+                except OSError:
+                    pass
             return r
 
         try:
@@ -231,29 +232,31 @@ class HarnessExecutor:
                        result: Callable[[Scored | Missing], ExecutionResult]) -> ExecutionResult:
         cfg, task, prof = self.config, spec.task, spec.profile
         # 1. Fresh workspace.
+        if exec_dir.exists():
+            run.error = f"execution folder {exec_dir} already exists (stale run with the same id?); left untouched"
+            return result(Missing(reason=MissingReason.infra_error, detail=run.error), write=False)
         try:
-            if exec_dir.exists():
-                raise FileExistsError(f"execution folder {exec_dir} already exists (stale run with the same id?)")
             await asyncio.to_thread(self._prepare, task, prof, exec_dir, ws, inputs, artifacts, home)
         except OSError as e:
             run.error = f"workspace setup failed: {e}"
             return result(Missing(reason=MissingReason.infra_error, detail=run.error))
 
         # 2. Key and command line.
-        try:
-            key = spec.api_key
-            if key is None:
+        key = spec.api_key
+        if key is None:
+            try:
                 if self._register is None:
                     raise ExecutionError("no api_key in the spec and no register hook on the executor")
                 key = await self._register(spec.execution_id, spec.label or f"{task.name}/{prof.name}")
+            except Exception as e:  # proxy down, HTTP error, no hook
+                run.stop, run.error = "launch_failed", f"key registration failed: {type(e).__name__}: {e}"
+                return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        try:
             bridge = self._bridge_target(spec.base_url)
             base_url = spec.base_url if bridge is None else bridge[2]
             argv, env = self._command(spec, base_url, key, ws, inputs, artifacts, home)
         except (ProfileError, ExecutionError) as e:
             run.stop, run.error = "launch_failed", str(e)
-            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
-        except Exception as e:  # registration failed (proxy down, HTTP error)
-            run.stop, run.error = "launch_failed", f"key registration failed: {type(e).__name__}: {e}"
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         run.argv = argv
         if shutil.which(argv[0], path=env.get("PATH")) is None:

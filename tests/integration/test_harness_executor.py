@@ -208,7 +208,20 @@ async def test_caller_errors(tmp_path):
             await ex.run(spec("x", task, shell_profile("true")))
         # No key and no register hook: a launch failure, recorded.
         r = await ex.run(ExecutionSpec(execution_id="nokey", task=task, profile=shell_profile("true"), base_url="http://x"))
-        assert isinstance(r.assessment, Missing) and "register" in r.assessment.detail
+        assert isinstance(r.assessment, Missing) and "register hook" in r.assessment.detail
+    # A stale folder with the same id (another executor instance): Missing, and the old record is left alone.
+    (tmp_path / "runs" / "x" / "result.json").write_text("old")
+    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs")) as ex:
+        r = await ex.run(spec("x", task, shell_profile("true")))
+    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.infra_error
+    assert (tmp_path / "runs" / "x" / "result.json").read_text() == "old"
+
+    async def failing_register(eid: str, label: str) -> str:
+        raise ConnectionError("proxy down")
+
+    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs3"), register=failing_register) as ex:
+        r = await ex.run(ExecutionSpec(execution_id="k", task=task, profile=shell_profile("true"), base_url="http://x"))
+    assert r.harness.stop == "launch_failed" and "proxy down" in r.assessment.detail
 
 
 async def test_concurrency_limit_and_register_hook(tmp_path):
