@@ -126,6 +126,11 @@ class TrajectoryTree:
         self.node_of: np.ndarray = np.zeros(0, dtype=np.int64)
         self.leaf_request: dict[int, int] = {}  # leaf node -> request index (last request on its path)
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_np_cache", None)  # the packer's numpy view; rebuilt on demand
+        return state
+
     # ------------------------------------------------------------------ insertion
     def __len__(self) -> int:
         return len(self.tokens)

@@ -96,3 +96,16 @@ def test_validate_rejects_broken_rows():
     row.is_target[0] = True
     with pytest.raises(PackingError, match="predecessor"):
         row.validate()
+
+
+def test_admissions_pickle_for_ray():
+    """Admissions (with their trees) cross process boundaries (Ray) and pack the same afterwards."""
+    import pickle
+
+    adms = _admissions(2, j_max=3)
+    pack(adms, "tree", 10_000)  # populates the packer's numpy cache on the trees
+    again = pickle.loads(pickle.dumps(adms))
+    for mode in ("paths", "tree"):
+        a = pack(adms, mode, 10_000)
+        b = pack(again, mode, 10_000)
+        assert [s.sequences for s in a] == [s.sequences for s in b]
