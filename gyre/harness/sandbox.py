@@ -20,6 +20,7 @@ verifier needs no network and runs with ``--unshare-net``.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -78,4 +79,47 @@ def bwrap_argv(
         p = Path(p).resolve()
         argv += ["--bind", str(p), str(p)]
     argv += ["--bind", str(ws), str(ws), "--chdir", str(ws), "--"]
+    return argv + list(command)
+
+
+HARBOR_APP, HARBOR_TESTS, HARBOR_LOGS = "/app", "/tests", "/logs/verifier"
+
+
+def harbor_verifier_argv(
+    command: list[str],
+    *,
+    workspace_copy: Path,
+    tests: Path,
+    reward_dir: Path,
+    hide: list[Path],
+    home: str,
+    bwrap: str = "bwrap",
+) -> list[str]:
+    """bwrap argv for a verifier with Harbor's paths: the workspace copy at ``/app``, the
+    tests at ``/tests``, the result folder at ``/logs/verifier``; no network.
+
+    ``/`` cannot be bound read-only as a whole here (new top-level mount points
+    could not be created on it), so the root is bubblewrap's own tmpfs with each
+    top-level host directory bound read-only into it (symlinks such as
+    ``/bin -> usr/bin`` recreated), which leaves room for ``/app``, ``/tests``
+    and ``/logs``.
+    """
+    argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
+    for entry in sorted(Path("/").iterdir()):
+        if entry.name in ("dev", "proc", "sys", "tmp") or entry.name in ("app", "tests", "logs"):
+            continue
+        if entry.is_symlink():
+            argv += ["--symlink", os.readlink(entry), str(entry)]
+        elif entry.is_dir():
+            argv += ["--ro-bind", str(entry), str(entry)]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for h in sorted({Path(p).resolve() for p in hide}, key=lambda p: len(p.parts)):
+        if _covers(Path("/tmp"), h) or not h.is_dir():
+            continue
+        argv += ["--tmpfs", str(h)]
+    argv += ["--tmpfs", home, "--setenv", "HOME", home,
+             "--bind", str(Path(workspace_copy).resolve()), HARBOR_APP,
+             "--bind", str(Path(tests).resolve()), HARBOR_TESTS,
+             "--bind", str(Path(reward_dir).resolve()), HARBOR_LOGS,
+             "--chdir", HARBOR_APP, "--"]
     return argv + list(command)

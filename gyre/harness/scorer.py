@@ -18,6 +18,11 @@ Verifier contract (``tests/test.sh``, run with ``bash`` and cwd = the copy):
 - no result file, an unreadable one, or a verifier past its timeout is a
   *missing* assessment, never a zero.
 
+With the sandbox on, the verifier also sees Harbor's paths: the copy at
+``/app`` (its cwd), the tests at ``/tests``, the result folder at
+``/logs/verifier`` (the ``GYRE_*`` variables then point there), so a Harbor
+``test.sh`` that hard-codes them runs unchanged.
+
 Rule ``binary``: 1 if every test passed (or the reward is >= 1), else 0.
 Rule ``fraction``: passed / total (or the reward clipped to [0, 1]).
 """
@@ -36,7 +41,7 @@ from pathlib import Path
 from .assessment import Missing, MissingReason, Scored
 from .config import ScorerConfig
 from .process import run_process
-from .sandbox import bwrap_argv
+from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, harbor_verifier_argv
 from .task import Task
 
 
@@ -161,12 +166,12 @@ class Scorer:
         }
         argv = ["bash", str(tests / "test.sh")]
         if self._bwrap and self.config.sandbox:
-            argv = bwrap_argv(
-                argv, workspace=ws, hide=self._hide + [task.hidden], writable=[tests, reward_dir],
-                home=str(home), unshare_net=True, bwrap=self._bwrap,
+            # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
+            argv = harbor_verifier_argv(
+                ["bash", f"{HARBOR_TESTS}/test.sh"], workspace_copy=ws, tests=tests, reward_dir=reward_dir,
+                hide=self._hide + [task.hidden], home=str(home), bwrap=self._bwrap,
             )
-            # bwrap_argv sets HOME to the tmpfs path; keep the env in step.
-            env["HOME"] = str(home)
+            env.update(GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS)
         remaining = budget - (time.monotonic() - t0)
         try:
             res = await run_process(

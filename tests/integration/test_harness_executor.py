@@ -315,3 +315,32 @@ async def test_proxy_only_network_reaches_the_proxy_and_nothing_else(tmp_path):
     finally:
         srv.stop()
         other.close()
+
+
+HARBOR_TEST_SH = """#!/bin/bash
+# A Harbor-style verifier: hard-coded /app, /tests and /logs/verifier, no GYRE_* variables.
+cd /app
+cat > /tmp/test_outputs.py <<'PY'
+def test_answer():
+    assert open("/app/answer.txt").read().strip() == "42"
+PY
+if PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:cacheprovider /tmp/test_outputs.py; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+@needs_bwrap
+async def test_harbor_style_verifier_paths_with_sandbox(tmp_path):
+    task = load_task(make_task(tmp_path, "harbor", test_sh=HARBOR_TEST_SH))
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
+    async with HarnessExecutor(cfg) as ex:
+        good, bad = await ex.run_many([spec("h1", task, shell_profile("echo 42 > answer.txt")),
+                                       spec("h0", task, shell_profile("echo 41 > answer.txt"))])
+    assert good.reward == 1.0 and bad.reward == 0.0, (good.assessment, bad.assessment)
+    # Without the sandbox those absolute paths do not exist: a missing assessment, not a zero.
+    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
+        r = await ex.run(spec("h2", task, shell_profile("echo 42 > answer.txt")))
+    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.evaluator_error
