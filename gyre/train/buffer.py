@@ -7,12 +7,18 @@ executions, all-equal groups), packs the rest into micro-steps under a token
 budget and puts them on the claim queue. Streaming means this happens whenever
 groups land, so cells start computing before the batch is complete.
 
-Input rows: each execution brings its packed rows (:class:`PackedSequence`, from
-the trajectory-tree admission and packing of ``gyre.trace``), each row holding
-targets of that execution only. Packing here never cuts a row; it keeps an
-execution's rows in one micro-step whenever they fit the budget, so its s_e is
-computed locally. An execution larger than the budget is split across
-micro-steps and its tasks carry ``spans`` so replicas pre-pass s_e.
+Input per execution, either:
+
+* an ``Admission`` from ``gyre.trace.admission.admit`` (its trajectory tree and
+  admitted paths): packed by ``gyre.trace.packing.pack`` in ``paths`` or ``tree``
+  mode; that packer bin-packs paths/subtrees and may put one execution into
+  several micro-steps; or
+* already packed rows (:class:`PackedSequence`), each holding targets of that
+  execution only: :func:`pack_rows` never cuts a row and keeps an execution's rows
+  in one micro-step whenever they fit the budget.
+
+Either way, an execution whose targets end up in several micro-steps is listed in
+those tasks' ``spans`` and replicas get its s_e from a no-grad pre-pass.
 
 The *data cursor* is the set of consumed group ids: a group enters the buffer only
 once, and a step's groups become consumed when the core commits that step.

@@ -75,7 +75,6 @@ def _cell_main(rank: int, world: int, dist_port: int, store_port: int, runs_json
 
     torch.set_num_threads(1)
     from gyre.train.comm import init_cell_process
-    from gyre.train.coordinator import StoreCoordinator
 
     comm = init_cell_process(rank, world, dist_port)
     store = dist.TCPStore("127.0.0.1", store_port, world, rank == 0, wait_for_workers=False)

@@ -38,6 +38,7 @@ def _lines(path):
 STREAM_KILL = StreamConfig(batch_groups=2, token_budget=64, stall_timeout_s=60)
 KILL_DATA = SyntheticData(n_groups=6, group_size=3, seed=11)
 KILL_JOINS = {1: JoinPlan(after_done=1)}
+KILL_CORE_CLAIMS = 1  # the core takes one micro-step per step, so satellite 1 always joins and works
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +53,16 @@ def cells_run(tiny_model_dir, tmp_path_factory):
         LocalRun(name="core_alone", cfg=cfg, data=data),
         LocalRun(name="even", cfg=cfg, data=data, core_max_claims=4,
                  joins={1: JoinPlan(max_claims=4), 2: JoinPlan(max_claims=4)}),
+        # claim caps make sure every late joiner gets work (else the core could finish alone)
         LocalRun(name="late", cfg=cfg, data=data, core_max_claims=5,
-                 joins={1: JoinPlan(after_done=2), 2: JoinPlan(after_done=4)}),
+                 joins={1: JoinPlan(after_done=2, max_claims=4), 2: JoinPlan(after_done=4)}),
         LocalRun(name="streamed_late", cfg=cfg, data=data, source="one_per_pump", core_max_claims=2,
-                 joins={1: JoinPlan(after_done=1), 2: JoinPlan(after_done=2)}),
+                 joins={1: JoinPlan(after_done=1, max_claims=6), 2: JoinPlan(after_done=2)}),
         LocalRun(name="full", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL), data=KILL_DATA, steps=3,
-                 joins=KILL_JOINS),
+                 joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS),
         LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
-                 steps=3, joins=KILL_JOINS, kill=KillPlan(cell=1, step=2, after_micro_steps=1)),
+                 steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS,
+                 kill=KillPlan(cell=1, step=2, after_micro_steps=1)),
     ]
     err = None
     try:
@@ -97,9 +100,11 @@ def test_kill_a_satellite_mid_step_and_resume(cells_run, tiny_model_dir):
     assert (out / "full" / "final.safetensors").exists()
     done = _lines(out / "killed" / "metrics.jsonl")
     assert [d["step"] for d in done] == [0, 1]  # step 2 never committed
+    assert all(d["train/participants"] == 2 for d in done)
     # resume with a different number of cells (2): the checkpoint holds only core state
     resumed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
-                       steps=3, joins=KILL_JOINS, resume=True, fresh_store_namespace="-resume")
+                       steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS, resume=True,
+                       fresh_store_namespace="-resume")
     run_local(2, [resumed], out, timeout_s=240)
     after = _lines(out / "killed" / "metrics.jsonl")
     assert [d["step"] for d in after] == [0, 1, 2]

@@ -4,7 +4,6 @@ import copy
 import json
 
 import pytest
-import torch
 
 from gyre.train.buffer import PackingBuffer, ReadyGroup, pack_groups
 from gyre.train.checkpoint import latest_checkpoint

@@ -1,6 +1,5 @@
 """Real trajectory trees from gyre.trace (build_tree -> admit -> pack) through the trainer."""
 
-import pytest
 
 from gyre.trace.admission import admit
 from gyre.trace.synthetic import small_execution
