@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from gyre.harness.profiles import HarnessProfile
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task
 
-from test_harness_util import live_pids_with, make_task, shell_profile
+sys.path.insert(0, str(Path(__file__).parent))  # robust to import modes / package layouts
+from test_harness_util import live_pids_with, make_task, shell_profile  # noqa: E402
 
 needs_bwrap = pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
 
