@@ -122,11 +122,17 @@ class RequestHandle:
             self.engine._requests.pop(st.rid, None)
 
     async def result(self) -> GenerateResponse:
-        last = None
-        async for snap in self.updates():
-            last = snap
-        assert last is not None
-        return last
+        """The final response; no intermediate snapshots are built (they cost O(n) each)."""
+        st = self.state
+        try:
+            while st.finish is None:
+                await st.changed.wait()
+                st.changed.clear()
+        finally:
+            if st.finish is None:
+                self.engine.abort_state(st, "client went away before the request finished")
+            self.engine._requests.pop(st.rid, None)
+        return st.snapshot(self.engine.engine_id, self.engine.weight_version)
 
 
 class Engine(ABC):
