@@ -49,6 +49,12 @@ class HarnessProfile(BaseModel):
     needs_solution: bool = False  # copy the task's solution/ into the execution's inputs
     roles: str | None = None  # role rule set name (gyre.harness.roles)
 
+    def role_profile(self):  # -> gyre.trace.roles.RoleProfile
+        """The role rules for this harness's requests (``gyre.harness.roles``); default rules if unknown."""
+        from .roles import role_profile
+
+        return role_profile(self.roles)
+
     def render(self, values: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """argv and env with every ``{var}`` filled; ProfileError names an unknown one."""
         vals = dict(values)

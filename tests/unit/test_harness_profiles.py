@@ -95,3 +95,5 @@ def test_claude_code_roles_on_constructed_requests():
     assert prof.role_of({**main, "last_user_head": "please use a sub-agent"}) == Role.MAIN
     assert role_profile("mini-swe-agent").role_of(main) == Role.MAIN
     assert role_profile("unknown").name == "default"
+    assert load_profile("claude-code").role_profile().name == "claude-code"
+    assert load_profile("synthetic").role_profile().name == "default"
