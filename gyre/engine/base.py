@@ -74,7 +74,9 @@ class RequestState:
         self.changed.set()
 
     def snapshot(self, engine_id: str, weight_version: int) -> GenerateResponse:
-        meta = MetaInfo(
+        # model_construct: the engine's own data needs no validation, and a cumulative stream
+        # builds one snapshot per chunk (validation would make long streams quadratic in CPU too)
+        meta = MetaInfo.model_construct(
             id=self.rid,
             finish_reason=self.finish,
             prompt_tokens=len(self.input_ids),
@@ -87,7 +89,7 @@ class RequestState:
             weight_version_segments=list(self.version_segments) or None,
             engine_id=engine_id,
         )
-        return GenerateResponse(output_ids=list(self.output_ids), meta_info=meta)
+        return GenerateResponse.model_construct(text=None, output_ids=list(self.output_ids), meta_info=meta)
 
 
 class RequestHandle:
