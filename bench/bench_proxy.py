@@ -69,16 +69,18 @@ def text(rng: random.Random, n_words: int) -> str:
 class Stack:
     def __init__(self, model_dir: str, trace_dir: str, null_tokens: int = 16) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        self.logs = (open(Path(trace_dir) / "engine.log", "w"), open(Path(trace_dir) / "proxy.log", "w"))
         self.eport, self.pport = free_port(), free_port()
         self.engine = subprocess.Popen([GYRE, "engine", "--kind", "null", "--port", str(self.eport),
                                         "--null-tokens", str(null_tokens), "--engine-id", "null0"],
-                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                       env=env, stdout=subprocess.DEVNULL, stderr=self.logs[0])
         self.engine_url = f"http://127.0.0.1:{self.eport}"
         wait_http(self.engine_url + "/health")
         self.proxy = subprocess.Popen([GYRE, "proxy", "--model", model_dir, "--engine", self.engine_url,
                                        "--port", str(self.pport), "--trace-dir", trace_dir, "--no-fsync",
                                        "--max-context", "4000000"],
-                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                      env=env, stdout=subprocess.DEVNULL, stderr=self.logs[1])
         self.url = f"http://127.0.0.1:{self.pport}"
         wait_http(self.url + "/health")
 
@@ -89,6 +91,8 @@ class Stack:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for f in self.logs:
+            f.close()
 
 
 def chat_body(messages: list, max_tokens: int = 16) -> bytes:
@@ -164,6 +168,18 @@ def bench_overhead(stack: Stack, calls: int) -> dict:
             "ratio": p / d}
 
 
+RETRIES = {"count": 0}
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict) -> httpx.Response:
+    """POST with one retry on a broken connection, as the SDKs do (counted and reported)."""
+    try:
+        return await client.post(url, content=body, headers=headers)
+    except httpx.TransportError:
+        RETRIES["count"] += 1
+        return await client.post(url, content=body, headers={**headers, "x-stainless-retry-count": "1"})
+
+
 async def _load(url: str, n_exec: int, calls_each: int, direct: bool) -> float:
     # one client per 16 executions: httpcore scans its whole pool per request (quadratic in one big pool)
     # idle connections expire before the servers' keep-alive (uvicorn: 5 s) closes them
@@ -180,11 +196,11 @@ async def _load(url: str, n_exec: int, calls_each: int, direct: bool) -> float:
                     ids = list(range(10, 10 + 40 * len(msgs)))
                     body = json.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": 16},
                                        "return_logprob": True}).encode()
-                    r = await client.post(url + "/generate", content=body, headers=h)
+                    r = await _post(client, url + "/generate", body, h)
                     r.raise_for_status()
                     msgs.append({"role": "user", "content": "x"})
                 else:
-                    r = await client.post(url + "/v1/chat/completions", content=chat_body(msgs), headers=h)
+                    r = await _post(client, url + "/v1/chat/completions", chat_body(msgs), h)
                     r.raise_for_status()
                     msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
                     msgs.append({"role": "user", "content": text(rng, 20)})
@@ -198,10 +214,14 @@ async def _load(url: str, n_exec: int, calls_each: int, direct: bool) -> float:
 
 
 def bench_concurrency(stack: Stack, n_exec: int, calls_each: int) -> dict:
+    RETRIES["count"] = 0
     via = asyncio.run(_load(stack.url, n_exec, calls_each, direct=False))
+    via_retries = RETRIES["count"]
+    RETRIES["count"] = 0
     direct = asyncio.run(_load(stack.engine_url, n_exec, calls_each, direct=True))
     return {"executions": n_exec, "calls_each": calls_each, "proxy_calls_per_s": via,
-            "direct_calls_per_s": direct, "ratio": via / direct}
+            "direct_calls_per_s": direct, "ratio": via / direct, "client_retries_proxy": via_retries,
+            "client_retries_direct": RETRIES["count"]}
 
 
 def main() -> None:
@@ -245,9 +265,10 @@ def main() -> None:
             c = bench_concurrency(stack, n, 3 if args.quick else 6)
             results["concurrency"] = c
             print(f"\n## Calls per second, {c['executions']} concurrent executions ({c['calls_each']} calls each)")
-            print("| via proxy calls/s | engine direct calls/s | ratio |")
-            print("|---:|---:|---:|")
-            print(f"| {c['proxy_calls_per_s']:.0f} | {c['direct_calls_per_s']:.0f} | {c['ratio']:.2f} |")
+            print("| via proxy calls/s | engine direct calls/s | ratio | connection retries (proxy / direct) |")
+            print("|---:|---:|---:|---:|")
+            print(f"| {c['proxy_calls_per_s']:.0f} | {c['direct_calls_per_s']:.0f} | {c['ratio']:.2f} "
+                  f"| {c['client_retries_proxy']} / {c['client_retries_direct']} |")
     finally:
         stack.close()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
