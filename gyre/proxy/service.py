@@ -226,7 +226,7 @@ class ProxyService:
             events = self._produce(dialect, ex, call, plan, sampling, entry, request.headers, t0)
             if call.stream:
                 # wait for the first event so an early failure is still a plain HTTP error
-                first = await events.__anext__()
+                first = await self._until_hangup(events.__anext__(), request)
                 return StreamingResponse(self._sse(dialect, call, plan, first, events),
                                          media_type="text/event-stream",
                                          headers={"cache-control": "no-cache", "x-gyre-request-id": plan.request_id})
@@ -239,6 +239,8 @@ class ProxyService:
             return JSONResponse(e.body(dialect), status_code=e.status)
         except ClientGone:
             self.counters["client_disconnects"] += 1
+            with contextlib.suppress(Exception):
+                await events.aclose()  # a stream that never started: end the generation
             return Response(status_code=499)
 
     def _replay(self, dialect: str, call: ParsedCall, turn: AssistantTurn) -> Response:
@@ -292,13 +294,17 @@ class ProxyService:
                         return ev.turn
             raise ApiError(503, "generation ended without a result", "server")
 
+        return await self._until_hangup(consume(), request)
+
+    async def _until_hangup(self, coro: Any, request: Request) -> Any:
+        """Await ``coro`` unless the client disconnects first (then cancel it and raise ClientGone)."""
         async def hangup() -> None:
             while True:
                 msg = await request.receive()
                 if msg["type"] == "http.disconnect":
                     return
 
-        work = asyncio.ensure_future(consume())
+        work = asyncio.ensure_future(coro)
         watch = asyncio.ensure_future(hangup())
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
