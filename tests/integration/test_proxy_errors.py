@@ -175,3 +175,18 @@ def test_fuzz_over_http_never_500(env, path, body):
     px, _, keys, _, _ = env
     r = post(px, path, body, keys["a"])
     assert r.status_code < 500, (body, r.text)
+
+
+def test_restart_keeps_every_recorded_call(tiny_model_dir, tiny_tokenizer, tmp_path):
+    """Records are durable before the answer ends; a new proxy on the same trace dir continues them."""
+    with running_engine("scripted", tiny_model_dir, turns=[{"text": "hi"}]) as eng:
+        for round_ in range(2):
+            with running_proxy(tiny_model_dir, [eng.url], tmp_path, tiny_tokenizer) as px:  # fsync on
+                for i in range(2):
+                    r = post(px, "/v1/chat/completions",
+                             {**OA, "messages": [{"role": "user", "content": f"r{round_} c{i}"}]}, "same-key")
+                    assert r.status_code == 200
+    (path,) = list(tmp_path.glob("*.jsonl"))
+    res = read_trace(path, vocab_size=len(tiny_tokenizer))
+    assert res.errors == [] and [r.seq for r in res.records] == [0, 1, 2, 3]
+    assert len({r.request_id for r in res.records}) == 4
