@@ -202,7 +202,7 @@ class ProxyService:
         if s.top_k is not None:
             sp["top_k"] = s.top_k if s.top_k > 0 else -1
         if s.seed is not None:
-            sp["seed"] = s.seed
+            sp["sampling_seed"] = s.seed  # SGLang's name; Gyre engines accept it too
         return sp
 
     # -- the pipeline --------------------------------------------------------------------------
