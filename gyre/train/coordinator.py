@@ -81,6 +81,21 @@ class _Stall:
             raise StepStalled(f"no progress for {self.timeout:.0f}s while {self.what} (state {progress})")
 
 
+class _Backoff:
+    """Sleep between polls: starts at ``poll_s``, grows 1.5x per idle poll up to ``cap_s``.
+
+    Waiting replicas then cost little CPU (they share cores with the ones computing),
+    while a short wait still ends within a few milliseconds.
+    """
+
+    def __init__(self, poll_s: float, cap_s: float = 0.02):
+        self.d, self.cap = poll_s, max(cap_s, poll_s)
+
+    def sleep(self) -> None:
+        time.sleep(self.d)
+        self.d = min(self.d * 1.5, self.cap)
+
+
 class StoreCoordinator:
     """Coordinator over a ``torch.distributed.Store`` (TCPStore, FileStore, ...).
 
@@ -141,6 +156,7 @@ class StoreCoordinator:
     def join(self, step: int, cell: int) -> bool:
         key = self._k(step, "members")
         stall = _Stall(self.stall_timeout_s, f"cell {cell} waits to join step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             if self._has(key):
                 v = self.store.get(key).decode()
@@ -154,7 +170,7 @@ class StoreCoordinator:
                 if int(v) > cell:
                     raise RuntimeError(f"cell {cell} already joined step {step} (members={v})")
             stall.tick(self.store.get(key).decode() if self._has(key) else None)
-            time.sleep(self.poll_s)
+            wait.sleep()
 
     def _closed(self, step: int) -> dict | None:
         key = self._k(step, "closed")
@@ -163,6 +179,7 @@ class StoreCoordinator:
     def claim(self, step: int, idle: Idle = None) -> MicroStepTask | None:
         t = int(self.store.add(self._k(step, "ticket"), 1)) - 1
         stall = _Stall(self.stall_timeout_s, f"waiting for micro-step {t} of step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             n_put = self._int(self._k(step, "n_put"))
             if t < n_put:
@@ -173,7 +190,7 @@ class StoreCoordinator:
             if idle is not None:
                 idle()
             stall.tick(n_put)
-            time.sleep(self.poll_s)
+            wait.sleep()
 
     def get(self, step: int, index: int) -> MicroStepTask:
         return MicroStepTask.from_bytes(self.store.get(self._k(step, f"item/{index}")))
@@ -187,6 +204,7 @@ class StoreCoordinator:
 
     def seal(self, step: int, idle: Idle = None) -> StepSeal:
         stall = _Stall(self.stall_timeout_s, f"sealing step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             closed = self._closed(step)
             nd = self.n_done(step)
@@ -195,7 +213,7 @@ class StoreCoordinator:
             if idle is not None and closed is None:
                 idle()
             stall.tick((nd, closed is not None))
-            time.sleep(self.poll_s)
+            wait.sleep()
         key = self._k(step, "members")
         while True:
             k = self.store.get(key).decode()
@@ -214,9 +232,10 @@ class StoreCoordinator:
     def wait_seal(self, step: int) -> StepSeal:
         key = self._k(step, "seal")
         stall = _Stall(self.stall_timeout_s, f"waiting for the seal of step {step}")
+        wait = _Backoff(self.poll_s)
         while not self._has(key):
             stall.tick(self.n_done(step))
-            time.sleep(self.poll_s)
+            wait.sleep()
         d = json.loads(self.store.get(key))
         d["claims"] = {int(c): n for c, n in d["claims"].items()}
         return StepSeal(**d)
@@ -254,6 +273,7 @@ class LocalCoordinator:
 
     def join(self, step: int, cell: int) -> bool:
         stall = _Stall(self.stall_timeout_s, f"cell {cell} waits to join step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             with self._lock:
                 s = self._steps[step]
@@ -266,7 +286,7 @@ class LocalCoordinator:
                     raise RuntimeError(f"cell {cell} already joined step {step}")
                 m = s["members"]
             stall.tick(m)
-            time.sleep(self.poll_s)
+            wait.sleep()
 
     def claim(self, step: int, idle: Idle = None) -> MicroStepTask | None:
         with self._lock:
@@ -274,6 +294,7 @@ class LocalCoordinator:
             t = s["ticket"]
             s["ticket"] += 1
         stall = _Stall(self.stall_timeout_s, f"waiting for micro-step {t} of step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             with self._lock:
                 n = len(s["items"])
@@ -284,7 +305,7 @@ class LocalCoordinator:
             if idle is not None:
                 idle()
             stall.tick(n)
-            time.sleep(self.poll_s)
+            wait.sleep()
 
     def get(self, step: int, index: int) -> MicroStepTask:
         with self._lock:
@@ -302,6 +323,7 @@ class LocalCoordinator:
 
     def seal(self, step: int, idle: Idle = None) -> StepSeal:
         stall = _Stall(self.stall_timeout_s, f"sealing step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             with self._lock:
                 s = self._steps[step]
@@ -315,7 +337,7 @@ class LocalCoordinator:
             if idle is not None and c is None:
                 idle()
             stall.tick(progress)
-            time.sleep(self.poll_s)
+            wait.sleep()
 
     def is_sealed(self, step: int) -> bool:
         with self._lock:
@@ -323,6 +345,7 @@ class LocalCoordinator:
 
     def wait_seal(self, step: int) -> StepSeal:
         stall = _Stall(self.stall_timeout_s, f"waiting for the seal of step {step}")
+        wait = _Backoff(self.poll_s)
         while True:
             with self._lock:
                 s = self._steps[step]
@@ -330,4 +353,4 @@ class LocalCoordinator:
                     return s["sealed"]
                 d = s["done"]
             stall.tick(d)
-            time.sleep(self.poll_s)
+            wait.sleep()
