@@ -190,3 +190,24 @@ async def test_null_engine_slow_mode_pause_and_abort():
         assert eng.live_requests == 0
     finally:
         await eng.stop()
+
+
+async def test_pause_mode_abort_and_abort_all():
+    eng = NullEngine(num_tokens=10_000, token_delay_s=0.001)
+    await eng.start()
+    try:
+        handles = [await eng.submit(GenerateRequest(input_ids=[1], sampling_params={"max_new_tokens": 10_000}))
+                   for _ in range(3)]
+        await eng.pause("abort")
+        results = [await h.result() for h in handles]
+        assert all(r.meta_info.finish_reason.type == "abort" and "pause" in r.meta_info.finish_reason.message
+                   for r in results)
+        assert eng.paused and eng.live_requests == 0
+        queued = await eng.submit(GenerateRequest(input_ids=[1], sampling_params={"max_new_tokens": 3}))
+        assert await eng.abort_all() == 1
+        assert (await queued.result()).meta_info.finish_reason.type == "abort"
+        await eng.resume()
+        r = await eng.generate(GenerateRequest(input_ids=[1], sampling_params={"max_new_tokens": 3}))
+        assert r.meta_info.finish_reason.type == "length" and len(r.output_ids) == 3
+    finally:
+        await eng.stop()
