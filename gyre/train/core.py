@@ -113,6 +113,10 @@ class Core:
         core itself processes (benchmarks/tests that fix the split); ``on_microstep(n)`` is
         called after the core's n-th micro-step.
         """
+        B = self.cfg.stream.batch_groups
+        if source is None and len(self.buffer) < B:
+            raise ValueError(f"a step needs {B} ready groups and {len(self.buffer)} are in the buffer; add more "
+                             "with add_groups() or pass source= to stream groups as they land")
         t0, c0 = time.perf_counter(), time.process_time()
         step, version = self.state.step, self.state.policy_version
         if self.weights is not None:

@@ -226,3 +226,17 @@ def test_batch_without_signal_consumes_groups_without_an_update(tiny_model_dir, 
     assert moved(tiny_model_dir, p) == 0.0
     assert r[0].policy_version == 0 and r[0].metrics["batch/groups_all_equal"] == 2
     assert r[0].seal.meta["groups"] == ["g0", "g1"] and r[0].seal.n_items == 0
+
+
+def test_clear_errors_for_an_unfillable_batch_and_bad_config(tiny_model_dir, base_groups):
+    from pydantic import ValidationError
+
+    core = Core(cfg_for(tiny_model_dir, stream=StreamConfig(batch_groups=3)), LocalCoordinator())
+    core.start(resume=False)
+    core.add_groups([copy.deepcopy(base_groups[0])])
+    with pytest.raises(ValueError, match="needs 3 ready groups and 1"):
+        core.run_step()
+    assert len(core.buffer) == 1 and core.policy_version == 0  # nothing lost, nothing changed
+    core.stop()
+    with pytest.raises(ValidationError, match="must contain 1.0"):
+        ObjectiveConfig(clip_low=1.01)
