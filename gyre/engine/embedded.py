@@ -149,6 +149,8 @@ class EmbeddedEngine(Engine):
             self._executor = None
         self._batch = None
         self.model = None
+        self._live.clear()
+        self._waiting.clear()
 
     def healthy(self) -> bool:
         return super().healthy() and self._scheduler is not None and not self._scheduler.done()

@@ -432,3 +432,18 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_mod
         assert ok.meta_info.finish_reason.type == "length" and ok.output_ids[: len(r.output_ids)] == r.output_ids[:5]
     finally:
         await eng.stop()
+
+
+async def test_engine_restarts_cleanly_and_stop_aborts_inflight(tiny_model_dir):
+    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir)))
+    for _ in range(2):
+        await eng.start()
+        assert eng.healthy()
+        inflight = await eng.submit(GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5000,
+                                                                                            **GREEDY}))
+        r = await eng.generate(GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, **GREEDY}))
+        assert len(r.output_ids) == 4
+        await eng.stop()
+        assert not eng.healthy()
+        final = await inflight.result()
+        assert final.meta_info.finish_reason.type == "abort" and final.meta_info.finish_reason.message == "engine stopped"
