@@ -220,9 +220,15 @@ class ProxyService:
                 if turn is not None and turn.finish != "abort":
                     self.counters["retries_replayed" if done else "retries_coalesced"] += 1
                     return self._replay(dialect, call, turn)
-            plan = await self._plan(ex.state, call)
-            sampling = self._sampling(call, plan.input_len, dialect)
+            # registered before planning: a retry that arrives during a long full render still coalesces
             entry = ex.retries.add(body) if self.config.retry_window > 0 else None
+            try:
+                plan = await self._plan(ex.state, call)
+                sampling = self._sampling(call, plan.input_len, dialect)
+            except BaseException:
+                if entry is not None:
+                    entry.settle(None)
+                raise
             events = self._produce(dialect, ex, call, plan, sampling, entry, request.headers, t0)
             if call.stream:
                 # wait for the first event so an early failure is still a plain HTTP error
