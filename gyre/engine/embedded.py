@@ -48,6 +48,14 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+# SGLang sampling parameters this engine does not implement, with their neutral values: a
+# request that sets one to anything else is refused (400) rather than silently sampled from a
+# different distribution than the caller asked for.
+_UNSUPPORTED_NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "n": 1,
+                        "min_new_tokens": 0}
+_UNSUPPORTED_EMPTY = ("stop", "regex", "json_schema", "ebnf", "structural_tag", "logit_bias", "custom_params")
+
+
 def _check_cache_layout(model) -> None:
     """The batch code re-pads and slices K/V along the sequence axis, which is only right for
     full-attention layers (Llama/Qwen2/Qwen3 families). Refuse others clearly instead of
@@ -175,6 +183,15 @@ class EmbeddedEngine(Engine):
             raise EngineInputError(
                 f"input ({n_in} tokens) + max_new_tokens ({n_new}) = {n_in + n_new} exceeds the context limit "
                 f"{self.max_context_length} tokens; shorten the input or lower max_new_tokens")
+        extra = req.sampling_params.model_extra or {}
+        for key, neutral in _UNSUPPORTED_NEUTRAL.items():
+            if extra.get(key) is not None and extra[key] != neutral:
+                raise EngineInputError(f"sampling_params.{key}={extra[key]!r} is not supported by the embedded "
+                                       f"engine (only {neutral!r}); use an SGLang engine for it")
+        for key in _UNSUPPORTED_EMPTY:
+            if extra.get(key):
+                raise EngineInputError(f"sampling_params.{key} is not supported by the embedded engine "
+                                       f"(stop on token ids with stop_token_ids); use an SGLang engine for it")
         bad_stops = [t for t in (req.sampling_params.stop_token_ids or []) if not 0 <= t < self.vocab_size]
         if bad_stops:
             raise EngineInputError(f"stop_token_ids outside the vocabulary: {bad_stops[:5]}")

@@ -203,6 +203,8 @@ async def test_update_weights_bumps_version_and_changes_outputs(client, server, 
     ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
     ({"input_ids": [1], "sampling_params": {"stop_token_ids": [99999]}}, "stop_token_ids"),
     ({"input_ids": "hello"}, "input_ids"),
+    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}, "repetition_penalty=1.2 is not supported"),
+    ({"input_ids": [1], "sampling_params": {"stop": ["\n"]}}, "sampling_params.stop is not supported"),
     (None, "Invalid JSON"),
 ])
 async def test_bad_input_is_a_clear_400(server, body, needle):
