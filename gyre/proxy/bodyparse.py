@@ -46,14 +46,18 @@ class ParsedBody:
             self.ends = [e for _, e in self.spans]
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
+def _common_prefix(a: bytes, b: bytes, hint: int = 0) -> int:
     """Length of the common prefix: a binary search of memcmp's (``startswith`` on memoryview
-    slices compares in C without copying; comparing two memoryviews would go item by item)."""
+    slices compares in C without copying; comparing two memoryviews would go item by item).
+    ``hint``: where ``a`` probably stops matching (its last message), probed first."""
     n = min(len(a), len(b))
     ma = memoryview(a)
-    if b.startswith(ma[:n]):
+    lo = 0
+    if 0 < hint < n and b.startswith(ma[:hint]):
+        lo = hint
+    if b.startswith(ma[lo:n], lo):
         return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    hi = n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 256:
         mid = (lo + hi) // 2
         if b.startswith(ma[lo:mid], lo):
@@ -162,7 +166,7 @@ class BodyParser:
         if True:
             for p in self.recent:
                 if len(p.body) > p.array_start:
-                    l = _common_prefix(p.body, body)
+                    l = _common_prefix(p.body, body, p.spans[-1][0] if p.spans else 0)
                     if l > best_l:
                         best, best_l = p, l
         if best is None or best_l <= best.array_start:

@@ -59,3 +59,4 @@ def test_common_prefix_matches_naive():
         while k < min(len(a), len(b)) and a[k] == b[k]:
             k += 1
         assert _common_prefix(a, b) == k
+        assert _common_prefix(a, b, rng.randint(0, 1000)) == k
