@@ -120,6 +120,7 @@ class StoreCoordinator:
     # producer -------------------------------------------------------------------------
     def open_step(self, step: int, policy_version: int) -> None:
         self._forget(step - 2)  # everyone is done with it: step - 1 was sealed after it
+        self._reset(step)       # an abandoned earlier attempt at this step leaves no stale counters
         self.store.set(self._k(step, "members"), "1")  # the core is cell 0
         self.store.set(self._k(step, "version"), str(policy_version))
         self._n_put[step] = 0
@@ -132,6 +133,16 @@ class StoreCoordinator:
         for i in range(self._closed(step)["total"]):
             self.store.delete_key(self._k(step, f"item/{i}"))
         self._n_put.pop(step, None)
+
+    def _reset(self, step: int) -> None:
+        key = self._k(step, "members")
+        if not self._has(key):
+            return
+        k = int(self.store.get(key).decode().split(":")[-1])
+        n = self._int(self._k(step, "n_put"))
+        for name in ["closed", "seal", "ticket", "n_put", "n_done", "version"] + [f"claims/{c}" for c in range(k)] \
+                + [f"item/{i}" for i in range(n)]:
+            self.store.delete_key(self._k(step, name))
 
     def put(self, step: int, task: MicroStepTask) -> None:
         i = self._n_put[step]

@@ -126,22 +126,13 @@ class Core:
                             packer, whole_batch)
         self.worker.zero_grad()
         self.worker.new_step()
-        stats, n = ObjectiveStats(), 0
-        feeder.pump()
-        t_compute = 0.0
-        while max_claims is None or n < max_claims:
-            task = self.coord.claim(step, idle=feeder.pump)
-            if task is None:
-                break
-            tc = time.perf_counter()
-            stats.add(self.worker.compute(task, step=step, get_task=lambda i: self.coord.get(step, i)))
-            t_compute += time.perf_counter() - tc
-            self.coord.done(step, task.index, self.cell)
-            n += 1
-            if on_microstep is not None:
-                on_microstep(n)
-            feeder.pump()
-        seal = self.coord.seal(step, idle=feeder.pump)
+        try:
+            seal, stats, n, t_compute = self._accumulate(step, feeder, max_claims, on_microstep)
+        except BaseException:
+            # the step is abandoned: its groups go back to the buffer (not consumed), no update
+            self.buffer.give_back(feeder.taken)
+            self.worker.zero_grad()
+            raise
         t_reduce = time.perf_counter()
         total = reduce_step(self.worker, self.comm, seal.participants, stats)
         t_reduce = time.perf_counter() - t_reduce
@@ -155,7 +146,8 @@ class Core:
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
         metrics.update({
-            "timing/step": dt, "timing/step_cpu": time.process_time() - c0, "timing/reduce": t_reduce, "timing/core_compute": t_compute,
+            "timing/step": dt, "timing/step_cpu": time.process_time() - c0, "timing/reduce": t_reduce,
+            "timing/core_compute": t_compute,
             "train/participants": seal.participants, "train/micro_steps": seal.n_items,
             "train/core_micro_steps": n, "train/tokens": float(pack.get("tokens", 0)),
             "train/tokens_per_s": float(pack.get("tokens", 0)) / dt if dt > 0 else 0.0,
@@ -164,6 +156,25 @@ class Core:
             "batch/executions_split": pack.get("executions_split", 0),
         })
         return StepResult(step, self.state.policy_version, seal, metrics)
+
+    def _accumulate(self, step, feeder, max_claims, on_microstep):
+        """Claim and compute micro-steps until the queue is closed and empty (or the cap); seal."""
+        stats, n, t_compute = ObjectiveStats(), 0, 0.0
+        feeder.pump()
+        while max_claims is None or n < max_claims:
+            task = self.coord.claim(step, idle=feeder.pump)
+            if task is None:
+                break
+            tc = time.perf_counter()
+            stats.add(self.worker.compute(task, step=step, get_task=lambda i: self.coord.get(step, i)))
+            t_compute += time.perf_counter() - tc
+            self.coord.done(step, task.index, self.cell)
+            n += 1
+            if on_microstep is not None:
+                on_microstep(n)
+            feeder.pump()
+        seal = self.coord.seal(step, idle=feeder.pump)
+        return seal, stats, n, t_compute
 
     def _optimizer_step(self, seal: StepSeal, total: ObjectiveStats) -> dict[str, float]:
         params = self.worker.params

@@ -106,3 +106,19 @@ def test_weight_channels(tmp_path):
     assert torch.equal(m2.weight, snap["weight"] + 2)
     with pytest.raises(ValueError, match="does not match"):
         load_params(torch.nn.Linear(3, 3, bias=False), got)
+
+
+def test_reopening_an_abandoned_step_starts_clean(make):
+    c = make()
+    c.open_step(0, 0)
+    c.put(0, task(0))
+    c.put(0, task(1))
+    assert c.join(0, 1)
+    c.claim(0)  # ticket 0 taken, never done: the attempt is abandoned
+    c.open_step(0, 0)
+    c.put(0, task(0))
+    c.close(0, 1)
+    assert c.claim(0).index == 0 and c.claim(0) is None
+    c.done(0, 0, 0)
+    seal = c.seal(0)
+    assert (seal.participants, seal.n_items, seal.claims) == (1, 1, {0: 1})

@@ -240,3 +240,20 @@ def test_clear_errors_for_an_unfillable_batch_and_bad_config(tiny_model_dir, bas
     core.stop()
     with pytest.raises(ValidationError, match="must contain 1.0"):
         ObjectiveConfig(clip_low=1.01)
+
+
+def test_a_failed_step_gives_its_groups_back(tiny_model_dir, base_groups):
+    groups = [branched(base_groups[0], "g0/e1", 5)] + [copy.deepcopy(base_groups[1])]
+    forbid = cfg_for(tiny_model_dir, stream=StreamConfig(batch_groups=2, token_budget=48),
+                     objective=ObjectiveConfig(execution_split="forbid"))
+    core = Core(forbid, LocalCoordinator())
+    core.start(resume=False)
+    core.add_groups(groups)
+    with pytest.raises(ValueError, match="span several micro-steps"):
+        core.run_step()
+    assert len(core.buffer) == 2 and core.state.consumed_groups == [] and core.policy_version == 0
+    core.cfg = cfg_for(tiny_model_dir, stream=StreamConfig(batch_groups=2, token_budget=48))
+    core.worker.cfg = core.cfg  # the same core retries the step with the pre-pass allowed
+    res = core.run_step()
+    assert res.policy_version == 1 and sorted(res.seal.meta["groups"]) == ["g0", "g1"]
+    core.stop()
