@@ -237,6 +237,11 @@ class EngineClient:
         resp = await self._request("GET", "/get_model_info")
         return ModelInfo.model_validate(self._json(resp))
 
+    async def server_info(self) -> dict:
+        """``GET /get_server_info``: model info plus load figures (Gyre engines: live_requests,
+        waiting, running, ...; SGLang: its own server args and stats)."""
+        return self._json(await self._request("GET", "/get_server_info"))
+
     async def health(self) -> bool:
         """True when the engine answers ``/health`` with 200; False on any error status or no connection."""
         try:

@@ -328,7 +328,7 @@ async def test_prefix_cache_reuses_a_conversations_kv_exactly(client, hf_model, 
     assert r2.logprobs == pytest.approx(hf_logprobs(hf_model, turn2, r2.output_ids), abs=1e-4)
     r3 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
     assert r3.meta_info.cached_tokens == len(turn2) - 1 and r3.output_ids == r2.output_ids
-    stats = (await client._request("GET", "/get_server_info")).json()
+    stats = await client.server_info()
     assert stats["prefix_cache_hits"] >= 2 and stats["prefix_cache_entries"] >= 1 and stats["live_requests"] == 0
     # new weights: cached K/V are stale and must not be reused
     await client.update_weights_from_disk(str(tiny_model_dir))
