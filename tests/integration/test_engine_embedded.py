@@ -449,3 +449,30 @@ async def test_engine_restarts_cleanly_and_stop_aborts_inflight(tiny_model_dir):
         assert not eng.healthy()
         final = await inflight.result()
         assert final.meta_info.finish_reason.type == "abort" and final.meta_info.finish_reason.message == "engine stopped"
+
+
+async def test_resume_on_another_engine_continues_the_same_greedy_output(tiny_model_dir, hf_model):
+    """What the proxy's drain relies on: abort on A, re-issue prompt + partial output on B."""
+    a = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="A"))
+    b = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="B"))
+    await a.start()
+    await b.start()
+    try:
+        prompt, n = PROMPTS[3], 40
+        handle = await a.submit(GenerateRequest(input_ids=prompt, sampling_params={"max_new_tokens": n, **GREEDY}))
+        updates = handle.updates()
+        first = await updates.__anext__()
+        await a.abort(handle.rid)
+        part = first
+        async for part in updates:
+            pass
+        assert part.meta_info.finish_reason.type == "abort" and 0 < len(part.output_ids) < n
+        k = len(part.output_ids)
+        rest = await b.generate(GenerateRequest(input_ids=prompt + part.output_ids,
+                                                sampling_params={"max_new_tokens": n - k, **GREEDY}))
+        full = part.output_ids + rest.output_ids
+        assert full == hf_greedy(hf_model, prompt, n)
+        assert part.logprobs + rest.logprobs == pytest.approx(hf_logprobs(hf_model, prompt, full), abs=1e-4)
+    finally:
+        await a.stop()
+        await b.stop()
