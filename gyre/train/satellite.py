@@ -38,6 +38,7 @@ class Satellite:
             raise ValueError("satellites are cells 1..K-1 (cell 0 is the core)")
         self.cell, self.cfg, self.coord, self.weights, self.comm = cell, cfg, coordinator, weights, comm
         self.worker = ReplicaWorker(cfg)
+        self._version: int | None = None  # policy version of the weights this satellite holds
 
     def start(self) -> None:
         """Load the architecture (weights are replaced by the core's snapshot on every join)."""
@@ -45,6 +46,7 @@ class Satellite:
 
     def stop(self) -> None:
         self.worker.stop()
+        self._version = None
 
     def wait_for_step(self, step: int, timeout_s: float = 600.0) -> int | None:
         """Block until the core has opened ``step``; its policy version, or ``None`` if it is already over."""
@@ -66,7 +68,9 @@ class Satellite:
         if version is None or not self.coord.join(step, self.cell):
             return None
         c0 = time.process_time()
-        load_params(self.worker.model, self.weights.pull(version))
+        if version != self._version:  # a step without signal keeps the version: nothing to pull
+            load_params(self.worker.model, self.weights.pull(version))
+            self._version = version
         self.worker.zero_grad()
         self.worker.new_step()
         stats, n, tc = ObjectiveStats(), 0, 0.0
