@@ -73,7 +73,9 @@ class RequestState:
             self.finish = reason
         self.changed.set()
 
-    def snapshot(self, engine_id: str, weight_version: int) -> GenerateResponse:
+    def snapshot(self, engine_id: str, weight_version: int, start: int = 0) -> GenerateResponse:
+        """The response so far; ``start > 0`` keeps only output tokens from that index on
+        (incremental streaming), counts stay cumulative."""
         # model_construct: the engine's own data needs no validation, and a cumulative stream
         # builds one snapshot per chunk (validation would make long streams quadratic in CPU too)
         meta = MetaInfo.model_construct(
@@ -83,13 +85,14 @@ class RequestState:
             completion_tokens=len(self.output_ids),
             cached_tokens=self.cached_tokens,
             output_token_logprobs=(
-                [(lp, t, None) for lp, t in zip(self.logprobs, self.output_ids)] if self.return_logprob else None
+                [(lp, t, None) for lp, t in zip(self.logprobs[start:], self.output_ids[start:])]
+                if self.return_logprob else None
             ),
             weight_version=self.version_segments[-1][1] if self.version_segments else weight_version,
             weight_version_segments=list(self.version_segments) or None,
             engine_id=engine_id,
         )
-        return GenerateResponse.model_construct(text=None, output_ids=list(self.output_ids), meta_info=meta)
+        return GenerateResponse.model_construct(text=None, output_ids=self.output_ids[start:], meta_info=meta)
 
 
 class RequestHandle:
@@ -103,17 +106,19 @@ class RequestHandle:
     def rid(self) -> str:
         return self.state.rid
 
-    async def updates(self) -> AsyncIterator[GenerateResponse]:
-        """Cumulative snapshots whenever output grew; the last one is finished."""
+    async def updates(self, min_new: int = 1, incremental: bool = False) -> AsyncIterator[GenerateResponse]:
+        """Snapshots whenever output grew by at least ``min_new`` tokens; the last one is finished.
+        Cumulative, or with ``incremental`` only the tokens since the previous snapshot."""
         st = self.state
         sent = -1
         try:
             while True:
                 await st.changed.wait()
                 st.changed.clear()
-                if len(st.output_ids) != sent or st.finish is not None:
+                if len(st.output_ids) - max(sent, 0) >= min_new or st.finish is not None:
+                    start = max(sent, 0) if incremental else 0
                     sent = len(st.output_ids)
-                    snap = st.snapshot(self.engine.engine_id, self.engine.weight_version)
+                    snap = st.snapshot(self.engine.engine_id, self.engine.weight_version, start)
                     yield snap
                     if snap.meta_info.finish_reason is not None:
                         return

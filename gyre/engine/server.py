@@ -119,21 +119,10 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
     async def _sse(handle) -> AsyncIterator[str]:
         # Leaving this generator early (client disconnect -> cancellation) closes
         # handle.updates(), whose finally aborts the request.
-        updates = handle.updates()
-        sent = 0
+        updates = handle.updates(min_new=stream_interval, incremental=incremental_streaming_output)
         try:
             async for snap in updates:
-                n = len(snap.output_ids)
-                if n - sent < stream_interval and not snap.finished:
-                    continue
-                body = snap.model_dump(mode="json")
-                if incremental_streaming_output:
-                    body["output_ids"] = body["output_ids"][sent:]
-                    lps = body["meta_info"].get("output_token_logprobs")
-                    if lps is not None:
-                        body["meta_info"]["output_token_logprobs"] = lps[sent:]
-                sent = n
-                yield f"data: {json.dumps(body)}\n\n"
+                yield f"data: {json.dumps(snap.model_dump(mode='json'))}\n\n"
         except Exception as e:  # an engine failure mid-stream: tell the client in-band
             yield f"data: {json.dumps(error_payload(f'engine failed: {e}', 500, 'engine_error'))}\n\n"
         finally:
