@@ -5,7 +5,8 @@ paid once): the same batch trained by the core alone, by 3 cells splitting the
 micro-steps evenly, by 3 cells of which two join after micro-steps were done, and
 streamed (groups landing one by one) with late joiners. The same spawn then trains 3 steps
 uninterrupted, and 3 steps with checkpoints in which satellite 1 is SIGKILLed mid-step
-(ending the spawn); a second spawn of 2 cells resumes from the last checkpoint.
+(ending the spawn); a second spawn of 2 cells resumes from the last checkpoint, then runs
+the schedule again and SIGKILLs the core mid-step; a third spawn resumes that one.
 """
 
 import json
@@ -94,25 +95,40 @@ def test_one_vs_three_cells_vs_late_joiners(cells_run, tiny_model_dir):
         assert m[name]["actor/loss"] == pytest.approx(m["core_alone"]["actor/loss"], rel=1e-6)  # float32 l_t sums
 
 
-def test_kill_a_satellite_mid_step_and_resume(cells_run, tiny_model_dir):
+def _same_as_full(out, name):
+    after = _lines(out / name / "metrics.jsonl")
+    assert [d["step"] for d in after] == [0, 1, 2]
+    full_m = _lines(out / "full" / "metrics.jsonl")
+    trained = [g for d in after for g in d["groups"]]
+    assert len(trained) == len(set(trained)) == 6  # no group twice, none lost
+    assert [d["groups"] for d in after] == [d["groups"] for d in full_m]
+    a = load_file(str(out / "full" / "final.safetensors"))
+    b = load_file(str(out / name / "final.safetensors"))
+    assert _diff(a, b) < 1e-12
+    return after
+
+
+def test_kill_a_replica_mid_step_and_resume(cells_run, tiny_model_dir, tmp_path):
     out, err, ck = cells_run
     assert err is not None and re.search("SIGKILL|StepStalled|signal", str(err)), err
     assert (out / "full" / "final.safetensors").exists()
     done = _lines(out / "killed" / "metrics.jsonl")
     assert [d["step"] for d in done] == [0, 1]  # step 2 never committed
     assert all(d["train/participants"] == 2 for d in done)
-    # resume with a different number of cells (2): the checkpoint holds only core state
+    # resume with a different number of cells (2): the checkpoint holds only core state.
+    # The same spawn then runs the schedule again and SIGKILLs the *core* mid-step 1.
     resumed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
                        steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS, resume=True,
                        fresh_store_namespace="-resume")
-    run_local(2, [resumed], out, timeout_s=240)
-    after = _lines(out / "killed" / "metrics.jsonl")
-    assert [d["step"] for d in after] == [0, 1, 2]
+    ck2 = CheckpointConfig(dir=str(out / "ck2"))
+    core_killed = LocalRun(name="core_killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck2),
+                           data=KILL_DATA, steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS,
+                           kill=KillPlan(cell=0, step=1, after_micro_steps=1))
+    with pytest.raises(Exception, match="SIGKILL|signal"):
+        run_local(2, [resumed, core_killed], out, timeout_s=240)
+    after = _same_as_full(out, "killed")
     assert after[2]["train/participants"] == 2
-    full_m = _lines(out / "full" / "metrics.jsonl")
-    trained = [g for d in after for g in d["groups"]]
-    assert len(trained) == len(set(trained)) == 6  # no group twice, none lost
-    assert [d["groups"] for d in after] == [d["groups"] for d in full_m]
-    a = load_file(str(out / "full" / "final.safetensors"))
-    b = load_file(str(out / "killed" / "final.safetensors"))
-    assert _diff(a, b) < 1e-12
+    assert [d["step"] for d in _lines(out / "core_killed" / "metrics.jsonl")] == [0]
+    run_local(2, [core_killed.model_copy(update={"kill": None, "resume": True, "fresh_store_namespace": "-r"})],
+              out, timeout_s=240)
+    _same_as_full(out, "core_killed")
