@@ -12,6 +12,13 @@ from dataclasses import asdict, dataclass, field
 from gyre.trace.packing import MicroStep, PackedSequence
 
 
+def _plain(x):
+    """numpy scalars/arrays (a packer may hand them over) -> plain JSON values."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} is not JSON serialisable")
+
+
 @dataclass
 class MicroStepTask:
     """Micro-step ``index`` of a step, with the advantage of each execution present.
@@ -38,7 +45,7 @@ class MicroStepTask:
             "spans": self.spans,
             "groups": self.groups,
         }
-        return json.dumps(d, separators=(",", ":")).encode()
+        return json.dumps(d, separators=(",", ":"), default=_plain).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes | str) -> "MicroStepTask":
