@@ -122,3 +122,13 @@ def test_reopening_an_abandoned_step_starts_clean(make):
     c.done(0, 0, 0)
     seal = c.seal(0)
     assert (seal.participants, seal.n_items, seal.claims) == (1, 1, {0: 1})
+
+
+def test_task_bytes_accept_numpy_scalars():
+    import numpy as np
+
+    t = task(0)
+    t.micro_step.sequences[0].input_ids = [np.int64(5), 6, 7]
+    t.micro_step.sequences[0].behaviour_logprob = [0.0, np.float32(-1.5), -2.0]
+    u = MicroStepTask.from_bytes(t.to_bytes())
+    assert u.micro_step.sequences[0].input_ids == [5, 6, 7] and u.micro_step.sequences[0].behaviour_logprob[1] == -1.5
