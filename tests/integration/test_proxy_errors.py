@@ -13,7 +13,7 @@ from gyre.proxy import ProxyAdminClient
 from gyre.proxy.testing import running_engine, running_proxy
 from gyre.trace.store import read_trace, trace_path
 
-TURNS = [{"text": "Hello there, this is a scripted answer that takes a while to stream out. " * 3}]
+TURNS = [{"text": "Hello there, this is a scripted answer that takes a while to stream out. " * 10}]
 OA = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 AN = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -157,8 +157,12 @@ def test_client_disconnect_aborts_engine_request(env, stream):
     assert engine.live_requests == 0  # no orphan holds the engine
     res = read_trace(trace_path(traces, "exec-a"))
     assert res.errors == []
-    aborted = [r for r in res.records if r.finish_reason == "abort"]
-    assert aborted and aborted[-1].meta.get("client_disconnected")
+    mine = [r for r in res.records if r.meta["last_user_head"] == f"disconnect {stream}"]
+    if stream:  # the tokens streamed so far are recorded, marked as never answered
+        assert [r.finish_reason for r in mine] == ["abort"] and mine[0].meta.get("client_disconnected")
+        assert 0 < len(mine[0].output_ids) < 200
+    else:  # nothing reached the proxy before the abort: nothing is recorded as answered
+        assert all(r.finish_reason == "abort" for r in mine)
     # the proxy still serves that execution normally
     assert post(px, "/v1/chat/completions", OA, k).status_code == 200
 
