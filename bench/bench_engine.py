@@ -164,6 +164,29 @@ async def conversation_s(model_dir: str, turns: int, grow: int, n_tok: int, pref
         return time.perf_counter() - t, reused
 
 
+async def stream_cost(n_tok: int, **app_options) -> tuple[float, int, int]:
+    """Seconds and bytes to stream one n_tok-token output from a null engine emitting a token
+    every 0.2 ms, with the given create_app streaming options; and the number of chunks."""
+    import httpx
+
+    from gyre.engine.null import NullEngine
+    from gyre.engine.runner import ServerRunner
+    from gyre.engine.server import create_app
+
+    engine = NullEngine(num_tokens=n_tok, token_delay_s=0.0002)
+    body = {"input_ids": [1], "sampling_params": {"max_new_tokens": n_tok}, "stream": True}
+    async with ServerRunner(create_app(engine, **app_options)) as srv, \
+            httpx.AsyncClient(base_url=srv.url, timeout=None) as http:
+        t = time.perf_counter()
+        nbytes = chunks = 0
+        async with http.stream("POST", "/generate", json=body) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data:"):
+                    nbytes += len(line)
+                    chunks += 1
+        return time.perf_counter() - t, nbytes, chunks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="HF model dir (default: build the tiny model in a temp dir)")
@@ -190,12 +213,19 @@ def main() -> None:
         conv_off = min(conv_off, asyncio.run(conversation_s(model_dir, turns, grow, 32, 0))[0])
         t_on, reused = asyncio.run(conversation_s(model_dir, turns, grow, 32, 256))
         conv_on = min(conv_on, t_on)
+    n_stream = 4000
+    streams = {name: asyncio.run(stream_cost(n_stream, **opts)) for name, opts in [
+        ("cumulative, no coalescing", {"stream_coalesce_after": 0, "stream_min_interval_s": 0.0}),
+        ("cumulative, default coalescing after 256 tokens", {}),
+        ("--stream-interval 32", {"stream_interval": 32, "stream_coalesce_after": 0}),
+        ("--incremental-streaming-output", {"incremental_streaming_output": True, "stream_coalesce_after": 0})]}
     res = {"torch_threads": torch.get_num_threads(), "tokens": args.tokens, "requests": args.requests,
            "hf_generate_b1_tps": hf_seq, "hf_generate_b8_tps": hf_batch, "embedded_b1_tps": e_seq,
            "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc,
            "conversation_no_prefix_cache_s": conv_off, "conversation_prefix_cache_s": conv_on,
            "conversation_reused_tokens": reused, "null_aiohttp_seq_rps": n_raw and n_raw[0],
-           "null_aiohttp_c32_rps": n_raw and n_raw[1]}
+           "null_aiohttp_c32_rps": n_raw and n_raw[1],
+           "stream_4000": {k: {"s": v[0], "bytes": v[1], "chunks": v[2]} for k, v in streams.items()}}
     print(f"\nengine benchmark (tiny model, {args.requests} requests x {args.tokens} tokens, greedy, "
           f"torch threads {res['torch_threads']}, best of {args.repeat})\n")
     print("| measurement | value | ratio |")
@@ -213,6 +243,10 @@ def main() -> None:
         print(f"| null engine, aiohttp client, 32 in flight | {n_raw[1]:8.1f} req/s | {n_raw[1] / n_raw[0]:.2f} |")
     print(f"| {turns}-turn conversation (+{grow} tokens/turn, 32 out), no prefix cache | {conv_off:8.2f} s | 1.00 |")
     print(f"| same, prefix cache on ({reused} input tokens reused) | {conv_on:8.2f} s | {conv_off / conv_on:.2f}x faster |")
+    base_s = streams["cumulative, no coalescing"][0]
+    for name, (sec, nbytes, chunks) in streams.items():
+        print(f"| stream {n_stream} tokens, {name}: {chunks} chunks, {nbytes / 2**20:.1f} MiB | {sec:8.2f} s "
+              f"| {base_s / sec:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -106,16 +106,24 @@ class RequestHandle:
     def rid(self) -> str:
         return self.state.rid
 
-    async def updates(self, min_new: int = 1, incremental: bool = False) -> AsyncIterator[GenerateResponse]:
+    async def updates(self, min_new: int = 1, incremental: bool = False, min_interval_s: float = 0.0,
+                      coalesce_after: int = 0) -> AsyncIterator[GenerateResponse]:
         """Snapshots whenever output grew by at least ``min_new`` tokens; the last one is finished.
-        Cumulative, or with ``incremental`` only the tokens since the previous snapshot."""
+        Cumulative, or with ``incremental`` only the tokens since the previous snapshot. Once the
+        output is ``coalesce_after`` tokens long, at most one snapshot per ``min_interval_s``
+        (cumulative snapshots of long outputs would otherwise cost bytes quadratic in length)."""
         st = self.state
         sent = -1
+        last_emit = 0.0
         try:
             while True:
                 await st.changed.wait()
                 st.changed.clear()
-                if len(st.output_ids) - max(sent, 0) >= min_new or st.finish is not None:
+                n = len(st.output_ids)
+                due = n - max(sent, 0) >= min_new and (
+                    n < coalesce_after or time.monotonic() - last_emit >= min_interval_s)
+                if due or st.finish is not None:
+                    last_emit = time.monotonic()
                     start = max(sent, 0) if incremental else 0
                     sent = len(st.output_ids)
                     snap = st.snapshot(self.engine.engine_id, self.engine.weight_version, start)

@@ -31,6 +31,10 @@ def serve(
     stream_interval: int = typer.Option(1, "--stream-interval", help="Stream a chunk per this many new tokens."),
     incremental_streaming_output: bool = typer.Option(
         False, "--incremental-streaming-output", help="Stream chunks carry only new tokens (SGLang's flag)."),
+    stream_min_interval: float = typer.Option(
+        0.05, "--stream-min-interval", help="Seconds between chunks once an output is long (see next)."),
+    stream_coalesce_after: int = typer.Option(
+        256, "--stream-coalesce-after", help="Output length from which chunks are rate-limited (0: always)."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve an engine speaking the SGLang-native /generate protocol."""
@@ -53,7 +57,8 @@ def serve(
     port = sock.getsockname()[1]
     typer.echo(f"gyre engine ({kind}, id {engine.engine_id}) on http://{host}:{port}", err=True)
     app = create_app(engine, stream_interval=max(stream_interval, 1),
-                     incremental_streaming_output=incremental_streaming_output)
+                     incremental_streaming_output=incremental_streaming_output,
+                     stream_min_interval_s=stream_min_interval, stream_coalesce_after=stream_coalesce_after)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 

@@ -58,7 +58,8 @@ async def _parse(model, request: Request, *, empty_ok: bool = False):
         raise EngineInputError("invalid request: " + "; ".join(parts)) from None
 
 
-def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streaming_output: bool = False) -> FastAPI:
+def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streaming_output: bool = False,
+               stream_min_interval_s: float = 0.05, stream_coalesce_after: int = 256) -> FastAPI:
     """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan).
 
     Streaming options (SGLang's server flags of the same names): ``stream_interval``
@@ -66,7 +67,10 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
     goes out); ``incremental_streaming_output`` = each chunk carries only the new
     ``output_ids`` and ``output_token_logprobs`` instead of everything so far. The
     protocol default is cumulative chunks; with long outputs that is quadratic in
-    bytes, which these two options bound.
+    bytes, which these two options bound. By default a cumulative stream also coalesces once
+    an output is ``stream_coalesce_after`` tokens long: at most one chunk per
+    ``stream_min_interval_s`` (still cumulative, still ending with the finished chunk), which
+    keeps a long stream's bytes bounded without changing the protocol.
     """
     if stream_interval < 1:
         raise ValueError("stream_interval must be >= 1")
@@ -119,7 +123,8 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
     async def _sse(handle) -> AsyncIterator[str]:
         # Leaving this generator early (client disconnect -> cancellation) closes
         # handle.updates(), whose finally aborts the request.
-        updates = handle.updates(min_new=stream_interval, incremental=incremental_streaming_output)
+        updates = handle.updates(min_new=stream_interval, incremental=incremental_streaming_output,
+                                 min_interval_s=stream_min_interval_s, coalesce_after=stream_coalesce_after)
         try:
             async for snap in updates:
                 yield f"data: {json.dumps(snap.model_dump(mode='json'))}\n\n"

@@ -141,3 +141,19 @@ async def test_engine_bug_is_a_500_in_protocol_shape():
         async with EngineClient(srv.url) as c:
             with pytest.raises(EngineServerError, match="bug in validate"):
                 await c.generate([1], {"max_new_tokens": 1})
+
+
+async def test_long_cumulative_streams_are_coalesced_by_default():
+    engine = NullEngine(num_tokens=1500, token_delay_s=0.0005)
+    async with ServerRunner(create_app(engine, stream_coalesce_after=100, stream_min_interval_s=0.05)) as srv, \
+            EngineClient(srv.url) as c:
+        t0 = time.monotonic()
+        chunks = [ch async for ch in c.generate_stream([1], {"max_new_tokens": 1500})]
+        elapsed = time.monotonic() - t0
+    sizes = [len(ch.output_ids) for ch in chunks]
+    assert sizes[-1] == 1500 and chunks[-1].finished
+    assert all(b > a for a, b in zip(sizes, sizes[1:]) if b < 1500)
+    long_chunks = [s for s in sizes if s > 100]
+    # past 100 tokens: at most one chunk per 50 ms, plus the final one
+    assert len(long_chunks) <= elapsed / 0.05 + 2, (len(long_chunks), elapsed)
+    assert all(chunks[-1].output_ids[: len(ch.output_ids)] == ch.output_ids for ch in chunks)
