@@ -195,3 +195,20 @@ def test_restart_keeps_every_recorded_call(tiny_model_dir, tiny_tokenizer, tmp_p
     res = read_trace(path, vocab_size=len(tiny_tokenizer))
     assert res.errors == [] and [r.seq for r in res.records] == [0, 1, 2, 3]
     assert len({r.request_id for r in res.records}) == 4
+
+
+def test_admin_drain_and_readd_engine_over_http(env):
+    """With its only engine drained a call waits (one slow call, not an error) until an engine returns."""
+    import concurrent.futures
+
+    px, traces, keys, admin, eng = env
+    assert admin.drain(eng.url) == 0
+    assert [e["state"] for e in admin.stats()["pool"]["engines"]] == ["draining"]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(post, px, "/v1/chat/completions", {**OA, "max_tokens": 5}, keys["a"])
+        time.sleep(0.8)
+        assert not fut.done()
+        admin.add_engine(eng.url)  # the cell is back in rollout
+        r = fut.result(timeout=60)
+    assert r.status_code == 200
+    assert [e["state"] for e in admin.stats()["pool"]["engines"]] == ["active"]
