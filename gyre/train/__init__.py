@@ -14,6 +14,7 @@ Modules (each with one job; torch is imported only where a model is touched):
 * ``core``        cell 0: optimizer, step loop, checkpoints, policy version
 * ``satellite``   cells 1..K-1: join a running step, claim, reduce
 * ``checkpoint``  HF safetensors weights + optimizer + version + data cursor
+* ``cell``        one cell's plumbing (process group, prefix comms, store) for a process or Ray actor
 * ``local``       run K cells as local processes (gloo on 127.0.0.1)
 * ``synthetic``   synthetic groups for tests and benchmarks
 * ``fsdp``        FSDP2 inside a cell on GPUs (untested sketch)

@@ -71,36 +71,32 @@ def free_port() -> int:
 def _cell_main(rank: int, world: int, dist_port: int, store_port: int, runs_json: str, out_dir: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from gyre.train.comm import init_cell_process
+    from gyre.train.cell import TrainCell
 
-    comm = init_cell_process(rank, world, dist_port)
-    store = dist.TCPStore("127.0.0.1", store_port, world, rank == 0, wait_for_workers=False)
+    cell = TrainCell(rank, world, dist_port=dist_port, store_port=store_port)
+    cell.setup()
     try:
         for raw in json.loads(runs_json):
-            _run_one(rank, LocalRun.model_validate(raw), comm, store, Path(out_dir))
-            dist.barrier()
+            _run_one(cell, LocalRun.model_validate(raw), Path(out_dir))
+            cell.barrier()
     finally:
-        dist.destroy_process_group()
+        cell.teardown()
 
 
-def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
-    import torch.distributed as dist
-
+def _run_one(cell, run: LocalRun, out: Path) -> None:
     from gyre.train.checkpoint import latest_checkpoint, load_state
-    from gyre.train.coordinator import StoreCoordinator
     from gyre.train.weights import FileWeightChannel
 
+    rank = cell.rank
     rdir = out / run.name
     rdir.mkdir(parents=True, exist_ok=True)
     ns = run.name + run.fresh_store_namespace
-    coord = StoreCoordinator(store, ns, poll_s=run.cfg.stream.poll_s, stall_timeout_s=run.cfg.stream.stall_timeout_s)
     weights = FileWeightChannel(rdir / "weights", keep=3)
     ckpt = latest_checkpoint(run.cfg.checkpoint.dir) if run.resume else None
     first = load_state(ckpt).step if ckpt else 0
-    dist.barrier()  # everyone has read the starting step before the core can move on
+    cell.barrier()  # everyone has read the starting step before the core can move on
 
     def killer(step):
         def hook(n):
@@ -112,7 +108,6 @@ def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
     if rank == 0:
         from safetensors.torch import save_file
 
-        from gyre.train.core import Core
         from gyre.train.replica import load_causal_lm
         from gyre.train.synthetic import synthetic_groups
         from gyre.train.weights import named_params
@@ -122,7 +117,7 @@ def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
         groups = synthetic_groups(gen_model, d.n_groups, d.group_size, seed=d.seed, context_len=d.context_len,
                                   target_len=d.target_len, noise=d.noise, missing_every=d.missing_every)
         del gen_model
-        core = Core(run.cfg, coord, weights, comm)
+        core = cell.core(run.cfg, ns, weights)
         core.start(resume=run.resume)
         pending = list(groups)
 
@@ -143,10 +138,9 @@ def _run_one(rank: int, run: LocalRun, comm, store, out: Path) -> None:
         save_file(named_params(core.model), str(rdir / "final.safetensors"))
         core.stop()
     else:
-        from gyre.train.satellite import Satellite
-
         plan = run.joins.get(rank)
-        sat = Satellite(rank, run.cfg, coord, weights, comm)
+        sat = cell.satellite(run.cfg, ns, weights)
+        coord = sat.coord
         sat.start()
         log = []
         for s in range(first, run.steps):

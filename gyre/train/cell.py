@@ -1,0 +1,72 @@
+"""One cell's training plumbing in a single object, ready for ``ray.remote`` or a plain process.
+
+A cell process needs three shared things, built once and kept while the cell moves
+between rollout and training: the torch.distributed world with its prefix
+communicators, a client of the coordination store, and its rank. ``TrainCell`` holds
+exactly those (no globals, explicit ``setup``/``teardown``) and builds the core or a
+satellite on top for each run. ``gyre.train.local`` runs one per OS process; a Ray
+runtime can wrap the same class as an actor (checked by hand with two Ray actors, see
+docs/training.md).
+"""
+
+from __future__ import annotations
+
+from gyre.train.config import TrainerConfig
+
+
+class TrainCell:
+    def __init__(self, rank: int, world: int, *, dist_port: int, store_port: int, host: str = "127.0.0.1",
+                 backend: str = "gloo", timeout_s: float = 120.0):
+        self.rank, self.world, self.host, self.backend = rank, world, host, backend
+        self.dist_port, self.store_port, self.timeout_s = dist_port, store_port, timeout_s
+        self.comm = None
+        self.store = None
+
+    @property
+    def is_core(self) -> bool:
+        return self.rank == 0
+
+    def setup(self) -> None:
+        """Join the cells' process group, build every prefix communicator, connect the store
+        (cell 0 serves it)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        from gyre.train.comm import init_cell_process
+
+        self.comm = init_cell_process(self.rank, self.world, self.dist_port, backend=self.backend, host=self.host,
+                                      timeout_s=self.timeout_s)
+        self.store = dist.TCPStore(self.host, self.store_port, self.world, self.is_core, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=self.timeout_s))
+
+    def coordinator(self, namespace: str, cfg: TrainerConfig):
+        from gyre.train.coordinator import StoreCoordinator
+
+        return StoreCoordinator(self.store, namespace, poll_s=cfg.stream.poll_s,
+                                stall_timeout_s=cfg.stream.stall_timeout_s)
+
+    def core(self, cfg: TrainerConfig, namespace: str, weights):
+        """The core replica of this cell (cell 0 only); call ``start()`` on it."""
+        from gyre.train.core import Core
+
+        if not self.is_core:
+            raise RuntimeError(f"cell {self.rank} is a satellite; the core is cell 0")
+        return Core(cfg, self.coordinator(namespace, cfg), weights, self.comm)
+
+    def satellite(self, cfg: TrainerConfig, namespace: str, weights):
+        from gyre.train.satellite import Satellite
+
+        return Satellite(self.rank, cfg, self.coordinator(namespace, cfg), weights, self.comm)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def teardown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.comm = self.store = None
