@@ -217,8 +217,10 @@ def main() -> None:
     streams = {name: asyncio.run(stream_cost(n_stream, **opts)) for name, opts in [
         ("cumulative, no coalescing", {"stream_coalesce_after": 0, "stream_min_interval_s": 0.0}),
         ("cumulative, default coalescing after 256 tokens", {}),
-        ("--stream-interval 32", {"stream_interval": 32, "stream_coalesce_after": 0}),
-        ("--incremental-streaming-output", {"incremental_streaming_output": True, "stream_coalesce_after": 0})]}
+        ("--stream-interval 32 (no time coalescing)",
+         {"stream_interval": 32, "stream_coalesce_after": 0, "stream_min_interval_s": 0.0}),
+        ("--incremental-streaming-output (no time coalescing)",
+         {"incremental_streaming_output": True, "stream_coalesce_after": 0, "stream_min_interval_s": 0.0})]}
     res = {"torch_threads": torch.get_num_threads(), "tokens": args.tokens, "requests": args.requests,
            "hf_generate_b1_tps": hf_seq, "hf_generate_b8_tps": hf_batch, "embedded_b1_tps": e_seq,
            "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc,
