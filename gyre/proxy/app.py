@@ -60,8 +60,16 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
                              "last_id": m["id"]})
 
     async def health(request: Request) -> Response:
+        """200 when at least one active engine answers its own /health."""
+        import asyncio
+
         engines = svc.pool.status()
-        ok = any(e["state"] == "active" for e in engines)
+        handles = list(svc.pool.engines.values())
+        alive = await asyncio.gather(*(asyncio.wait_for(h.ctl.health(), 2.0) for h in handles),
+                                     return_exceptions=True)
+        for e, a in zip(engines, alive):
+            e["reachable"] = a is True
+        ok = any(e["state"] == "active" and e["reachable"] for e in engines)
         return JSONResponse({"status": "ok" if ok else "no_engine", "engines": engines}, status_code=200 if ok else 503)
 
     # -- admin --------------------------------------------------------------------------------

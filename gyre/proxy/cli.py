@@ -36,7 +36,16 @@ def serve(
     cfg = ProxyConfig(model_dir=model, engines=list(engine), host=host, port=port, trace_dir=trace_dir, mode=mode,
                       admin_token=admin_token, parser=parser, max_context_tokens=max_context, fsync=not no_fsync)
     app = build_app(cfg)
-    typer.echo(f"gyre proxy on http://{host}:{port} -> {', '.join(engine)} (traces: {trace_dir}, mode {mode})", err=True)
+    import socket
+
     from gyre.proxy.server import KEEP_ALIVE_S
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))  # bound here so --port 0 can print the port it got
+    bound = sock.getsockname()[1]
+    typer.echo(f"gyre proxy on http://{host}:{bound} -> {', '.join(engine)} (traces: {trace_dir}, mode {mode})",
+               err=True)
+    config = uvicorn.Config(app, host=host, port=bound, log_level="warning", access_log=False,
+                            timeout_keep_alive=KEEP_ALIVE_S)
+    uvicorn.Server(config).run(sockets=[sock])
