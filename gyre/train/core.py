@@ -133,6 +133,7 @@ class Core:
             self.buffer.give_back(feeder.taken)
             self.worker.zero_grad()
             raise
+        stale = [version - g.version() for g in feeder.taken]
         t_reduce = time.perf_counter()
         total = reduce_step(self.worker, self.comm, seal.participants, stats)
         t_reduce = time.perf_counter() - t_reduce
@@ -154,6 +155,8 @@ class Core:
             "batch/groups": pack.get("groups", 0), "batch/groups_all_equal": pack.get("groups_all_equal", 0),
             "batch/executions_scored": seal.n_scored, "batch/executions_missing": pack.get("executions_missing", 0),
             "batch/executions_split": pack.get("executions_split", 0),
+            "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+            "batch/staleness_max": float(max(stale)) if stale else 0.0,
         })
         return StepResult(step, self.state.policy_version, seal, metrics)
 

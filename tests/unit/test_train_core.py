@@ -257,3 +257,10 @@ def test_a_failed_step_gives_its_groups_back(tiny_model_dir, base_groups):
     res = core.run_step()
     assert res.policy_version == 1 and sorted(res.seal.meta["groups"]) == ["g0", "g1"]
     core.stop()
+
+
+def test_staleness_metrics(tiny_model_dir, base_groups):
+    gs = [copy.deepcopy(g) for g in base_groups[:2]]
+    gs[0].policy_version, gs[1].policy_version = -3, -1  # sampled 3 and 1 versions before the core's version 0
+    _, r = step_params(cfg_for(tiny_model_dir), gs)
+    assert r[0].metrics["batch/staleness_mean"] == 2.0 and r[0].metrics["batch/staleness_max"] == 3.0

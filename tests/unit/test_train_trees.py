@@ -41,12 +41,14 @@ def test_paths_and_tree_packing_train_identically(tiny_model_dir):
     p_paths, m_paths = _step(tiny_model_dir, "paths", 100_000, vocab)
     p_tree, m_tree = _step(tiny_model_dir, "tree", 100_000, vocab)
     p_split, m_split = _step(tiny_model_dir, "paths", 200, vocab)  # executions split across micro-steps
+    p_tsplit, m_tsplit = _step(tiny_model_dir, "tree", 200, vocab)  # subtrees split across micro-steps
     moved = max(float((p_paths[k] - init[k]).abs().max()) for k in init)
     assert moved > 1e-3
     assert m_paths["batch/executions_missing"] == 1 and m_paths["batch/executions_scored"] == 3
     assert m_tree["train/tokens"] < m_paths["train/tokens"]  # the tree shares prefixes
-    assert m_split["batch/executions_split"] >= 1
-    for other in (p_tree, p_split):
+    assert m_split["batch/executions_split"] >= 1 and m_tsplit["batch/executions_split"] >= 1
+    for other in (p_tree, p_split, p_tsplit):
         assert max(float((p_paths[k] - other[k]).abs().max()) for k in init) < 1e-5 * moved
-    assert m_paths["actor/target_tokens"] == m_tree["actor/target_tokens"] == m_split["actor/target_tokens"]
+    assert m_paths["actor/target_tokens"] == m_tree["actor/target_tokens"] == m_split["actor/target_tokens"] \
+        == m_tsplit["actor/target_tokens"]
     assert m_paths["actor/pg_clipfrac"] == 0.0  # proximal reference: r = s = 1
