@@ -128,3 +128,19 @@ def test_anthropic_sdk_tool_loop_stays_token_exact(stack):
             msgs.append({"role": "user", "content": "thanks"})
     p = next(p for p in traces.glob("*.jsonl") if read_trace(p).records[0].meta["system_head"] == "You fix bugs (anthropic).")
     _check_chain(read_trace(p).records)
+
+
+def test_broken_tool_json_from_the_model_comes_back_as_text(tiny_model_dir, tiny_tokenizer, tmp_path):
+    broken = 'Try: <tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'
+    with running_engine("scripted", tiny_model_dir, turns=[{"text": broken}]) as eng, \
+            running_proxy(tiny_model_dir, [eng.url], tmp_path, tiny_tokenizer, fsync=False) as px:
+        a = anthropic.Anthropic(base_url=px.url, api_key="broken", max_retries=0)
+        kw = dict(model="m", max_tokens=100, messages=[{"role": "user", "content": "go"}],
+                  tools=[{"name": "bash", "input_schema": {"type": "object"}}])
+        with a.messages.stream(**kw) as s:
+            m = s.get_final_message()
+        assert [b.type for b in m.content] == ["text"] and m.content[0].text == broken
+        assert m.stop_reason == "end_turn"
+        c = openai.OpenAI(base_url=px.url + "/v1", api_key="broken2", max_retries=0)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+        assert r.choices[0].message.content == broken and not r.choices[0].message.tool_calls
