@@ -45,6 +45,7 @@ class SyntheticData(BaseModel):
     target_len: tuple[int, int] = (8, 24)
     noise: float = 0.02
     missing_every: int = 0
+    branches: int = Field(1, ge=1, description="rows per execution (targets dealt among them)")
 
 
 class LocalRun(BaseModel):
@@ -115,7 +116,8 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
         d = run.data
         gen_model = load_causal_lm(run.cfg.model_dir, run.cfg.dtype)
         groups = synthetic_groups(gen_model, d.n_groups, d.group_size, seed=d.seed, context_len=d.context_len,
-                                  target_len=d.target_len, noise=d.noise, missing_every=d.missing_every)
+                                  target_len=d.target_len, noise=d.noise, missing_every=d.missing_every,
+                                  branches=d.branches)
         del gen_model
         core = cell.core(run.cfg, ns, weights)
         core.start(resume=run.resume)

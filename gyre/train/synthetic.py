@@ -27,10 +27,33 @@ def chain_row(context: list[int], targets: list[int], behaviour: list[float], ve
     )
 
 
+def _deal(row: PackedSequence, nc: int, branches: int) -> list[PackedSequence]:
+    n_t = len(row.input_ids) - nc
+    out = []
+    for k in range(branches):
+        keep = {nc + i for i in range(k, n_t, branches)}
+        if not keep:
+            continue
+        n = len(row.input_ids)
+        out.append(PackedSequence(
+            input_ids=list(row.input_ids), position_ids=list(row.position_ids), parent=list(row.parent),
+            is_target=[i in keep for i in range(n)],
+            behaviour_logprob=[row.behaviour_logprob[i] if i in keep else 0.0 for i in range(n)],
+            policy_version=[row.policy_version[i] if i in keep else -1 for i in range(n)],
+            execution_index=[0 if i in keep else -1 for i in range(n)],
+            token_weight=[1.0 / n_t if i in keep else 0.0 for i in range(n)]))
+    return out
+
+
 def synthetic_groups(model, n_groups: int, group_size: int, *, seed: int = 0, context_len: tuple[int, int] = (8, 24),
                      target_len: tuple[int, int] = (8, 24), noise: float = 0.02, vocab: int | None = None,
-                     missing_every: int = 0, prefix: str = "g") -> list[ReadyGroup]:
-    """``n_groups`` groups of ``group_size`` single-row executions with 0/1-ish rewards."""
+                     missing_every: int = 0, prefix: str = "g", branches: int = 1) -> list[ReadyGroup]:
+    """``n_groups`` groups of ``group_size`` executions with 0/1-ish rewards.
+
+    With ``branches > 1`` an execution is that many copies of its row with its targets
+    dealt round-robin among them (a disjoint T_e, as admission produces), so large
+    executions spread over several micro-steps and exercise the s_e pre-pass.
+    """
     from gyre.train.packed import token_logprobs
 
     rng = random.Random(seed)
@@ -47,7 +70,7 @@ def synthetic_groups(model, n_groups: int, group_size: int, *, seed: int = 0, co
                 lp = token_logprobs(model, row)
             nc = len(ctx)
             row.behaviour_logprob = [0.0] * nc + [float(lp[nc + i]) + rng.gauss(0.0, noise) for i in range(len(tg))]
-            rows[eid] = [row]
+            rows[eid] = [row] if branches <= 1 else _deal(row, nc, branches)
             rewards[eid] = float(rng.random() < 0.5) + 0.1 * rng.random()
         if missing_every and g % missing_every == 0:
             from gyre.train.rewards import Missing

@@ -50,6 +50,8 @@ def cells_run(tiny_model_dir, tmp_path_factory):
     cfg = _cfg(tiny_model_dir, stream=StreamConfig(batch_groups=6, token_budget=64, stall_timeout_s=60))
     data = SyntheticData(n_groups=6, group_size=3, seed=1)  # packs into 12 micro-steps (asserted below)
     ck = CheckpointConfig(dir=str(out / "ck"))
+    split_cfg = _cfg(tiny_model_dir, stream=StreamConfig(batch_groups=3, token_budget=96, stall_timeout_s=60))
+    split_data = SyntheticData(n_groups=3, group_size=3, seed=1, branches=3)  # 12 micro-steps, 4 split
     runs = [
         LocalRun(name="core_alone", cfg=cfg, data=data),
         LocalRun(name="even", cfg=cfg, data=data, core_max_claims=4,
@@ -59,6 +61,11 @@ def cells_run(tiny_model_dir, tmp_path_factory):
                  joins={1: JoinPlan(after_done=2, max_claims=4), 2: JoinPlan(after_done=4)}),
         LocalRun(name="streamed_late", cfg=cfg, data=data, source="one_per_pump", core_max_claims=2,
                  joins={1: JoinPlan(after_done=1, max_claims=6), 2: JoinPlan(after_done=2)}),
+        # executions of 3 branches over a 96-token budget: 4 of them span several micro-steps, whose
+        # s_e pre-pass reads the other micro-steps from the store, whichever cell claimed them
+        LocalRun(name="split_alone", cfg=split_cfg, data=split_data),
+        LocalRun(name="split_even", cfg=split_cfg, data=split_data, core_max_claims=4,
+                 joins={1: JoinPlan(max_claims=4), 2: JoinPlan(max_claims=4)}),
         LocalRun(name="full", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL), data=KILL_DATA, steps=3,
                  joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS),
         LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
@@ -93,6 +100,16 @@ def test_one_vs_three_cells_vs_late_joiners(cells_run, tiny_model_dir):
         assert _diff(final["core_alone"], final[name]) < 1e-9, name
         assert m[name]["actor/grad_norm"] == pytest.approx(m["core_alone"]["actor/grad_norm"], rel=1e-9)
         assert m[name]["actor/loss"] == pytest.approx(m["core_alone"]["actor/loss"], rel=1e-6)  # float32 l_t sums
+
+
+def test_split_executions_across_cells(cells_run):
+    out, _, _ = cells_run
+    a, b = (_lines(out / n / "metrics.jsonl")[0] for n in ("split_alone", "split_even"))
+    assert a["batch/executions_split"] == b["batch/executions_split"] == 4
+    assert b["claims"] == {"0": 4, "1": 4, "2": 4}
+    fa, fb = (load_file(str(out / n / "final.safetensors")) for n in ("split_alone", "split_even"))
+    assert _diff(fa, fb) < 1e-9
+    assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-9)
 
 
 def _same_as_full(out, name):
