@@ -16,6 +16,7 @@ from gyre.harness import cli as harness_cli
 from gyre.proxy import cli as proxy_cli
 from gyre.sim import cli as sim_cli
 from gyre.trace import cli as tree_cli
+from gyre.train import cli as train_cli
 
 app = typer.Typer(
     help="Gyre: elastic RL for long-horizon LLM agents.",
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.add_typer(sim_cli.app, name="sim")
 app.add_typer(tree_cli.app, name="tree")
 app.add_typer(harness_cli.app, name="harness")
+app.add_typer(train_cli.app, name="train")
 app.command("engine")(engine_cli.serve)
 app.command("proxy")(proxy_cli.serve)
 
