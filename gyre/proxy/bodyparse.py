@@ -28,7 +28,7 @@ from typing import Any, Optional
 from gyre.proxy import jsonfast
 
 # JSON strings (with escapes) or a structural character; everything else is skipped.
-_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},:]', re.S)
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]', re.S)
 _WS = b" \t\r\n"
 
 
@@ -37,13 +37,25 @@ class ParsedBody:
     body: bytes
     data: dict[str, Any]
     array_start: int  # offset just after the '[' of the messages array
-    spans: list[tuple[int, int]]  # byte span of each message element
-    array_end: int  # offset of the closing ']'
-    ends: list[int] = None  # type: ignore[assignment]  # span ends (sorted), for bisect
+    spans: Optional[list[tuple[int, int]]]  # byte span of each message element (None: not scanned yet)
+    array_end: int  # offset of the closing ']' (-1: not scanned yet)
+    ends: Optional[list[int]] = None  # span ends (sorted), for bisect
 
     def __post_init__(self) -> None:
-        if self.ends is None:
+        if self.ends is None and self.spans is not None:
             self.ends = [e for _, e in self.spans]
+
+    def scan(self) -> bool:
+        """Find the message spans (a Python pass over the body: done once per conversation, only
+        when a later body turns out to share its prefix)."""
+        if self.spans is not None:
+            return True
+        split = _split_elements(self.body, self.array_start)
+        if split is None or len(split[0]) != len(self.data["messages"]):
+            return False
+        self.spans, self.array_end = split
+        self.ends = [e for _, e in self.spans]
+        return True
 
 
 def _common_prefix(a: bytes, b: bytes, hint: int = 0) -> int:
@@ -139,16 +151,14 @@ def _rstrip(body: bytes, start: int, end: int) -> int:
 
 
 def _full(body: bytes) -> tuple[Any, Optional[ParsedBody]]:
+    """Plain parse; the body is kept (unscanned) in case the next one extends it."""
     data = jsonfast.loads(body)  # raises on malformed JSON: the caller answers 400
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         return data, None
     a = _find_messages_array(body)
     if a is None:
         return data, None
-    split = _split_elements(body, a)
-    if split is None or len(split[0]) != len(data["messages"]):
-        return data, None
-    return data, ParsedBody(body, data, a, split[0], split[1])
+    return data, ParsedBody(body, data, a, None, -1)
 
 
 class BodyParser:
@@ -170,6 +180,12 @@ class BodyParser:
                     if l > best_l:
                         best, best_l = p, l
         if best is None or best_l <= best.array_start:
+            data, pb = _full(body)
+            if pb is not None:
+                self.recent.append(pb)
+            return data
+        if not best.scan():
+            self.recent.remove(best)
             data, pb = _full(body)
             if pb is not None:
                 self.recent.append(pb)
