@@ -121,6 +121,9 @@ def synth(
     from gyre.trace.store import TraceWriter, trace_path
     from gyre.trace.synthetic import case_study_execution
 
+    # Replace, never append: a second run into the same directory would otherwise
+    # duplicate every request id.
+    trace_path(out_dir, execution_id).unlink(missing_ok=True)
     w = TraceWriter(out_dir, fsync=False)
     try:
         for r in case_study_execution(execution_id, seed=seed, n_requests=requests, n_subagents=subagents):

@@ -72,3 +72,13 @@ def test_show_with_tokenizer_and_profile(tmp_path, tiny_model_dir):
     bad.write_text('{"rules": [{"role": "boss"}]}')
     r = runner.invoke(app, ["stats", str(tmp_path / "x.jsonl"), "--profile", str(bad)])
     assert r.exit_code != 0
+
+
+def test_synth_twice_replaces_the_trace(tmp_path):
+    for _ in range(2):
+        r = runner.invoke(app, ["synth", str(tmp_path), "--requests", "20", "--subagents", "1",
+                                "--execution-id", "again"])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["stats", str(tmp_path / "again.jsonl"), "--json"])
+    s = json.loads(r.output.strip().splitlines()[-1])
+    assert s["requests"] == 20 and s["errors"] == []
