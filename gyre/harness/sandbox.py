@@ -36,6 +36,58 @@ def _covers(parent: Path, child: Path) -> bool:
     return child == parent or parent in child.parents
 
 
+def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignment]
+    """Host paths the sandboxed program needs to see, whatever tmpfs covers them.
+
+    The sandbox mounts a fresh ``/tmp``; a venv, a checkout of Gyre or a harness
+    installed under ``/tmp`` (a CI clone, say) would vanish with it. So the
+    Python prefixes, the ``gyre`` package and the command's own install folder
+    (its ``node_modules`` root for npm programs; also for an executable named
+    later in the argv, behind a wrapper) are bound back read-only.
+    """
+    import sys
+
+    import gyre
+
+    cands = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent,
+             Path(gyre.__file__).resolve().parent]
+    # The program, and any program a wrapper (the network bridge) runs after it.
+    exes = [shutil.which(command[0]) or command[0]] if command else []
+    exes += [a for a in command[1:] if os.path.isabs(a) and os.path.isfile(a) and os.access(a, os.X_OK)]
+    for exe in exes:
+        if os.path.isabs(exe) and os.path.exists(exe):
+            for p in (Path(os.path.abspath(exe)), Path(os.path.realpath(exe))):
+                roots = [a for a in p.parents if a.name == "node_modules"]
+                cands.append(roots[-1] if roots else p.parent)
+    out: list[Path] = []
+    for c in sorted({c.resolve() for c in cands if c.exists()}, key=lambda p: len(p.parts)):
+        if not any(_covers(o, c) for o in out):
+            out.append(c)
+    return out
+
+
+def _unhide_and_hide(hide: list[Path], command: list[str]) -> list[str]:
+    """Bind tool paths under /tmp back (read-only), then cover every hidden tree.
+
+    A hidden tree under /tmp needs no mount of its own unless a tool path
+    re-exposed it (the task set inside a checkout that lives under /tmp).
+    """
+    exposed = [p for p in tool_paths(command) if _covers(Path("/tmp"), p)]
+    argv: list[str] = []
+    for p in exposed:
+        argv += ["--ro-bind", str(p), str(p)]
+    for h in sorted({Path(p).resolve() for p in hide}, key=lambda p: len(p.parts)):
+        if not h.exists():
+            continue
+        if _covers(Path("/tmp"), h) and not any(_covers(e, h) or _covers(h, e) for e in exposed):
+            continue
+        if h.is_dir():
+            argv += ["--tmpfs", str(h)]
+        else:
+            argv += ["--ro-bind", "/dev/null", str(h)]
+    return argv
+
+
 def bwrap_argv(
     command: list[str],
     *,
@@ -62,15 +114,7 @@ def bwrap_argv(
     ]
     if unshare_net:
         argv.append("--unshare-net")
-    # Hide trees (an empty tmpfs over each). Skip ones already under /tmp
-    # (hidden by the /tmp tmpfs) and ones that do not exist.
-    for h in sorted({Path(p).resolve() for p in hide}, key=lambda p: len(p.parts)):
-        if _covers(Path("/tmp"), h) or not h.exists():
-            continue
-        if h.is_dir():
-            argv += ["--tmpfs", str(h)]
-        else:
-            argv += ["--ro-bind", "/dev/null", str(h)]
+    argv += _unhide_and_hide(hide, command)
     argv += ["--tmpfs", home, "--setenv", "HOME", home]
     for p in ro_binds:
         p = Path(p).resolve()
@@ -113,10 +157,7 @@ def harbor_verifier_argv(
         elif entry.is_dir():
             argv += ["--ro-bind", str(entry), str(entry)]
     argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for h in sorted({Path(p).resolve() for p in hide}, key=lambda p: len(p.parts)):
-        if _covers(Path("/tmp"), h) or not h.is_dir():
-            continue
-        argv += ["--tmpfs", str(h)]
+    argv += _unhide_and_hide(hide, command)
     argv += ["--tmpfs", home, "--setenv", "HOME", home,
              "--bind", str(Path(workspace_copy).resolve()), HARBOR_APP,
              "--bind", str(Path(tests).resolve()), HARBOR_TESTS,
