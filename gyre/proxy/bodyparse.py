@@ -168,17 +168,25 @@ class BodyParser:
         self.recent: deque[ParsedBody] = deque(maxlen=max(keep, 1))
         self.min_reuse_bytes = min_reuse_bytes
         self.reused_messages = 0
+        self.full_compares = 0  # memcmp's against kept bodies (one per call as a rule; see parse)
 
     def parse(self, body: bytes) -> Any:
         if len(body) < self.min_reuse_bytes:  # small: parsing is cheaper than bookkeeping
             return jsonfast.loads(body)
         best, best_l = None, 0
-        if True:
-            for p in self.recent:
-                if len(p.body) > p.array_start:
-                    l = _common_prefix(p.body, body, p.spans[-1][0] if p.spans else 0)
-                    if l > best_l:
-                        best, best_l = p, l
+        for p in reversed(self.recent):  # newest first: the body this one extends, as a rule
+            if len(p.body) <= p.array_start:
+                continue
+            # An older body can only do better if it agrees with this one *beyond* the best match so
+            # far: one byte rules most out, so a call pays one full memcmp, not one per kept body.
+            # (Only the choice is cheap: whatever is re-used was compared byte for byte.)
+            if best is not None and (best_l >= len(p.body) or best_l >= len(body)
+                                     or p.body[best_l] != body[best_l]):
+                continue
+            self.full_compares += 1
+            l = _common_prefix(p.body, body, p.spans[-1][0] if p.spans else 0)
+            if l > best_l:
+                best, best_l = p, l
         if best is None or best_l <= best.array_start:
             data, pb = _full(body)
             if pb is not None:

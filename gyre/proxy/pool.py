@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
 import aiohttp
+import aiohttp.payload
 
 from gyre.engine.client import EngineClient
 from gyre.proxy import jsonfast
@@ -215,19 +216,24 @@ class EnginePool:
     # -- generation ---------------------------------------------------------------------------
     @staticmethod
     def _body(rid: str, input_parts: list[bytes], extra_ids: list[int], sampling: dict[str, Any],
-              stream: bool) -> bytes:
-        """The /generate body, assembled with one join from pre-serialised id pieces."""
-        pieces = [p for p in input_parts if p]
+              stream: bool) -> "PartsPayload":
+        """The /generate body as pieces around the pre-serialised id pieces: the big (cached prefix)
+        pieces are never joined or copied, they go to the socket as they are (:class:`PartsPayload`)."""
+        out = [b'{"rid":' + jsonfast.dumps(rid) + b',"input_ids":[']
+        first = True
+        for p in input_parts:
+            if p:
+                if not first:
+                    out.append(b",")
+                out.append(p)
+                first = False
         if extra_ids:
-            pieces.append(jsonfast.ids_json(extra_ids))
-        out = [b'{"rid":', jsonfast.dumps(rid), b',"input_ids":[']
-        for i, p in enumerate(pieces):
-            if i:
+            if not first:
                 out.append(b",")
-            out.append(p)
-        out += [b'],"sampling_params":', jsonfast.dumps(sampling), b',"return_logprob":true,"stream":',
-                b"true" if stream else b"false", b"}"]
-        return b"".join(out)
+            out.append(jsonfast.ids_json(extra_ids))
+        out.append(b'],"sampling_params":' + jsonfast.dumps(sampling) + b',"return_logprob":true,"stream":'
+                   + (b"true" if stream else b"false") + b"}")
+        return PartsPayload(_coalesce(out))
 
     async def generate(self, execution_id: str, input_parts: list[bytes], input_len: int, sampling: dict[str, Any],
                        *, stream: bool) -> AsyncIterator[tuple[list[int], list[float]] | GenResult]:
@@ -306,7 +312,7 @@ class EnginePool:
         except Exception:
             pass
 
-    async def _plain_attempt(self, engine: EngineHandle, body: bytes):
+    async def _plain_attempt(self, engine: EngineHandle, body: "PartsPayload"):
         try:
             async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
                 raw = await resp.read()
@@ -320,7 +326,7 @@ class EnginePool:
             data = data[0]
         return _unpack(data)
 
-    async def _stream_attempt(self, engine: EngineHandle, body: bytes):
+    async def _stream_attempt(self, engine: EngineHandle, body: "PartsPayload"):
         try:
             async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
                 if resp.status >= 400:
@@ -348,6 +354,69 @@ class EnginePool:
 
 
 _JSON = {"content-type": "application/json"}
+
+
+BIG_PIECE = 64 << 10
+"""Body pieces at least this long are written as they are; runs of smaller ones are joined first
+(a write is a syscall, and joining a few KiB is cheaper than one)."""
+
+
+def _coalesce(parts: list[bytes], big: int = BIG_PIECE) -> list[bytes]:
+    out: list[bytes] = []
+    run: list[bytes] = []
+    for p in parts:
+        if len(p) >= big:
+            if run:
+                out.append(b"".join(run))
+                run = []
+            out.append(p)
+        else:
+            run.append(p)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
+class PartsPayload(aiohttp.payload.Payload):
+    """A JSON request body given as byte pieces, written to the connection piece by piece.
+
+    A 500K-token ``/generate`` body is ~3 MB, nearly all of it the cached JSON of the prefix ids;
+    joining the pieces would copy it once more per call (and once per resume). The pieces are
+    handed to the transport as they are (Content-Length is their total), so the only per-call
+    copy left is the kernel's.
+    """
+
+    _autoclose = True  # bytes in memory, nothing to close
+
+    def __init__(self, parts: list[bytes]) -> None:
+        super().__init__(parts, content_type="application/json")
+        self._size = sum(len(p) for p in parts)
+
+    @property
+    def parts(self) -> list[bytes]:
+        return self._value
+
+    def joined(self) -> bytes:
+        return b"".join(self._value)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.joined().decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.joined()
+
+    async def write(self, writer: Any) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: Any, content_length: Optional[int]) -> None:
+        left = self._size if content_length is None else min(content_length, self._size)
+        for p in self._value:
+            if left <= 0:
+                break
+            if len(p) > left:
+                p = p[:left]
+            await writer.write(p)
+            left -= len(p)
 
 
 def _big_send_buffer(addr_info) -> socket.socket:

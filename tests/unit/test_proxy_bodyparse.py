@@ -60,3 +60,44 @@ def test_common_prefix_matches_naive():
             k += 1
         assert _common_prefix(a, b) == k
         assert _common_prefix(a, b, rng.randint(0, 1000)) == k
+
+
+def _body(msgs) -> bytes:
+    return json.dumps({"model": "m", "messages": msgs, "max_tokens": 8}).encode()
+
+
+def test_one_full_compare_per_call_when_extending_the_newest_body():
+    """Kept bodies other than the newest are ruled out by one byte, not compared in full."""
+    bp = BodyParser(min_reuse_bytes=0)
+    msgs = [{"role": "system", "content": "s" * 200}]
+    for i in range(8):
+        msgs.append({"role": "user", "content": f"question {i} " + "q" * 50})
+        before = bp.full_compares
+        assert bp.parse(_body(msgs)) == json.loads(_body(msgs))
+        if i >= 1:
+            assert bp.full_compares - before == 1, (i, bp.full_compares - before)
+        msgs.append({"role": "assistant", "content": f"answer {i} " + "a" * 50})
+    assert bp.reused_messages > 0
+
+
+def test_an_older_body_that_matches_further_is_still_chosen_and_verified():
+    bp = BodyParser(min_reuse_bytes=0)
+    base = [{"role": "system", "content": "s" * 100}] + [{"role": "user", "content": f"u{i} " + "x" * 40}
+                                                          for i in range(5)]
+    a = base + [{"role": "assistant", "content": "A-branch " + "a" * 40}]
+    first = bp.parse(_body(a))
+    b = base + [{"role": "assistant", "content": "B-branch " + "b" * 40}, {"role": "user", "content": "more"}]
+    bp.parse(_body(b))  # newer body, diverges from A inside message 6
+    n = a + [{"role": "user", "content": "continue A"}]
+    reused = bp.reused_messages
+    out = bp.parse(_body(n))
+    assert out == json.loads(_body(n))
+    assert bp.reused_messages - reused == len(a)  # all of A's messages, not only the shared base
+    assert out["messages"][len(a) - 1] is first["messages"][len(a) - 1]
+    # a body that differs inside the history re-uses nothing past the difference (byte-verified)
+    c = [dict(m) for m in n]
+    c[2] = {"role": "user", "content": "u1 " + "y" * 40}  # same length, different bytes
+    reused = bp.reused_messages
+    out = bp.parse(_body(c))
+    assert out == json.loads(_body(c)) and out["messages"][2]["content"].endswith("y" * 40)
+    assert bp.reused_messages - reused <= 2

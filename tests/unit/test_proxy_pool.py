@@ -35,3 +35,47 @@ def test_affinity_and_least_loaded_placement():
     assert pool.pick("x") is e1  # never a draining engine
     e1.state = "draining"
     assert pool.pick("x") is None
+
+
+def test_generate_body_is_valid_json_and_never_copies_big_pieces():
+    import json
+
+    from gyre.proxy import jsonfast
+    from gyre.proxy.pool import BIG_PIECE, PartsPayload, _coalesce
+
+    big = jsonfast.ids_json(range(30000))  # > BIG_PIECE bytes
+    assert len(big) >= BIG_PIECE
+    parts = [jsonfast.ids_json([1, 2]), big, jsonfast.ids_json([7]), b"", jsonfast.ids_json([8, 9])]
+    body = EnginePool._body("r1", parts, [11, 12], {"max_new_tokens": 4}, False)
+    assert isinstance(body, PartsPayload)
+    data = json.loads(body.joined())
+    assert data["input_ids"] == [1, 2] + list(range(30000)) + [7, 8, 9, 11, 12]
+    assert data["rid"] == "r1" and data["sampling_params"] == {"max_new_tokens": 4}
+    assert data["return_logprob"] is True and data["stream"] is False
+    assert any(p is big for p in body.parts)  # handed over as is, not joined
+    assert len(body.parts) == 3 and body.size == len(body.joined())
+    # no input pieces at all (only resumed output ids) and nothing at all
+    assert json.loads(EnginePool._body("r", [], [5], {}, True).joined())["input_ids"] == [5]
+    assert json.loads(EnginePool._body("r", [b""], [], {}, True).joined())["input_ids"] == []
+    assert _coalesce([b"a", b"b", big, b"c"]) == [b"ab", big, b"c"]
+    assert _coalesce([]) == []
+
+
+async def test_parts_payload_writes_every_piece_and_honours_a_length():
+    from gyre.proxy.pool import PartsPayload
+
+    class Writer:
+        def __init__(self):
+            self.got = []
+
+        async def write(self, chunk):
+            self.got.append(bytes(chunk))
+
+    p = PartsPayload([b"abc", b"defgh", b"ij"])
+    w = Writer()
+    await p.write(w)
+    assert b"".join(w.got) == b"abcdefghij" and w.got[1] == b"defgh"
+    w = Writer()
+    await p.write_with_length(w, 6)
+    assert b"".join(w.got) == b"abcdef"
+    assert p.decode() == "abcdefghij" and await p.as_bytes() == b"abcdefghij"
