@@ -397,21 +397,32 @@ class ProxyService:
             extra["bridge_verified"] = plan.verify_equal
         return build_meta(call, b.head, b.norm, headers, ex.ident.label, extra)
 
-    async def _record(self, ex: Execution, call: ParsedCall, plan: Plan, result: GenResult, turn: AssistantTurn,
-                      headers: Any, t0: float, dialect: str) -> None:
+    def _trace_record(self, ex: Execution, call: ParsedCall, plan: Plan, output_ids: list[int],
+                      logprobs: list[float], segments: tuple, finish: str, headers: Any, t0: float,
+                      extra: dict[str, Any]) -> TraceRecord:
+        """The record of one call (answered or aborted); takes the execution's next seq."""
         st = ex.state
         b = plan.bridge
         seq = st.next_seq
         st.next_seq += 1
-        rec = TraceRecord(
+        return TraceRecord(
             execution_id=st.execution_id, request_id=plan.request_id, seq=seq, api=call.api,
             base=b.base.request_id if b.base is not None else None, base_len=b.base_len,
-            input_suffix=tuple(plan.suffix), output_ids=tuple(result.output_ids),
-            output_logprobs=tuple(result.logprobs), segments=tuple(result.segments),
-            finish_reason=turn.finish if turn.finish != "tool_calls" else "stop", forked=b.forked,
-            t_start=t0, t_end=time.time(),
-            meta=self._meta(ex, call, plan, headers, {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)}),
+            input_suffix=tuple(plan.suffix), output_ids=tuple(output_ids), output_logprobs=tuple(logprobs),
+            segments=tuple(segments), finish_reason=finish, forked=b.forked, t_start=t0, t_end=time.time(),
+            meta=self._meta(ex, call, plan, headers, extra),
         )
+
+    async def _record(self, ex: Execution, call: ParsedCall, plan: Plan, result: GenResult, turn: AssistantTurn,
+                      headers: Any, t0: float, dialect: str) -> None:
+        st = ex.state
+        b = plan.bridge
+        rec = self._trace_record(
+            ex, call, plan, result.output_ids, result.logprobs, result.segments,
+            turn.finish if turn.finish != "tool_calls" else "stop", headers, t0,
+            {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)},
+        )
+        seq = rec.seq
         if self.config.fsync:
             await asyncio.to_thread(self.writer.append, rec)
         else:
@@ -433,18 +444,8 @@ class ProxyService:
                       headers: Any, t0: float, dialect: str) -> None:
         from gyre.trace.record import OutputSegment
 
-        st = ex.state
-        b = plan.bridge
-        seq = st.next_seq
-        st.next_seq += 1
-        rec = TraceRecord(
-            execution_id=st.execution_id, request_id=plan.request_id, seq=seq, api=call.api,
-            base=b.base.request_id if b.base is not None else None, base_len=b.base_len,
-            input_suffix=tuple(plan.suffix), output_ids=tuple(out_ids), output_logprobs=tuple(out_lps),
-            segments=(OutputSegment(0, len(out_ids), "unknown", -1),), finish_reason="abort", forked=b.forked,
-            t_start=t0, t_end=time.time(),
-            meta=self._meta(ex, call, plan, headers, {"client_disconnected": True}),
-        )
+        rec = self._trace_record(ex, call, plan, out_ids, out_lps, (OutputSegment(0, len(out_ids), "unknown", -1),),
+                                 "abort", headers, t0, {"client_disconnected": True})
         self.writer.append(rec)
 
     # -- other routes ----------------------------------------------------------------------------
