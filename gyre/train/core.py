@@ -45,6 +45,32 @@ def build_optimizer(params, cfg) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def claim_microsteps(coord: StepCoordinator, worker: ReplicaWorker, cell: int, step: int,
+                     max_claims: int | None, on_microstep: Callable[[int], None] | None,
+                     pump: Callable[[], None] | None = None) -> tuple[ObjectiveStats, int, float]:
+    """The claim loop every participant of a step runs (core and satellites alike).
+
+    Returns the summed objective stats, the number of micro-steps done and the
+    compute seconds. ``pump`` (the core's) moves newly landed groups onto the
+    queue while waiting and after each micro-step.
+    """
+    stats, n, t_compute = ObjectiveStats(), 0, 0.0
+    while max_claims is None or n < max_claims:
+        task = coord.claim(step, idle=pump)
+        if task is None:
+            break
+        t0 = time.perf_counter()
+        stats.add(worker.compute(task, step=step, get_task=lambda i: coord.get(step, i)))
+        t_compute += time.perf_counter() - t0
+        coord.done(step, task.index, cell)
+        n += 1
+        if on_microstep is not None:
+            on_microstep(n)
+        if pump is not None:
+            pump()
+    return stats, n, t_compute
+
+
 def reduce_step(worker: ReplicaWorker, comm: PrefixCommunicators | None, k: int,
                 stats: ObjectiveStats) -> ObjectiveStats:
     """Sum gradients and objective counters over cells 0..k-1 (result on the core)."""
@@ -162,20 +188,9 @@ class Core:
 
     def _accumulate(self, step, feeder, max_claims, on_microstep):
         """Claim and compute micro-steps until the queue is closed and empty (or the cap); seal."""
-        stats, n, t_compute = ObjectiveStats(), 0, 0.0
         feeder.pump()
-        while max_claims is None or n < max_claims:
-            task = self.coord.claim(step, idle=feeder.pump)
-            if task is None:
-                break
-            tc = time.perf_counter()
-            stats.add(self.worker.compute(task, step=step, get_task=lambda i: self.coord.get(step, i)))
-            t_compute += time.perf_counter() - tc
-            self.coord.done(step, task.index, self.cell)
-            n += 1
-            if on_microstep is not None:
-                on_microstep(n)
-            feeder.pump()
+        stats, n, t_compute = claim_microsteps(self.coord, self.worker, self.cell, step, max_claims, on_microstep,
+                                               pump=feeder.pump)
         seal = self.coord.seal(step, idle=feeder.pump)
         return seal, stats, n, t_compute
 

@@ -16,8 +16,7 @@ from typing import Callable
 from gyre.train.comm import PrefixCommunicators
 from gyre.train.config import TrainerConfig
 from gyre.train.coordinator import StepCoordinator, StepSeal
-from gyre.train.core import reduce_step
-from gyre.train.objective import ObjectiveStats
+from gyre.train.core import claim_microsteps, reduce_step
 from gyre.train.replica import ReplicaWorker
 from gyre.train.weights import WeightChannel, load_params
 
@@ -73,18 +72,7 @@ class Satellite:
             self._version = version
         self.worker.zero_grad()
         self.worker.new_step()
-        stats, n, tc = ObjectiveStats(), 0, 0.0
-        while max_claims is None or n < max_claims:
-            task = self.coord.claim(step)
-            if task is None:
-                break
-            t0 = time.perf_counter()
-            stats.add(self.worker.compute(task, step=step, get_task=lambda i: self.coord.get(step, i)))
-            tc += time.perf_counter() - t0
-            self.coord.done(step, task.index, self.cell)
-            n += 1
-            if on_microstep is not None:
-                on_microstep(n)
+        stats, n, tc = claim_microsteps(self.coord, self.worker, self.cell, step, max_claims, on_microstep)
         seal = self.coord.wait_seal(step)
         reduce_step(self.worker, self.comm, seal.participants, stats)
         self.worker.zero_grad()
