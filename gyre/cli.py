@@ -14,6 +14,7 @@ import typer
 from gyre.engine import cli as engine_cli
 from gyre.harness import cli as harness_cli
 from gyre.proxy import cli as proxy_cli
+from gyre.runtime import cli as runtime_cli
 from gyre.sim import cli as sim_cli
 from gyre.trace import cli as tree_cli
 from gyre.train import cli as train_cli
@@ -29,6 +30,7 @@ app.add_typer(harness_cli.app, name="harness")
 app.add_typer(train_cli.app, name="train")
 app.command("engine")(engine_cli.serve)
 app.command("proxy")(proxy_cli.serve)
+app.command("run")(runtime_cli.run_command)
 
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")

@@ -24,6 +24,7 @@ from gyre.engine.config import EmbeddedEngineConfig
 from gyre.harness.config import ExecutorConfig
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.proxy.config import ProxyConfig
+from gyre.runtime.config import RunConfig
 from gyre.train.config import TrainerConfig
 
 _SECTIONS_WITH_MODEL = ("engine", "proxy", "trainer")
@@ -42,6 +43,7 @@ class GyreConfig(BaseModel):
     proxy: ProxyConfig
     trainer: TrainerConfig
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -55,7 +57,16 @@ class GyreConfig(BaseModel):
             data[name] = section
         policy = data.get("policy")
         if isinstance(policy, dict) and "placement" not in policy:
-            data["policy"] = {**policy, "placement": Placement.ELASTIC}
+            data["policy"] = policy = {**policy, "placement": Placement.ELASTIC}
+        # B is declared once, in the policy; the trainer's stream section follows it.
+        trainer = data.get("trainer")
+        if isinstance(policy, dict) and "batch_groups" in policy and isinstance(trainer, dict):
+            stream = dict(trainer.get("stream") or {})
+            if "batch_groups" in stream and stream["batch_groups"] != policy["batch_groups"]:
+                raise ValueError(f"trainer.stream.batch_groups ({stream['batch_groups']}) differs from "
+                                 f"policy.batch_groups ({policy['batch_groups']}); set B once, in [policy]")
+            stream["batch_groups"] = policy["batch_groups"]
+            data["trainer"] = {**trainer, "stream": stream}
         return data
 
 

@@ -57,6 +57,8 @@ class EmbeddedEngineConfig(BaseModel):
     prefix_cache_min_tokens: int = Field(16, ge=1, description="Shortest shared prefix worth reusing.")
     torch_threads: Optional[int] = Field(None, ge=1, description="torch.set_num_threads for the worker (None: leave).")
     seed: int = Field(0, description="Engine RNG seed for requests without their own seed.")
+    weight_version: int = Field(0, ge=0, description="Policy version of the weights in model_dir (a runtime cell "
+                                                     "starting from published weights stamps outputs with it).")
 
 
 class EngineServerConfig(BaseModel):

@@ -87,7 +87,8 @@ class EmbeddedEngine(Engine):
         self._live: dict[str, RequestState] = {}   # rid -> state, for rows in the worker's batch
         self._wake: Optional[asyncio.Event] = None
         self._scheduler: Optional[asyncio.Task] = None
-        self._loaded_version = 0                     # written by the worker thread only
+        self._loaded_version = config.weight_version  # written by the worker thread only
+        self.weight_version = config.weight_version
         self._rng = random.Random(config.seed)
         self.steps = 0                               # decode steps run (for tests/benchmarks)
         self.max_rows_seen = 0                       # largest batch a decode step ran with
@@ -129,7 +130,9 @@ class EmbeddedEngine(Engine):
         pc = None
         if self.config.prefix_cache_mb > 0:
             pc = PrefixCache(int(self.config.prefix_cache_mb * 2**20), self.config.prefix_cache_min_tokens)
-        return DecodeBatch(self.model, prefix_cache=pc)
+        batch = DecodeBatch(self.model, prefix_cache=pc)
+        batch.version = self._loaded_version
+        return batch
 
     async def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gyre-{self.engine_id}")

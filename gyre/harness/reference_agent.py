@@ -221,20 +221,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--no-delegate", action="store_true")
     ap.add_argument("--request-timeout", type=float, default=3600.0)
+    ap.add_argument("--client", choices=["openai", "stdlib"], default="openai",
+                    help="HTTP client: the official SDK, or a stdlib one (same requests, ~1.5 s less start-up)")
     a = ap.parse_args(argv)
     if not a.base_url:
         ap.error("--base-url (or OPENAI_BASE_URL) is required")
     instruction = a.instruction if a.instruction is not None else Path(a.instruction_file).read_text(encoding="utf-8")
 
-    import openai  # here, so --help is instant
+    if a.client == "stdlib":
+        from gyre.harness.http_client import APIError, StdlibClient
 
-    client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, timeout=a.request_timeout, max_retries=2)
+        client: Any = StdlibClient(a.base_url, a.api_key, timeout=a.request_timeout, max_retries=2)
+    else:
+        import openai  # here, so --help is instant
+
+        APIError = openai.APIError  # type: ignore[misc, assignment]
+        client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, timeout=a.request_timeout, max_retries=2)
     cfg = AgentConfig(model=a.model, max_turns=a.max_turns, context_limit=a.context_limit, max_tokens=a.max_tokens,
                       temperature=a.temperature, allow_delegate=not a.no_delegate)
     agent = ReferenceAgent(client, Path(a.workspace), cfg)
     try:
         stats = agent.run(instruction)
-    except openai.APIError as e:
+    except APIError as e:
         print(json.dumps({"error": f"{type(e).__name__}: {e}", "requests": agent.stats.requests}), flush=True)
         return 2
     if a.answer_file and not stats.submitted:

@@ -15,8 +15,12 @@ COLORS = {
 }
 
 
-def plot_gantt(results: dict[str, SimResult], path: str | Path, title: str = "") -> Path:
-    """Write a PNG: per placement, one row per cell (role colours, compute in red) and a step row."""
+def plot_gantt(results: dict[str, SimResult], path: str | Path, title: str = "", unit: str = "h") -> Path:
+    """Write a PNG: per placement, one row per cell (role colours, compute in red) and a step row.
+
+    ``unit`` labels the time axis: the simulator draws hours, ``gyre run`` seconds of a real run
+    (its panels carry no lower bound, so that part of the title is left out).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,13 +60,15 @@ def plot_gantt(results: dict[str, SimResult], path: str | Path, title: str = "")
         ax.set_yticklabels(["steps"] + [("cell 0 (core)" if c == 0 else f"cell {c}") for c in range(K - 1, -1, -1)])
         del labels
         ax.set_ylim(-1.3, K + 0.7)
+        bound = (f"bound {r.lower_bound_h:.1f} {unit}, efficiency {r.efficiency:.0%}, "
+                 if r.lower_bound_h > 0 else "")
         ax.set_title(
-            f"{name}: makespan {r.makespan_h:.1f} h  (bound {r.lower_bound_h:.1f} h, efficiency "
-            f"{r.efficiency:.0%}, mean staleness {r.mean_staleness:.2f}, interrupted {r.interrupted_executions})",
+            f"{name}: makespan {r.makespan_h:.1f} {unit}  ({bound}mean staleness {r.mean_staleness:.2f}, "
+            f"interrupted {r.interrupted_executions})",
             fontsize=9, loc="left",
         )
         ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("hours")
+    axes[-1, 0].set_xlabel({"h": "hours", "s": "seconds"}.get(unit, unit))
     axes[-1, 0].set_xlim(0, horizon * 1.01)
     handles = [
         Patch(color=COLORS["rollout"], label="rollout"),

@@ -74,6 +74,7 @@ class TrainerConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     device: str = "cpu"
     seed: int = 0
+    j_max: int | None = Field(5, ge=1, description="admission: at most this many paths per execution (None: all)")
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig()
     stream: StreamConfig = StreamConfig()

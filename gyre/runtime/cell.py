@@ -1,0 +1,239 @@
+"""One cell: a long-lived process that holds an engine (rollout) or a training replica (training).
+
+The controller wraps :class:`Cell` with ``ray.remote`` and moves it between roles in
+place, as the paper does: the process, its torch.distributed world and the prefix
+communicators stay alive across switches; only the engine or the replica is built
+and dropped. Cell 0 is the core: it alone holds the optimizer state and the
+authoritative weights, and keeps them (in host memory) while it serves rollouts.
+
+Nothing here schedules: every method is one step of an action the policy chose.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Cell:
+    def __init__(self, index: int, world: int, trainer_cfg: dict, engine_cfg: dict, torch_threads: int = 1):
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        from gyre.engine.config import EmbeddedEngineConfig
+        from gyre.train.config import TrainerConfig
+
+        self.index, self.world = index, world
+        self.tcfg = TrainerConfig.model_validate(trainer_cfg)
+        self.ecfg = EmbeddedEngineConfig.model_validate({**engine_cfg, "torch_threads": torch_threads})
+        self.cell = None          # gyre.train.cell.TrainCell (process group + prefix communicators)
+        self.engine = None        # gyre.engine.service.EngineService while in rollout
+        self.worker = None        # gyre.train.replica.ReplicaWorker while training (the core keeps it)
+        self.optimizer = None     # core only
+        self.version = -1         # policy version of the replica's weights
+        self.state = None         # core only: gyre.train.checkpoint.TrainerState
+
+    # ---------------------------------------------------------------- plumbing (once)
+    def pid(self) -> int:
+        return os.getpid()
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def setup(self, dist_port: int, store_port: int, host: str = "127.0.0.1") -> None:
+        """Join the cells' gloo world and build every prefix communicator (collective: all cells at once)."""
+        from gyre.train.cell import TrainCell
+
+        self.cell = TrainCell(self.index, self.world, dist_port=dist_port, store_port=store_port, host=host)
+        self.cell.setup()
+
+    def teardown(self) -> None:
+        self.stop_engine()
+        if self.cell is not None:
+            self.cell.teardown()
+            self.cell = None
+
+    # ---------------------------------------------------------------- rollout role
+    def start_engine(self, weights_dir: str, version: int) -> str:
+        """Serve ``weights_dir`` (policy ``version``) on a fresh engine; returns its URL."""
+        from gyre.engine.service import EngineService
+
+        cfg = self.ecfg.model_copy(update={"model_dir": weights_dir, "engine_id": f"cell-{self.index}",
+                                           "weight_version": version})
+        svc = EngineService(cfg)
+        url = svc.start()
+        self.engine = svc
+        return url
+
+    def stop_engine(self) -> None:
+        """Drop the engine: its weights and K/V go with it."""
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+    def engine_pid(self) -> int:
+        return os.getpid() if self.engine is not None else -1
+
+    # ---------------------------------------------------------------- training role
+    def load_replica(self, version: int, snapshot_dir: str, resume_from: str | None = None) -> float:
+        """Become a training replica at ``version``; returns the seconds it took.
+
+        The core builds its optimizer once (from a checkpoint on resume) and keeps it;
+        a satellite pulls the core's snapshot of ``version``.
+        """
+        t0 = time.perf_counter()
+        from gyre.train.replica import ReplicaWorker
+
+        if self.index == 0:
+            if self.worker is None:
+                self._start_core(resume_from)
+            self.snapshot(snapshot_dir)   # what joining satellites pull
+        else:
+            self.worker = ReplicaWorker(self.tcfg)
+            self.worker.start(self.tcfg.model_dir)
+            self.version = -1
+            self._pull(version, snapshot_dir)
+        return time.perf_counter() - t0
+
+    def _start_core(self, resume_from: str | None) -> None:
+        import torch
+
+        from gyre.train.checkpoint import TrainerState, load_optimizer, load_state
+        from gyre.train.core import build_optimizer
+        from gyre.train.replica import ReplicaWorker
+
+        torch.manual_seed(self.tcfg.seed)
+        self.worker = ReplicaWorker(self.tcfg)
+        self.worker.start(resume_from or self.tcfg.model_dir)
+        self.optimizer = build_optimizer(self.worker.params, self.tcfg.optim)
+        self.state = TrainerState(model_source=self.tcfg.model_dir)
+        if resume_from:
+            load_optimizer(Path(resume_from), self.optimizer)
+            self.state = load_state(Path(resume_from))
+        self.version = self.state.policy_version
+
+    def _pull(self, version: int, snapshot_dir: str) -> None:
+        if version == self.version:
+            return
+        from gyre.train.weights import FileWeightChannel, load_params
+
+        load_params(self.worker.model, FileWeightChannel(snapshot_dir).pull(version))
+        self.version = version
+
+    def drop_replica(self) -> None:
+        """Satellites drop their replica; the core keeps weights and optimizer state (host memory)."""
+        if self.index != 0:
+            self.worker = None
+            self.version = -1
+
+    def compute(self, step: int, version: int, tasks: list[bytes], indices: list[int], snapshot_dir: str) -> list:
+        """Forward/backward of some of a group's micro-steps; gradients accumulate. Returns summed stats."""
+        from gyre.train.objective import ObjectiveStats
+        from gyre.train.tasks import MicroStepTask
+
+        if self.worker is None:
+            raise RuntimeError(f"cell {self.index} has no training replica")
+        if self.index != 0:
+            self._pull(version, snapshot_dir)
+        elif self.version != version:
+            raise RuntimeError(f"core holds version {self.version}, step {step} needs {version}")
+        by_index = {t.index: t for t in (MicroStepTask.from_bytes(b) for b in tasks)}
+        stats = ObjectiveStats()
+        for i in indices:
+            stats.add(self.worker.compute(by_index[i], step=step, get_task=by_index.__getitem__))
+        return stats.as_list()
+
+    def reduce(self, k: int, stats: list) -> None:
+        """A satellite's part of the step's reduce over cells 0..k-1; its gradients are then cleared."""
+        from gyre.train.core import reduce_step
+        from gyre.train.objective import ObjectiveStats
+
+        reduce_step(self.worker, self.cell.comm, k, ObjectiveStats.from_list(stats))
+        self.worker.zero_grad()
+        self.worker.new_step()
+
+    def finish_step(self, k: int, stats: list, n_scored: int, groups: list[str], snapshot_dir: str,
+                    checkpoint_dir: str | None, keep: int = 2) -> dict[str, Any]:
+        """Core: reduce over cells 0..k-1, scale by 1/E, clip, step once, snapshot, checkpoint."""
+        import math
+
+        import torch
+
+        from gyre.train.checkpoint import save_checkpoint
+        from gyre.train.core import reduce_step
+        from gyre.train.objective import ObjectiveStats
+        from gyre.train.weights import FileWeightChannel, named_params
+
+        t0 = time.perf_counter()
+        total = reduce_step(self.worker, self.cell.comm, k, ObjectiveStats.from_list(stats))
+        t_reduce = time.perf_counter() - t0
+        params = self.worker.params
+        E = n_scored
+        m: dict[str, Any] = {
+            "actor/loss": total.loss_sum / E if E else 0.0,
+            "actor/token_capfrac": total.tokens_capped / total.tokens if total.tokens else 0.0,
+            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight if total.exec_weight else 0.0,
+            "actor/target_tokens": float(total.tokens),
+            "actor/grad_norm": 0.0,
+        }
+        if E and total.tokens:
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.div_(E)
+            clip = self.tcfg.optim.grad_clip
+            m["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else math.inf))
+            self.optimizer.step()
+        # The version advances every step (a step without signal leaves the weights as they are), so
+        # policy versions and optimizer steps stay one and the same count.
+        self.worker.zero_grad()
+        self.worker.new_step()
+        self.state.step += 1
+        self.state.policy_version += 1
+        self.state.consumed_groups.extend(groups)
+        self.version = self.state.policy_version
+        t1 = time.perf_counter()
+        FileWeightChannel(snapshot_dir, keep=3).publish(self.version, named_params(self.worker.model))
+        m["timing/snapshot"] = time.perf_counter() - t1
+        if checkpoint_dir:
+            t1 = time.perf_counter()
+            save_checkpoint(checkpoint_dir, self.worker.model, self.optimizer, self.state, keep=keep)
+            m["timing/checkpoint"] = time.perf_counter() - t1
+        m["timing/reduce"] = t_reduce
+        m["timing/finish_step"] = time.perf_counter() - t0
+        return m
+
+    def snapshot(self, snapshot_dir: str) -> int:
+        """Core: publish the current weights for joining satellites (at start)."""
+        from gyre.train.weights import FileWeightChannel, named_params
+
+        FileWeightChannel(snapshot_dir, keep=3).publish(self.version, named_params(self.worker.model))
+        return self.version
+
+    def save_hf(self, out_dir: str) -> str:
+        """Core: the current weights as a Hugging Face directory (what engines reload from disk)."""
+        from gyre.train.checkpoint import TOKENIZER_FILES
+
+        import shutil
+
+        tmp = Path(out_dir + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.worker.model.save_pretrained(tmp, safe_serialization=True)
+        src = Path(self.tcfg.model_dir)
+        for name in TOKENIZER_FILES:
+            if (src / name).exists():
+                shutil.copy2(src / name, tmp / name)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+        return out_dir
+
+    def weights_digest(self) -> dict[str, list]:
+        """The replica's parameters (for tests comparing a runtime step with a local one)."""
+        from gyre.train.weights import named_params
+
+        return {n: t.flatten().tolist() for n, t in named_params(self.worker.model).items()}

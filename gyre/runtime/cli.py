@@ -1,0 +1,137 @@
+"""``gyre run CONFIG.toml [--set k=v ...] [--resume RUN_DIR]``: train an agent end to end.
+
+Everything a user can get wrong is checked before a single process starts, and
+reported as one line naming the field (exit 2), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+class ConfigProblem(Exception):
+    """One line for the user: what is wrong and where."""
+
+
+def _pydantic_line(e) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
+        parts.append(f"{loc}: {err.get('msg', '')}")
+    return "; ".join(parts)
+
+
+def load_run_config(path: Optional[Path], overrides: list[str]):
+    """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
+    from pydantic import ValidationError
+
+    from gyre.config import load_config
+
+    try:
+        return load_config(path, overrides)
+    except ValidationError as e:
+        raise ConfigProblem(f"invalid config: {_pydantic_line(e)}") from None
+    except FileNotFoundError as e:
+        raise ConfigProblem(str(e)) from None
+    except ValueError as e:  # overrides, TOML syntax
+        raise ConfigProblem(f"invalid config: {e}") from None
+
+
+def check_run(cfg) -> None:
+    """The checks that need the file system: model, task set, harness profile, split size, placement."""
+    from gyre.harness.profiles import ProfileError, load_profile
+    from gyre.harness.task import TaskError
+    from gyre.policy import Placement
+    from gyre.runtime.tasks import TaskSetError, TaskStream
+
+    md = Path(cfg.model_dir)
+    if not (md / "config.json").is_file():
+        raise ConfigProblem(f"model_dir: {md} is not a Hugging Face model directory (no config.json); "
+                            "build one with `gyre model tiny DIR`")
+    try:
+        TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed) \
+            .check_batch(cfg.policy.batch_groups)
+    except (TaskError, TaskSetError) as e:
+        raise ConfigProblem(f"run.taskset: {e}") from None
+    try:
+        load_profile(cfg.run.profile)
+    except ProfileError as e:
+        raise ConfigProblem(f"run.profile: {e}") from None
+    p = cfg.policy
+    if p.placement is Placement.ELASTIC and p.cells < 2:
+        raise ConfigProblem(f"policy.cells: elastic placement needs at least 2 cells (core + satellite), "
+                            f"got {p.cells}")
+    if p.placement is not Placement.ASYNC and p.cells * p.cell_capacity + p.standalone_capacity < p.group_size:
+        raise ConfigProblem("policy.cell_capacity: the cells cannot hold one group's executions at once")
+
+
+def _resume_state(run_dir: Path) -> dict[str, Any]:
+    """Where a killed run stands: its checkpoint (step, data cursor), next group id, next segment."""
+    from gyre.runtime.rundir import RunDir
+    from gyre.train.checkpoint import latest_checkpoint, load_state
+
+    rd = RunDir(run_dir)
+    execs = rd.read_jsonl("executions.jsonl")
+    ckpt = latest_checkpoint(rd.checkpoints)
+    step = load_state(ckpt).step if ckpt else 0
+    dropped = rd.truncate_metrics(step)
+    metrics = rd.read_jsonl("metrics.jsonl")
+    trained = [g for r in metrics for g in r.get("groups", [])]
+    next_group = max([e["group"] for e in execs] + [int(g[1:]) for g in trained] + [-1]) + 1
+    segment = max([e.get("segment", 0) for e in execs] + [-1]) + 1
+    return {"step": step, "checkpoint": str(ckpt) if ckpt else None, "next_group": next_group,
+            "segment": max(segment, 1), "dropped_metric_lines": dropped}
+
+
+def run_command(
+    config: Optional[Path] = typer.Argument(None, help="TOML config (not needed with --resume)."),
+    set_: list[str] = typer.Option([], "--set", help="Override: section.field=value (repeatable)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its directory."),
+    address: Optional[str] = typer.Option(None, "--address", help="Existing Ray cluster ('auto' or host:port)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
+    log_format: Optional[str] = typer.Option(None, "--log-format", help="rich | plain | json"),
+) -> None:
+    """Train a policy: real harnesses through the proxy, engines and trainer replicas on Ray cells."""
+    from gyre.runtime.rundir import to_toml  # noqa: F401  (cheap; keeps import errors early)
+
+    try:
+        if log_format is not None and log_format not in ("rich", "plain", "json"):
+            raise ConfigProblem(f"--log-format: expected rich, plain or json, got {log_format!r}")
+        state = None
+        if resume is not None:
+            if not (resume / "config.toml").is_file():
+                raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.toml)")
+            cfg = load_run_config(resume / "config.toml", set_)
+            state = _resume_state(resume)
+            run_dir = resume
+        else:
+            if config is None:
+                raise ConfigProblem("give a config file (gyre run CONFIG.toml) or --resume RUN_DIR")
+            cfg = load_run_config(config, set_)
+            name = cfg.run.name or f"{cfg.policy.placement.value}-{time.strftime('%Y%m%d-%H%M%S')}"
+            run_dir = Path(cfg.run.out_dir) / name
+            if (run_dir / "metrics.jsonl").exists():
+                raise ConfigProblem(f"run.name: {run_dir} already holds a run; pick another name or --resume it")
+        if address:
+            cfg = cfg.model_copy(update={"run": cfg.run.model_copy(
+                update={"ray": cfg.run.ray.model_copy(update={"address": address})})})
+        check_run(cfg)
+    except ConfigProblem as e:
+        typer.echo(f"gyre run: {e}", err=True)
+        raise typer.Exit(2)
+    if state is not None and state["step"] >= cfg.policy.total_steps:
+        typer.echo(f"gyre run: {run_dir} already finished its {cfg.policy.total_steps} steps", err=True)
+        raise typer.Exit(0)
+    from gyre.runtime.loop import run
+
+    if state is not None:
+        typer.echo(f"[gyre run] resuming {run_dir} at step {state['step']} (group {state['next_group']}, "
+                   f"segment {state['segment']})", err=True)
+    summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
+    if log_format == "json":
+        typer.echo(json.dumps({"event": "summary", **{k: summary[k] for k in ("makespan_s", "steps")}}))

@@ -1,0 +1,193 @@
+"""The cells on Ray and the proxy in front of their engines: the mechanics of moving a cell.
+
+Into training: the proxy stops routing to the cell's engine and moves its in-flight
+calls elsewhere with the tokens so far (the waterlevel rule guarantees room), the
+engine is dropped, the replica loads the core's current weights. Back to rollout:
+the replica is dropped (the core keeps its optimizer state in host memory), an
+engine starts on the newest published weights and joins the proxy's pool.
+Publication: the core writes a Hugging Face directory; every rollout engine
+pauses, reloads it from disk with the new version number, and continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from gyre.config import GyreConfig
+from gyre.policy import Role
+from gyre.runtime.rundir import RunDir
+
+
+class RuntimeSetupError(RuntimeError):
+    """The run could not start (Ray, a cell, or the proxy failed to come up)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_ray(cfg: GyreConfig) -> None:
+    import ray
+
+    rc = cfg.run.ray
+    if ray.is_initialized():
+        return
+    kw: dict[str, Any] = {"include_dashboard": rc.include_dashboard, "log_to_driver": False,
+                          "configure_logging": False}
+    if rc.address:
+        ray.init(address=rc.address, **kw)
+    else:
+        ray.init(num_cpus=rc.num_cpus, _node_ip_address=rc.node_ip, **kw)
+
+
+class Cluster:
+    def __init__(self, cfg: GyreConfig, rundir: RunDir, *, resume_from: str | None = None, base_version: int = 0):
+        self.cfg, self.rundir = cfg, rundir
+        self.K = cfg.policy.cells
+        self.resume_from = resume_from
+        self.cells: list[Any] = []
+        self.urls: list[str | None] = [None] * self.K
+        self.proxy = None
+        self.weights_dir = resume_from or cfg.model_dir   # newest published weights (HF layout)
+        self.weights_version = base_version
+        self.trainer_version = base_version
+        self._publishing: asyncio.Event | None = None
+        self.moved_calls = 0
+        self.placement: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, roles: list[Role]) -> None:
+        import ray
+
+        from gyre.proxy.config import ProxyConfig
+        from gyre.proxy.server import ProxyServer
+        from gyre.runtime.cell import Cell
+
+        init_ray(self.cfg)
+        res = self.cfg.run.cell
+        actor = ray.remote(Cell).options(num_cpus=res.num_cpus, num_gpus=res.num_gpus,
+                                         resources=res.resources or None, max_concurrency=1)
+        tcfg = self.cfg.trainer.model_dump(mode="json")
+        ecfg = self.cfg.engine.model_dump(mode="json")
+        self.cells = [actor.remote(i, self.K, tcfg, ecfg, res.torch_threads) for i in range(self.K)]
+        dist_port, store_port = free_port(), free_port()
+        await asyncio.gather(*[c.setup.remote(dist_port, store_port) for c in self.cells])
+        pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
+        nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
+        self.placement = [{"cell": i, "pid": p, "node": n} for i, (p, n) in enumerate(zip(pids, nodes))]
+        # initial roles: training cells load replicas (core first), rollout cells start engines
+        for i in [i for i in range(self.K) if roles[i] is Role.TRAINING]:
+            await self.cells[i].load_replica.remote(self.trainer_version, self.rundir.snapshots, self.resume_from)
+        urls = await asyncio.gather(*[self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
+                                      for i in range(self.K) if roles[i] is Role.ROLLOUT])
+        it = iter(urls)
+        for i in range(self.K):
+            if roles[i] is Role.ROLLOUT:
+                self.urls[i] = next(it)
+        pcfg = ProxyConfig.model_validate({**self.cfg.proxy.model_dump(), "engines": [u for u in self.urls if u],
+                                           "mode": "managed", "trace_dir": str(self.rundir.traces)})
+        self.proxy = ProxyServer(pcfg)
+        await asyncio.to_thread(self.proxy.start)
+
+    async def stop(self) -> None:
+        import ray
+
+        if self.proxy is not None:
+            await asyncio.to_thread(self.proxy.stop)
+            self.proxy = None
+        if self.cells:
+            try:
+                await asyncio.wait_for(asyncio.gather(*[c.teardown.remote() for c in self.cells],
+                                                      return_exceptions=True), 30)
+            except asyncio.TimeoutError:
+                pass
+            for c in self.cells:
+                ray.kill(c)
+            self.cells = []
+
+    # ------------------------------------------------------------------ switching
+    async def to_training(self, cell: int) -> int:
+        """Drain the cell's engine through the proxy, drop it, load a replica. Returns calls moved."""
+        moved = 0
+        url = self.urls[cell]
+        if url is not None:
+            moved = await asyncio.to_thread(self.proxy.drain, url)
+            await asyncio.to_thread(self.proxy.call, self.proxy.service.pool.remove(url))
+            self.urls[cell] = None
+            self.moved_calls += moved
+            await self.cells[cell].stop_engine.remote()
+        await self.cells[cell].load_replica.remote(self.trainer_version, self.rundir.snapshots, self.resume_from)
+        return moved
+
+    async def to_rollout(self, cell: int) -> None:
+        """Drop the replica, start an engine on the newest published weights, add it to the pool."""
+        if self._publishing is not None:
+            await self._publishing.wait()   # a returning satellite serves the version being published
+        await self.cells[cell].drop_replica.remote()
+        url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
+        await asyncio.to_thread(self.proxy.add_engine, url)
+        self.urls[cell] = url
+
+    # ------------------------------------------------------------------ training
+    async def compute(self, cell: int, step: int, version: int, tasks: list[bytes], shard: list[int]) -> list:
+        return await self.cells[cell].compute.remote(step, version, tasks, shard, self.rundir.snapshots)
+
+    async def finish_step(self, k: int, stats: dict[int, list], n_scored: int, groups: list[str]) -> dict:
+        from gyre.train.objective import ObjectiveStats
+
+        zero = ObjectiveStats().as_list()
+        sats = [self.cells[c].reduce.remote(k, stats.get(c, zero)) for c in range(1, k)]
+        ck = self.cfg.trainer.checkpoint
+        core = self.cells[0].finish_step.remote(k, stats.get(0, zero), n_scored, groups, self.rundir.snapshots,
+                                                str(self.rundir.checkpoints), ck.keep)
+        metrics, *_ = await asyncio.gather(core, *sats)
+        self.trainer_version += 1
+        return metrics
+
+    async def publish(self, version: int, rollout_cells: list[int]) -> dict[str, Any]:
+        """The core writes version ``version``; every rollout engine pauses, reloads it, continues."""
+        from gyre.engine.client import EngineClient
+
+        self._publishing = asyncio.Event()
+        try:
+            t0 = time.perf_counter()
+            path = str(self.rundir.weights / f"v{version}")
+            await self.cells[0].save_hf.remote(path)
+            t_save = time.perf_counter() - t0
+            self.weights_dir, self.weights_version = path, version
+
+            async def reload(url: str) -> None:
+                async with EngineClient(url) as c:
+                    await c.pause()
+                    try:
+                        await c.update_weights_from_disk(path, weight_version=version)
+                    finally:
+                        await c.resume()
+
+            urls = [self.urls[c] for c in rollout_cells if self.urls[c]]
+            await asyncio.gather(*[reload(u) for u in urls])
+            self._prune_weights(version)
+            return {"engines": len(urls), "save_seconds": t_save}
+        finally:
+            self._publishing.set()
+            self._publishing = None
+
+    def _prune_weights(self, version: int, keep: int = 2) -> None:
+        import shutil
+
+        for p in Path(self.rundir.weights).glob("v*"):
+            try:
+                v = int(p.name[1:])
+            except ValueError:
+                continue
+            if v <= version - keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def proxy_stats(self) -> dict[str, Any]:
+        return self.proxy.service.stats() if self.proxy is not None else {}

@@ -1,0 +1,156 @@
+"""Executions of the run: harness processes through the proxy, their rewards, and their groups.
+
+Each execution gets its own proxy key (managed mode), so its trace lands in its
+own file; when the harness is done the executor scores the workspace (a harness
+timeout is still scored; a missing assessment stays missing, never zero). A
+group's N traces and rewards become a :class:`~gyre.train.buffer.ReadyGroup`
+when the policy assigns it to a step (trajectory trees, admission by role with
+J_max), and are packed into micro-steps. Evaluation executions use the same
+machinery under their own ids and never enter the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from gyre.config import GyreConfig
+from gyre.runtime.rundir import RunDir
+from gyre.runtime.tasks import TaskStream
+
+
+class Executions:
+    def __init__(self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, cluster, *, segment: int = 0):
+        self.cfg, self.rundir, self.tasks, self.cluster, self.segment = cfg, rundir, tasks, cluster, segment
+        self.executor = None
+        self.admin = None
+        self.profile = None
+        self.results: dict[tuple[int, int], tuple[str, float | None]] = {}
+        self.dispatched = 0
+        self.finished = 0
+        self.failed = 0            # harness exited non-zero, was killed, or could not launch
+        self.missing = 0
+        self.running = 0
+        self._last_eval = -1
+        self.eval_tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        from gyre.harness.executor import HarnessExecutor
+        from gyre.harness.profiles import load_profile
+        from gyre.proxy.admin import ProxyAdminClient
+
+        prof = load_profile(self.cfg.run.profile)
+        self.profile = prof.model_copy(update={"args": [*prof.args, *self.cfg.run.harness_args]})
+        proxy = self.cluster.proxy
+        self.admin = ProxyAdminClient(proxy.url, proxy.admin_token)
+        ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
+        self.executor = HarnessExecutor(ecfg, register=self._register)
+        await self.executor.start()
+
+    async def stop(self) -> None:
+        for t in list(self.eval_tasks):
+            t.cancel()
+        if self.executor is not None:
+            await self.executor.stop()
+        if self.admin is not None:
+            self.admin.close()
+
+    async def _register(self, execution_id: str, label: str) -> str:
+        return await asyncio.to_thread(self.admin.register, execution_id, label)
+
+    async def _run_one(self, execution_id: str, task) -> Any:
+        from gyre.harness.executor import ExecutionSpec
+
+        run = self.cfg.run
+        spec = ExecutionSpec(execution_id=execution_id, task=task, profile=self.profile,
+                             base_url=self.cluster.proxy.url, harness_timeout_s=run.harness_timeout_s,
+                             overall_timeout_s=run.overall_timeout_s)
+        res = await self.executor.run(spec)
+        try:  # the proxy closes the execution's trace file and forgets its key
+            await asyncio.to_thread(self.admin.revoke, execution_id)
+        except Exception:
+            pass
+        return res
+
+    async def run(self, gid: int, attempt: int) -> float | None:
+        """Run one training execution to its assessment; its reward, or None when missing."""
+        eid = f"r{self.segment}-g{gid:05d}-a{attempt:02d}"
+        task = self.tasks.task(gid)
+        self.running += 1
+        try:
+            res = await self._run_one(eid, task)
+        finally:
+            self.running -= 1
+        self.finished += 1
+        h = res.harness
+        failed = h.stop in ("launch_failed", "log_limit") or (h.stop == "exited" and h.exit_code != 0)
+        self.failed += int(failed)
+        self.missing += int(res.reward is None)
+        self.results[(gid, attempt)] = (eid, res.reward)
+        self.rundir.log_execution({
+            "execution": eid, "group": gid, "attempt": attempt, "task": task.name, "segment": self.segment,
+            "reward": res.reward, "missing": None if res.reward is not None else res.assessment.reason.value,
+            "harness_stop": h.stop, "exit_code": h.exit_code, "failed": failed, "error": h.error[:300],
+            "seconds": round(res.timings.total_s, 3)})
+        return res.reward
+
+    def pack_group(self, gid: int, step: int, start_index: int) -> tuple[Any, int, dict[str, float], list]:
+        """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks."""
+        from gyre.harness.roles import role_profile
+        from gyre.trace.store import trace_path
+        from gyre.train.buffer import pack_groups
+        from gyre.train.groups import group_from_traces
+
+        N = self.cfg.policy.group_size
+        ids = {a: self.results.pop((gid, a)) for a in range(N)}
+        traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
+        rewards = {eid: r for eid, r in ids.values()}
+        tcfg = self.cfg.trainer
+        group, report = group_from_traces(f"g{gid}", traces, rewards, role_profile=role_profile(self.profile.roles),
+                                          j_max=tcfg.j_max, seed=tcfg.seed, step=step)
+        chunk = pack_groups([group], start_index, tcfg.stream, tcfg.objective)
+        scored = [r for r in rewards.values() if r is not None]
+        st = chunk.stats
+        info = {"reward_sum": sum(scored), "scored": len(scored), "missing": N - len(scored),
+                "passed": sum(1 for r in scored if r >= 1.0), "unreadable_traces": len(report.unreadable),
+                "tokens": st.tokens, "targets": st.targets, "micro_steps": st.micro_steps,
+                "executions_trained": st.executions_trained, "groups_all_equal": st.groups_all_equal}
+        return group, st.executions_scored, info, chunk.tasks
+
+    # ------------------------------------------------------------------ evaluation
+    def maybe_evaluate(self, version: int) -> None:
+        """At a publication that crossed a multiple of eval_interval: evaluate the newly served policy."""
+        every = self.cfg.run.eval_interval
+        if not every or version // every <= self._last_eval // every:
+            return
+        self.start_eval(version)
+
+    def start_eval(self, version: int) -> None:
+        if version == self._last_eval:
+            return
+        self._last_eval = version
+        t = asyncio.get_running_loop().create_task(self.evaluate(version))
+        self.eval_tasks.add(t)
+        t.add_done_callback(self.eval_tasks.discard)
+
+    async def wait_evals(self) -> None:
+        """Evaluations still running; a failed one is reported, never fatal to the run."""
+        for r in await asyncio.gather(*self.eval_tasks, return_exceptions=True):
+            if isinstance(r, BaseException):
+                self.rundir.write_eval({"version": self._last_eval, "error": f"{type(r).__name__}: {r}"})
+
+    async def evaluate(self, version: int) -> dict[str, Any]:
+        """Fresh attempts on the evaluation split (recorded apart from training rewards)."""
+        jobs = [(t, a) for t in self.tasks.eval for a in range(self.cfg.run.eval_attempts)]
+        res = await asyncio.gather(*[self._run_one(f"r{self.segment}-eval-v{version}-{t.name}-a{a}", t)
+                                     for t, a in jobs])
+        scored = [r.reward for r in res if r.reward is not None]
+        row = {"version": version, "executions": len(res), "scored": len(scored),
+               "reward_mean": sum(scored) / len(scored) if scored else None,
+               "pass_rate": sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None,
+               "held_out": self.tasks.held_out,
+               "per_task": {t.name: json.loads(json.dumps([r.reward for (tt, _), r in zip(jobs, res)
+                                                          if tt.name == t.name])) for t in self.tasks.eval}}
+        self.rundir.write_eval(row)
+        return row

@@ -1,0 +1,71 @@
+"""``gyre run``: the main loop. The simulator's ``World.run`` is its virtual-time twin.
+
+    policy   = SchedulingPolicy(cfg.policy)         # the same object the simulator drives
+    world    = RealWorld(cfg, rundir, tasks)        # Ray cells, the proxy, harness processes
+    actions  = policy.start(now)
+    while not policy.done:
+        world.carry_out(actions)                    # launch, switch, claim, step, publish ...
+        event   = await world.next_event()          # whatever finished first
+        actions = policy.handle(event)
+
+Everything that decides lives in the policy; everything that acts lives in the world.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from gyre.config import GyreConfig
+from gyre.policy import SchedulingPolicy
+from gyre.runtime.progress import Progress
+from gyre.runtime.rundir import RunDir
+from gyre.runtime.tasks import TaskStream
+from gyre.runtime.world import RealWorld
+
+
+async def train(cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dict[str, Any] | None = None) -> dict:
+    from gyre.runtime.report import summarize, write_timeline
+
+    tasks = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
+    done = (resume or {}).get("step", 0)
+    policy = SchedulingPolicy(cfg.policy.model_copy(update={"total_steps": cfg.policy.total_steps - done}))
+    world = RealWorld(cfg, rundir, tasks, resume=resume)
+    world.sched_status = policy.status
+    progress.message(f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}")
+    await world.start(list(policy.roles))
+    progress.message(f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}")
+    try:
+        actions = policy.start(world.now())
+        while not policy.done:
+            world.carry_out(actions)
+            event = await world.next_event(timeout=cfg.run.step_timeout_s)
+            actions = policy.handle(event)
+            progress.update(world, policy)
+        world.carry_out(actions)                      # EndRun: the makespan is taken here
+        progress.update(world, policy, force=True)
+        await world.finish(progress)                  # final weights, final evaluation
+        world.close_segments()
+        summary = summarize(world, rundir, policy)
+        rundir.write_summary(summary)
+        write_timeline(world, rundir, summary)
+        return summary
+    finally:
+        await world.stop()
+        rundir.close()
+
+
+def run(cfg: GyreConfig, *, run_dir: Path, resume: dict[str, Any] | None = None, quiet: bool = False,
+        log_format: str | None = None) -> dict:
+    rundir = RunDir(run_dir).create()
+    if resume is None:
+        rundir.write_config(cfg)
+    t0 = time.monotonic()
+    with Progress(log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet) as progress:
+        summary = asyncio.run(train(cfg, rundir, progress, resume))
+        progress.message(f"done in {time.monotonic() - t0:.0f}s: makespan {summary['makespan_s']:.1f}s, "
+                         f"reward first/last quarter {summary['reward_first_quarter']} -> "
+                         f"{summary['reward_last_quarter']}; {rundir.path}/summary.json")
+    return summary

@@ -1,0 +1,98 @@
+"""What a finished run says about itself: ``summary.json`` and ``timeline.png``.
+
+Interruptions and reroutes are counted from the proxy's and executor's own records
+(answers that failed, harnesses that failed, trace records whose output spans engines),
+never from what the policy believed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def trace_reroutes(trace_dir: Path) -> dict[str, int]:
+    """Calls whose output was sampled on more than one engine (moved mid-generation, partial output kept)."""
+    from gyre.trace.store import read_trace
+
+    records = multi = 0
+    for p in Path(trace_dir).rglob("*.jsonl"):
+        for r in read_trace(p).records:
+            records += 1
+            if len({s.engine_id for s in r.segments}) > 1:
+                multi += 1
+    return {"records": records, "resumed_with_partial_output": multi}
+
+
+def _quarters(values: list[float]) -> tuple[float | None, float | None]:
+    q = max(1, len(values) // 4)
+    if len(values) < 2:
+        return None, None
+    return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
+
+
+def summarize(world, rundir, policy) -> dict[str, Any]:
+    stats = world.cluster.proxy_stats()
+    counters = stats.get("counters", {})
+    pool = stats.get("pool", {}).get("counters", {})
+    rows = rundir.read_jsonl("metrics.jsonl")
+    rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    first, last = _quarters(rewards)
+    sw = {d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")}
+    ex = world.execs
+    return {
+        "placement": world.cfg.policy.placement.value,
+        "makespan_s": world.makespan,
+        "steps": len(rows),
+        "steps_this_segment": len(world.finished_steps),
+        "segment": world.segment,
+        "reward_first_quarter": first,
+        "reward_last_quarter": last,
+        "executions": {"finished": ex.finished, "failed": ex.failed, "missing": ex.missing},
+        "interrupted_executions": ex.failed + int(counters.get("errors_5xx", 0)),
+        "proxy": {"answered": counters.get("answered", 0), "errors_5xx": counters.get("errors_5xx", 0),
+                  "moved_calls": pool.get("moved", 0), "engine_errors": pool.get("engine_errors", 0),
+                  **trace_reroutes(rundir.traces)},
+        "switches": {d: {"count": len(v), "mean_s": statistics.fmean(v) if v else None,
+                         "max_s": max(v) if v else None} for d, v in sw.items()},
+        "publications": {"count": len(world.publications),
+                         "mean_s": statistics.fmean([p["seconds"] for p in world.publications])
+                         if world.publications else None},
+        "role_shares": world.role_shares(),
+        "evals": rundir.read_jsonl("evals.jsonl"),
+        "cells": world.cluster.placement,
+        "policy": policy.status(),
+    }
+
+
+@dataclass
+class Timeline:
+    """The real run in the shape :func:`gyre.sim.plot.plot_gantt` draws (seconds on the axis)."""
+
+    makespan_h: float
+    training_share: list[float]
+    lower_bound_h: float
+    efficiency: float
+    mean_staleness: float
+    interrupted_executions: int
+    timeline: dict[str, Any]
+
+
+def write_timeline(world, rundir, summary: dict[str, Any]) -> Path:
+    from gyre.sim.plot import plot_gantt
+
+    end = world.makespan or world.now()
+    rows = rundir.read_jsonl("metrics.jsonl")
+    stale = [r["batch/staleness_mean"] for r in rows]
+    tl = Timeline(
+        makespan_h=end, training_share=[s.get("training", 0.0) for s in world.role_shares()],
+        lower_bound_h=0.0, efficiency=float("nan"), mean_staleness=statistics.fmean(stale) if stale else 0.0,
+        interrupted_executions=summary["interrupted_executions"],
+        timeline={"segments": world.segments, "busy": world.busy, "steps": world.steps,
+                  "publications": [p["time"] for p in world.publications]})
+    path = rundir.path / "timeline.png"
+    plot_gantt({f"{summary['placement']} (real run, seconds)": tl}, path,
+               title=f"gyre run: {summary['steps']} steps, makespan {end:.0f} s", unit="s")
+    return path

@@ -1,0 +1,170 @@
+"""One directory per run: the resolved config, metrics, TensorBoard events, traces, checkpoints.
+
+Layout::
+
+    config.toml          the resolved config (what --resume reads back)
+    metrics.jsonl        one line per optimizer step (veRL-style names: actor/*, timing/*, batch/*, sched/*)
+    evals.jsonl          one line per evaluation (apart from training rewards)
+    executions.jsonl     one line per finished execution (reward or missing reason, harness outcome)
+    tb/                  TensorBoard event files (the same scalars)
+    traces/              the proxy's per-execution token-in/token-out traces
+    workspaces/          harness workspaces (kept: a timeout is scored on it)
+    checkpoints/         the core's checkpoints (weights, optimizer, step, data cursor)
+    weights/             published HF weights the engines reload
+    summary.json, timeline.png   written at the end
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A small TOML writer for configs (tables, scalars, lists of scalars); None values are left out."""
+
+    def val(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    lines: list[str] = []
+
+    def table(prefix: str, d: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in d.items() if not isinstance(v, dict) and v is not None}
+        tables = {k: v for k, v in d.items() if isinstance(v, dict)}
+        if prefix and (scalars or not tables):
+            lines.append(f"\n[{prefix}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {val(v)}")
+        for k, v in tables.items():
+            table(f"{prefix}.{k}" if prefix else k, v)
+
+    table("", data)
+    return "\n".join(lines).lstrip() + "\n"
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.traces = self.path / "traces"
+        self.workspaces = self.path / "workspaces"
+        self.checkpoints = self.path / "checkpoints"
+        self.weights = self.path / "weights"
+        self.snapshots = str(self.path / "weights" / "snapshots")
+        self.tb_dir = self.path / "tb"
+        self._tb = None
+        self.step_rows: list[dict[str, Any]] = []
+
+    def create(self) -> "RunDir":
+        for p in (self.path, self.traces, self.workspaces, self.checkpoints, self.weights, Path(self.snapshots)):
+            p.mkdir(parents=True, exist_ok=True)
+        return self
+
+    # ------------------------------------------------------------------ writers
+    def write_config(self, cfg) -> None:
+        (self.path / "config.toml").write_text(to_toml(cfg.model_dump(mode="json")))
+
+    def _append(self, name: str, row: dict[str, Any]) -> None:
+        with open(self.path / name, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def log_execution(self, row: dict[str, Any]) -> None:
+        self._append("executions.jsonl", row)
+
+    def tb(self):
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.tb_dir))
+        return self._tb
+
+    def _scalars(self, prefix: str, row: dict[str, Any], step: int) -> None:
+        w = self.tb()
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                w.add_scalar(f"{prefix}{k}", v, step)
+        w.flush()
+
+    def write_step(self, world, rec, metrics: dict[str, Any]) -> dict[str, Any]:
+        """One metrics line for a finished step (and the same scalars to TensorBoard)."""
+        p = rec.pack
+        scored = p.get("scored", 0)
+        stale = [rec.version - v for _, v in rec.groups]
+        dt = world.steps[-1][1] - world.steps[-1][0]
+        now = world.now()
+        row: dict[str, Any] = {
+            "step": rec.step, "version": rec.version + 1, "time": round(now, 3),
+            "reward/mean": p.get("reward_sum", 0.0) / scored if scored else None,
+            "reward/pass_rate": p.get("passed", 0) / scored if scored else None,
+            "batch/groups": len(rec.groups), "batch/executions_scored": scored,
+            "batch/executions_missing": p.get("missing", 0), "batch/groups_all_equal": p.get("groups_all_equal", 0),
+            "batch/executions_trained": p.get("executions_trained", 0), "batch/unreadable_traces":
+                p.get("unreadable_traces", 0),
+            "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+            "batch/staleness_max": max(stale) if stale else 0,
+            "train/tokens": p.get("tokens", 0), "train/target_tokens": p.get("targets", 0),
+            "train/micro_steps": p.get("micro_steps", 0),
+            "train/tokens_per_s": p.get("tokens", 0) / dt if dt > 0 else 0.0,
+            "train/claims": {str(c): n for c, n in sorted(rec.claims.items())},
+            "timing/step": dt, **metrics,
+            "groups": [f"g{g}" for g, _ in rec.groups],
+        }
+        status = world.sched_status()
+        row.update({"sched/waterlevel": status.get("waterlevel"), "sched/capacity": status.get("capacity"),
+                    "sched/running": status.get("running"), "sched/queued": status.get("queued")})
+        for c, share in enumerate(world.role_shares()):
+            for role, s in share.items():
+                row[f"cells/{c}/{role}_share"] = s
+        self.step_rows.append(row)
+        self._append("metrics.jsonl", row)
+        self._scalars("", {k: v for k, v in row.items() if v is not None}, rec.step)
+        return row
+
+    def write_eval(self, row: dict[str, Any]) -> None:
+        self._append("evals.jsonl", row)
+        self._scalars("eval/", {k: v for k, v in row.items() if k in ("reward_mean", "pass_rate") and v is not None},
+                      row["version"])
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    # ------------------------------------------------------------------ readers (resume)
+    def read_jsonl(self, name: str) -> list[dict[str, Any]]:
+        """Rows of a JSONL file; a torn last line (a crash mid-write) is dropped."""
+        p = self.path / name
+        if not p.exists():
+            return []
+        rows = []
+        for line in p.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return rows
+
+    def truncate_metrics(self, steps_done: int) -> int:
+        """Keep only metrics of steps the checkpoint holds; returns how many lines were dropped."""
+        rows = self.read_jsonl("metrics.jsonl")
+        keep = [r for r in rows if r.get("step", 0) < steps_done]
+        seen, uniq = set(), []
+        for r in keep:
+            if r["step"] not in seen:
+                seen.add(r["step"])
+                uniq.append(r)
+        (self.path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in uniq))
+        self.step_rows = uniq
+        return len(rows) - len(uniq)

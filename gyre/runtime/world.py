@@ -1,0 +1,272 @@
+"""The real world: carries out the policy's actions with Ray cells, the proxy and harness processes.
+
+The twin of :class:`gyre.sim.world.World`, in wall-clock seconds. Each action of the
+table in docs/scheduling.md starts an asyncio task; when the work is done the task
+puts the matching event on one queue, which the main loop (:mod:`gyre.runtime.loop`)
+feeds back to the policy. The world adds no scheduling rule: it only keeps its own
+records (roles over time, who computed when, every execution's outcome, every call
+the proxy moved) so the run can be checked against the policy rather than trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gyre.config import GyreConfig
+from gyre.policy import (
+    AssignGroup, CellSwitched, ClaimMicroStep, DispatchGroups, EndRun, Event, ExecutionFinished,
+    ExecutionsLaunched, FinishStep, LaunchExecutions, MicroStepDone, PublishWeights, Role, StartStep, StepDone,
+    SwitchCell, Tick, WakeAt, WeightsPublished,
+)
+from gyre.runtime.cluster import Cluster
+from gyre.runtime.executions import Executions
+from gyre.runtime.rundir import RunDir
+from gyre.runtime.tasks import TaskStream
+
+
+@dataclass
+class StepRecord:
+    """What the world saw of one optimizer step (metrics are written from this)."""
+
+    step: int                                   # global step index
+    version: int                                # policy version the step's gradients were taken at
+    start: float
+    groups: list[tuple[int, int]] = field(default_factory=list)   # (group id, dispatch version)
+    n_scored: int = 0
+    pack: dict[str, float] = field(default_factory=dict)
+    stats: dict[int, list] = field(default_factory=dict)          # cell -> summed ObjectiveStats list
+    claims: dict[int, int] = field(default_factory=dict)          # cell -> policy micro-steps it ran
+
+
+class RealWorld:
+    """Carries out actions; ``next_event()`` returns whatever finished first."""
+
+    def __init__(self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, *, resume: dict | None = None):
+        self.cfg, self.rundir, self.tasks = cfg, rundir, tasks
+        self.K = cfg.policy.cells
+        r = resume or {}
+        self.base_step = r.get("step", 0)            # global index of the policy's step 0
+        self.base_gid = r.get("next_group", 0)       # global id of the policy's group 0
+        self.segment = r.get("segment", 0)           # how many times this run was (re)started
+        self.t0 = time.monotonic()
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cluster = Cluster(cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step)
+        self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
+        self.roles: list[Role] = [Role.ROLLOUT] * self.K
+        self._since = [0.0] * self.K
+        self.segments: list[list[tuple[float, float, str]]] = [[] for _ in range(self.K)]
+        self.busy: list[list[tuple[float, float]]] = [[] for _ in range(self.K)]
+        self.switches: list[dict[str, Any]] = []
+        self.publications: list[dict[str, Any]] = []
+        self.steps: list[tuple[float, float]] = []
+        self.step_rec: StepRecord | None = None
+        self.finished_steps: list[StepRecord] = []
+        self.group_version: dict[int, int] = {}
+        self.shards: dict[int, list[list[int]]] = {}    # group -> policy micro-step -> task indices
+        self.group_tasks: dict[int, list[bytes]] = {}
+        self._task_index = 0
+        self.makespan: float | None = None
+        self._bg: set[asyncio.Task] = set()
+        self.errors: list[BaseException] = []
+        self.sched_status = lambda: {}                 # the loop points this at policy.status
+
+    # ------------------------------------------------------------------ clock and events
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def next_event(self, timeout: float) -> Event:
+        """The next event; raises whatever a background task raised, or TimeoutError."""
+        get = asyncio.ensure_future(self.events.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({get}, timeout=0.25)
+                if self.errors:
+                    raise self.errors[0]
+                if get in done:
+                    self._last_event = self.now()
+                    return get.result()
+                if self.now() - self._last_event > timeout:
+                    raise TimeoutError(f"no scheduling event for {timeout:.0f}s")
+        finally:
+            if not get.done():
+                get.cancel()
+
+    def _emit(self, ev: Event) -> None:
+        self.events.put_nowait(ev)
+
+    def _spawn(self, coro) -> None:
+        async def guarded():
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:  # surfaced by next_event: the loop stops with the cause
+                self.errors.append(e)
+
+        t = asyncio.get_running_loop().create_task(guarded())
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, initial_roles: list[Role]) -> None:
+        self._last_event = 0.0
+        await self.cluster.start(initial_roles)
+        self.roles = list(initial_roles)
+        await self.execs.start()
+        self.t0 = time.monotonic()
+        self._last_event = 0.0
+
+    async def stop(self) -> None:
+        for t in list(self._bg):
+            t.cancel()
+        await asyncio.gather(*self._bg, return_exceptions=True)
+        await self.execs.stop()
+        await self.cluster.stop()
+
+    def _set_role(self, cell: int, role: Role) -> None:
+        now = self.now()
+        if now > self._since[cell]:
+            self.segments[cell].append((self._since[cell], now, self.roles[cell].value))
+        self._since[cell] = now
+        self.roles[cell] = role
+
+    def role_shares(self) -> list[dict[str, float]]:
+        """Each cell's share of the time so far in each role (switching counted apart)."""
+        now = self.now()
+        out = []
+        for c in range(self.K):
+            acc: dict[str, float] = {}
+            for s, e, role in [*self.segments[c], (self._since[c], now, self.roles[c].value)]:
+                acc[role] = acc.get(role, 0.0) + max(0.0, e - s)
+            tot = sum(acc.values()) or 1.0
+            out.append({r: round(v / tot, 4) for r, v in acc.items()})
+        return out
+
+    async def finish(self, progress) -> None:
+        """After EndRun: publish the final weights and evaluate them (outside the makespan)."""
+        final = self.base_step + len(self.finished_steps)
+        if self.cfg.run.eval_interval and self.finished_steps:
+            rollout = [c for c in range(self.K) if self.roles[c] is Role.ROLLOUT]
+            if final > self.cluster.weights_version:
+                await self.cluster.publish(final, rollout)
+            if not rollout:  # every cell trained last (colocate): serve the final weights on the core
+                await self.cluster.to_rollout(0)
+                self._set_role(0, Role.ROLLOUT)
+            progress.message(f"final evaluation of version {final}")
+            self.execs.start_eval(final)
+        await self.execs.wait_evals()
+
+    def close_segments(self) -> None:
+        for c in range(self.K):
+            self._set_role(c, self.roles[c])
+
+    # ------------------------------------------------------------------ actions
+    def carry_out(self, actions: list) -> None:
+        for a in actions:
+            t = type(a)
+            if t is LaunchExecutions:
+                for gid, att in a.executions:
+                    self._spawn(self._execution(gid, att))
+                self._emit(ExecutionsLaunched(self.now(), a.executions))
+            elif t is DispatchGroups:
+                for gid in a.group_ids:
+                    self.group_version[gid] = self.base_step + a.version
+                self.execs.dispatched += len(a.group_ids) * a.group_size
+            elif t is SwitchCell:
+                target = Role.TO_TRAINING if a.role is Role.TRAINING else Role.TO_ROLLOUT
+                self._set_role(a.cell, target)
+                self._spawn(self._switch(a.cell, a.role))
+            elif t is StartStep:
+                self.step_rec = StepRecord(self.base_step + a.step, self.base_step + a.version, self.now())
+            elif t is AssignGroup:
+                self._assign(a)
+            elif t is ClaimMicroStep:
+                self._spawn(self._micro(a))
+            elif t is FinishStep:
+                self._spawn(self._finish(a.step))
+            elif t is PublishWeights:
+                self._spawn(self._publish(a.version))
+            elif t is WakeAt:
+                delay = max(0.0, a.time - self.now())
+                asyncio.get_running_loop().call_later(delay, lambda: self._emit(Tick(max(a.time, self.now()))))
+            elif t is EndRun:
+                self.makespan = self.now()
+            else:  # pragma: no cover - a new action type must be handled here
+                raise RuntimeError(f"the runtime cannot carry out {t.__name__}")
+
+    async def _execution(self, gid: int, att: int) -> None:
+        reward = await self.execs.run(self.base_gid + gid, att)
+        self._emit(ExecutionFinished(self.now(), (gid, att), reward))
+
+    async def _switch(self, cell: int, role: Role) -> None:
+        t0 = self.now()
+        if role is Role.TRAINING:
+            moved = await self.cluster.to_training(cell)
+        else:
+            moved = 0
+            await self.cluster.to_rollout(cell)
+        t1 = self.now()
+        self.switches.append({"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved})
+        self._set_role(cell, role)
+        self._emit(CellSwitched(t1, cell, role))
+
+    def _assign(self, a: AssignGroup) -> None:
+        """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
+        rec = self.step_rec
+        gid = self.base_gid + a.group_id
+        group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index)
+        self._task_index += len(tasks)
+        rec.groups.append((gid, self.group_version.get(a.group_id, rec.version)))
+        rec.n_scored += n_scored
+        for k, v in pack.items():
+            rec.pack[k] = rec.pack.get(k, 0) + v
+        n = a.micro_steps
+        self.group_tasks[a.group_id] = [t.to_bytes() for t in tasks]
+        self.shards[a.group_id] = [[t.index for t in tasks[i::n]] for i in range(n)] if n else []
+
+    async def _micro(self, a: ClaimMicroStep) -> None:
+        rec = self.step_rec
+        shard = self.shards[a.group_id][a.index]
+        t0 = self.now()
+        if shard:
+            stats = await self.cluster.compute(a.cell, rec.step, rec.version, self.group_tasks[a.group_id], shard)
+            prev = rec.stats.get(a.cell)
+            rec.stats[a.cell] = stats if prev is None else [x + y for x, y in zip(prev, stats)]
+        rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
+        t1 = self.now()
+        if t1 > t0:
+            self.busy[a.cell].append((t0, t1))
+        self._emit(MicroStepDone(t1, a.cell, a.step, a.group_id, a.index))
+
+    async def _finish(self, step: int) -> None:
+        rec = self.step_rec
+        k = 0
+        while k < self.K and self.roles[k] is Role.TRAINING:
+            k += 1  # participants are the prefix 0..k-1 (cells join in order)
+        t0 = self.now()
+        metrics = await self.cluster.finish_step(k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups])
+        t1 = self.now()
+        self.busy[0].append((t0, t1))
+        self.steps.append((rec.start, t1))
+        metrics["train/participants"] = k
+        rec.pack.update({f"actor/{m}": v for m, v in metrics.items() if "/" not in m})
+        self.finished_steps.append(rec)
+        self.rundir.write_step(self, rec, metrics)
+        for gid, _ in rec.groups:
+            self.shards.pop(gid - self.base_gid, None)
+            self.group_tasks.pop(gid - self.base_gid, None)
+        self._emit(StepDone(t1, step))
+
+    async def _publish(self, version: int) -> None:
+        t0 = self.now()
+        gv = self.base_step + version
+        rollout = [c for c in range(self.K) if self.roles[c] is Role.ROLLOUT]
+        info = await self.cluster.publish(gv, rollout)
+        t1 = self.now()
+        self.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
+        self.execs.maybe_evaluate(gv)
+        self._emit(WeightsPublished(t1, version))
