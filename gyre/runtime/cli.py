@@ -33,7 +33,11 @@ def load_run_config(path: Optional[Path], overrides: list[str]):
     from gyre.config import load_config
 
     try:
-        return load_config(path, overrides)
+        cfg = load_config(path, overrides)
+        md = Path(cfg.model_dir)
+        if not md.is_absolute():  # cells run in other processes (other nodes): give them absolute paths
+            cfg = load_config(path, [*overrides, f"model_dir={md.resolve()}"])
+        return cfg
     except ValidationError as e:
         raise ConfigProblem(f"invalid config: {_pydantic_line(e)}") from None
     except FileNotFoundError as e:

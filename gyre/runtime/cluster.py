@@ -150,11 +150,17 @@ class Cluster:
         self.trainer_version += 1
         return metrics
 
+    def begin_publish(self) -> None:
+        """Mark a publication as under way before anything else of the same boundary runs, so a
+        satellite returning to rollout at that boundary starts on the new version, not the old one."""
+        if self._publishing is None:
+            self._publishing = asyncio.Event()
+
     async def publish(self, version: int, rollout_cells: list[int]) -> dict[str, Any]:
         """The core writes version ``version``; every rollout engine pauses, reloads it, continues."""
         from gyre.engine.client import EngineClient
 
-        self._publishing = asyncio.Event()
+        self.begin_publish()
         try:
             t0 = time.perf_counter()
             path = str(self.rundir.weights / f"v{version}")

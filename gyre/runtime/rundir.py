@@ -52,7 +52,7 @@ def to_toml(data: dict[str, Any]) -> str:
 
 class RunDir:
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = Path(path).resolve()  # cells (other processes, maybe other nodes) get absolute paths
         self.traces = self.path / "traces"
         self.workspaces = self.path / "workspaces"
         self.checkpoints = self.path / "checkpoints"

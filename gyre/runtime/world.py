@@ -166,6 +166,8 @@ class RealWorld:
 
     # ------------------------------------------------------------------ actions
     def carry_out(self, actions: list) -> None:
+        if any(type(a) is PublishWeights for a in actions):
+            self.cluster.begin_publish()  # satellites returning at this boundary wait for the new weights
         for a in actions:
             t = type(a)
             if t is LaunchExecutions:
