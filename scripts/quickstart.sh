@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, then run the scheduling simulator on the
-# seed's toy workload for all three placements.
+# The main job on a fresh machine: set up, build the tiny model offline, then train it with
+# `gyre run examples/quickstart.toml` (3 elastic cells on a local Ray, the reference agent's
+# calls through the proxy, the quickstart task set). Extra arguments go to `gyre run`
+# (e.g. --set policy.placement=colocate, --set seed=1, --quiet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GYRE_SKIP_HARNESSES=1 bash scripts/setup.sh
 . "${GYRE_VENV:-.venv}/bin/activate"
-exec gyre sim --preset seed-toy --placement all "$@"
+gyre model tiny runs/tiny-model >/dev/null
+exec gyre run examples/quickstart.toml "$@"

@@ -37,6 +37,8 @@ async def train(cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dic
     progress.message(f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}")
     await world.start(list(policy.roles))
     progress.message(f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}")
+    if cfg.run.eval_interval:
+        world.execs.start_eval(world.base_step)   # the starting policy, for comparison
     try:
         actions = policy.start(world.now())
         while not policy.done:
