@@ -55,6 +55,11 @@ class GyreConfig(BaseModel):
             section = dict(data.get(name) or {})
             section.setdefault("model_dir", data["model_dir"])
             data[name] = section
+        if "seed" in data:  # one seed for the run: engines sample and the trainer initialises from it
+            for name in ("engine", "trainer"):
+                section = dict(data.get(name) or {})
+                section.setdefault("seed", data["seed"])
+                data[name] = section
         policy = data.get("policy")
         if isinstance(policy, dict) and "placement" not in policy:
             data["policy"] = policy = {**policy, "placement": Placement.ELASTIC}

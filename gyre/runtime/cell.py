@@ -63,8 +63,9 @@ class Cell:
         """Serve ``weights_dir`` (policy ``version``) on a fresh engine; returns its URL."""
         from gyre.engine.service import EngineService
 
+        seed = self.ecfg.seed * 1_000_003 + self.index * 7919 + version  # distinct streams per cell and start
         cfg = self.ecfg.model_copy(update={"model_dir": weights_dir, "engine_id": f"cell-{self.index}",
-                                           "weight_version": version})
+                                           "weight_version": version, "seed": seed})
         svc = EngineService(cfg)
         url = svc.start()
         self.engine = svc
