@@ -46,6 +46,30 @@ def load_run_config(path: Optional[Path], overrides: list[str]):
         raise ConfigProblem(f"invalid config: {e}") from None
 
 
+def resume_config(run_dir: Path, overrides: list[str]):
+    """The run's config.toml, with the None values TOML could not hold restored from config.json."""
+    import tomllib
+
+    nulls: list[str] = []
+    exact = run_dir / "config.json"
+    if exact.is_file():
+        try:
+            raw = tomllib.loads((run_dir / "config.toml").read_text())
+        except (tomllib.TOMLDecodeError, OSError):
+            raw = {}
+
+        def walk(e: dict, r: dict, prefix: str) -> None:
+            for k, v in e.items():
+                if v is None and k not in r:
+                    nulls.append(f"{prefix}{k}=null")
+                elif isinstance(v, dict):
+                    sub = r.get(k)
+                    walk(v, sub if isinstance(sub, dict) else {}, f"{prefix}{k}.")
+
+        walk(json.loads(exact.read_text()), raw, "")
+    return load_run_config(run_dir / "config.toml", [*nulls, *overrides])
+
+
 def check_run(cfg) -> None:
     """The checks that need the file system: model, task set, harness profile, split size, placement."""
     from gyre.harness.profiles import ProfileError, load_profile
@@ -58,10 +82,15 @@ def check_run(cfg) -> None:
         raise ConfigProblem(f"model_dir: {md} is not a Hugging Face model directory (no config.json); "
                             "build one with `gyre model tiny DIR`")
     try:
-        TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed) \
-            .check_batch(cfg.policy.batch_groups)
-    except (TaskError, TaskSetError) as e:
+        stream = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
+    except TaskError as e:
         raise ConfigProblem(f"run.taskset: {e}") from None
+    except TaskSetError as e:  # names its own field (run.train_tasks, run.eval_tasks)
+        raise ConfigProblem(str(e)) from None
+    try:
+        stream.check_batch(cfg.policy.batch_groups)
+    except TaskSetError as e:  # names policy.batch_groups
+        raise ConfigProblem(str(e)) from None
     try:
         load_profile(cfg.run.profile)
     except ProfileError as e:
@@ -110,7 +139,7 @@ def run_command(
         if resume is not None:
             if not (resume / "config.toml").is_file():
                 raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.toml)")
-            cfg = load_run_config(resume / "config.toml", set_)
+            cfg = resume_config(resume, set_)
             state = _resume_state(resume)
             run_dir = resume
         else:

@@ -64,6 +64,8 @@ def run(cfg: GyreConfig, *, run_dir: Path, resume: dict[str, Any] | None = None,
     rundir = RunDir(run_dir).create()
     if resume is None:
         rundir.write_config(cfg)
+    else:  # progress counts steps of the whole run, not of this segment
+        rundir.step_rows = rundir.read_jsonl("metrics.jsonl")
     t0 = time.monotonic()
     with Progress(log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet) as progress:
         summary = asyncio.run(train(cfg, rundir, progress, resume))

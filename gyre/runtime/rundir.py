@@ -3,6 +3,7 @@
 Layout::
 
     config.toml          the resolved config (what --resume reads back)
+    config.json          the same, exactly (TOML cannot hold None; --resume takes only those from it)
     metrics.jsonl        one line per optimizer step (veRL-style names: actor/*, timing/*, batch/*, sched/*)
     evals.jsonl          one line per evaluation (apart from training rewards)
     executions.jsonl     one line per finished execution (reward or missing reason, harness outcome)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,9 @@ def to_toml(data: dict[str, Any]) -> str:
             return "[" + ", ".join(val(x) for x in v) + "]"
         return json.dumps(str(v))
 
+    def key(k: str) -> str:  # free-form keys (Ray resources such as "node:10.0.0.1") must be quoted
+        return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
     lines: list[str] = []
 
     def table(prefix: str, d: dict[str, Any]) -> None:
@@ -42,9 +47,9 @@ def to_toml(data: dict[str, Any]) -> str:
         if prefix and (scalars or not tables):
             lines.append(f"\n[{prefix}]")
         for k, v in scalars.items():
-            lines.append(f"{k} = {val(v)}")
+            lines.append(f"{key(k)} = {val(v)}")
         for k, v in tables.items():
-            table(f"{prefix}.{k}" if prefix else k, v)
+            table(f"{prefix}.{key(k)}" if prefix else key(k), v)
 
     table("", data)
     return "\n".join(lines).lstrip() + "\n"
@@ -69,7 +74,10 @@ class RunDir:
 
     # ------------------------------------------------------------------ writers
     def write_config(self, cfg) -> None:
-        (self.path / "config.toml").write_text(to_toml(cfg.model_dump(mode="json")))
+        data = cfg.model_dump(mode="json")
+        (self.path / "config.toml").write_text(to_toml(data))
+        # TOML has no null: the exact copy lets --resume restore values set to None (e.g. trainer.j_max)
+        (self.path / "config.json").write_text(json.dumps(data, indent=1))
 
     def _append(self, name: str, row: dict[str, Any]) -> None:
         with open(self.path / name, "a") as f:

@@ -1,0 +1,513 @@
+"""`gyre run` end to end: Ray cells, the proxy, real reference-agent harnesses, the trainer.
+
+One short elastic run (K=3, N=4, B=2, 4 steps, an evaluation every 2 versions) is shared by
+most tests, which check what it wrote against itself and against a local re-computation:
+the runtime's first steps, retrained on one local core from the run's own traces and
+rewards, must give the weights the runtime checkpointed. Fault tests (slow) each do their
+own short run: the driver SIGKILLed mid-run and resumed; a harness process SIGKILLed.
+
+Runs go through ``python -m gyre.cli run`` in a subprocess (Ray state stays out of pytest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+N, B = 4, 2                    # group size, groups per step
+STEPS = 4
+
+# The quickstart's settings at a smaller scale, written out here so the test does not move with it:
+# all four tasks of the quickstart set, one turn of at most 24 tokens through the reference agent.
+CONFIG = f"""
+seed = 0
+
+[policy]
+placement = "elastic"
+cells = 3
+cell_capacity = {N}
+group_size = {N}
+batch_groups = {B}
+phi = 0.5
+mu = 3
+streaming = true
+rho_min = 0.25
+hold_tau = 0.0
+
+[engine]
+max_batch = 16
+
+[trainer]
+j_max = 5
+
+[trainer.optim]
+lr = 0.003
+grad_clip = 1.0
+
+[trainer.objective]
+clip_low = 0.8
+clip_high = 1.25
+
+[trainer.stream]
+token_budget = 4096
+
+[trainer.checkpoint]
+keep = 10
+
+[executor]
+max_concurrency = 64
+
+[run]
+taskset = "quickstart"
+profile = "reference"
+harness_args = ["--max-turns", "1", "--max-tokens", "24", "--no-delegate", "--client", "stdlib"]
+"""
+
+pytestmark = pytest.mark.timeout(1200)
+
+# Ray's raylet gives its dashboard agent 15 s to come up; on an overloaded machine it sometimes
+# does not, and ray.init fails before anything of Gyre's started. That is retried once.
+RAY_START_FAILED = "timed out during startup"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def _sets(model_dir: Path, out_dir: Path, name: str, steps: int, *extra: str) -> list[str]:
+    return [f"model_dir={model_dir}", f"policy.total_steps={steps}", f"run.out_dir={out_dir}", f"run.name={name}",
+            *extra]
+
+
+def _args(model_dir: Path, out_dir: Path, name: str, steps: int, *extra: str) -> list[str]:
+    cfg = out_dir / "config.toml"
+    cfg.write_text(CONFIG)
+    out = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]
+    for s in _sets(model_dir, out_dir, name, steps, *extra):
+        out += ["--set", s]
+    return out
+
+
+def _gyre(argv: list[str], log: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``gyre run ...`` to its end; its output goes to ``log`` (and into assertion messages)."""
+    for attempt in range(2):
+        with open(log, "w") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=log.parent,
+                                 start_new_session=True)
+            try:
+                rc = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                raise AssertionError(f"gyre run did not finish in {timeout}s:\n{log.read_text()[-4000:]}")
+        text = log.read_text()
+        if rc != 0 and RAY_START_FAILED in text and attempt == 0:
+            continue
+        return subprocess.CompletedProcess(argv, rc, text, "")
+    return subprocess.CompletedProcess(argv, rc, text, "")
+
+
+def _jsonl(p: Path) -> list[dict]:
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def _reap_group(pgid: int, wait_s: float = 20.0) -> None:
+    """After a SIGKILLed driver: give what it left (Ray's agents, harnesses) time to go, then end it."""
+    t = time.monotonic()
+    while time.monotonic() - t < wait_s:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# ------------------------------------------------------------------------------ the shared run
+@pytest.fixture(scope="module")
+def run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gyre-run")
+    t0 = time.monotonic()
+    extra = ("run.eval_interval=2", "run.eval_attempts=1")
+    r = _gyre(_args(tiny_model_dir, out, "main", STEPS, *extra), out / "main.log")
+    return {"rc": r.returncode, "log": r.stdout, "dir": out / "main", "model": Path(tiny_model_dir),
+            "seconds": time.monotonic() - t0, "sets": _sets(tiny_model_dir, out, "main", STEPS, *extra),
+            "config": out / "config.toml"}
+
+
+@pytest.fixture(scope="module")
+def done(run):
+    assert run["rc"] == 0, run["log"][-6000:]
+    rd = run["dir"]
+    return {**run, "summary": json.loads((rd / "summary.json").read_text()), "metrics": _jsonl(rd / "metrics.jsonl"),
+            "executions": _jsonl(rd / "executions.jsonl")}
+
+
+def test_run_exits_0_and_summary(done):
+    s = done["summary"]
+    assert s["placement"] == "elastic"
+    assert s["steps"] == STEPS and s["steps_this_segment"] == STEPS and s["segment"] == 0
+    assert s["interrupted_executions"] == 0
+    assert s["proxy"]["errors_5xx"] == 0 and s["proxy"]["engine_errors"] == 0
+    assert s["executions"]["failed"] == 0 and s["executions"]["missing"] == 0
+    # every execution that finished is in executions.jsonl, every call answered has a trace record
+    assert s["executions"]["finished"] == len(done["executions"])
+    assert s["proxy"]["records"] == s["proxy"]["answered"] > 0
+    assert 0 < s["makespan_s"] < done["seconds"]
+    assert len(s["cells"]) == 3 and len({c["pid"] for c in s["cells"]}) == 3
+    assert len(s["role_shares"]) == 3
+    for share in s["role_shares"]:
+        assert sum(share.values()) == pytest.approx(1.0, abs=1e-3)
+    assert s["policy"]["steps_done"] == STEPS and s["policy"]["done"] is True
+    # the final progress line counts every step
+    assert f"step {STEPS}/{STEPS}" in done["log"]
+
+
+def test_metrics_one_line_per_step(done):
+    m = done["metrics"]
+    assert [r["step"] for r in m] == list(range(STEPS))
+    assert [r["version"] for r in m] == list(range(1, STEPS + 1))
+    times = [r["time"] for r in m]
+    assert times == sorted(times)
+    for r in m:
+        assert r["batch/groups"] == B == len(r["groups"])
+        assert r["batch/executions_scored"] == B * N and r["batch/executions_missing"] == 0
+        assert r["train/participants"] >= 1
+        assert r["actor/grad_norm"] >= 0
+        if r["batch/executions_trained"]:
+            assert r["train/tokens"] > 0 and r["actor/target_tokens"] > 0 and r["actor/grad_norm"] > 0
+        # staleness per step: dispatch version <= the step's version, within the policy's bound
+        assert isinstance(r["batch/staleness_mean"], (int, float))
+        assert 0 <= r["batch/staleness_mean"] <= r["batch/staleness_max"] <= 3 + 1
+        assert r["sched/capacity"] is not None
+    # the first step trains groups dispatched at version 0, at version 0
+    assert m[0]["batch/staleness_max"] == 0
+    # with mu = 3, later steps train groups dispatched before the previous publication
+    assert max(r["batch/staleness_max"] for r in m) >= 1
+
+
+def test_every_group_trained_once_with_its_own_executions(done):
+    m, ex = done["metrics"], done["executions"]
+    trained = [g for r in m for g in r["groups"]]
+    assert len(trained) == len(set(trained)) == STEPS * B
+    ids = [e["execution"] for e in ex]
+    assert len(ids) == len(set(ids))
+    by_group: dict[int, list[dict]] = {}
+    for e in ex:
+        assert re.fullmatch(r"r0-g\d{5}-a\d{2}", e["execution"]), e
+        assert e["segment"] == 0 and e["failed"] is False and e["harness_stop"] == "exited"
+        assert isinstance(e["reward"], (int, float)) and 0.0 <= e["reward"] <= 1.0
+        by_group.setdefault(e["group"], []).append(e)
+    for r in m:
+        rewards = []
+        for g in r["groups"]:
+            rows = by_group[int(g[1:])]
+            assert sorted(e["attempt"] for e in rows) == list(range(N))
+            assert len({e["task"] for e in rows}) == 1  # one query per group
+            rewards += [e["reward"] for e in rows]
+        # the step's reward is the mean over exactly its groups' executions
+        assert r["reward/mean"] == pytest.approx(sum(rewards) / len(rewards), rel=1e-9, abs=1e-12)
+    # one batch never repeats a query (B <= the split)
+    from gyre.runtime.tasks import TaskStream
+
+    stream = TaskStream("quickstart", [], [], seed=0)
+    for r in m:
+        tasks = [by_group[int(g[1:])][0]["task"] for g in r["groups"]]
+        assert tasks == [stream.task(int(g[1:])).name for g in r["groups"]]
+    # each finished execution left a trace file
+    from gyre.trace.store import trace_path
+
+    for e in ex:
+        assert trace_path(done["dir"] / "traces", e["execution"]).is_file(), e["execution"]
+
+
+def test_outputs_timeline_tensorboard_config(done):
+    rd = done["dir"]
+    png = (rd / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    events = list((rd / "tb").glob("events.out.tfevents.*"))
+    assert events and sum(p.stat().st_size for p in events) > 0
+    assert b"reward/mean" in b"".join(p.read_bytes() for p in events)
+    # the written config loads back to the config of the run
+    from gyre.config import load_config
+
+    cfg = load_config(rd / "config.toml")
+    assert cfg.policy.total_steps == STEPS and cfg.policy.group_size == N and cfg.policy.batch_groups == B
+    assert cfg == load_config(done["config"], done["sets"])
+
+
+def test_switches_and_publications(done):
+    s = done["summary"]
+    assert s["switches"]["training"]["count"] >= 1, s["switches"]
+    assert s["switches"]["rollout"]["count"] >= 1, s["switches"]
+    assert s["publications"]["count"] >= 1
+    shares = s["role_shares"]
+    assert any(sh.get("training", 0) > 0 for sh in shares[1:])  # a satellite trained
+    assert all(sh.get("rollout", 0) > 0 for sh in shares)       # every cell served rollouts
+    # published weights are pruned (the newest two stay)
+    assert len([p for p in (done["dir"] / "weights").glob("v*") if not p.name.endswith(".tmp")]) <= 2
+
+
+def test_evaluations(done):
+    ev = _jsonl(done["dir"] / "evals.jsonl")
+    assert ev and all("error" not in e for e in ev), ev
+    assert any(e["reward_mean"] is not None for e in ev)
+    versions = [e["version"] for e in ev]
+    assert len(versions) == len(set(versions)) >= 2
+    assert 0 in versions and STEPS in versions  # the starting and the final weights are evaluated
+    for e in ev:
+        assert e["executions"] == 4 and e["held_out"] is False  # 4 tasks x 1 attempt
+        assert sorted(e["per_task"]) == ["digits", "letter-a", "upper", "vowels"]
+        scored = [x for v in e["per_task"].values() for x in v if x is not None]
+        assert e["reward_mean"] == pytest.approx(sum(scored) / len(scored))
+    assert done["summary"]["evals"] == ev
+    # evaluations never enter training: their ids are apart from the groups'
+    assert not any("eval" in e["execution"] for e in done["executions"])
+
+
+def test_checkpoints_hold_the_data_cursor(done):
+    from gyre.train.checkpoint import latest_checkpoint, load_state
+
+    ck = done["dir"] / "checkpoints"
+    assert latest_checkpoint(ck) == ck / f"step-{STEPS}"
+    groups = [g for r in done["metrics"] for g in r["groups"]]
+    for s in range(1, STEPS + 1):
+        st = load_state(ck / f"step-{s}")
+        assert st.step == st.policy_version == s
+        assert st.consumed_groups == groups[: s * B]
+
+
+# ------------------------------------------------------------------------------ weight equality
+def _step_groups(rd: Path, cfg, metrics: dict, executions: list[dict], step: int):
+    from gyre.harness.roles import role_profile
+    from gyre.trace.store import trace_path
+    from gyre.train.groups import group_from_traces
+
+    tc = cfg.trainer
+    out = []
+    for g in metrics["groups"]:
+        rows = [e for e in executions if e["group"] == int(g[1:])]
+        assert len(rows) == N
+        traces = {e["execution"]: trace_path(rd / "traces", e["execution"]) for e in rows}
+        rewards = {e["execution"]: e["reward"] for e in rows}
+        grp, rep = group_from_traces(g, traces, rewards, role_profile=role_profile("reference"), j_max=tc.j_max,
+                                     seed=tc.seed, step=step)
+        assert not rep.unreadable
+        out.append(grp)
+    return out
+
+
+ADAM_WELL_CONDITIONED = 1e-7   # sqrt(v_hat) at 10x Adam's eps
+
+
+def _adam_scale(core) -> dict:
+    """Per parameter element: sqrt of Adam's bias-corrected second moment after the step."""
+    import torch
+
+    beta2 = core.cfg.optim.betas[1]
+    out = {}
+    for name, p in core.model.named_parameters():
+        st = core.optimizer.state.get(p)
+        if st and "exp_avg_sq" in st:
+            t = float(st["step"])
+            out[name] = torch.sqrt(st["exp_avg_sq"] / (1 - beta2 ** t))
+    return out
+
+
+def test_runtime_steps_match_a_local_core(done, tmp_path):
+    """The first two steps that carried signal, each retrained by one local core from the checkpoint before it
+    (optimizer state included) with the run's own traces and rewards, lands on the runtime's
+    next checkpoint: the split over cells, the reduce, 1/E, the clip and the step agree."""
+    import torch
+    from safetensors.torch import load_file
+
+    from gyre.config import load_config
+    from gyre.train.coordinator import LocalCoordinator
+    from gyre.train.core import Core
+
+    torch.set_num_threads(1)
+    rd = done["dir"]
+    cfg = load_config(rd / "config.toml")
+    ck = rd / "checkpoints"
+    compared = []
+    for s, m in enumerate(done["metrics"]):
+        if len(compared) == 2:  # ~5-10 s a step on 2 busy cores
+            break
+        after = load_file(str(ck / f"step-{s + 1}" / "model.safetensors"))
+        before = load_file(str((ck / f"step-{s}" if s else done["model"]) / "model.safetensors"))
+        if not m["batch/executions_trained"]:
+            # no signal: the runtime took no optimizer step, the weights are bit for bit the same
+            assert all(torch.equal(after[k], before[k]) for k in after), s
+            continue
+        root = tmp_path / f"ck{s}"
+        if s:
+            shutil.copytree(ck / f"step-{s}", root / f"step-{s}")
+            (root / "latest").write_text(f"step-{s}")
+        tc = cfg.trainer.model_copy(update={"checkpoint": cfg.trainer.checkpoint.model_copy(
+            update={"dir": str(root) if s else None, "every_steps": 10 ** 6})})
+        core = Core(tc, LocalCoordinator())
+        core.start(resume=bool(s))
+        assert core.state.step == s
+        assert core.add_groups(_step_groups(rd, cfg, m, done["executions"], s)) == B
+        res = core.run_step()
+        mine = {k: v.detach().clone() for k, v in core.model.state_dict().items()}
+        scale = _adam_scale(core)
+        core.stop()
+        assert res.metrics["batch/executions_scored"] == m["batch/executions_scored"]
+        assert res.metrics["train/tokens"] == m["train/tokens"]
+        # Adam is blind to a gradient's scale: the norm (after 1/E, before the clip) checks the 1/E;
+        # the loss is a float32 sum that nearly cancels (advantages sum to 0 in a group)
+        assert res.metrics["actor/grad_norm"] == pytest.approx(m["actor/grad_norm"], rel=1e-5)
+        assert res.metrics["actor/loss"] == pytest.approx(m["actor/loss"], rel=1e-4, abs=1e-6)
+        moved = max(float((after[k] - before[k]).abs().max()) for k in after)
+        assert moved > 1e-4, (s, moved)          # the step did change the weights
+        # Adam divides by sqrt(v_hat) + eps: where every gradient so far is ~1e-10 (float32 round-off
+        # of sums of O(1) terms, taken in another order on the cells), the update is round-off / eps
+        # and differs by up to ~1e-4. Everywhere else the weights must agree to float32 precision.
+        diff = noisy = total = 0
+        worst_noisy = 0.0
+        for k in after:
+            d = (after[k] - mine[k]).abs()
+            ok = scale[k] >= ADAM_WELL_CONDITIONED if k in scale else torch.ones_like(d, dtype=torch.bool)
+            diff = max(diff, float(d[ok].max()) if ok.any() else 0.0)
+            noisy += int((~ok).sum())
+            total += d.numel()
+            worst_noisy = max(worst_noisy, float(d[~ok].max()) if (~ok).any() else 0.0)
+        assert diff <= 1e-5, (s, diff, moved)
+        assert noisy <= 1e-2 * total, (s, noisy, total)  # the exception stays an exception
+        assert worst_noisy <= 1.01 * cfg.trainer.optim.lr, (s, worst_noisy)
+        compared.append(s)
+    assert compared, "no step of the run carried gradient signal"
+
+
+# ------------------------------------------------------------------------------ faults
+@pytest.mark.slow
+def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
+    """SIGKILL the driver once a step is done; `gyre run --resume` finishes the run: every step
+    once, every group trained once, the resumed segment on fresh group and execution ids."""
+    steps = 3
+    rd = tmp_path / "killed"
+    argv = _args(tiny_model_dir, tmp_path, "killed", steps, "run.eval_interval=0")
+    for attempt in range(2):
+        with open(tmp_path / "first.log", "w") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
+                                 start_new_session=True)
+        t0 = time.monotonic()
+        lines = 0
+        while p.poll() is None and time.monotonic() - t0 < 600:
+            m = rd / "metrics.jsonl"
+            lines = m.read_text().count("\n") if m.exists() else 0
+            if lines >= 1:
+                break
+            time.sleep(0.05)
+        if p.poll() is None:
+            break
+        text = (tmp_path / "first.log").read_text()
+        assert attempt == 0 and RAY_START_FAILED in text, text[-4000:]
+    assert lines >= 1, "no step done in time"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    _reap_group(p.pid)
+    killed_at = len(_jsonl(rd / "metrics.jsonl"))
+    assert killed_at < steps, "the run finished before it was killed"
+    assert not (rd / "summary.json").exists()
+    first = _jsonl(rd / "executions.jsonl")
+
+    r = _gyre([sys.executable, "-m", "gyre.cli", "run", "--resume", str(rd), "--log-format", "plain"],
+              tmp_path / "resume.log")
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert re.search(r"resuming .* at step [1-9]", r.stdout)
+    assert f"step {steps}/{steps}" in r.stdout
+    m = _jsonl(rd / "metrics.jsonl")
+    assert [x["step"] for x in m] == list(range(steps))
+    assert [x["version"] for x in m] == list(range(1, steps + 1))
+    trained = [g for x in m for g in x["groups"]]
+    assert len(trained) == len(set(trained)) == steps * B
+    s = json.loads((rd / "summary.json").read_text())
+    assert s["steps"] == steps and s["segment"] == 1 and s["interrupted_executions"] == 0
+    resumed_at = steps - s["steps_this_segment"]
+    assert 1 <= resumed_at <= killed_at + 1
+    ex = _jsonl(rd / "executions.jsonl")
+    ids = [e["execution"] for e in ex]
+    assert len(ids) == len(set(ids))
+    later = ex[len(first):]
+    assert later and all(e["segment"] == 1 and e["execution"].startswith("r1-") for e in later)
+    # groups of the resumed segment are fresh: above every group id the first segment used
+    assert min(e["group"] for e in later) > max(e["group"] for e in first)
+    segment_of = {}
+    for e in ex:
+        segment_of.setdefault(e["group"], set()).add(e["segment"])
+    for x in m[resumed_at:]:
+        for g in x["groups"]:
+            assert segment_of[int(g[1:])] == {1}, g
+    for x in m:
+        for g in x["groups"]:
+            assert sum(1 for e in ex if e["group"] == int(g[1:])) == N
+
+
+@pytest.mark.slow
+def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
+    """SIGKILL one reference-agent process: the run still finishes, the execution is recorded
+    as failed, and the summary counts it as interrupted."""
+    steps = 2
+    rd = tmp_path / "hk"
+    argv = _args(tiny_model_dir, tmp_path, "hk", steps, "run.eval_interval=0")
+    log = tmp_path / "hk.log"
+    victim = None
+    for attempt in range(2):
+        with open(log, "w") as f:
+            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
+                                 start_new_session=True)
+        t0 = time.monotonic()
+        while victim is None and p.poll() is None and time.monotonic() - t0 < 600:
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit():
+                    continue
+                try:
+                    cmd = (proc / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"gyre.harness.reference_agent" in cmd and any(str(rd).encode() in c for c in cmd):
+                    ws = Path(cmd[cmd.index(b"--workspace") + 1].decode())
+                    try:
+                        os.kill(int(proc.name), signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue
+                    victim = ws.parent.name  # workspaces/<execution id>/workspace
+                    break
+            time.sleep(0.02)
+        if victim is not None or p.poll() is None:
+            break
+        text = log.read_text()
+        assert attempt == 0 and RAY_START_FAILED in text, text[-4000:]
+    assert victim is not None, "no harness process seen"
+    try:
+        rc = p.wait(timeout=600)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 0, text[-6000:]
+    ex = {e["execution"]: e for e in _jsonl(rd / "executions.jsonl")}
+    row = ex[victim]
+    assert row["failed"] is True and row["harness_stop"] == "exited" and row["exit_code"] != 0, row
+    s = json.loads((rd / "summary.json").read_text())
+    assert s["steps"] == steps
+    assert s["executions"]["failed"] == sum(1 for e in ex.values() if e["failed"]) >= 1
+    assert s["interrupted_executions"] >= 1
+    m = _jsonl(rd / "metrics.jsonl")
+    assert [x["step"] for x in m] == list(range(steps))
+    trained = [g for x in m for g in x["groups"]]
+    assert len(trained) == len(set(trained))
