@@ -55,6 +55,8 @@ class EngineHandle:
     inflight: set = field(default_factory=set)
     failures: int = 0
     served: int = 0
+    down_until: float = 0.0  # after a broken connection, routed to only when no other engine is up
+    streak: int = 0  # consecutive broken attempts (the back-off grows with it)
 
 
 @dataclass
@@ -161,6 +163,9 @@ class EnginePool:
             active = [x for x in self.engines.values() if x.state == "active"]
         if not active:
             return None
+        now = time.monotonic()
+        up = [x for x in active if x.down_until <= now]
+        active = up or active  # an engine that just broke (killed, restarting) is tried last
         n = next(self._rr)
         best = min(active, key=lambda x: (len(x.inflight), (hash(x.url) + n) % 7919))
         self.affinity[execution_id] = best.url
@@ -285,6 +290,8 @@ class EnginePool:
             except _EngineBroke as err:
                 broke = True
                 engine.failures += 1
+                engine.streak += 1
+                engine.down_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(engine.streak - 1, 6))
                 self.counters["engine_errors"] += 1
                 log.warning("engine %s failed mid-request (%s); resuming elsewhere", engine.url, err)
             finally:
@@ -292,6 +299,8 @@ class EnginePool:
                 if not done and not broke:  # cancelled (client went away): free the engine's slot
                     asyncio.get_running_loop().create_task(self._abort_quietly(engine, rid))
             engine.served += 1
+            if not broke:
+                engine.streak = 0
             if len(out_ids) > start:
                 segments.extend(_segments(start, len(out_ids), engine.engine_id, version_marks))
             if broke or finish == "abort" or finish is None:

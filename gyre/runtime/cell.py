@@ -238,3 +238,24 @@ class Cell:
         from gyre.train.weights import named_params
 
         return {n: t.flatten().tolist() for n, t in named_params(self.worker.model).items()}
+
+
+class StandaloneEngine:
+    """An engine of the standalone rollout pool (C_s): serves rollouts for the whole run, never trains."""
+
+    def __init__(self, engine_cfg: dict, torch_threads: int = 1):
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
+        from gyre.engine.config import EmbeddedEngineConfig
+        from gyre.engine.service import EngineService
+
+        self.service = EngineService(EmbeddedEngineConfig.model_validate({**engine_cfg,
+                                                                          "torch_threads": torch_threads}))
+
+    def start(self) -> str:
+        return self.service.start()
+
+    def stop(self) -> None:
+        self.service.stop()
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -165,6 +165,12 @@ def run_command(
     if state is not None:
         typer.echo(f"[gyre run] resuming {run_dir} at step {state['step']} (group {state['next_group']}, "
                    f"segment {state['segment']})", err=True)
-    summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
+    from gyre.runtime.cluster import RuntimeSetupError
+
+    try:
+        summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
+    except RuntimeSetupError as e:
+        typer.echo(f"gyre run: {e}", err=True)
+        raise typer.Exit(1)
     if log_format == "json":
         typer.echo(json.dumps({"event": "summary", **{k: summary[k] for k in ("makespan_s", "steps")}}))

@@ -40,10 +40,22 @@ def init_ray(cfg: GyreConfig) -> None:
         return
     kw: dict[str, Any] = {"include_dashboard": rc.include_dashboard, "log_to_driver": False,
                           "configure_logging": False}
-    if rc.address:
-        ray.init(address=rc.address, **kw)
-    else:
-        ray.init(num_cpus=rc.num_cpus, _node_ip_address=rc.node_ip, **kw)
+    if rc.address and rc.address != "auto":  # Ray retries an unreachable address for minutes: check first
+        host, _, port = rc.address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError) as e:
+            raise RuntimeSetupError(f"no Ray cluster answers at {rc.address} ({e}); start one with "
+                                    "`ray start --head` or leave --address out") from None
+    try:
+        if rc.address:
+            ray.init(address=rc.address, **kw)
+        else:
+            ray.init(num_cpus=rc.num_cpus, _node_ip_address=rc.node_ip, **kw)
+    except Exception as e:  # a bad --address, or a local node that did not come up in time
+        where = f"cluster at {rc.address}" if rc.address else "local Ray instance"
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise RuntimeSetupError(f"the {where} did not start: {first}") from None
 
 
 class Cluster:
@@ -60,6 +72,8 @@ class Cluster:
         self._publishing: asyncio.Event | None = None
         self.moved_calls = 0
         self.placement: list[dict[str, Any]] = []
+        self.standalone: list[tuple[Any, str]] = []   # (Ray actor, URL) of the standalone rollout pool
+        self.dead_engines: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, roles: list[Role]) -> None:
@@ -90,7 +104,19 @@ class Cluster:
         for i in range(self.K):
             if roles[i] is Role.ROLLOUT:
                 self.urls[i] = next(it)
-        pcfg = ProxyConfig.model_validate({**self.cfg.proxy.model_dump(), "engines": [u for u in self.urls if u],
+        if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
+            from gyre.runtime.cell import StandaloneEngine
+
+            svc = ray.remote(StandaloneEngine).options(num_cpus=0, resources=res.resources or None)
+            for j in range(self.cfg.run.standalone_engines):
+                ecfg_j = {**ecfg, "model_dir": self.weights_dir, "engine_id": f"standalone-{j}",
+                          "weight_version": self.weights_version, "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j}
+                a = svc.remote(ecfg_j, res.torch_threads)
+                self.standalone.append((a, await a.start.remote()))
+                self.placement.append({"standalone": j, "pid": await a.pid.remote(), "url": self.standalone[-1][1]})
+        self.rundir.write_cells(self.placement)
+        engines = [u for u in self.urls if u] + [u for _, u in self.standalone]
+        pcfg = ProxyConfig.model_validate({**self.cfg.proxy.model_dump(), "engines": engines,
                                            "mode": "managed", "trace_dir": str(self.rundir.traces)})
         self.proxy = ProxyServer(pcfg)
         await asyncio.to_thread(self.proxy.start)
@@ -110,6 +136,9 @@ class Cluster:
             for c in self.cells:
                 ray.kill(c)
             self.cells = []
+        for a, _ in self.standalone:
+            ray.kill(a)
+        self.standalone = []
 
     # ------------------------------------------------------------------ switching
     async def to_training(self, cell: int) -> int:
@@ -176,13 +205,28 @@ class Cluster:
                     finally:
                         await c.resume()
 
-            urls = [self.urls[c] for c in rollout_cells if self.urls[c]]
-            await asyncio.gather(*[reload(u) for u in urls])
+            urls = [self.urls[c] for c in rollout_cells if self.urls[c]] + [u for _, u in self.standalone]
+            results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
+            for u, r in zip(urls, results):
+                if isinstance(r, BaseException):
+                    await self._engine_lost(u, r)
             self._prune_weights(version)
             return {"engines": len(urls), "save_seconds": t_save}
         finally:
             self._publishing.set()
             self._publishing = None
+
+    async def _engine_lost(self, url: str, why: BaseException) -> None:
+        """An engine that cannot reload is gone (its process died): take it out of the pool so no
+        call is routed there again. Calls it held were already resumed elsewhere by the pool."""
+        if url not in [u for _, u in self.standalone]:
+            raise RuntimeError(f"rollout engine {url} failed to reload weights: {why}") from why
+        self.standalone = [(a, u) for a, u in self.standalone if u != url]
+        self.dead_engines.append(url)
+        try:
+            await asyncio.to_thread(self.proxy.call, self.proxy.service.pool.remove(url), 30)
+        except Exception:
+            pass
 
     def _prune_weights(self, version: int, keep: int = 2) -> None:
         import shutil

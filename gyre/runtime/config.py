@@ -53,6 +53,8 @@ class RunConfig(BaseModel):
     name: Optional[str] = Field(None, description="run directory name (default: placement + timestamp)")
     eval_interval: int = Field(0, ge=0, description="evaluate every this many steps (0: never)")
     eval_attempts: int = Field(2, ge=1, description="attempts per evaluation task")
+    standalone_engines: int = Field(1, ge=1, description="engines of the standalone rollout pool (serving "
+                                    "policy.standalone_capacity executions), when that capacity is > 0")
     cell: CellResources = Field(default_factory=CellResources)
     ray: RayConfig = Field(default_factory=RayConfig)
     log_format: Literal["rich", "plain", "json"] = "rich"

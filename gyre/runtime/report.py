@@ -63,6 +63,7 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         "role_shares": world.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": world.cluster.placement,
+        "dead_engines": world.cluster.dead_engines,
         "policy": policy.status(),
     }
 

@@ -142,6 +142,10 @@ class RunDir:
         self._scalars("eval/", {k: v for k, v in row.items() if k in ("reward_mean", "pass_rate") and v is not None},
                       row["version"])
 
+    def write_cells(self, placement: list[dict[str, Any]]) -> None:
+        """Where each cell (and standalone engine) runs: pid and Ray node, for operators and fault tests."""
+        (self.path / "cells.json").write_text(json.dumps(placement, indent=2))
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
 

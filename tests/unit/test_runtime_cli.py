@@ -229,3 +229,18 @@ def test_resume_keeps_unset_values_toml_cannot_hold(base, model_dir, tmp_path):
     # an older run directory without the exact copy still resumes from config.toml alone
     (rd.path / "config.json").unlink()
     assert resume_config(rd.path, []).trainer.j_max == 5
+
+
+def test_unreachable_ray_address_is_one_line_exit_1(tmp_path):
+    """A bad --address is reported at once (Ray itself would retry it for minutes), no traceback."""
+    import socket
+
+    from gyre.config import load_config
+    from gyre.runtime.cluster import RuntimeSetupError, init_ray
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_config(QUICKSTART, [f"model_dir={tmp_path}", f"run.ray.address=127.0.0.1:{port}"])
+    with pytest.raises(RuntimeSetupError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        init_ray(cfg)
