@@ -130,8 +130,6 @@ def run_command(
     log_format: Optional[str] = typer.Option(None, "--log-format", help="rich | plain | json"),
 ) -> None:
     """Train a policy: real harnesses through the proxy, engines and trainer replicas on Ray cells."""
-    from gyre.runtime.rundir import to_toml  # noqa: F401  (cheap; keeps import errors early)
-
     try:
         if log_format is not None and log_format not in ("rich", "plain", "json"):
             raise ConfigProblem(f"--log-format: expected rich, plain or json, got {log_format!r}")
