@@ -77,9 +77,6 @@ class Cell:
             self.engine.stop()
             self.engine = None
 
-    def engine_pid(self) -> int:
-        return os.getpid() if self.engine is not None else -1
-
     # ---------------------------------------------------------------- training role
     def load_replica(self, version: int, snapshot_dir: str, resume_from: str | None = None) -> float:
         """Become a training replica at ``version``; returns the seconds it took.
@@ -218,26 +215,16 @@ class Cell:
 
     def save_hf(self, out_dir: str) -> str:
         """Core: the current weights as a Hugging Face directory (what engines reload from disk)."""
-        from gyre.train.checkpoint import TOKENIZER_FILES
-
         import shutil
+
+        from gyre.train.checkpoint import write_hf
 
         tmp = Path(out_dir + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.worker.model.save_pretrained(tmp, safe_serialization=True)
-        src = Path(self.tcfg.model_dir)
-        for name in TOKENIZER_FILES:
-            if (src / name).exists():
-                shutil.copy2(src / name, tmp / name)
+        write_hf(self.worker.model, self.tcfg.model_dir, tmp)
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
         return out_dir
-
-    def weights_digest(self) -> dict[str, list]:
-        """The replica's parameters (for tests comparing a runtime step with a local one)."""
-        from gyre.train.weights import named_params
-
-        return {n: t.flatten().tolist() for n, t in named_params(self.worker.model).items()}
 
 
 class StandaloneEngine:

@@ -70,7 +70,6 @@ class Cluster:
         self.weights_version = base_version
         self.trainer_version = base_version
         self._publishing: asyncio.Event | None = None
-        self.moved_calls = 0
         self.placement: list[dict[str, Any]] = []
         self.standalone: list[tuple[Any, str]] = []   # (Ray actor, URL) of the standalone rollout pool
         self.dead_engines: list[str] = []
@@ -149,7 +148,6 @@ class Cluster:
             moved = await asyncio.to_thread(self.proxy.drain, url)
             await asyncio.to_thread(self.proxy.call, self.proxy.service.pool.remove(url))
             self.urls[cell] = None
-            self.moved_calls += moved
             await self.cells[cell].stop_engine.remote()
         await self.cells[cell].load_replica.remote(self.trainer_version, self.rundir.snapshots, self.resume_from)
         return moved

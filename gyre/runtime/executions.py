@@ -27,7 +27,6 @@ class Executions:
         self.admin = None
         self.profile = None
         self.results: dict[tuple[int, int], tuple[str, float | None]] = {}
-        self.dispatched = 0
         self.finished = 0
         self.failed = 0            # harness exited non-zero, was killed, or could not launch
         self.missing = 0

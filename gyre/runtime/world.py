@@ -177,7 +177,6 @@ class RealWorld:
             elif t is DispatchGroups:
                 for gid in a.group_ids:
                     self.group_version[gid] = self.base_step + a.version
-                self.execs.dispatched += len(a.group_ids) * a.group_size
             elif t is SwitchCell:
                 target = Role.TO_TRAINING if a.role is Role.TRAINING else Role.TO_ROLLOUT
                 self._set_role(a.cell, target)

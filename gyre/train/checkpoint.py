@@ -36,6 +36,17 @@ class TrainerState:
     model_source: str = ""
 
 
+def write_hf(model: torch.nn.Module, model_source: str | Path | None, out: Path) -> None:
+    """Weights in Hugging Face layout plus the source directory's tokenizer files (what
+    ``from_pretrained`` and an engine's reload-from-disk read)."""
+    model.save_pretrained(out, safe_serialization=True)
+    src = Path(model_source) if model_source else None
+    if src is not None and src.is_dir():
+        for name in TOKENIZER_FILES:
+            if (src / name).exists():
+                shutil.copy2(src / name, out / name)
+
+
 def save_checkpoint(root: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainerState, *, keep: int = 2) -> Path:
     root = Path(root)
@@ -43,12 +54,7 @@ def save_checkpoint(root: str | Path, model: torch.nn.Module, optimizer: torch.o
     final = root / f"step-{state.step}"
     tmp = root / f".tmp-step-{state.step}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    src = Path(state.model_source) if state.model_source else None
-    if src is not None and src.is_dir():
-        for name in TOKENIZER_FILES:
-            if (src / name).exists():
-                shutil.copy2(src / name, tmp / name)
+    write_hf(model, state.model_source, tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
     shutil.rmtree(final, ignore_errors=True)
