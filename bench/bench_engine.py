@@ -23,7 +23,9 @@ def prompts(n: int) -> list[list[int]]:
     return [[5, 17, 300, 42, 9, 77, 120, 8][: 3 + i % 5] + [50 + i] * (2 + i % 4) for i in range(n)]
 
 
-def hf_generate_tps(model_dir: str, ps: list[list[int]], n_tok: int, repeat: int) -> tuple[float, float]:
+def hf_generate_tps(
+    model_dir: str, ps: list[list[int]], n_tok: int, repeat: int
+) -> tuple[float, float]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -39,7 +41,9 @@ def hf_generate_tps(model_dir: str, ps: list[list[int]], n_tok: int, repeat: int
         for _ in range(repeat):
             t = time.perf_counter()
             for p in ps:
-                model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kw)
+                model.generate(
+                    torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kw
+                )
             seq = max(seq, len(ps) * n_tok / (time.perf_counter() - t))
             t = time.perf_counter()
             model.generate(ids, attention_mask=mask, pad_token_id=0, **kw)
@@ -47,7 +51,9 @@ def hf_generate_tps(model_dir: str, ps: list[list[int]], n_tok: int, repeat: int
     return seq, batched
 
 
-async def embedded_tps(model_dir: str, ps: list[list[int]], n_tok: int, repeat: int) -> tuple[float, float, int]:
+async def embedded_tps(
+    model_dir: str, ps: list[list[int]], n_tok: int, repeat: int
+) -> tuple[float, float, int]:
     from gyre.engine.client import EngineClient
     from gyre.engine.config import EmbeddedEngineConfig
     from gyre.engine.embedded import EmbeddedEngine
@@ -80,8 +86,22 @@ async def null_rps(n_req: int, concurrency: int) -> tuple[float, float]:
 
     from gyre.engine.client import EngineClient
 
-    proc = subprocess.Popen([sys.executable, "-m", "gyre.cli", "engine", "--kind", "null", "--port", "0",
-                             "--null-tokens", "16"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gyre.cli",
+            "engine",
+            "--kind",
+            "null",
+            "--port",
+            "0",
+            "--null-tokens",
+            "16",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = re.search(r"http://[\d.]+:\d+", proc.stderr.readline()).group(0)
         async with EngineClient(url) as c:
@@ -140,8 +160,9 @@ async def _null_load(c, n_req: int, concurrency: int) -> tuple[float, float]:
     return seq, conc
 
 
-async def conversation_s(model_dir: str, turns: int, grow: int, n_tok: int, prefix_cache_mb: float
-                         ) -> tuple[float, int]:
+async def conversation_s(
+    model_dir: str, turns: int, grow: int, n_tok: int, prefix_cache_mb: float
+) -> tuple[float, int]:
     """Seconds for one agent-like conversation (each turn = previous input + output + `grow` new
     tokens), and the input tokens the engine reused from its prefix cache."""
     from gyre.engine.client import EngineClient
@@ -150,7 +171,9 @@ async def conversation_s(model_dir: str, turns: int, grow: int, n_tok: int, pref
     from gyre.engine.runner import ServerRunner
     from gyre.engine.server import create_app
 
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=model_dir, prefix_cache_mb=prefix_cache_mb))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_dir=model_dir, prefix_cache_mb=prefix_cache_mb)
+    )
     sp = {"max_new_tokens": n_tok, "temperature": 0.0, "ignore_eos": True}
     async with ServerRunner(create_app(engine)) as srv, EngineClient(srv.url) as c:
         await c.generate([1, 2, 3], sp)  # warm-up
@@ -175,8 +198,10 @@ async def stream_cost(n_tok: int, **app_options) -> tuple[float, int, int]:
 
     engine = NullEngine(num_tokens=n_tok, token_delay_s=0.0002)
     body = {"input_ids": [1], "sampling_params": {"max_new_tokens": n_tok}, "stream": True}
-    async with ServerRunner(create_app(engine, **app_options)) as srv, \
-            httpx.AsyncClient(base_url=srv.url, timeout=None) as http:
+    async with (
+        ServerRunner(create_app(engine, **app_options)) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=None) as http,
+    ):
         t = time.perf_counter()
         nbytes = chunks = 0
         async with http.stream("POST", "/generate", json=body) as resp:
@@ -189,11 +214,15 @@ async def stream_cost(n_tok: int, **app_options) -> tuple[float, int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="HF model dir (default: build the tiny model in a temp dir)")
+    ap.add_argument(
+        "--model", default=None, help="HF model dir (default: build the tiny model in a temp dir)"
+    )
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     ap.add_argument("--requests", type=int, default=8, help="requests (= concurrent batch)")
     ap.add_argument("--null-requests", type=int, default=500)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per timed section; the best is kept")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs per timed section; the best is kept"
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     import torch
@@ -214,41 +243,83 @@ def main() -> None:
         t_on, reused = asyncio.run(conversation_s(model_dir, turns, grow, 32, 256))
         conv_on = min(conv_on, t_on)
     n_stream = 4000
-    streams = {name: asyncio.run(stream_cost(n_stream, **opts)) for name, opts in [
-        ("cumulative, no coalescing", {"stream_coalesce_after": 0, "stream_min_interval_s": 0.0}),
-        ("cumulative, default coalescing after 256 tokens", {}),
-        ("--stream-interval 32 (no time coalescing)",
-         {"stream_interval": 32, "stream_coalesce_after": 0, "stream_min_interval_s": 0.0}),
-        ("--incremental-streaming-output (no time coalescing)",
-         {"incremental_streaming_output": True, "stream_coalesce_after": 0, "stream_min_interval_s": 0.0})]}
-    res = {"torch_threads": torch.get_num_threads(), "tokens": args.tokens, "requests": args.requests,
-           "hf_generate_b1_tps": hf_seq, "hf_generate_b8_tps": hf_batch, "embedded_b1_tps": e_seq,
-           "embedded_conc_tps": e_conc, "embedded_max_rows": rows, "null_seq_rps": n_seq, "null_c32_rps": n_conc,
-           "conversation_no_prefix_cache_s": conv_off, "conversation_prefix_cache_s": conv_on,
-           "conversation_reused_tokens": reused, "null_aiohttp_seq_rps": n_raw and n_raw[0],
-           "null_aiohttp_c32_rps": n_raw and n_raw[1],
-           "stream_4000": {k: {"s": v[0], "bytes": v[1], "chunks": v[2]} for k, v in streams.items()}}
-    print(f"\nengine benchmark (tiny model, {args.requests} requests x {args.tokens} tokens, greedy, "
-          f"torch threads {res['torch_threads']}, best of {args.repeat})\n")
+    streams = {
+        name: asyncio.run(stream_cost(n_stream, **opts))
+        for name, opts in [
+            (
+                "cumulative, no coalescing",
+                {"stream_coalesce_after": 0, "stream_min_interval_s": 0.0},
+            ),
+            ("cumulative, default coalescing after 256 tokens", {}),
+            (
+                "--stream-interval 32 (no time coalescing)",
+                {"stream_interval": 32, "stream_coalesce_after": 0, "stream_min_interval_s": 0.0},
+            ),
+            (
+                "--incremental-streaming-output (no time coalescing)",
+                {
+                    "incremental_streaming_output": True,
+                    "stream_coalesce_after": 0,
+                    "stream_min_interval_s": 0.0,
+                },
+            ),
+        ]
+    }
+    res = {
+        "torch_threads": torch.get_num_threads(),
+        "tokens": args.tokens,
+        "requests": args.requests,
+        "hf_generate_b1_tps": hf_seq,
+        "hf_generate_b8_tps": hf_batch,
+        "embedded_b1_tps": e_seq,
+        "embedded_conc_tps": e_conc,
+        "embedded_max_rows": rows,
+        "null_seq_rps": n_seq,
+        "null_c32_rps": n_conc,
+        "conversation_no_prefix_cache_s": conv_off,
+        "conversation_prefix_cache_s": conv_on,
+        "conversation_reused_tokens": reused,
+        "null_aiohttp_seq_rps": n_raw and n_raw[0],
+        "null_aiohttp_c32_rps": n_raw and n_raw[1],
+        "stream_4000": {k: {"s": v[0], "bytes": v[1], "chunks": v[2]} for k, v in streams.items()},
+    }
+    print(
+        f"\nengine benchmark (tiny model, {args.requests} requests x {args.tokens} tokens, greedy, "
+        f"torch threads {res['torch_threads']}, best of {args.repeat})\n"
+    )
     print("| measurement | value | ratio |")
     print("| --- | ---: | ---: |")
     print(f"| HF generate, batch 1 sequential (baseline) | {hf_seq:8.1f} tok/s | 1.00 |")
-    print(f"| HF generate, one padded batch of {args.requests} | {hf_batch:8.1f} tok/s | {hf_batch / hf_seq:.2f} |")
+    print(
+        f"| HF generate, one padded batch of {args.requests} | {hf_batch:8.1f} tok/s | {hf_batch / hf_seq:.2f} |"
+    )
     print(f"| embedded engine via HTTP, 1 at a time | {e_seq:8.1f} tok/s | {e_seq / hf_seq:.2f} |")
-    print(f"| embedded engine via HTTP, {args.requests} concurrent (max batch seen {rows}) | {e_conc:8.1f} tok/s "
-          f"| {e_conc / hf_seq:.2f} |")
+    print(
+        f"| embedded engine via HTTP, {args.requests} concurrent (max batch seen {rows}) | {e_conc:8.1f} tok/s "
+        f"| {e_conc / hf_seq:.2f} |"
+    )
     print(f"| embedded: concurrent / sequential | | {e_conc / e_seq:.2f} |")
     print(f"| null engine (own process), EngineClient (httpx), sequential | {n_seq:8.1f} req/s | |")
-    print(f"| null engine (own process), EngineClient (httpx), 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |")
+    print(
+        f"| null engine (own process), EngineClient (httpx), 32 in flight | {n_conc:8.1f} req/s | {n_conc / n_seq:.2f} |"
+    )
     if n_raw:
         print(f"| null engine, aiohttp client, sequential | {n_raw[0]:8.1f} req/s | |")
-        print(f"| null engine, aiohttp client, 32 in flight | {n_raw[1]:8.1f} req/s | {n_raw[1] / n_raw[0]:.2f} |")
-    print(f"| {turns}-turn conversation (+{grow} tokens/turn, 32 out), no prefix cache | {conv_off:8.2f} s | 1.00 |")
-    print(f"| same, prefix cache on ({reused} input tokens reused) | {conv_on:8.2f} s | {conv_off / conv_on:.2f}x faster |")
+        print(
+            f"| null engine, aiohttp client, 32 in flight | {n_raw[1]:8.1f} req/s | {n_raw[1] / n_raw[0]:.2f} |"
+        )
+    print(
+        f"| {turns}-turn conversation (+{grow} tokens/turn, 32 out), no prefix cache | {conv_off:8.2f} s | 1.00 |"
+    )
+    print(
+        f"| same, prefix cache on ({reused} input tokens reused) | {conv_on:8.2f} s | {conv_off / conv_on:.2f}x faster |"
+    )
     base_s = streams["cumulative, no coalescing"][0]
     for name, (sec, nbytes, chunks) in streams.items():
-        print(f"| stream {n_stream} tokens, {name}: {chunks} chunks, {nbytes / 2**20:.1f} MiB | {sec:8.2f} s "
-              f"| {base_s / sec:.2f}x |")
+        print(
+            f"| stream {n_stream} tokens, {name}: {chunks} chunks, {nbytes / 2**20:.1f} MiB | {sec:8.2f} s "
+            f"| {base_s / sec:.2f}x |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -62,14 +62,29 @@ def make_task(root: Path) -> Path:
     for i in range(20):  # a small repository: 20 files
         (d / "environment" / "repo" / "pkg" / f"m{i}.py").write_text(f"X = {i}\n" * 20)
     (d / "tests").mkdir()
-    (d / "tests" / "test.sh").write_text('[ -f "$GYRE_WORKSPACE/answer.txt" ] && echo 1 > "$GYRE_REWARD_DIR/reward.txt" || echo 0 > "$GYRE_REWARD_DIR/reward.txt"\n')
+    (d / "tests" / "test.sh").write_text(
+        '[ -f "$GYRE_WORKSPACE/answer.txt" ] && echo 1 > "$GYRE_REWARD_DIR/reward.txt" || echo 0 > "$GYRE_REWARD_DIR/reward.txt"\n'
+    )
     (d / "instruction.md").write_text("bench\n")
-    (d / "task.toml").write_text('[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 120\n[gyre]\nreward = "binary"\n')
+    (d / "task.toml").write_text(
+        '[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 120\n[gyre]\nreward = "binary"\n'
+    )
     return d
 
 
 def harness_args(harness_s: float) -> list[str]:
-    return ["--calls", "0", "--dist", "fixed", "--mean-s", str(harness_s), "--time-scale", "1.0", "--write", "answer.txt=1"]
+    return [
+        "--calls",
+        "0",
+        "--dist",
+        "fixed",
+        "--mean-s",
+        str(harness_s),
+        "--time-scale",
+        "1.0",
+        "--write",
+        "answer.txt=1",
+    ]
 
 
 async def baseline(n: int, harness_s: float, root: Path) -> dict:
@@ -80,8 +95,9 @@ async def baseline(n: int, harness_s: float, root: Path) -> dict:
         d = root / f"base{i}"
         d.mkdir(parents=True)
         t0 = time.monotonic()
-        p = await asyncio.create_subprocess_exec(*argv, cwd=d, stdout=asyncio.subprocess.PIPE,
-                                                 stderr=asyncio.subprocess.DEVNULL)
+        p = await asyncio.create_subprocess_exec(
+            *argv, cwd=d, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        )
         starts.append(time.monotonic())
         out, _ = await p.communicate()
         return (time.monotonic() - t0) - json.loads(out)["real_s"]
@@ -90,35 +106,61 @@ async def baseline(n: int, harness_s: float, root: Path) -> dict:
     t0 = time.monotonic()
     over = await asyncio.gather(*(one(i) for i in range(n)))
     wall = time.monotonic() - t0
-    return with_cpu({"wall_s": wall, "starts_per_s": n / (max(starts) - t0), "overhead_s": list(over)}, c0, n)
+    return with_cpu(
+        {"wall_s": wall, "starts_per_s": n / (max(starts) - t0), "overhead_s": list(over)}, c0, n
+    )
 
 
-async def executor_run(n: int, harness_s: float, root: Path, sandbox: bool, network: str = "proxy-only") -> dict:
+async def executor_run(
+    n: int, harness_s: float, root: Path, sandbox: bool, network: str = "proxy-only"
+) -> dict:
     task = load_task(make_task(root))
     prof = load_profile("synthetic").model_copy(update={"args": harness_args(harness_s)})
-    cfg = ExecutorConfig(workspace_root=root / "runs", max_concurrency=n, sandbox=SandboxConfig(enabled=sandbox, network=network),
-                         keep_workspaces=False)
+    cfg = ExecutorConfig(
+        workspace_root=root / "runs",
+        max_concurrency=n,
+        sandbox=SandboxConfig(enabled=sandbox, network=network),
+        keep_workspaces=False,
+    )
     cfg.scorer.max_concurrency = 16
     c0 = cpu()
     async with HarnessExecutor(cfg) as ex:
         t0 = time.monotonic()
-        rs = await ex.run_many([ExecutionSpec(execution_id=f"e{i}", task=task, profile=prof, base_url="http://127.0.0.1:9",
-                                              api_key="k") for i in range(n)])
+        rs = await ex.run_many(
+            [
+                ExecutionSpec(
+                    execution_id=f"e{i}",
+                    task=task,
+                    profile=prof,
+                    base_url="http://127.0.0.1:9",
+                    api_key="k",
+                )
+                for i in range(n)
+            ]
+        )
         wall = time.monotonic() - t0
     bad = [r for r in rs if r.reward != 1.0]
     if bad:
-        raise SystemExit(f"{len(bad)} executions did not score 1, e.g. {bad[0].model_dump_json()[:800]}")
+        raise SystemExit(
+            f"{len(bad)} executions did not score 1, e.g. {bad[0].model_dump_json()[:800]}"
+        )
     launched = [r.timings.launched_s for r in rs]
     own = [json.loads(Path(r.harness.stdout_path).read_text())["real_s"] for r in rs]
-    return with_cpu({
-        "wall_s": wall,
-        "starts_per_s": n / max(launched),
-        "overhead_s": [r.timings.total_s - o for r, o in zip(rs, own)],
-        "overhead_no_scoring_s": [r.timings.total_s - r.timings.scoring_s - o for r, o in zip(rs, own)],
-        "setup_s": [r.timings.setup_s for r in rs],
-        "teardown_s": [r.timings.teardown_s for r in rs],
-        "scoring_s": [r.timings.scoring_s for r in rs],
-    }, c0, n)
+    return with_cpu(
+        {
+            "wall_s": wall,
+            "starts_per_s": n / max(launched),
+            "overhead_s": [r.timings.total_s - o for r, o in zip(rs, own)],
+            "overhead_no_scoring_s": [
+                r.timings.total_s - r.timings.scoring_s - o for r, o in zip(rs, own)
+            ],
+            "setup_s": [r.timings.setup_s for r in rs],
+            "teardown_s": [r.timings.teardown_s for r in rs],
+            "scoring_s": [r.timings.scoring_s for r in rs],
+        },
+        c0,
+        n,
+    )
 
 
 def med(xs: list[float]) -> float:
@@ -134,7 +176,9 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--harness-s", type=float, default=3.0)
     ap.add_argument("--no-sandbox", action="store_true")
-    ap.add_argument("--keep", action="store_true", help="keep the execution folders (default: removed)")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the execution folders (default: removed)"
+    )
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))
     rows = []
@@ -144,29 +188,49 @@ async def main() -> None:
     ex = await executor_run(a.n, a.harness_s, root / "plain", sandbox=False)
     rows.append(("executor", ex))
     if not a.no_sandbox and bwrap_available():
-        exs = await executor_run(a.n, a.harness_s, root / "sandboxed", sandbox=True, network="shared")
+        exs = await executor_run(
+            a.n, a.harness_s, root / "sandboxed", sandbox=True, network="shared"
+        )
         rows.append(("executor + bwrap (shared net)", exs))
-        exp = await executor_run(a.n, a.harness_s, root / "sandboxed-po", sandbox=True, network="proxy-only")
+        exp = await executor_run(
+            a.n, a.harness_s, root / "sandboxed-po", sandbox=True, network="proxy-only"
+        )
         rows.append(("executor + bwrap (proxy-only net)", exp))
     base2 = await baseline(a.n, a.harness_s, root / "b2")
     rows.append(("bare subprocess (baseline, after)", base2))
     b_over = (med(base["overhead_s"]) + med(base2["overhead_s"])) / 2
-    print(f"\n{a.n} concurrent synthetic harnesses, each running {a.harness_s:.1f}s (contended 2-core machine: noisy)\n")
-    print(f"overhead vs baseline: divided by the mean of the two baseline medians\n")
-    print(f"| run | starts/s | launcher CPU/exec (ms) | children CPU/exec (ms) | wall overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall (s) | wall overhead vs baseline |")
+    print(
+        f"\n{a.n} concurrent synthetic harnesses, each running {a.harness_s:.1f}s (contended 2-core machine: noisy)\n"
+    )
+    print("overhead vs baseline: divided by the mean of the two baseline medians\n")
+    print(
+        "| run | starts/s | launcher CPU/exec (ms) | children CPU/exec (ms) | wall overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall (s) | wall overhead vs baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         nos = r.get("overhead_no_scoring_s")
         sc = r.get("scoring_s")
-        print(f"| {name} | {r['starts_per_s']:.1f} | {r['cpu_self_ms']:.1f} | {r['cpu_children_ms']:.0f} | {med(r['overhead_s']):.3f} | {p95(r['overhead_s']):.3f} | "
-              f"{med(nos) if nos else float('nan'):.3f} | {med(sc) if sc else float('nan'):.3f} | {r['wall_s']:.1f} | "
-              f"{med(r['overhead_s']) / b_over:.2f}x |")
+        print(
+            f"| {name} | {r['starts_per_s']:.1f} | {r['cpu_self_ms']:.1f} | {r['cpu_children_ms']:.0f} | {med(r['overhead_s']):.3f} | {p95(r['overhead_s']):.3f} | "
+            f"{med(nos) if nos else float('nan'):.3f} | {med(sc) if sc else float('nan'):.3f} | {r['wall_s']:.1f} | "
+            f"{med(r['overhead_s']) / b_over:.2f}x |"
+        )
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     if not a.keep:
         shutil.rmtree(root, ignore_errors=True)
-    (out / "bench_executor.json").write_text(json.dumps({name: {k: (v if not isinstance(v, list) else {
-        "median": med(v), "p95": p95(v)}) for k, v in r.items()} for name, r in rows}, indent=1))
+    (out / "bench_executor.json").write_text(
+        json.dumps(
+            {
+                name: {
+                    k: (v if not isinstance(v, list) else {"median": med(v), "p95": p95(v)})
+                    for k, v in r.items()
+                }
+                for name, r in rows
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

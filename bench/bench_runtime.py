@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PAPER_SWITCH_S = {"training": 8.52, "rollout": 3.46}   # the paper's switch times at scale
+PAPER_SWITCH_S = {"training": 8.52, "rollout": 3.46}  # the paper's switch times at scale
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -64,9 +64,16 @@ def load_avg() -> str:
 def make_cfg(model_dir: Path, out_dir: Path, steps: int):
     from gyre.config import load_config
 
-    return load_config(str(REPO / "examples" / "quickstart.toml"), overrides=[
-        f"model_dir={model_dir}", f"run.out_dir={out_dir}", f"policy.total_steps={steps}",
-        "run.eval_interval=0", "run.log_format=plain"])
+    return load_config(
+        str(REPO / "examples" / "quickstart.toml"),
+        overrides=[
+            f"model_dir={model_dir}",
+            f"run.out_dir={out_dir}",
+            f"policy.total_steps={steps}",
+            "run.eval_interval=0",
+            "run.log_format=plain",
+        ],
+    )
 
 
 def start_ray(cfg, tries: int = 3) -> None:
@@ -163,26 +170,41 @@ class Load:
                 eid = f"bench-w{w}-{n}"
                 n += 1
                 try:
-                    r = await http.post("/admin/executions", json={"execution_id": eid}, headers=admin)
+                    r = await http.post(
+                        "/admin/executions", json={"execution_id": eid}, headers=admin
+                    )
                     key = r.json()["api_key"]
-                    msgs = [{"role": "user", "content": f"Reply using only lowercase letters, please ({eid})."}]
+                    msgs = [
+                        {
+                            "role": "user",
+                            "content": f"Reply using only lowercase letters, please ({eid}).",
+                        }
+                    ]
                     for _ in range(2):
                         if self._stop:
                             break
-                        r = await http.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                                            json={"model": "m", "messages": msgs, "max_tokens": self.max_tokens})
+                        r = await http.post(
+                            "/v1/chat/completions",
+                            headers={"authorization": f"Bearer {key}"},
+                            json={"model": "m", "messages": msgs, "max_tokens": self.max_tokens},
+                        )
                         if r.status_code != 200:
                             self.errors += 1
                             continue
                         self.calls += 1
-                        msgs = msgs + [r.json()["choices"][0]["message"], {"role": "user", "content": "again"}]
+                        msgs = msgs + [
+                            r.json()["choices"][0]["message"],
+                            {"role": "user", "content": "again"},
+                        ]
                     await http.delete(f"/admin/executions/{eid}", headers=admin)
                 except httpx.HTTPError:
                     self.errors += 1
                     await asyncio.sleep(0.05)
 
     def start(self) -> None:
-        self._tasks = [asyncio.get_running_loop().create_task(self._worker(w)) for w in range(self.workers)]
+        self._tasks = [
+            asyncio.get_running_loop().create_task(self._worker(w)) for w in range(self.workers)
+        ]
 
     async def stop(self) -> None:
         self._stop = True
@@ -212,7 +234,12 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
     from gyre.runtime.cluster import Cluster
     from gyre.runtime.rundir import RunDir
 
-    out: dict = {"switch": [], "first_switch": [], "cold": {"training": [], "rollout": []}, "publish": []}
+    out: dict = {
+        "switch": [],
+        "first_switch": [],
+        "cold": {"training": [], "rollout": []},
+        "publish": [],
+    }
     rundir = RunDir(tmp / "cluster-bench").create()
     cluster = Cluster(cfg, rundir)
     t0 = time.perf_counter()
@@ -226,22 +253,39 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
     try:
         S = 1
         await wait_inflight(cluster.proxy, cluster.urls[S], 1)
-        for i in range(a.repeats + 1):   # the first round warms up (imports, first model load in the cell)
+        for i in range(
+            a.repeats + 1
+        ):  # the first round warms up (imports, first model load in the cell)
             rec.t.clear()
             inflight = await wait_inflight(cluster.proxy, cluster.urls[S], 2)
             t0 = time.perf_counter()
             moved = await cluster.to_training(S)
             t_train = time.perf_counter() - t0
-            tr = dict(drain=rec.last("drain"), remove=rec.last("call"), stop=rec.last("stop_engine"),
-                      load=rec.last("load_replica"))
+            tr = dict(
+                drain=rec.last("drain"),
+                remove=rec.last("call"),
+                stop=rec.last("stop_engine"),
+                load=rec.last("load_replica"),
+            )
             await asyncio.sleep(a.dwell)
             t0 = time.perf_counter()
             await cluster.to_rollout(S)
             t_roll = time.perf_counter() - t0
-            ro = dict(drop=rec.last("drop_replica"), start=rec.last("start_engine"), add=rec.last("add_engine"))
-            out["first_switch" if i == 0 else "switch"].append({
-                "to_training": t_train, "to_rollout": t_roll, "moved": moved, "inflight": inflight,
-                **{f"t.{k}": v for k, v in tr.items()}, **{f"r.{k}": v for k, v in ro.items()}})
+            ro = dict(
+                drop=rec.last("drop_replica"),
+                start=rec.last("start_engine"),
+                add=rec.last("add_engine"),
+            )
+            out["first_switch" if i == 0 else "switch"].append(
+                {
+                    "to_training": t_train,
+                    "to_rollout": t_roll,
+                    "moved": moved,
+                    "inflight": inflight,
+                    **{f"t.{k}": v for k, v in tr.items()},
+                    **{f"r.{k}": v for k, v in ro.items()},
+                }
+            )
             await asyncio.sleep(a.dwell)
 
         # publication under the same load: core writes HF weights, engines 1 and 2 reload
@@ -251,7 +295,9 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
             info = await cluster.publish(v, [1, 2])
             dt = time.perf_counter() - t0
             if v > 1:
-                out["publish"].append({"seconds": dt, "save": info["save_seconds"], "engines": info["engines"]})
+                out["publish"].append(
+                    {"seconds": dt, "save": info["save_seconds"], "engines": info["engines"]}
+                )
             await asyncio.sleep(a.dwell)
         out["load_calls"], out["load_errors"] = load.calls, load.errors
     finally:
@@ -262,8 +308,12 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
     # cold start: a fresh Ray actor process (the same Cell class and options) loading the model; measured
     # after the cluster and its load are gone, so nothing competes with it (which favours the baseline)
     res = cfg.run.cell
-    actor = ray.remote(Cell).options(num_cpus=res.num_cpus, num_gpus=res.num_gpus,
-                                     resources=res.resources or None, max_concurrency=1)
+    actor = ray.remote(Cell).options(
+        num_cpus=res.num_cpus,
+        num_gpus=res.num_gpus,
+        resources=res.resources or None,
+        max_concurrency=1,
+    )
     tcfg, ecfg = cfg.trainer.model_dump(mode="json"), cfg.engine.model_dump(mode="json")
     snap_version = cluster.trainer_version
     for _ in range(a.cold):
@@ -286,37 +336,63 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
 
 def print_switch(r: dict) -> None:
     sw, cold, first = r["switch"], r["cold"], r["first_switch"][0]
-    print(f"\n1. switch of cell 1 (satellite) under live load: p50/max over {len(sw)} round trips; 'first' = the "
-          f"warm-up round before them (the cell's first switch); cold start: {len(cold['training'])} fresh actors "
-          f"each way")
+    print(
+        f"\n1. switch of cell 1 (satellite) under live load: p50/max over {len(sw)} round trips; 'first' = the "
+        f"warm-up round before them (the cell's first switch); cold start: {len(cold['training'])} fresh actors "
+        f"each way"
+    )
     hdr = f"{'what':<46}{'p50 s':>8}{'max s':>8}{'first s':>9}{'vs baseline':>13}{'paper s':>9}"
     print(hdr)
     print("-" * len(hdr))
-    for to, key, parts in (("training", "to_training", [("drain (proxy moves in-flight calls)", "t.drain"),
-                                                          ("remove from proxy pool", "t.remove"),
-                                                          ("engine stop (cell)", "t.stop"),
-                                                          ("replica load + snapshot pull (cell)", "t.load")]),
-                           ("rollout", "to_rollout", [("replica drop (cell)", "r.drop"),
-                                                      ("engine start (cell)", "r.start"),
-                                                      ("add to proxy pool", "r.add")])):
+    for to, key, parts in (
+        (
+            "training",
+            "to_training",
+            [
+                ("drain (proxy moves in-flight calls)", "t.drain"),
+                ("remove from proxy pool", "t.remove"),
+                ("engine stop (cell)", "t.stop"),
+                ("replica load + snapshot pull (cell)", "t.load"),
+            ],
+        ),
+        (
+            "rollout",
+            "to_rollout",
+            [
+                ("replica drop (cell)", "r.drop"),
+                ("engine start (cell)", "r.start"),
+                ("add to proxy pool", "r.add"),
+            ],
+        ),
+    ):
         base = [x["seconds"] for x in cold[to]]
         b = p50(base)
         xs = [x[key] for x in sw]
-        print(f"{'into ' + to + ' (Cluster.' + key + ')':<46}{p50(xs):>8.3f}{max(xs):>8.3f}{first[key]:>9.3f}"
-              f"{p50(xs) / b:>12.3f}x{PAPER_SWITCH_S[to]:>9.2f}")
+        print(
+            f"{'into ' + to + ' (Cluster.' + key + ')':<46}{p50(xs):>8.3f}{max(xs):>8.3f}{first[key]:>9.3f}"
+            f"{p50(xs) / b:>12.3f}x{PAPER_SWITCH_S[to]:>9.2f}"
+        )
         for label, k in parts:
             ys = [x[k] for x in sw]
             print(f"{'  ' + label:<46}{p50(ys):>8.3f}{max(ys):>8.3f}{first[k]:>9.3f}")
-        print(f"{'  baseline: cold start, fresh actor process':<46}{b:>8.3f}{max(base):>8.3f}{'':>9}{1.0:>12.3f}x")
-        print(f"{'    of which process up (Ray worker + __init__)':<46}{p50([x['process'] for x in cold[to]]):>8.3f}"
-              f"{max(x['process'] for x in cold[to]):>8.3f}")
+        print(
+            f"{'  baseline: cold start, fresh actor process':<46}{b:>8.3f}{max(base):>8.3f}{'':>9}{1.0:>12.3f}x"
+        )
+        print(
+            f"{'    of which process up (Ray worker + __init__)':<46}{p50([x['process'] for x in cold[to]]):>8.3f}"
+            f"{max(x['process'] for x in cold[to]):>8.3f}"
+        )
         what = "replica load + snapshot pull" if to == "training" else "engine start"
-        print(f"{'    of which ' + what:<46}{p50([x['load'] for x in cold[to]]):>8.3f}"
-              f"{max(x['load'] for x in cold[to]):>8.3f}")
+        print(
+            f"{'    of which ' + what:<46}{p50([x['load'] for x in cold[to]]):>8.3f}"
+            f"{max(x['load'] for x in cold[to]):>8.3f}"
+        )
     moved = [x["moved"] for x in sw]
-    print(f"calls moved by the drain per switch: {moved} (in flight on the cell just before: "
-          f"{[x['inflight'] for x in sw]}); load: {r['load_calls']} calls, {r['load_errors']} errors; "
-          f"goal < 1 s each way")
+    print(
+        f"calls moved by the drain per switch: {moved} (in flight on the cell just before: "
+        f"{[x['inflight'] for x in sw]}); load: {r['load_calls']} calls, {r['load_errors']} errors; "
+        f"goal < 1 s each way"
+    )
 
 
 def print_publish(r: dict) -> None:
@@ -325,13 +401,17 @@ def print_publish(r: dict) -> None:
     save = [x["save"] for x in pub]
     rest = [x["seconds"] - x["save"] for x in pub]
     b = p50([x["seconds"] for x in r["cold"]["rollout"]])
-    print(f"\n2. weight publication (Cluster.publish) to {pub[0]['engines']} rollout engines under live load, "
-          f"{len(pub)} repeats after one warm-up")
+    print(
+        f"\n2. weight publication (Cluster.publish) to {pub[0]['engines']} rollout engines under live load, "
+        f"{len(pub)} repeats after one warm-up"
+    )
     hdr = f"{'what':<48}{'p50 s':>9}{'max s':>9}{'vs baseline':>13}"
     print(hdr)
     print("-" * len(hdr))
-    print(f"{'publish (save + every engine pause/reload/resume)':<48}{p50(xs):>9.3f}{max(xs):>9.3f}"
-          f"{p50(xs) / b:>12.3f}x")
+    print(
+        f"{'publish (save + every engine pause/reload/resume)':<48}{p50(xs):>9.3f}{max(xs):>9.3f}"
+        f"{p50(xs) / b:>12.3f}x"
+    )
     print(f"{'  core writes HF weights (save_hf)':<48}{p50(save):>9.3f}{max(save):>9.3f}")
     print(f"{'  engines pause/reload/resume (in parallel)':<48}{p50(rest):>9.3f}{max(rest):>9.3f}")
     print(f"{'baseline: cold engine start, fresh actor':<48}{b:>9.3f}{'':>9}{1.0:>12.3f}x")
@@ -348,7 +428,11 @@ def bench_run(cfg, tmp: Path) -> dict:
     carry_t: list[tuple[float, tuple]] = []
     assign_t: list[float] = []
     worlds: list = []
-    orig_handle, orig_carry, orig_assign = SchedulingPolicy.handle, RealWorld.carry_out, RealWorld._assign
+    orig_handle, orig_carry, orig_assign = (
+        SchedulingPolicy.handle,
+        RealWorld.carry_out,
+        RealWorld._assign,
+    )
 
     def handle(self, event):
         t0 = time.perf_counter()
@@ -377,10 +461,13 @@ def bench_run(cfg, tmp: Path) -> dict:
         orig_assign(self, act)
         assign_t.append(time.perf_counter() - t0)
         for k, v in parts.items():
-            per_assign[k].append(sum(v[n0[k]:]))
+            per_assign[k].append(sum(v[n0[k] :]))
 
-    patched = [(groups, "group_from_traces", "trees"), (buffer, "pack_groups", "pack"),
-               (MicroStepTask, "to_bytes", "to_bytes")]
+    patched = [
+        (groups, "group_from_traces", "trees"),
+        (buffer, "pack_groups", "pack"),
+        (MicroStepTask, "to_bytes", "to_bytes"),
+    ]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
 
     def timed(fn, key):
@@ -390,6 +477,7 @@ def bench_run(cfg, tmp: Path) -> dict:
                 return fn(*a, **kw)
             finally:
                 parts[key].append(time.perf_counter() - t0)
+
         return wrapper
 
     SchedulingPolicy.handle, RealWorld.carry_out, RealWorld._assign = handle, carry_out, assign
@@ -400,15 +488,28 @@ def bench_run(cfg, tmp: Path) -> dict:
         summary = loop.run(cfg, run_dir=tmp / "run", quiet=True)
         wall = time.perf_counter() - t0
     finally:
-        SchedulingPolicy.handle, RealWorld.carry_out, RealWorld._assign = orig_handle, orig_carry, orig_assign
+        SchedulingPolicy.handle, RealWorld.carry_out, RealWorld._assign = (
+            orig_handle,
+            orig_carry,
+            orig_assign,
+        )
         for obj, name, fn in saved:
             setattr(obj, name, fn)
     # carry_out #0 follows policy.start(); carry_out #i+1 carries out what handle #i returned
     per_event = [(h + c, ev, acts) for (h, ev), (c, acts) in zip(handle_t, carry_t[1:])]
     rows = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
-    return {"per_event": per_event, "handle": [h for h, _ in handle_t], "carry": [c for c, _ in carry_t[1:]],
-            "assign": assign_t, "assign_parts": per_assign, "n_tasks": len(parts["to_bytes"]), "world": worlds[0],
-            "summary": summary, "metrics": rows, "wall": wall}
+    return {
+        "per_event": per_event,
+        "handle": [h for h, _ in handle_t],
+        "carry": [c for c, _ in carry_t[1:]],
+        "assign": assign_t,
+        "assign_parts": per_assign,
+        "n_tasks": len(parts["to_bytes"]),
+        "world": worlds[0],
+        "summary": summary,
+        "metrics": rows,
+        "wall": wall,
+    }
 
 
 def bench_sim(cfg) -> dict:
@@ -421,10 +522,22 @@ def bench_sim(cfg) -> dict:
     p = cfg.policy
     scfg = SimConfig(
         name="quickstart-shape",
-        cluster=ClusterConfig(cells=p.cells, cell_capacity=p.cell_capacity, standalone_capacity=p.standalone_capacity),
-        workload=WorkloadConfig(group_size=p.group_size, batch_groups=p.batch_groups, steps=p.total_steps),
-        placements={"x": PlacementSpec(placement=p.placement, phi=p.phi, mu=p.mu, streaming=p.streaming,
-                                       async_train_cells=p.async_train_cells)})
+        cluster=ClusterConfig(
+            cells=p.cells, cell_capacity=p.cell_capacity, standalone_capacity=p.standalone_capacity
+        ),
+        workload=WorkloadConfig(
+            group_size=p.group_size, batch_groups=p.batch_groups, steps=p.total_steps
+        ),
+        placements={
+            "x": PlacementSpec(
+                placement=p.placement,
+                phi=p.phi,
+                mu=p.mu,
+                streaming=p.streaming,
+                async_train_cells=p.async_train_cells,
+            )
+        },
+    )
     per: list[float] = []
     h_t: list[float] = []
     orig_handle, orig_apply = SchedulingPolicy.handle, World._apply
@@ -445,7 +558,7 @@ def bench_sim(cfg) -> dict:
 
     SchedulingPolicy.handle, World._apply = handle, apply
     try:
-        for _ in range(3):   # repeated: the per-event figures pool over all three
+        for _ in range(3):  # repeated: the per-event figures pool over all three
             simulate(scfg, ["x"], record=True)
     finally:
         SchedulingPolicy.handle, World._apply = orig_handle, orig_apply
@@ -455,9 +568,11 @@ def bench_sim(cfg) -> dict:
 def print_controller(run: dict, sim: dict) -> None:
     ev = [x for x, _, _ in run["per_event"]]
     sv = sim["per_event"]
-    print(f"\n3. controller overhead per event: policy.handle(event) + world.carry_out(actions); real run "
-          f"{len(ev)} events ({run['summary']['steps']} steps, {run['wall']:.0f} s wall); "
-          f"simulator {len(sv)} events (3 x {sim['steps']} steps)")
+    print(
+        f"\n3. controller overhead per event: policy.handle(event) + world.carry_out(actions); real run "
+        f"{len(ev)} events ({run['summary']['steps']} steps, {run['wall']:.0f} s wall); "
+        f"simulator {len(sv)} events (3 x {sim['steps']} steps)"
+    )
     hdr = f"{'what':<52}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'vs baseline':>13}"
     print(hdr)
     print("-" * len(hdr))
@@ -465,7 +580,9 @@ def print_controller(run: dict, sim: dict) -> None:
     def row(label, xs, base=None):
         ms = [x * 1e3 for x in xs]
         ratio = f"{p50(xs) / base:>12.1f}x" if base else f"{'':>13}"
-        print(f"{label:<52}{pct(ms, .5):>9.3f}{pct(ms, .9):>9.3f}{pct(ms, .99):>9.3f}{max(ms):>9.3f}{ratio}")
+        print(
+            f"{label:<52}{pct(ms, 0.5):>9.3f}{pct(ms, 0.9):>9.3f}{pct(ms, 0.99):>9.3f}{max(ms):>9.3f}{ratio}"
+        )
 
     b = p50(sv)
     row("gyre run: handle + carry_out (goal p50 < 1 ms)", ev, b)
@@ -482,8 +599,13 @@ def print_controller(run: dict, sim: dict) -> None:
     row("  events whose actions hold no AssignGroup", no_assign, b)
     row("baseline: simulator handle + _apply (same policy)", sv, b)
     worst = sorted(run["per_event"], key=lambda x: -x[0])[:3]
-    print("slowest real events: " + "; ".join(f"{e} -> {','.join(sorted(set(acts))) or 'no action'} "
-                                              f"{x * 1e3:.1f} ms" for x, e, acts in worst))
+    print(
+        "slowest real events: "
+        + "; ".join(
+            f"{e} -> {','.join(sorted(set(acts))) or 'no action'} {x * 1e3:.1f} ms"
+            for x, e, acts in worst
+        )
+    )
 
 
 def print_idle(run: dict) -> None:
@@ -494,10 +616,15 @@ def print_idle(run: dict) -> None:
     def overlap(iv, s, e):
         return sum(max(0.0, min(b, e) - max(a, s)) for a, b in iv)
 
-    print("\n4. training cells per step: computing vs waiting (step window = StartStep .. optimizer step done;"
-          " 'wait' = in the training role, not computing)")
-    hdr = f"{'step':>4}{'window s':>10}" + "".join(f"{f'c{c} train':>10}{f'c{c} busy':>9}{f'c{c} wait':>9}"
-                                                   for c in range(K)) + f"{'switching s':>13}{'wait share':>12}"
+    print(
+        "\n4. training cells per step: computing vs waiting (step window = StartStep .. optimizer step done;"
+        " 'wait' = in the training role, not computing)"
+    )
+    hdr = (
+        f"{'step':>4}{'window s':>10}"
+        + "".join(f"{f'c{c} train':>10}{f'c{c} busy':>9}{f'c{c} wait':>9}" for c in range(K))
+        + f"{'switching s':>13}{'wait share':>12}"
+    )
     print(hdr)
     print("-" * len(hdr))
     tot_train = tot_wait = 0.0
@@ -519,28 +646,54 @@ def print_idle(run: dict) -> None:
         step = rows[i]["step"] if i < len(rows) else i
         share = wait_all / train_all if train_all else 0.0
         print(f"{step:>4}{e - s:>10.2f}{cells}{switching:>13.2f}{share:>11.0%}")
-    print("groups per step (metrics.jsonl batch/groups): " + str([r["batch/groups"] for r in rows]) +
-          f"; AssignGroup carried out {len(run['assign'])}x")
-    print(f"all steps: training cells waited {tot_wait:.2f} s of {tot_train:.2f} s in the training role "
-          f"({tot_wait / tot_train if tot_train else 0:.0%}); metrics.jsonl timing/step: "
-          f"{[round(r['timing/step'], 2) for r in rows]}; finish_step: "
-          f"{[round(r['timing/finish_step'], 3) for r in rows]}")
+    print(
+        "groups per step (metrics.jsonl batch/groups): "
+        + str([r["batch/groups"] for r in rows])
+        + f"; AssignGroup carried out {len(run['assign'])}x"
+    )
+    print(
+        f"all steps: training cells waited {tot_wait:.2f} s of {tot_train:.2f} s in the training role "
+        f"({tot_wait / tot_train if tot_train else 0:.0%}); metrics.jsonl timing/step: "
+        f"{[round(r['timing/step'], 2) for r in rows]}; finish_step: "
+        f"{[round(r['timing/finish_step'], 3) for r in rows]}"
+    )
     sh = run["summary"]["role_shares"]
-    print("role shares over the whole run (summary.json): " +
-          "; ".join(f"c{c} " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(s.items())) for c, s in enumerate(sh)))
+    print(
+        "role shares over the whole run (summary.json): "
+        + "; ".join(
+            f"c{c} " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(s.items()))
+            for c, s in enumerate(sh)
+        )
+    )
     swi = run["summary"]["switches"]
-    print("switches in the run (summary.json): " + "; ".join(
-        f"to {d}: {v['count']}x mean {v['mean_s'] or 0:.2f} s max {v['max_s'] or 0:.2f} s" for d, v in swi.items()))
+    print(
+        "switches in the run (summary.json): "
+        + "; ".join(
+            f"to {d}: {v['count']}x mean {v['mean_s'] or 0:.2f} s max {v['max_s'] or 0:.2f} s"
+            for d, v in swi.items()
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (2 switches, 1 cold start, 2 steps)")
-    ap.add_argument("--repeats", type=int, default=5, help="switch round trips and publications (after a warm-up)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer repeats (2 switches, 1 cold start, 2 steps)"
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="switch round trips and publications (after a warm-up)",
+    )
     ap.add_argument("--cold", type=int, default=2, help="cold starts each way")
     ap.add_argument("--steps", type=int, default=3, help="steps of the real run")
-    ap.add_argument("--load-workers", type=int, default=6, help="concurrent executions of live load")
+    ap.add_argument(
+        "--load-workers", type=int, default=6, help="concurrent executions of live load"
+    )
     ap.add_argument("--max-tokens", type=int, default=96, help="tokens per live call")
     ap.add_argument("--dwell", type=float, default=0.3, help="seconds between switches")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: cluster,run,sim")
@@ -564,11 +717,15 @@ def main(argv=None) -> int:
     cl = asyncio.run(bench_cluster(cfg, tmp, a)) if "cluster" not in skip else None
     run = bench_run(cfg, tmp) if "run" not in skip else None
     sim = bench_sim(cfg) if "sim" not in skip else None
-    print(f"gyre runtime on the tiny model ({os.cpu_count()} CPUs; load average at start {la0}, at end "
-          f"{load_avg()}; ray.init {t_ray:.1f} s; total {time.perf_counter() - t_all:.0f} s)")
+    print(
+        f"gyre runtime on the tiny model ({os.cpu_count()} CPUs; load average at start {la0}, at end "
+        f"{load_avg()}; ray.init {t_ray:.1f} s; total {time.perf_counter() - t_all:.0f} s)"
+    )
     if cl:
-        print(f"cluster of 3 cells up in {cl['cluster_start_s']:.1f} s (core training, cells 1-2 serving); "
-              f"{a.load_workers} executions of live load, {a.max_tokens} tokens per call")
+        print(
+            f"cluster of 3 cells up in {cl['cluster_start_s']:.1f} s (core training, cells 1-2 serving); "
+            f"{a.load_workers} executions of live load, {a.max_tokens} tokens per call"
+        )
         print_switch(cl)
         print_publish(cl)
     if run and sim:

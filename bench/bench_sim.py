@@ -40,7 +40,9 @@ def main() -> None:
     print(f"{'what':<34}{'seconds':>10}{'x baseline':>12}")
     print(f"{'baseline: draw + lower bound':<34}{b:>10.3f}{1.0:>12.1f}")
     for n in names:
-        print(f"{'  ' + n + f' ({events[n]} executions)':<34}{min(per[n]):>10.3f}{min(per[n]) / b:>12.1f}")
+        print(
+            f"{'  ' + n + f' ({events[n]} executions)':<34}{min(per[n]):>10.3f}{min(per[n]) / b:>12.1f}"
+        )
     print(f"{'all three placements (target < 5 s)':<34}{f:>10.3f}{f / b:>12.1f}")
 
 

@@ -68,18 +68,34 @@ def main() -> None:
     sub_tree = build_tree(sub)
     t_sub = time.perf_counter() - t0
     assert naive_nodes == len(sub_tree), (naive_nodes, len(sub_tree))
-    print(f"execution: {len(recs)} requests, {len(tree)} unique tokens, {len(tree.nodes)} radix nodes, "
-          f"{len(tree.leaves)} paths, {expanded} tokens if paths expanded ({expanded / len(tree):.2f}x)")
+    print(
+        f"execution: {len(recs)} requests, {len(tree)} unique tokens, {len(tree.nodes)} radix nodes, "
+        f"{len(tree.leaves)} paths, {expanded} tokens if paths expanded ({expanded / len(tree):.2f}x)"
+    )
     print(f"{'stage':28} {'seconds':>8}")
     for k, v in best.items():
         print(f"{k:28} {v:8.3f}")
     total = best["build"] + best["admit"]
-    print(f"{'build + admission':28} {total:8.3f}   target < 1 s: {'OK' if total < 1 else 'MISSED'}")
-    print(f"baseline on the first {args.naive_requests} requests: naive full-input trie {t_naive:.3f} s vs "
-          f"build_tree {t_sub:.3f} s ({t_naive / t_sub:.1f}x)")
+    print(
+        f"{'build + admission':28} {total:8.3f}   target < 1 s: {'OK' if total < 1 else 'MISSED'}"
+    )
+    print(
+        f"baseline on the first {args.naive_requests} requests: naive full-input trie {t_naive:.3f} s vs "
+        f"build_tree {t_sub:.3f} s ({t_naive / t_sub:.1f}x)"
+    )
     if args.json:
-        print(json.dumps(dict(best, requests=len(recs), unique_tokens=len(tree), expanded=expanded,
-                              naive_s=t_naive, build_sub_s=t_sub)))
+        print(
+            json.dumps(
+                dict(
+                    best,
+                    requests=len(recs),
+                    unique_tokens=len(tree),
+                    expanded=expanded,
+                    naive_s=t_naive,
+                    build_sub_s=t_sub,
+                )
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ from gyre.trace.packing import PackedSequence
 from gyre.train.packed import plan_segments, token_logprobs
 
 
-def branchy_records(prefix: int, branches: int, branch_len: int, turn: int = 256, vocab: int = 2000,
-                    seed: int = 0) -> list[TraceRecord]:
+def branchy_records(
+    prefix: int, branches: int, branch_len: int, turn: int = 256, vocab: int = 2000, seed: int = 0
+) -> list[TraceRecord]:
     """A main chain of ``prefix`` tokens (turns of ~``turn`` tokens), then ``branches`` calls off its end."""
     rng = np.random.default_rng(seed)
     toks = lambda n: tuple(rng.integers(16, vocab, size=n).tolist())  # noqa: E731
@@ -44,8 +45,19 @@ def branchy_records(prefix: int, branches: int, branch_len: int, turn: int = 256
 
     def add(base, base_len, suffix, n_out):
         out = toks(n_out)
-        r = TraceRecord("branchy", f"r{len(recs)}", len(recs), "anthropic.messages", base, base_len, suffix, out,
-                        tuple([-1.0] * n_out), (OutputSegment(0, n_out, "e0", 1),), meta={})
+        r = TraceRecord(
+            "branchy",
+            f"r{len(recs)}",
+            len(recs),
+            "anthropic.messages",
+            base,
+            base_len,
+            suffix,
+            out,
+            tuple([-1.0] * n_out),
+            (OutputSegment(0, n_out, "e0", 1),),
+            meta={},
+        )
         recs.append(r)
         return r.request_id, base_len + len(suffix) + n_out
 
@@ -66,7 +78,9 @@ def fwd_bwd_once(model, seq: PackedSequence, clock) -> float:
     return clock() - t0
 
 
-def time_interleaved(model, rows: dict[str, PackedSequence], repeats: int, clock) -> dict[str, float]:
+def time_interleaved(
+    model, rows: dict[str, PackedSequence], repeats: int, clock
+) -> dict[str, float]:
     """Min over ``repeats`` rounds, every row once per round (round-robin).
 
     The machine is shared, so a round-robin min is far less noisy than timing
@@ -87,13 +101,21 @@ def main() -> None:
     ap.add_argument("--branches", type=int, default=8)
     ap.add_argument("--branch-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--shape", choices=["branchy", "case"], default="branchy",
-                    help="branchy: long shared prefix + short branches (the target case); "
-                         "case: the case study's shape, scaled down")
+    ap.add_argument(
+        "--shape",
+        choices=["branchy", "case"],
+        default="branchy",
+        help="branchy: long shared prefix + short branches (the target case); "
+        "case: the case study's shape, scaled down",
+    )
     ap.add_argument("--j-max", type=int, default=None, help="admission cap (default: all paths)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                    help="cpu: process CPU time (robust on a shared machine; default); wall: elapsed time")
+    ap.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: process CPU time (robust on a shared machine; default); wall: elapsed time",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     from transformers import AutoModelForCausalLM
@@ -108,9 +130,19 @@ def main() -> None:
     else:  # the case study's shape, scaled down to fit the tiny model on a CPU
         from gyre.trace.synthetic import case_study_execution
 
-        tree = build_tree(case_study_execution("case", n_requests=60, n_subagents=3, system_len=600,
-                                               task_len=100, out_len=(10, 40), tool_len=(20, 60),
-                                               summary_len=(30, 60), vocab=2000))
+        tree = build_tree(
+            case_study_execution(
+                "case",
+                n_requests=60,
+                n_subagents=3,
+                system_len=600,
+                task_len=100,
+                out_len=(10, 40),
+                tool_len=(20, 60),
+                summary_len=(30, 60),
+                vocab=2000,
+            )
+        )
         desc = "case-study shape (60 requests, 3 sub-agents, scaled down)"
     adm = admit(tree, args.j_max, seed=0)
     rows = {m: pack([adm], m, 10**9)[0].sequences[0] for m in ("paths", "tree")}
@@ -133,24 +165,52 @@ def main() -> None:
     for m, seq in rows.items():
         pairs = plan_segments(seq.parent).attention_pairs
         t = times[m]
-        res[m] = dict(tokens=len(seq), targets=seq.n_targets, pairs=pairs, measured_s=t,
-                      predicted_s=a * len(seq) + b * pairs)
-    print(f"{desc}; "
-          f"tree has {len(tree)} unique tokens, {len(tree.leaves)} leaves, {adm.n_targets} targets")
-    print(f"cost model fitted on chains {[c[0] for c in cal]}: a={a * 1e6:.2f} us/token, b={b * 1e9:.2f} ns/pair")
-    print(f"clock: {args.clock} time, min of {args.repeats} round-robin repeats, "
-          f"{torch.get_num_threads()} torch threads")
-    print(f"{'mode':6} {'tokens':>7} {'attn pairs':>11} {'measured s':>11} {'model s':>8} {'err':>6}")
+        res[m] = dict(
+            tokens=len(seq),
+            targets=seq.n_targets,
+            pairs=pairs,
+            measured_s=t,
+            predicted_s=a * len(seq) + b * pairs,
+        )
+    print(
+        f"{desc}; "
+        f"tree has {len(tree)} unique tokens, {len(tree.leaves)} leaves, {adm.n_targets} targets"
+    )
+    print(
+        f"cost model fitted on chains {[c[0] for c in cal]}: a={a * 1e6:.2f} us/token, b={b * 1e9:.2f} ns/pair"
+    )
+    print(
+        f"clock: {args.clock} time, min of {args.repeats} round-robin repeats, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    print(
+        f"{'mode':6} {'tokens':>7} {'attn pairs':>11} {'measured s':>11} {'model s':>8} {'err':>6}"
+    )
     for m, r in res.items():
         err = (r["measured_s"] - r["predicted_s"]) / r["predicted_s"]
-        print(f"{m:6} {r['tokens']:7d} {r['pairs']:11d} {r['measured_s']:11.3f} {r['predicted_s']:8.3f} {err:+6.1%}")
+        print(
+            f"{m:6} {r['tokens']:7d} {r['pairs']:11d} {r['measured_s']:11.3f} {r['predicted_s']:8.3f} {err:+6.1%}"
+        )
     sp = res["paths"]["measured_s"] / res["tree"]["measured_s"]
     sp_model = res["paths"]["predicted_s"] / res["tree"]["predicted_s"]
-    print(f"speed-up tree vs paths: measured {sp:.2f}x, cost model {sp_model:.2f}x "
-          f"(measured/model {sp / sp_model:.2f}); targets: >= 1.5x, within 15% of the model")
+    print(
+        f"speed-up tree vs paths: measured {sp:.2f}x, cost model {sp_model:.2f}x "
+        f"(measured/model {sp / sp_model:.2f}); targets: >= 1.5x, within 15% of the model"
+    )
     if args.json:
-        print(json.dumps(dict(args=vars(args), a=a, b=b, calibration=cal, results=res, speedup=sp,
-                              speedup_model=sp_model)))
+        print(
+            json.dumps(
+                dict(
+                    args=vars(args),
+                    a=a,
+                    b=b,
+                    calibration=cal,
+                    results=res,
+                    speedup=sp,
+                    speedup_model=sp_model,
+                )
+            )
+        )
 
 
 if __name__ == "__main__":

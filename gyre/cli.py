@@ -58,7 +58,9 @@ app.add_typer(config_app, name="config")
 @config_app.command("show")
 def config_show(
     file: Path = typer.Argument(None, help="TOML config file (optional)."),
-    model_dir: str = typer.Option(None, "--model-dir", help="Model directory (top-level model_dir)."),
+    model_dir: str = typer.Option(
+        None, "--model-dir", help="Model directory (top-level model_dir)."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override: section.field=value (repeatable)."),
 ) -> None:
     """Validate a config and print it fully resolved (defaults filled in) as JSON."""
@@ -70,7 +72,7 @@ def config_show(
         cfg = load_config(file, set_, model_dir=model_dir)
     except (ValidationError, ValueError, FileNotFoundError) as e:
         typer.echo(f"invalid config: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     typer.echo(cfg.model_dump_json(indent=2))
 
 

@@ -36,7 +36,9 @@ class GyreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model_dir: str = Field(description="HF model directory (weights, tokenizer, chat template)")
-    work_dir: str = Field("runs/gyre", description="traces, workspaces, checkpoints and logs go below this")
+    work_dir: str = Field(
+        "runs/gyre", description="traces, workspaces, checkpoints and logs go below this"
+    )
     seed: int = 0
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(placement=Placement.ELASTIC))
     engine: EmbeddedEngineConfig
@@ -55,7 +57,9 @@ class GyreConfig(BaseModel):
             section = dict(data.get(name) or {})
             section.setdefault("model_dir", data["model_dir"])
             data[name] = section
-        if "seed" in data:  # one seed for the run: engines sample and the trainer initialises from it
+        if (
+            "seed" in data
+        ):  # one seed for the run: engines sample and the trainer initialises from it
             for name in ("engine", "trainer"):
                 section = dict(data.get(name) or {})
                 section.setdefault("seed", data["seed"])
@@ -68,8 +72,10 @@ class GyreConfig(BaseModel):
         if isinstance(policy, dict) and "batch_groups" in policy and isinstance(trainer, dict):
             stream = dict(trainer.get("stream") or {})
             if "batch_groups" in stream and stream["batch_groups"] != policy["batch_groups"]:
-                raise ValueError(f"trainer.stream.batch_groups ({stream['batch_groups']}) differs from "
-                                 f"policy.batch_groups ({policy['batch_groups']}); set B once, in [policy]")
+                raise ValueError(
+                    f"trainer.stream.batch_groups ({stream['batch_groups']}) differs from "
+                    f"policy.batch_groups ({policy['batch_groups']}); set B once, in [policy]"
+                )
             stream["batch_groups"] = policy["batch_groups"]
             data["trainer"] = {**trainer, "stream": stream}
         return data
@@ -100,8 +106,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                **top: Any) -> GyreConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, **top: Any
+) -> GyreConfig:
     """Read a TOML file (optional), apply overrides, validate.
 
     Keyword arguments set top-level fields (``model_dir=...``) before overrides.

@@ -20,8 +20,8 @@ import asyncio
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional
 
 from gyre.engine.protocol import (
     FinishReason,
@@ -51,8 +51,8 @@ class RequestState:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version_segments: list[tuple[int, int]] = field(default_factory=list)
-    finish: Optional[FinishReason] = None
-    abort_message: Optional[str] = None
+    finish: FinishReason | None = None
+    abort_message: str | None = None
     cached_tokens: int = 0
     created_s: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -86,19 +86,24 @@ class RequestState:
             cached_tokens=self.cached_tokens,
             output_token_logprobs=(
                 [(lp, t, None) for lp, t in zip(self.logprobs[start:], self.output_ids[start:])]
-                if self.return_logprob else None
+                if self.return_logprob
+                else None
             ),
-            weight_version=self.version_segments[-1][1] if self.version_segments else weight_version,
+            weight_version=self.version_segments[-1][1]
+            if self.version_segments
+            else weight_version,
             weight_version_segments=list(self.version_segments) or None,
             engine_id=engine_id,
         )
-        return GenerateResponse.model_construct(text=None, output_ids=self.output_ids[start:], meta_info=meta)
+        return GenerateResponse.model_construct(
+            text=None, output_ids=self.output_ids[start:], meta_info=meta
+        )
 
 
 class RequestHandle:
     """The caller's side of one request."""
 
-    def __init__(self, engine: "Engine", state: RequestState):
+    def __init__(self, engine: Engine, state: RequestState):
         self.engine = engine
         self.state = state
 
@@ -106,8 +111,13 @@ class RequestHandle:
     def rid(self) -> str:
         return self.state.rid
 
-    async def updates(self, min_new: int = 1, incremental: bool = False, min_interval_s: float = 0.0,
-                      coalesce_after: int = 0) -> AsyncIterator[GenerateResponse]:
+    async def updates(
+        self,
+        min_new: int = 1,
+        incremental: bool = False,
+        min_interval_s: float = 0.0,
+        coalesce_after: int = 0,
+    ) -> AsyncIterator[GenerateResponse]:
         """Snapshots whenever output grew by at least ``min_new`` tokens; the last one is finished.
         Cumulative, or with ``incremental`` only the tokens since the previous snapshot. Once the
         output is ``coalesce_after`` tokens long, at most one snapshot per ``min_interval_s``
@@ -121,7 +131,8 @@ class RequestHandle:
                 st.changed.clear()
                 n = len(st.output_ids)
                 due = n - max(sent, 0) >= min_new and (
-                    n < coalesce_after or time.monotonic() - last_emit >= min_interval_s)
+                    n < coalesce_after or time.monotonic() - last_emit >= min_interval_s
+                )
                 if due or st.finish is not None:
                     last_emit = time.monotonic()
                     start = max(sent, 0) if incremental else 0
@@ -155,11 +166,11 @@ class Engine(ABC):
 
     kind: str = "engine"
 
-    def __init__(self, engine_id: Optional[str] = None):
+    def __init__(self, engine_id: str | None = None):
         self.engine_id = engine_id or f"{self.kind}-{uuid.uuid4().hex[:8]}"
         self.weight_version: int = 0
         self._requests: dict[str, RequestState] = {}
-        self._unpaused: Optional[asyncio.Event] = None
+        self._unpaused: asyncio.Event | None = None
         self._started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -185,7 +196,7 @@ class Engine(ABC):
         return self._started
 
     # -- requests -------------------------------------------------------------------------------
-    def validate(self, req: GenerateRequest) -> None:
+    def validate(self, req: GenerateRequest) -> None:  # noqa: B027 (optional hook)
         """Engine-specific checks beyond the protocol's (vocab, context length). Raise EngineInputError."""
 
     async def submit(self, req: GenerateRequest) -> RequestHandle:
@@ -194,9 +205,15 @@ class Engine(ABC):
         self.validate(req)
         rid = req.rid or uuid.uuid4().hex
         if rid in self._requests:
-            raise EngineInputError(f"rid {rid!r} is already in use by a live request; use a unique rid")
-        st = RequestState(rid=rid, input_ids=list(req.input_ids), params=req.sampling_params,
-                          return_logprob=req.return_logprob)
+            raise EngineInputError(
+                f"rid {rid!r} is already in use by a live request; use a unique rid"
+            )
+        st = RequestState(
+            rid=rid,
+            input_ids=list(req.input_ids),
+            params=req.sampling_params,
+            return_logprob=req.return_logprob,
+        )
         self._requests[rid] = st
         handle = RequestHandle(self, st)
         if req.sampling_params.max_new_tokens == 0:
@@ -247,21 +264,28 @@ class Engine(ABC):
         assert self._unpaused is not None, "engine not started"
         self._unpaused.set()
 
-    async def update_weights_from_disk(self, req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+    async def update_weights_from_disk(
+        self, req: UpdateWeightsFromDiskRequest
+    ) -> UpdateWeightsResponse:
         """Default (engines without weights): accept and bump the version."""
         if req.abort_all_requests:
             await self.abort_all("aborted by weights update")
         self._bump_version(req.weight_version)
-        return UpdateWeightsResponse(success=True, message="no weights to load; version bumped",
-                                     weight_version=self.weight_version)
+        return UpdateWeightsResponse(
+            success=True,
+            message="no weights to load; version bumped",
+            weight_version=self.weight_version,
+        )
 
-    def _bump_version(self, requested: Optional[int | str]) -> None:
+    def _bump_version(self, requested: int | str | None) -> None:
         if requested is not None:
             try:
                 self.weight_version = int(requested)
                 return
             except (TypeError, ValueError):
-                raise EngineInputError(f"weight_version must be an integer for Gyre engines, got {requested!r}")
+                raise EngineInputError(
+                    f"weight_version must be an integer for Gyre engines, got {requested!r}"
+                ) from None
         self.weight_version += 1
 
     @abstractmethod
@@ -269,7 +293,11 @@ class Engine(ABC):
 
     def stats(self) -> dict:
         """Load figures for schedulers and dashboards (``GET /get_server_info``)."""
-        return {"live_requests": self.live_requests, "paused": self.paused, "weight_version": self.weight_version}
+        return {
+            "live_requests": self.live_requests,
+            "paused": self.paused,
+            "weight_version": self.weight_version,
+        }
 
     @property
     def live_requests(self) -> int:

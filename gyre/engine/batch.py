@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -42,12 +41,12 @@ class Row:
     rid: str
     params: SamplingParams
     stops: frozenset[int]
-    generator: Optional[torch.Generator]
-    n_cached: int = 0          # real tokens in the KV cache (prompt + fed outputs)
+    generator: torch.Generator | None
+    n_cached: int = 0  # real tokens in the KV cache (prompt + fed outputs)
     fed: list[int] = field(default_factory=list)  # those tokens (for the prefix cache)
-    kv_version: int = 0        # weights version its K/V started under (stale K/V never enter the cache)
-    n_out: int = 0             # tokens sampled so far
-    next_token: int = -1       # sampled, not yet fed to the model
+    kv_version: int = 0  # weights version its K/V started under (stale K/V never enter the cache)
+    n_out: int = 0  # tokens sampled so far
+    next_token: int = -1  # sampled, not yet fed to the model
 
 
 @dataclass
@@ -57,8 +56,8 @@ class Prefill:
     row: Row
     ids: list[int]
     cache: object
-    done: int      # prompt tokens already in `cache`
-    cached: int    # of those, how many came from the prefix cache
+    done: int  # prompt tokens already in `cache`
+    cached: int  # of those, how many came from the prefix cache
 
 
 @dataclass
@@ -68,8 +67,8 @@ class TokenEvent:
     raw_logprob: float
     tempered_logprob: float
     processed_logprob: float
-    finish: Optional[FinishReason] = None
-    cached_tokens: int = 0     # prefill only: input tokens whose K/V came from the prefix cache
+    finish: FinishReason | None = None
+    cached_tokens: int = 0  # prefill only: input tokens whose K/V came from the prefix cache
 
 
 def _cache_kwarg(model) -> str:
@@ -81,11 +80,11 @@ def _cache_kwarg(model) -> str:
 class DecodeBatch:
     model: object
     rows: list[Row] = field(default_factory=list)
-    cache: object = None                  # DynamicCache with [B, H, Lc, D] per layer
-    mask: Optional[torch.Tensor] = None   # [B, Lc] long, 1 = real token
-    prefix_cache: Optional[PrefixCache] = None
+    cache: object = None  # DynamicCache with [B, H, Lc, D] per layer
+    mask: torch.Tensor | None = None  # [B, Lc] long, 1 = real token
+    prefix_cache: PrefixCache | None = None
     pending: list[Prefill] = field(default_factory=list)  # prefills not finished yet, in order
-    version: int = 0                      # weights version now loaded
+    version: int = 0  # weights version now loaded
 
     def __post_init__(self) -> None:
         self._cache_kw = _cache_kwarg(self.model)
@@ -131,13 +130,20 @@ class DecodeBatch:
             p = self.pending[0]
             total = len(p.ids)
             n = total - p.done if left is None else min(left, total - p.done)
-            ids = torch.tensor([p.ids[p.done:p.done + n]], dtype=torch.long, device=self.device)
+            ids = torch.tensor([p.ids[p.done : p.done + n]], dtype=torch.long, device=self.device)
             kwargs = {}
             if p.done:
-                kwargs["position_ids"] = torch.arange(p.done, p.done + n, device=self.device).unsqueeze(0)
-            out = self.model(input_ids=ids, attention_mask=torch.ones((1, p.done + n), dtype=torch.long,
-                                                                       device=self.device),
-                             **{self._cache_kw: p.cache}, use_cache=True, logits_to_keep=1, **kwargs)
+                kwargs["position_ids"] = torch.arange(
+                    p.done, p.done + n, device=self.device
+                ).unsqueeze(0)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=torch.ones((1, p.done + n), dtype=torch.long, device=self.device),
+                **{self._cache_kw: p.cache},
+                use_cache=True,
+                logits_to_keep=1,
+                **kwargs,
+            )
             p.done += n
             if left is not None:
                 left -= n
@@ -151,7 +157,9 @@ class DecodeBatch:
             if ev.finish is None:
                 self._merge(row, p.cache)
             elif self.prefix_cache is not None:
-                self.prefix_cache.put(row.fed, [(layer.keys, layer.values) for layer in p.cache.layers])
+                self.prefix_cache.put(
+                    row.fed, [(layer.keys, layer.values) for layer in p.cache.layers]
+                )
             events.append(ev)
         return events
 
@@ -165,7 +173,9 @@ class DecodeBatch:
         pad_batch, pad_row = width - self.width, width - length
         for lb, lr in zip(self.cache.layers, cache.layers):
             lb.keys = torch.cat([_left_pad(lb.keys, pad_batch), _left_pad(lr.keys, pad_row)], dim=0)
-            lb.values = torch.cat([_left_pad(lb.values, pad_batch), _left_pad(lr.values, pad_row)], dim=0)
+            lb.values = torch.cat(
+                [_left_pad(lb.values, pad_batch), _left_pad(lr.values, pad_row)], dim=0
+            )
         z = dict(dtype=torch.long, device=self.device)
         row_mask = torch.cat([torch.zeros((1, pad_row), **z), torch.ones((1, length), **z)], 1)
         batch_mask = torch.cat([torch.zeros((len(self.rows), pad_batch), **z), self.mask], 1)
@@ -188,9 +198,16 @@ class DecodeBatch:
             width = self.width
             for i, r in enumerate(self.rows):
                 if r.rid in rids and r.kv_version == self.version:
-                    lo = width - r.n_cached  # rows are left-padded: real tokens are the last n_cached
-                    self.prefix_cache.put(r.fed, [(layer.keys[i:i + 1, :, lo:, :], layer.values[i:i + 1, :, lo:, :])
-                                                  for layer in self.cache.layers])
+                    lo = (
+                        width - r.n_cached
+                    )  # rows are left-padded: real tokens are the last n_cached
+                    self.prefix_cache.put(
+                        r.fed,
+                        [
+                            (layer.keys[i : i + 1, :, lo:, :], layer.values[i : i + 1, :, lo:, :])
+                            for layer in self.cache.layers
+                        ],
+                    )
         if not keep:
             self.rows, self.cache, self.mask = [], None, None
             return
@@ -209,11 +226,23 @@ class DecodeBatch:
         Finished rows leave the batch."""
         if not self.rows:
             return []
-        tokens = torch.tensor([[r.next_token] for r in self.rows], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[r.n_cached] for r in self.rows], dtype=torch.long, device=self.device)
-        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1)
-        out = self.model(input_ids=tokens, attention_mask=self.mask, position_ids=positions,
-                         **{self._cache_kw: self.cache}, use_cache=True, logits_to_keep=1)
+        tokens = torch.tensor(
+            [[r.next_token] for r in self.rows], dtype=torch.long, device=self.device
+        )
+        positions = torch.tensor(
+            [[r.n_cached] for r in self.rows], dtype=torch.long, device=self.device
+        )
+        self.mask = torch.cat(
+            [self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=self.device)], 1
+        )
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=self.mask,
+            position_ids=positions,
+            **{self._cache_kw: self.cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
         events = []
         for i, row in enumerate(self.rows):
             row.n_cached += 1

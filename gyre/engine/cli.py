@@ -1,40 +1,70 @@
 """`gyre engine`: serve an engine over HTTP. Keep heavy imports inside the command.
 
-    gyre engine --model DIR --port 30000                       # embedded HF engine (CPU)
-    gyre engine --kind scripted --model DIR --script turns.json # scripted test double (tokenizer of DIR)
-    gyre engine --kind null --port 30001                        # null engine (overhead benchmarks)
+gyre engine --model DIR --port 30000                       # embedded HF engine (CPU)
+gyre engine --kind scripted --model DIR --script turns.json # scripted test double (tokenizer of DIR)
+gyre engine --kind null --port 30001                        # null engine (overhead benchmarks)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 
 def serve(
-    model: Optional[Path] = typer.Option(None, "--model", help="HF model directory (tokenizer dir for --kind scripted)."),
-    port: int = typer.Option(30000, "--port", help="TCP port (0: any free port; the URL is printed)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (keep loopback unless you mean it)."),
+    model: Path | None = typer.Option(
+        None, "--model", help="HF model directory (tokenizer dir for --kind scripted)."
+    ),
+    port: int = typer.Option(
+        30000, "--port", help="TCP port (0: any free port; the URL is printed)."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Bind address (keep loopback unless you mean it)."
+    ),
     kind: str = typer.Option("embedded", "--kind", help="embedded | scripted | null."),
-    max_batch: int = typer.Option(8, "--max-batch", help="Embedded: most requests decoded together."),
-    engine_id: Optional[str] = typer.Option(None, "--engine-id", help="Id reported in responses and model info."),
-    max_context: Optional[int] = typer.Option(None, "--max-context", help="Limit on input + max_new_tokens."),
-    logprob_mode: str = typer.Option("raw", "--logprob-mode", help="Embedded: raw | tempered | processed (docs/engine.md)."),
+    max_batch: int = typer.Option(
+        8, "--max-batch", help="Embedded: most requests decoded together."
+    ),
+    engine_id: str | None = typer.Option(
+        None, "--engine-id", help="Id reported in responses and model info."
+    ),
+    max_context: int | None = typer.Option(
+        None, "--max-context", help="Limit on input + max_new_tokens."
+    ),
+    logprob_mode: str = typer.Option(
+        "raw", "--logprob-mode", help="Embedded: raw | tempered | processed (docs/engine.md)."
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="Embedded: float32 | bfloat16 | float16."),
-    torch_threads: Optional[int] = typer.Option(None, "--torch-threads", help="Embedded: torch intra-op threads."),
-    prefix_cache_mb: float = typer.Option(256.0, "--prefix-cache-mb", help="Embedded: prefix K/V cache budget (0: off)."),
-    prefill_chunk: int = typer.Option(2048, "--prefill-chunk", help="Embedded: prompt tokens per step (0: no chunking)."),
-    script: Optional[Path] = typer.Option(None, "--script", help="Scripted: ScriptBook JSON file."),
+    torch_threads: int | None = typer.Option(
+        None, "--torch-threads", help="Embedded: torch intra-op threads."
+    ),
+    prefix_cache_mb: float = typer.Option(
+        256.0, "--prefix-cache-mb", help="Embedded: prefix K/V cache budget (0: off)."
+    ),
+    prefill_chunk: int = typer.Option(
+        2048, "--prefill-chunk", help="Embedded: prompt tokens per step (0: no chunking)."
+    ),
+    script: Path | None = typer.Option(None, "--script", help="Scripted: ScriptBook JSON file."),
     null_tokens: int = typer.Option(16, "--null-tokens", help="Null: tokens per response."),
-    stream_interval: int = typer.Option(1, "--stream-interval", help="Stream a chunk per this many new tokens."),
+    stream_interval: int = typer.Option(
+        1, "--stream-interval", help="Stream a chunk per this many new tokens."
+    ),
     incremental_streaming_output: bool = typer.Option(
-        False, "--incremental-streaming-output", help="Stream chunks carry only new tokens (SGLang's flag)."),
+        False,
+        "--incremental-streaming-output",
+        help="Stream chunks carry only new tokens (SGLang's flag).",
+    ),
     stream_min_interval: float = typer.Option(
-        0.05, "--stream-min-interval", help="Seconds between chunks once an output is long (see next)."),
+        0.05,
+        "--stream-min-interval",
+        help="Seconds between chunks once an output is long (see next).",
+    ),
     stream_coalesce_after: int = typer.Option(
-        256, "--stream-coalesce-after", help="Output length from which chunks are rate-limited (0: always)."),
+        256,
+        "--stream-coalesce-after",
+        help="Output length from which chunks are rate-limited (0: always).",
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve an engine speaking the SGLang-native /generate protocol."""
@@ -43,12 +73,23 @@ def serve(
     from gyre.engine.server import create_app
 
     try:
-        engine = build_engine(kind, model=model, max_batch=max_batch, engine_id=engine_id, max_context=max_context,
-                              logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads, script=script,
-                              null_tokens=null_tokens, prefix_cache_mb=prefix_cache_mb, prefill_chunk=prefill_chunk)
+        engine = build_engine(
+            kind,
+            model=model,
+            max_batch=max_batch,
+            engine_id=engine_id,
+            max_context=max_context,
+            logprob_mode=logprob_mode,
+            dtype=dtype,
+            torch_threads=torch_threads,
+            script=script,
+            null_tokens=null_tokens,
+            prefix_cache_mb=prefix_cache_mb,
+            prefill_chunk=prefill_chunk,
+        )
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"gyre engine: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     import socket
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -56,17 +97,32 @@ def serve(
     sock.bind((host, port))  # bound here so --port 0 can print the port it got
     port = sock.getsockname()[1]
     typer.echo(f"gyre engine ({kind}, id {engine.engine_id}) on http://{host}:{port}", err=True)
-    app = create_app(engine, stream_interval=max(stream_interval, 1),
-                     incremental_streaming_output=incremental_streaming_output,
-                     stream_min_interval_s=stream_min_interval, stream_coalesce_after=stream_coalesce_after)
+    app = create_app(
+        engine,
+        stream_interval=max(stream_interval, 1),
+        incremental_streaming_output=incremental_streaming_output,
+        stream_min_interval_s=stream_min_interval,
+        stream_coalesce_after=stream_coalesce_after,
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def build_engine(kind: str, *, model: Optional[Path] = None, max_batch: int = 8, engine_id: Optional[str] = None,
-                 max_context: Optional[int] = None, logprob_mode: str = "raw", dtype: str = "float32",
-                 torch_threads: Optional[int] = None, script: Optional[Path] = None, null_tokens: int = 16,
-                 prefix_cache_mb: float = 256.0, prefill_chunk: int = 2048):
+def build_engine(
+    kind: str,
+    *,
+    model: Path | None = None,
+    max_batch: int = 8,
+    engine_id: str | None = None,
+    max_context: int | None = None,
+    logprob_mode: str = "raw",
+    dtype: str = "float32",
+    torch_threads: int | None = None,
+    script: Path | None = None,
+    null_tokens: int = 16,
+    prefix_cache_mb: float = 256.0,
+    prefill_chunk: int = 2048,
+):
     """An (unstarted) engine of ``kind`` from CLI-style arguments."""
     if kind == "null":
         from gyre.engine.config import NullEngineConfig
@@ -77,7 +133,9 @@ def build_engine(kind: str, *, model: Optional[Path] = None, max_batch: int = 8,
             cfg.max_context_length = max_context
         return NullEngine(cfg)
     if model is None or not Path(model).is_dir():
-        raise ValueError(f"--model must be an existing model directory for --kind {kind} (got {model})")
+        raise ValueError(
+            f"--model must be an existing model directory for --kind {kind} (got {model})"
+        )
     if kind == "scripted":
         from gyre.engine.config import ScriptedEngineConfig
         from gyre.engine.script import ScriptBook
@@ -93,8 +151,17 @@ def build_engine(kind: str, *, model: Optional[Path] = None, max_batch: int = 8,
         from gyre.engine.config import EmbeddedEngineConfig
         from gyre.engine.embedded import EmbeddedEngine
 
-        return EmbeddedEngine(EmbeddedEngineConfig(
-            engine_id=engine_id, model_dir=str(model), max_batch=max_batch, max_context_length=max_context,
-            logprob_mode=logprob_mode, dtype=dtype, torch_threads=torch_threads, prefix_cache_mb=prefix_cache_mb,
-            prefill_chunk_tokens=prefill_chunk))
+        return EmbeddedEngine(
+            EmbeddedEngineConfig(
+                engine_id=engine_id,
+                model_dir=str(model),
+                max_batch=max_batch,
+                max_context_length=max_context,
+                logprob_mode=logprob_mode,
+                dtype=dtype,
+                torch_threads=torch_threads,
+                prefix_cache_mb=prefix_cache_mb,
+                prefill_chunk_tokens=prefill_chunk,
+            )
+        )
     raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted or null")

@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import json
 import ssl
-from typing import Any, AsyncIterator, Optional, Union
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from pydantic import ValidationError
@@ -41,7 +42,7 @@ from gyre.engine.protocol import (
 class EngineError(Exception):
     """Base class of every error raised by :class:`EngineClient`."""
 
-    def __init__(self, message: str, *, url: str = "", status_code: Optional[int] = None):
+    def __init__(self, message: str, *, url: str = "", status_code: int | None = None):
         super().__init__(message)
         self.message = message
         self.url = url
@@ -85,7 +86,7 @@ def _raise_for_status(status: int, text: str, url: str) -> None:
     raise cls(msg, url=url, status_code=status)
 
 
-SamplingLike = Union[SamplingParams, dict, None]
+SamplingLike = SamplingParams | dict | None
 
 
 @functools.lru_cache(maxsize=1)
@@ -98,9 +99,9 @@ def _tls_context() -> ssl.SSLContext:
 
 
 def _build_request(
-    input_ids: Union[list[int], GenerateRequest],
+    input_ids: list[int] | GenerateRequest,
     sampling_params: SamplingLike,
-    rid: Optional[str],
+    rid: str | None,
     return_logprob: bool,
     stream: bool,
 ) -> dict:
@@ -108,10 +109,18 @@ def _build_request(
         req = input_ids.model_copy(update={"stream": stream})
     else:
         try:
-            sp = (sampling_params if isinstance(sampling_params, SamplingParams)
-                  else SamplingParams(**(sampling_params or {})))
-            req = GenerateRequest(rid=rid, input_ids=list(input_ids), sampling_params=sp,
-                                  return_logprob=return_logprob, stream=stream)
+            sp = (
+                sampling_params
+                if isinstance(sampling_params, SamplingParams)
+                else SamplingParams(**(sampling_params or {}))
+            )
+            req = GenerateRequest(
+                rid=rid,
+                input_ids=list(input_ids),
+                sampling_params=sp,
+                return_logprob=return_logprob,
+                stream=stream,
+            )
         except ValidationError as e:  # refused before sending: same error class as the engine's 400
             msgs = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors())
             raise EngineRequestError(f"invalid request (not sent): {msgs}") from None
@@ -126,8 +135,15 @@ def _build_request(
 class EngineClient:
     """Typed async client of one engine at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
 
-    def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: Optional[float] = None,
-                 transport: Optional[httpx.AsyncBaseTransport] = None, incremental_stream: bool = False):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        incremental_stream: bool = False,
+    ):
         # read_timeout None: a long generation may legitimately take minutes.
         # incremental_stream: the server sends only new tokens per chunk (SGLang's
         # --incremental-streaming-output); generate_stream() still yields cumulative chunks.
@@ -137,10 +153,15 @@ class EngineClient:
         # generous keep-alive: with httpx's default (20) a burst of concurrent requests closes and
         # reopens connections on every wave
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport, limits=limits,
-                                       verify=_tls_context())
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=transport,
+            limits=limits,
+            verify=_tls_context(),
+        )
 
-    async def __aenter__(self) -> "EngineClient":
+    async def __aenter__(self) -> EngineClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -155,7 +176,9 @@ class EngineClient:
         try:
             resp = await self._http.request(method, path, json=json_body)
         except httpx.TransportError as e:  # connect/read/write errors and timeouts
-            raise EngineConnectionError(f"engine {url} unreachable: {type(e).__name__}: {e}", url=url) from e
+            raise EngineConnectionError(
+                f"engine {url} unreachable: {type(e).__name__}: {e}", url=url
+            ) from e
         _raise_for_status(resp.status_code, resp.text, url)
         return resp
 
@@ -169,8 +192,14 @@ class EngineClient:
             return {}
 
     # -- generation -------------------------------------------------------------------------
-    async def generate(self, input_ids: Union[list[int], GenerateRequest], sampling_params: SamplingLike = None,
-                       *, rid: Optional[str] = None, return_logprob: bool = True) -> GenerateResponse:
+    async def generate(
+        self,
+        input_ids: list[int] | GenerateRequest,
+        sampling_params: SamplingLike = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> GenerateResponse:
         """Non-streaming generation; returns the final response."""
         body = _build_request(input_ids, sampling_params, rid, return_logprob, stream=False)
         resp = await self._request("POST", "/generate", body)
@@ -179,9 +208,14 @@ class EngineClient:
             data = data[0]
         return GenerateResponse.model_validate(data)
 
-    async def generate_stream(self, input_ids: Union[list[int], GenerateRequest],
-                              sampling_params: SamplingLike = None, *, rid: Optional[str] = None,
-                              return_logprob: bool = True) -> AsyncIterator[GenerateResponse]:
+    async def generate_stream(
+        self,
+        input_ids: list[int] | GenerateRequest,
+        sampling_params: SamplingLike = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> AsyncIterator[GenerateResponse]:
         """Streaming generation: yields cumulative chunks; the last has ``finish_reason`` set.
 
         Closing the iterator early (``break`` / ``aclose()``) closes the HTTP
@@ -216,7 +250,9 @@ class EngineClient:
                             chunk.meta_info.output_token_logprobs = list(lps_so_far)
                     yield chunk
         except httpx.TransportError as e:
-            raise EngineConnectionError(f"engine {url} stream broke: {type(e).__name__}: {e}", url=url) from e
+            raise EngineConnectionError(
+                f"engine {url} stream broke: {type(e).__name__}: {e}", url=url
+            ) from e
 
     # -- control ----------------------------------------------------------------------------
     async def abort(self, rid: str) -> bool:
@@ -235,14 +271,20 @@ class EngineClient:
     async def resume(self) -> None:
         await self._request("POST", "/continue_generation", {})
 
-    async def update_weights_from_disk(self, path: str, *, weight_version: Optional[Union[int, str]] = None
-                                       ) -> UpdateWeightsResponse:
+    async def update_weights_from_disk(
+        self, path: str, *, weight_version: int | str | None = None
+    ) -> UpdateWeightsResponse:
         req = UpdateWeightsFromDiskRequest(model_path=str(path), weight_version=weight_version)
-        resp = await self._request("POST", "/update_weights_from_disk", req.model_dump(exclude_none=True))
+        resp = await self._request(
+            "POST", "/update_weights_from_disk", req.model_dump(exclude_none=True)
+        )
         out = UpdateWeightsResponse.model_validate(self._json(resp))
         if not out.success:
-            raise EngineRequestError(f"engine {self.base_url} refused weights update: {out.message}",
-                                     url=self.base_url, status_code=resp.status_code)
+            raise EngineRequestError(
+                f"engine {self.base_url} refused weights update: {out.message}",
+                url=self.base_url,
+                status_code=resp.status_code,
+            )
         return out
 
     async def model_info(self) -> ModelInfo:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -11,11 +11,14 @@ class NullEngineConfig(BaseModel):
     """Null engine: answers every request at once with ``num_tokens`` fixed tokens
     (overhead benchmarks of the proxy and the runtime, no model)."""
 
-    engine_id: Optional[str] = None
+    engine_id: str | None = None
     num_tokens: int = Field(16, ge=0, description="Tokens per response (capped by max_new_tokens).")
-    token_ids: list[int] = Field(default_factory=lambda: [100, 101, 102, 103],
-                                 description="Output cycles through these ids.")
-    eos_token_id: Optional[int] = Field(None, description="If set, the last token is EOS and the finish 'stop'.")
+    token_ids: list[int] = Field(
+        default_factory=lambda: [100, 101, 102, 103], description="Output cycles through these ids."
+    )
+    eos_token_id: int | None = Field(
+        None, description="If set, the last token is EOS and the finish 'stop'."
+    )
     logprob: float = Field(-0.03, le=0.0, description="Log-prob reported for every token.")
     vocab_size: int = Field(1 << 20, ge=1, description="Ids >= this are refused (400).")
     max_context_length: int = Field(1 << 24, ge=1)
@@ -26,39 +29,66 @@ class ScriptedEngineConfig(BaseModel):
     """Scripted engine (a test double, named as such): replays fixed assistant turns
     through a real tokenizer. The script itself is a :class:`gyre.engine.script.ScriptBook`."""
 
-    engine_id: Optional[str] = None
+    engine_id: str | None = None
     tokenizer_dir: str = Field(description="HF tokenizer directory (the served model's).")
-    tokens_per_chunk: int = Field(4, ge=1, description="Tokens released per step (streams in several chunks).")
-    token_delay_s: float = Field(0.0, ge=0.0, description="Sleep per chunk, to exercise streaming and aborts.")
+    tokens_per_chunk: int = Field(
+        4, ge=1, description="Tokens released per step (streams in several chunks)."
+    )
+    token_delay_s: float = Field(
+        0.0, ge=0.0, description="Sleep per chunk, to exercise streaming and aborts."
+    )
     max_context_length: int = Field(1 << 20, ge=1)
 
 
 class EmbeddedEngineConfig(BaseModel):
     """Embedded engine: a Hugging Face causal LM on CPU with continuous batching."""
 
-    engine_id: Optional[str] = None
+    engine_id: str | None = None
     model_dir: str
-    max_batch: int = Field(8, ge=1, description="Most requests decoded together in one batched forward.")
-    max_context_length: Optional[int] = Field(
-        None, ge=1, description="Limit on input + max_new_tokens (default: the model's max_position_embeddings).")
+    max_batch: int = Field(
+        8, ge=1, description="Most requests decoded together in one batched forward."
+    )
+    max_context_length: int | None = Field(
+        None,
+        ge=1,
+        description="Limit on input + max_new_tokens (default: the model's max_position_embeddings).",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
-    attn_implementation: Optional[str] = Field("sdpa", description="HF attn_implementation (sdpa, eager).")
+    attn_implementation: str | None = Field(
+        "sdpa", description="HF attn_implementation (sdpa, eager)."
+    )
     logprob_mode: Literal["raw", "tempered", "processed"] = Field(
-        "raw", description="raw: log-softmax of the model's logits at temperature 1 (what a trainer recomputes; "
+        "raw",
+        description="raw: log-softmax of the model's logits at temperature 1 (what a trainer recomputes; "
         "SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB=1); tempered: log-softmax(logits / T) (SGLang's default); "
         "processed: log-prob under the distribution actually sampled from (temperature, top-k, top-p, "
-        "min-p applied and renormalised; 0 for greedy).")
+        "min-p applied and renormalised; 0 for greedy).",
+    )
     prefill_chunk_tokens: int = Field(
-        2048, ge=0, description="Most prompt tokens prefilled per scheduler step; longer prompts are split so "
-        "live requests keep decoding between the chunks (0: whole prompts at once).")
+        2048,
+        ge=0,
+        description="Most prompt tokens prefilled per scheduler step; longer prompts are split so "
+        "live requests keep decoding between the chunks (0: whole prompts at once).",
+    )
     prefix_cache_mb: float = Field(
-        256.0, ge=0, description="Byte budget (MiB) of the prefix K/V cache reused by continuations (0: off).")
-    prefix_cache_min_tokens: int = Field(16, ge=1, description="Shortest shared prefix worth reusing.")
-    torch_threads: Optional[int] = Field(None, ge=1, description="torch.set_num_threads for the worker (None: leave).")
+        256.0,
+        ge=0,
+        description="Byte budget (MiB) of the prefix K/V cache reused by continuations (0: off).",
+    )
+    prefix_cache_min_tokens: int = Field(
+        16, ge=1, description="Shortest shared prefix worth reusing."
+    )
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch.set_num_threads for the worker (None: leave)."
+    )
     seed: int = Field(0, description="Engine RNG seed for requests without their own seed.")
-    weight_version: int = Field(0, ge=0, description="Policy version of the weights in model_dir (a runtime cell "
-                                                     "starting from published weights stamps outputs with it).")
+    weight_version: int = Field(
+        0,
+        ge=0,
+        description="Policy version of the weights in model_dir (a runtime cell "
+        "starting from published weights stamps outputs with it).",
+    )
 
 
 class EngineServerConfig(BaseModel):

@@ -26,13 +26,17 @@ import random
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
 from gyre.engine.config import EmbeddedEngineConfig
 from gyre.engine.prefix_cache import PrefixCache
-from gyre.engine.protocol import GenerateRequest, ModelInfo, UpdateWeightsFromDiskRequest, UpdateWeightsResponse
+from gyre.engine.protocol import (
+    GenerateRequest,
+    ModelInfo,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsResponse,
+)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -51,9 +55,22 @@ def _eos_ids(model, tokenizer) -> list[int]:
 # SGLang sampling parameters this engine does not implement, with their neutral values: a
 # request that sets one to anything else is refused (400) rather than silently sampled from a
 # different distribution than the caller asked for.
-_UNSUPPORTED_NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "n": 1,
-                        "min_new_tokens": 0}
-_UNSUPPORTED_EMPTY = ("stop", "regex", "json_schema", "ebnf", "structural_tag", "logit_bias", "custom_params")
+_UNSUPPORTED_NEUTRAL = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "n": 1,
+    "min_new_tokens": 0,
+}
+_UNSUPPORTED_EMPTY = (
+    "stop",
+    "regex",
+    "json_schema",
+    "ebnf",
+    "structural_tag",
+    "logit_bias",
+    "custom_params",
+)
 
 
 def _check_cache_layout(model) -> None:
@@ -64,10 +81,14 @@ def _check_cache_layout(model) -> None:
     from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache(config=model.config)
-    odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    odd = sorted(
+        {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    )
     if odd:
-        raise ValueError(f"the embedded engine supports full-attention decoder models only; this model's cache "
-                         f"has {', '.join(odd)} layers (use SGLang or vLLM for it)")
+        raise ValueError(
+            f"the embedded engine supports full-attention decoder models only; this model's cache "
+            f"has {', '.join(odd)} layers (use SGLang or vLLM for it)"
+        )
 
 
 class EmbeddedEngine(Engine):
@@ -81,17 +102,17 @@ class EmbeddedEngine(Engine):
         self.eos_token_ids: list[int] = []
         self.vocab_size = 0
         self.max_context_length = 0
-        self._executor: Optional[ThreadPoolExecutor] = None
-        self._batch: Optional[DecodeBatch] = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._batch: DecodeBatch | None = None
         self._waiting: deque[RequestState] = deque()
-        self._live: dict[str, RequestState] = {}   # rid -> state, for rows in the worker's batch
-        self._wake: Optional[asyncio.Event] = None
-        self._scheduler: Optional[asyncio.Task] = None
+        self._live: dict[str, RequestState] = {}  # rid -> state, for rows in the worker's batch
+        self._wake: asyncio.Event | None = None
+        self._scheduler: asyncio.Task | None = None
         self._loaded_version = config.weight_version  # written by the worker thread only
         self.weight_version = config.weight_version
         self._rng = random.Random(config.seed)
-        self.steps = 0                               # decode steps run (for tests/benchmarks)
-        self.max_rows_seen = 0                       # largest batch a decode step ran with
+        self.steps = 0  # decode steps run (for tests/benchmarks)
+        self.max_rows_seen = 0  # largest batch a decode step ran with
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _load(self, path: str):
@@ -116,7 +137,9 @@ class EmbeddedEngine(Engine):
         try:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(self.config.model_dir, local_files_only=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                self.config.model_dir, local_files_only=True
+            )
         except Exception:  # a model directory without tokenizer files still serves token ids
             self.tokenizer = None
         _check_cache_layout(self.model)
@@ -129,15 +152,21 @@ class EmbeddedEngine(Engine):
     def _new_batch(self) -> DecodeBatch:
         pc = None
         if self.config.prefix_cache_mb > 0:
-            pc = PrefixCache(int(self.config.prefix_cache_mb * 2**20), self.config.prefix_cache_min_tokens)
+            pc = PrefixCache(
+                int(self.config.prefix_cache_mb * 2**20), self.config.prefix_cache_min_tokens
+            )
         batch = DecodeBatch(self.model, prefix_cache=pc)
         batch.version = self._loaded_version
         return batch
 
     async def start(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gyre-{self.engine_id}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"gyre-{self.engine_id}"
+        )
         try:
-            await self._run(self._start_worker)  # load first: requests are refused until the model is there
+            await self._run(
+                self._start_worker
+            )  # load first: requests are refused until the model is there
         except BaseException:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -179,23 +208,32 @@ class EmbeddedEngine(Engine):
     def validate(self, req: GenerateRequest) -> None:
         bad = [t for t in req.input_ids if t >= self.vocab_size]
         if bad:
-            raise EngineInputError(f"input_ids contains ids outside the model's vocabulary [0, {self.vocab_size}): "
-                                   f"{bad[:5]}")
+            raise EngineInputError(
+                f"input_ids contains ids outside the model's vocabulary [0, {self.vocab_size}): "
+                f"{bad[:5]}"
+            )
         n_in, n_new = len(req.input_ids), req.sampling_params.max_new_tokens
         if n_in + n_new > self.max_context_length:
             raise EngineInputError(
                 f"input ({n_in} tokens) + max_new_tokens ({n_new}) = {n_in + n_new} exceeds the context limit "
-                f"{self.max_context_length} tokens; shorten the input or lower max_new_tokens")
+                f"{self.max_context_length} tokens; shorten the input or lower max_new_tokens"
+            )
         extra = req.sampling_params.model_extra or {}
         for key, neutral in _UNSUPPORTED_NEUTRAL.items():
             if extra.get(key) is not None and extra[key] != neutral:
-                raise EngineInputError(f"sampling_params.{key}={extra[key]!r} is not supported by the embedded "
-                                       f"engine (only {neutral!r}); use an SGLang engine for it")
+                raise EngineInputError(
+                    f"sampling_params.{key}={extra[key]!r} is not supported by the embedded "
+                    f"engine (only {neutral!r}); use an SGLang engine for it"
+                )
         for key in _UNSUPPORTED_EMPTY:
             if extra.get(key):
-                raise EngineInputError(f"sampling_params.{key} is not supported by the embedded engine "
-                                       f"(stop on token ids with stop_token_ids); use an SGLang engine for it")
-        bad_stops = [t for t in (req.sampling_params.stop_token_ids or []) if not 0 <= t < self.vocab_size]
+                raise EngineInputError(
+                    f"sampling_params.{key} is not supported by the embedded engine "
+                    f"(stop on token ids with stop_token_ids); use an SGLang engine for it"
+                )
+        bad_stops = [
+            t for t in (req.sampling_params.stop_token_ids or []) if not 0 <= t < self.vocab_size
+        ]
         if bad_stops:
             raise EngineInputError(f"stop_token_ids outside the vocabulary: {bad_stops[:5]}")
 
@@ -204,7 +242,9 @@ class EmbeddedEngine(Engine):
         self._wake.set()
 
     def _on_abort(self, st: RequestState) -> None:
-        super()._on_abort(st)  # finish now with the partial output; the worker drops the row next job
+        super()._on_abort(
+            st
+        )  # finish now with the partial output; the worker drops the row next job
         if self._wake is not None:
             self._wake.set()
 
@@ -228,7 +268,9 @@ class EmbeddedEngine(Engine):
         gen = None if p.greedy else make_generator(seed)
         return Row(rid=st.rid, params=p, stops=frozenset(stops), generator=gen)
 
-    def _worker_job(self, drop: set[str], admit: list[tuple[Row, list[int]]]) -> tuple[int, list[TokenEvent], list[str]]:
+    def _worker_job(
+        self, drop: set[str], admit: list[tuple[Row, list[int]]]
+    ) -> tuple[int, list[TokenEvent], list[str]]:
         """Runs in the worker thread: drop rows, prefill admissions, one batched decode step."""
         batch = self._batch
         batch.remove(drop)
@@ -240,7 +282,11 @@ class EmbeddedEngine(Engine):
             self.max_rows_seen = max(self.max_rows_seen, len(batch))
             self.steps += 1
             events.extend(batch.step())
-        return self._loaded_version, events, [r.rid for r in batch.rows] + [p.row.rid for p in batch.pending]
+        return (
+            self._loaded_version,
+            events,
+            [r.rid for r in batch.rows] + [p.row.rid for p in batch.pending],
+        )
 
     async def _schedule(self) -> None:
         while True:
@@ -264,7 +310,9 @@ class EmbeddedEngine(Engine):
                     self._live[st.rid] = st
             try:
                 version, events, alive = await self._run(self._worker_job, drop, admit)
-            except Exception as e:  # a failing step must not hang every client: fail its requests, go on
+            except (
+                Exception
+            ) as e:  # a failing step must not hang every client: fail its requests, go on
                 self._fail_all(e)
                 continue
             self._apply(version, events, set(alive))
@@ -273,7 +321,9 @@ class EmbeddedEngine(Engine):
         from gyre.engine.protocol import FinishReason
 
         for st in self._live.values():
-            st.finish_with(FinishReason(type="abort", message=f"engine error: {type(err).__name__}: {err}"))
+            st.finish_with(
+                FinishReason(type="abort", message=f"engine error: {type(err).__name__}: {err}")
+            )
         self._live.clear()
         self._batch = self._new_batch()  # the old KV state is suspect; start clean
 
@@ -288,7 +338,9 @@ class EmbeddedEngine(Engine):
             st.append(ev.token, lp, version)
             if ev.finish is not None:
                 st.finish_with(ev.finish)
-        for rid in [rid for rid in self._live if rid not in alive and self._live[rid].finish is not None]:
+        for rid in [
+            rid for rid in self._live if rid not in alive and self._live[rid].finish is not None
+        ]:
             self._live.pop(rid)  # finished and already gone from the worker's batch
 
     # -- weights ---------------------------------------------------------------------------------
@@ -300,10 +352,15 @@ class EmbeddedEngine(Engine):
         self._batch.new_weights(version)
         return str(missing)
 
-    async def update_weights_from_disk(self, req: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+    async def update_weights_from_disk(
+        self, req: UpdateWeightsFromDiskRequest
+    ) -> UpdateWeightsResponse:
         if not Path(req.model_path).is_dir():
-            return UpdateWeightsResponse(success=False, message=f"model_path {req.model_path!r} is not a directory",
-                                         weight_version=self.weight_version)
+            return UpdateWeightsResponse(
+                success=False,
+                message=f"model_path {req.model_path!r} is not a directory",
+                weight_version=self.weight_version,
+            )
         if req.abort_all_requests:
             await self.abort_all("aborted by weights update")
         old = self.weight_version
@@ -313,26 +370,48 @@ class EmbeddedEngine(Engine):
             await self._run(self._reload, req.model_path, new_version)
         except Exception as e:  # wrong architecture/shapes, unreadable files: keep the old weights
             self.weight_version = old
-            return UpdateWeightsResponse(success=False, message=f"weights not loaded: {type(e).__name__}: {e}",
-                                         weight_version=old)
-        return UpdateWeightsResponse(success=True, message=f"loaded {req.model_path}",
-                                     num_paused_requests=self.live_requests, weight_version=new_version)
+            return UpdateWeightsResponse(
+                success=False,
+                message=f"weights not loaded: {type(e).__name__}: {e}",
+                weight_version=old,
+            )
+        return UpdateWeightsResponse(
+            success=True,
+            message=f"loaded {req.model_path}",
+            num_paused_requests=self.live_requests,
+            weight_version=new_version,
+        )
 
     def stats(self) -> dict:
         out = super().stats()
         batch = self._batch
         pc = batch.prefix_cache if batch is not None else None
-        out.update(waiting=len(self._waiting), running=len(batch) if batch is not None else 0,
-                   prefilling=len(batch.pending) if batch is not None else 0, decode_steps=self.steps,
-                   max_rows_seen=self.max_rows_seen)
+        out.update(
+            waiting=len(self._waiting),
+            running=len(batch) if batch is not None else 0,
+            prefilling=len(batch.pending) if batch is not None else 0,
+            decode_steps=self.steps,
+            max_rows_seen=self.max_rows_seen,
+        )
         if pc is not None:
-            out.update(prefix_cache_entries=len(pc), prefix_cache_bytes=pc.bytes, prefix_cache_hits=pc.hits,
-                       prefix_cache_misses=pc.misses)
+            out.update(
+                prefix_cache_entries=len(pc),
+                prefix_cache_bytes=pc.bytes,
+                prefix_cache_hits=pc.hits,
+                prefix_cache_misses=pc.misses,
+            )
         return out
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(model_path=self.config.model_dir,
-                         tokenizer_path=self.config.model_dir if self.tokenizer is not None else None,
-                         weight_version=self.weight_version, engine_kind=self.kind, engine_id=self.engine_id,
-                         max_context_length=self.max_context_length, vocab_size=self.vocab_size,
-                         eos_token_ids=self.eos_token_ids, max_batch=self.config.max_batch, paused=self.paused)
+        return ModelInfo(
+            model_path=self.config.model_dir,
+            tokenizer_path=self.config.model_dir if self.tokenizer is not None else None,
+            weight_version=self.weight_version,
+            engine_kind=self.kind,
+            engine_id=self.engine_id,
+            max_context_length=self.max_context_length,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            max_batch=self.config.max_batch,
+            paused=self.paused,
+        )

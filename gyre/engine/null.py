@@ -9,7 +9,6 @@ in flight long enough to abort or pause it).
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.config import NullEngineConfig
@@ -19,7 +18,7 @@ from gyre.engine.protocol import FinishReason, GenerateRequest, ModelInfo
 class NullEngine(Engine):
     kind = "null"
 
-    def __init__(self, config: Optional[NullEngineConfig] = None, **overrides):
+    def __init__(self, config: NullEngineConfig | None = None, **overrides):
         self.config = (config or NullEngineConfig()).model_copy(update=overrides)
         super().__init__(self.config.engine_id)
         self._tasks: set[asyncio.Task] = set()
@@ -28,12 +27,16 @@ class NullEngine(Engine):
         c = self.config
         bad = [t for t in req.input_ids if t >= c.vocab_size]
         if bad:
-            raise EngineInputError(f"input_ids contains ids outside the vocabulary [0, {c.vocab_size}): {bad[:5]}")
+            raise EngineInputError(
+                f"input_ids contains ids outside the vocabulary [0, {c.vocab_size}): {bad[:5]}"
+            )
         total = len(req.input_ids) + req.sampling_params.max_new_tokens
         if total > c.max_context_length:
-            raise EngineInputError(f"input ({len(req.input_ids)} tokens) + max_new_tokens "
-                                   f"({req.sampling_params.max_new_tokens}) = {total} exceeds the context limit "
-                                   f"{c.max_context_length}")
+            raise EngineInputError(
+                f"input ({len(req.input_ids)} tokens) + max_new_tokens "
+                f"({req.sampling_params.max_new_tokens}) = {total} exceeds the context limit "
+                f"{c.max_context_length}"
+            )
 
     async def _enqueue(self, st: RequestState) -> None:
         if self.config.token_delay_s == 0 and not self.paused:
@@ -78,8 +81,14 @@ class NullEngine(Engine):
 
     def model_info(self) -> ModelInfo:
         c = self.config
-        return ModelInfo(model_path="null", is_generation=True, weight_version=self.weight_version,
-                         engine_kind=self.kind, engine_id=self.engine_id, max_context_length=c.max_context_length,
-                         vocab_size=c.vocab_size,
-                         eos_token_ids=[c.eos_token_id] if c.eos_token_id is not None else [],
-                         paused=self.paused)
+        return ModelInfo(
+            model_path="null",
+            is_generation=True,
+            weight_version=self.weight_version,
+            engine_kind=self.kind,
+            engine_id=self.engine_id,
+            max_context_length=c.max_context_length,
+            vocab_size=c.vocab_size,
+            eos_token_ids=[c.eos_token_id] if c.eos_token_id is not None else [],
+            paused=self.paused,
+        )

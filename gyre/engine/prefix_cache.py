@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ import torch
 
 @dataclass
 class PrefixEntry:
-    tokens: np.ndarray                           # int64 token ids covered by the K/V
+    tokens: np.ndarray  # int64 token ids covered by the K/V
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [1, H, L, D] each
     nbytes: int
 
@@ -37,7 +36,7 @@ class PrefixCache:
     def __init__(self, max_bytes: int, min_tokens: int = 16):
         self.max_bytes = int(max_bytes)
         self.min_tokens = int(min_tokens)
-        self._entries: "OrderedDict[int, PrefixEntry]" = OrderedDict()
+        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
         self._next = 0
         self.bytes = 0
         self.hits = 0
@@ -73,7 +72,9 @@ class PrefixCache:
         e = self._entries.pop(key)
         self.bytes -= e.nbytes
 
-    def lookup(self, input_ids: list[int]) -> Optional[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]:
+    def lookup(
+        self, input_ids: list[int]
+    ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None:
         """(n, K/V of the first n tokens) for the best entry, n <= len(input_ids) - 1 (at least one token
         must be run to get logits), or None when no entry shares at least ``min_tokens``."""
         if not self._entries:

@@ -27,14 +27,14 @@ pass through untouched.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DONE_SENTINEL = "[DONE]"
 """The payload of the last SSE event of a stream (``data: [DONE]``)."""
 
-WeightVersion = Union[int, str]
+WeightVersion = int | str
 """Gyre engines count weight versions with ints; SGLang uses strings (default ``"default"``)."""
 
 
@@ -55,14 +55,18 @@ class SamplingParams(_Open):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, description="-1 (or 0) disables top-k.")
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    stop_token_ids: Optional[list[int]] = Field(None, description="Extra stop tokens besides EOS.")
+    stop_token_ids: list[int] | None = Field(None, description="Extra stop tokens besides EOS.")
     ignore_eos: bool = Field(False, description="Do not stop at EOS (benchmarks).")
-    seed: Optional[int] = Field(None, description="Per-request sampling seed (SGLang: sampling_seed).")
+    seed: int | None = Field(None, description="Per-request sampling seed (SGLang: sampling_seed).")
 
     @model_validator(mode="before")
     @classmethod
     def _accept_sglang_seed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("seed") is None and data.get("sampling_seed") is not None:
+        if (
+            isinstance(data, dict)
+            and data.get("seed") is None
+            and data.get("sampling_seed") is not None
+        ):
             data = dict(data)
             data["seed"] = data.pop("sampling_seed")
         return data
@@ -82,7 +86,7 @@ class SamplingParams(_Open):
 class GenerateRequest(_Open):
     """``POST /generate`` body (token-level: Gyre never sends text to an engine)."""
 
-    rid: Optional[str] = Field(None, description="Request id; the engine makes one when absent.")
+    rid: str | None = Field(None, description="Request id; the engine makes one when absent.")
     input_ids: list[int]
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     return_logprob: bool = True
@@ -107,33 +111,36 @@ class FinishReason(_Open):
     reached; ``abort``: aborted (``message`` says why) with partial output."""
 
     type: FinishType
-    matched: Optional[Union[int, str]] = None
-    length: Optional[int] = None
-    message: Optional[str] = None
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
 
 
 class MetaInfo(_Open):
     id: str
-    finish_reason: Optional[FinishReason] = Field(None, description="None while a stream is running.")
+    finish_reason: FinishReason | None = Field(None, description="None while a stream is running.")
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    output_token_logprobs: Optional[list[tuple[float, int, Optional[str]]]] = Field(
+    output_token_logprobs: list[tuple[float, int, str | None]] | None = Field(
         None, description="[[logprob, token_id, token_text_or_null], ...] aligned with output_ids."
     )
-    weight_version: Optional[WeightVersion] = Field(None, description="Engine weights version at the last token.")
-    # Gyre additions (SGLang does not send these; keep them optional).
-    weight_version_segments: Optional[list[tuple[int, WeightVersion]]] = Field(
-        None, description="[[first_output_index, version], ...]: output tokens from that index on were "
-        "sampled under that weights version (a pause/update can happen mid-request)."
+    weight_version: WeightVersion | None = Field(
+        None, description="Engine weights version at the last token."
     )
-    engine_id: Optional[str] = None
+    # Gyre additions (SGLang does not send these; keep them optional).
+    weight_version_segments: list[tuple[int, WeightVersion]] | None = Field(
+        None,
+        description="[[first_output_index, version], ...]: output tokens from that index on were "
+        "sampled under that weights version (a pause/update can happen mid-request).",
+    )
+    engine_id: str | None = None
 
 
 class GenerateResponse(_Open):
     """Non-stream response, and also each (cumulative) stream chunk."""
 
-    text: Optional[str] = None
+    text: str | None = None
     output_ids: list[int] = Field(default_factory=list)
     meta_info: MetaInfo
 
@@ -168,8 +175,8 @@ class PauseRequest(_Open):
 
 class UpdateWeightsFromDiskRequest(_Open):
     model_path: str
-    load_format: Optional[str] = None
-    weight_version: Optional[WeightVersion] = Field(
+    load_format: str | None = None
+    weight_version: WeightVersion | None = Field(
         None, description="Version to adopt; Gyre engines increment their counter when absent."
     )
     abort_all_requests: bool = False
@@ -179,22 +186,24 @@ class UpdateWeightsResponse(_Open):
     success: bool
     message: str = ""
     num_paused_requests: int = 0
-    weight_version: Optional[WeightVersion] = None
+    weight_version: WeightVersion | None = None
 
 
 class ModelInfo(_Open):
     model_path: str
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: str | None = None
     is_generation: bool = True
-    weight_version: Optional[WeightVersion] = None
+    weight_version: WeightVersion | None = None
     # Gyre additions.
-    engine_kind: Optional[str] = Field(None, description="embedded | scripted | null (absent on SGLang).")
-    engine_id: Optional[str] = None
-    max_context_length: Optional[int] = None
-    vocab_size: Optional[int] = None
-    eos_token_ids: Optional[list[int]] = None
-    max_batch: Optional[int] = None
-    paused: Optional[bool] = None
+    engine_kind: str | None = Field(
+        None, description="embedded | scripted | null (absent on SGLang)."
+    )
+    engine_id: str | None = None
+    max_context_length: int | None = None
+    vocab_size: int | None = None
+    eos_token_ids: list[int] | None = None
+    max_batch: int | None = None
+    paused: bool | None = None
 
 
 class ErrorBody(_Open):

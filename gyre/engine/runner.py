@@ -19,7 +19,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import uvicorn
 
@@ -27,19 +27,27 @@ import uvicorn
 class ServerRunner:
     """One uvicorn server in a daemon thread; explicit :meth:`start` / :meth:`stop`."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 name: str = "gyre-asgi", **uvicorn_kwargs: Any):
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        name: str = "gyre-asgi",
+        **uvicorn_kwargs: Any,
+    ):
         self.app = app
         self.host = host
         self.requested_port = port
         self.log_level = log_level
         self.name = name
         self.uvicorn_kwargs = uvicorn_kwargs
-        self._server: Optional[uvicorn.Server] = None
-        self._thread: Optional[threading.Thread] = None
-        self._sock: Optional[socket.socket] = None
-        self._error: Optional[BaseException] = None
-        self.port: Optional[int] = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._error: BaseException | None = None
+        self.port: int | None = None
 
     @property
     def url(self) -> str:
@@ -51,7 +59,7 @@ class ServerRunner:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, timeout: float = 30.0) -> "ServerRunner":
+    def start(self, timeout: float = 30.0) -> ServerRunner:
         """Bind, start serving, and return once the server accepts connections."""
         if self._thread is not None:
             raise RuntimeError("server already started")
@@ -61,7 +69,9 @@ class ServerRunner:
         sock.set_inheritable(True)
         self._sock = sock
         self.port = sock.getsockname()[1]
-        kwargs = dict(log_level=self.log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=5)
+        kwargs = dict(
+            log_level=self.log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=5
+        )
         kwargs.update(self.uvicorn_kwargs)
         config = uvicorn.Config(self.app, host=self.host, port=self.port, **kwargs)
         self._server = uvicorn.Server(config)
@@ -80,7 +90,9 @@ class ServerRunner:
                 self._close_sock()
                 state = getattr(self.app, "state", None)
                 why = getattr(state, "startup_error", None) or self._error
-                raise RuntimeError(f"server {self.name} failed to start: {type(why).__name__}: {why}")
+                raise RuntimeError(
+                    f"server {self.name} failed to start: {type(why).__name__}: {why}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"server {self.name} did not start within {timeout}s")
@@ -107,7 +119,7 @@ class ServerRunner:
                 pass
             self._sock = None
 
-    async def astart(self, timeout: float = 30.0) -> "ServerRunner":
+    async def astart(self, timeout: float = 30.0) -> ServerRunner:
         """:meth:`start` without blocking the caller's event loop."""
         import asyncio
 
@@ -118,13 +130,13 @@ class ServerRunner:
 
         await asyncio.to_thread(self.stop, timeout)
 
-    def __enter__(self) -> "ServerRunner":
+    def __enter__(self) -> ServerRunner:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    async def __aenter__(self) -> "ServerRunner":
+    async def __aenter__(self) -> ServerRunner:
         return await self.astart()
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -19,7 +19,7 @@ logits, exactly as ``model.generate(do_sample=False)``.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -58,7 +58,9 @@ class Sampled(NamedTuple):
     processed: float
 
 
-def sample_row(logits: torch.Tensor, p: SamplingParams, generator: Optional[torch.Generator]) -> Sampled:
+def sample_row(
+    logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None
+) -> Sampled:
     """Sample one token from a row of logits, with its three log-probs."""
     logits = logits.float()
     raw = torch.log_softmax(logits, dim=-1)
@@ -68,5 +70,9 @@ def sample_row(logits: torch.Tensor, p: SamplingParams, generator: Optional[torc
     x = processed_logits(logits, p)
     logp = torch.log_softmax(x, dim=-1)
     tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
-    tempered = float(torch.log_softmax(logits / p.temperature, dim=-1)[tok]) if p.temperature != 1.0 else float(raw[tok])
+    tempered = (
+        float(torch.log_softmax(logits / p.temperature, dim=-1)[tok])
+        if p.temperature != 1.0
+        else float(raw[tok])
+    )
     return Sampled(tok, float(raw[tok]), tempered, float(logp[tok]))

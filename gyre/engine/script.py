@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 
 @dataclass
@@ -36,7 +36,7 @@ class ScriptedToolCall:
     arguments: dict = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, d: dict) -> "ScriptedToolCall":
+    def from_json(cls, d: dict) -> ScriptedToolCall:
         if "function" in d:  # accept OpenAI's {"function": {"name", "arguments"}} shape too
             d = d["function"]
         args = d.get("arguments", {})
@@ -49,15 +49,17 @@ class ScriptedToolCall:
 class ScriptedTurn:
     text: str = ""
     tool_calls: list[ScriptedToolCall] = field(default_factory=list)
-    reasoning: Optional[str] = None
+    reasoning: str | None = None
 
     @classmethod
-    def from_json(cls, d: Union[dict, str]) -> "ScriptedTurn":
+    def from_json(cls, d: dict | str) -> ScriptedTurn:
         if isinstance(d, str):
             return cls(text=d)
-        return cls(text=str(d.get("text", "")),
-                   tool_calls=[ScriptedToolCall.from_json(t) for t in d.get("tool_calls", [])],
-                   reasoning=d.get("reasoning"))
+        return cls(
+            text=str(d.get("text", "")),
+            tool_calls=[ScriptedToolCall.from_json(t) for t in d.get("tool_calls", [])],
+            reasoning=d.get("reasoning"),
+        )
 
     def render(self) -> str:
         """The assistant message body exactly as the Qwen chat template writes it
@@ -69,8 +71,13 @@ class ScriptedTurn:
         for i, tc in enumerate(self.tool_calls):
             if i > 0 or self.text:
                 out += "\n"
-            out += ('<tool_call>\n{"name": "' + tc.name + '", "arguments": '
-                    + json.dumps(tc.arguments, ensure_ascii=False) + "}\n</tool_call>")
+            out += (
+                '<tool_call>\n{"name": "'
+                + tc.name
+                + '", "arguments": '
+                + json.dumps(tc.arguments, ensure_ascii=False)
+                + "}\n</tool_call>"
+            )
         return out
 
 
@@ -78,15 +85,19 @@ class ScriptedTurn:
 class Script:
     name: str
     turns: list[ScriptedTurn]
-    match: Optional[str] = None
-    exhausted: Optional[ScriptedTurn] = None
+    match: str | None = None
+    exhausted: ScriptedTurn | None = None
 
     @classmethod
-    def from_json(cls, d: dict) -> "Script":
-        return cls(name=str(d.get("name", "default")),
-                   turns=[ScriptedTurn.from_json(t) for t in d.get("turns", [])],
-                   match=d.get("match"),
-                   exhausted=ScriptedTurn.from_json(d["exhausted"]) if d.get("exhausted") is not None else None)
+    def from_json(cls, d: dict) -> Script:
+        return cls(
+            name=str(d.get("name", "default")),
+            turns=[ScriptedTurn.from_json(t) for t in d.get("turns", [])],
+            match=d.get("match"),
+            exhausted=ScriptedTurn.from_json(d["exhausted"])
+            if d.get("exhausted") is not None
+            else None,
+        )
 
     def turn(self, index: int) -> ScriptedTurn:
         if index < len(self.turns):
@@ -101,10 +112,12 @@ class ScriptBook:
     scripts: list[Script]
 
     @classmethod
-    def from_json(cls, src: Union[str, Path, dict, list]) -> "ScriptBook":
+    def from_json(cls, src: str | Path | dict | list) -> ScriptBook:
         """From a JSON file path, a JSON string, or already-parsed JSON."""
         data: Any = src
-        if isinstance(src, Path) or (isinstance(src, str) and not src.lstrip().startswith(("{", "["))):
+        if isinstance(src, Path) or (
+            isinstance(src, str) and not src.lstrip().startswith(("{", "["))
+        ):
             data = json.loads(Path(src).read_text(encoding="utf-8"))
         elif isinstance(src, str):
             data = json.loads(src)
@@ -116,10 +129,10 @@ class ScriptBook:
         return cls(scripts)
 
     @classmethod
-    def single(cls, turns: list[ScriptedTurn], name: str = "default") -> "ScriptBook":
+    def single(cls, turns: list[ScriptedTurn], name: str = "default") -> ScriptBook:
         return cls([Script(name=name, turns=list(turns))])
 
-    def select(self, prompt_text: str, key: Optional[str] = None) -> Optional[Script]:
+    def select(self, prompt_text: str, key: str | None = None) -> Script | None:
         if key is not None:
             return next((s for s in self.scripts if s.name == key), None)
         for s in self.scripts:

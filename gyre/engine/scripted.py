@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
-from typing import Optional
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.config import ScriptedEngineConfig
@@ -56,32 +55,37 @@ class ScriptedEngine(Engine):
     # -- planning -------------------------------------------------------------------------------
     def _header_positions(self, ids: list[int]) -> list[int]:
         h, n = self._header, len(self._header)
-        return [i for i in range(len(ids) - n + 1) if ids[i] == h[0] and ids[i:i + n] == h]
+        return [i for i in range(len(ids) - n + 1) if ids[i] == h[0] and ids[i : i + n] == h]
 
     def turn_ids(self, script_name: str, turn_index: int) -> list[int]:
         key = (script_name, turn_index)
         if key not in self._turn_cache:
             script = next(s for s in self.book.scripts if s.name == script_name)
             text = script.turn(turn_index).render()
-            self._turn_cache[key] = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
+            self._turn_cache[key] = self.tokenizer.encode(text, add_special_tokens=False) + [
+                self.eos_id
+            ]
         return self._turn_cache[key]
 
-    def plan(self, input_ids: list[int], script_key: Optional[str] = None) -> tuple[str, int, int, list[int]]:
+    def plan(
+        self, input_ids: list[int], script_key: str | None = None
+    ) -> tuple[str, int, int, list[int]]:
         """(script name, turn index, tokens already present, full turn ids) for a prompt."""
         text = self.tokenizer.decode(input_ids, skip_special_tokens=False)
         script = self.book.select(text, script_key)
         if script is None:
             raise EngineInputError(
                 f"scripted engine: no script matches this prompt (key={script_key!r}; scripts: "
-                f"{[(s.name, s.match) for s in self.book.scripts]})")
+                f"{[(s.name, s.match) for s in self.book.scripts]})"
+            )
         heads = self._header_positions(input_ids)
         turn = max(len(heads) - 1, 0)
         ids = self.turn_ids(script.name, turn)
         done = 0
         if heads:  # resume: the prompt may already hold a prefix of this turn
-            tail = input_ids[heads[-1] + len(self._header):]
+            tail = input_ids[heads[-1] + len(self._header) :]
             if tail[: len(self._newline)] == self._newline:
-                tail = tail[len(self._newline):]
+                tail = tail[len(self._newline) :]
             if tail and tail == ids[: len(tail)]:
                 done = len(tail)
         return script.name, turn, done, ids
@@ -90,12 +94,16 @@ class ScriptedEngine(Engine):
     def validate(self, req: GenerateRequest) -> None:
         bad = [t for t in req.input_ids if t >= self.vocab_size]
         if bad:
-            raise EngineInputError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            raise EngineInputError(
+                f"input_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}"
+            )
         total = len(req.input_ids) + req.sampling_params.max_new_tokens
         if total > self.config.max_context_length:
-            raise EngineInputError(f"input ({len(req.input_ids)} tokens) + max_new_tokens "
-                                   f"({req.sampling_params.max_new_tokens}) = {total} exceeds the context limit "
-                                   f"{self.config.max_context_length}")
+            raise EngineInputError(
+                f"input ({len(req.input_ids)} tokens) + max_new_tokens "
+                f"({req.sampling_params.max_new_tokens}) = {total} exceeds the context limit "
+                f"{self.config.max_context_length}"
+            )
         key = (req.sampling_params.model_extra or {}).get("script")
         self.plan(req.input_ids, key)  # raises if no script matches
 
@@ -139,7 +147,14 @@ class ScriptedEngine(Engine):
             t.cancel()
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(model_path=f"scripted:{self.config.tokenizer_dir}", tokenizer_path=self.config.tokenizer_dir,
-                         weight_version=self.weight_version, engine_kind=self.kind, engine_id=self.engine_id,
-                         max_context_length=self.config.max_context_length, vocab_size=self.vocab_size,
-                         eos_token_ids=[self.eos_id], paused=self.paused)
+        return ModelInfo(
+            model_path=f"scripted:{self.config.tokenizer_dir}",
+            tokenizer_path=self.config.tokenizer_dir,
+            weight_version=self.weight_version,
+            engine_kind=self.kind,
+            engine_id=self.engine_id,
+            max_context_length=self.config.max_context_length,
+            vocab_size=self.vocab_size,
+            eos_token_ids=[self.eos_id],
+            paused=self.paused,
+        )

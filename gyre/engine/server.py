@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from pydantic import ValidationError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
 from gyre.engine.base import Engine, EngineInputError
 from gyre.engine.protocol import (
@@ -54,12 +54,20 @@ async def _parse(model, request: Request, *, empty_ok: bool = False):
         parts = []
         for err in e.errors():
             loc = ".".join(str(x) for x in err.get("loc", ()))
-            parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else err.get("msg", "invalid"))
+            parts.append(
+                f"{loc}: {err.get('msg', 'invalid')}" if loc else err.get("msg", "invalid")
+            )
         raise EngineInputError("invalid request: " + "; ".join(parts)) from None
 
 
-def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streaming_output: bool = False,
-               stream_min_interval_s: float = 0.05, stream_coalesce_after: int = 256) -> FastAPI:
+def create_app(
+    engine: Engine,
+    *,
+    stream_interval: int = 1,
+    incremental_streaming_output: bool = False,
+    stream_min_interval_s: float = 0.05,
+    stream_coalesce_after: int = 256,
+) -> FastAPI:
     """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan).
 
     Streaming options (SGLang's server flags of the same names): ``stream_interval``
@@ -99,9 +107,13 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
         return JSONResponse(error_payload(str(exc), 400), status_code=400)
 
     @app.exception_handler(Exception)
-    async def _failed(_req: Request, exc: Exception) -> JSONResponse:  # a bug, not bad input: say so, in shape
-        return JSONResponse(error_payload(f"engine error: {type(exc).__name__}: {exc}", 500, "engine_error"),
-                            status_code=500)
+    async def _failed(
+        _req: Request, exc: Exception
+    ) -> JSONResponse:  # a bug, not bad input: say so, in shape
+        return JSONResponse(
+            error_payload(f"engine error: {type(exc).__name__}: {exc}", 500, "engine_error"),
+            status_code=500,
+        )
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
@@ -123,8 +135,12 @@ def create_app(engine: Engine, *, stream_interval: int = 1, incremental_streamin
     async def _sse(handle) -> AsyncIterator[str]:
         # Leaving this generator early (client disconnect -> cancellation) closes
         # handle.updates(), whose finally aborts the request.
-        updates = handle.updates(min_new=stream_interval, incremental=incremental_streaming_output,
-                                 min_interval_s=stream_min_interval_s, coalesce_after=stream_coalesce_after)
+        updates = handle.updates(
+            min_new=stream_interval,
+            incremental=incremental_streaming_output,
+            min_interval_s=stream_min_interval_s,
+            coalesce_after=stream_coalesce_after,
+        )
         try:
             async for snap in updates:
                 yield f"data: {json.dumps(snap.model_dump(mode='json'))}\n\n"

@@ -12,11 +12,9 @@ on generation.
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 from gyre.engine.config import EmbeddedEngineConfig, NullEngineConfig, ScriptedEngineConfig
 
-AnyEngineConfig = Union[EmbeddedEngineConfig, ScriptedEngineConfig, NullEngineConfig]
+AnyEngineConfig = EmbeddedEngineConfig | ScriptedEngineConfig | NullEngineConfig
 
 
 def make_engine(config: AnyEngineConfig, book=None):
@@ -39,14 +37,24 @@ def make_engine(config: AnyEngineConfig, book=None):
 
 
 class EngineService:
-    def __init__(self, config: AnyEngineConfig, book=None, *, host: str = "127.0.0.1", port: int = 0,
-                 stream_interval: int = 1, incremental_streaming_output: bool = False):
+    def __init__(
+        self,
+        config: AnyEngineConfig,
+        book=None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        stream_interval: int = 1,
+        incremental_streaming_output: bool = False,
+    ):
         self.config = config
         self.book = book
         self.host = host
         self.port = port
-        self.stream_options = dict(stream_interval=stream_interval,
-                                   incremental_streaming_output=incremental_streaming_output)
+        self.stream_options = dict(
+            stream_interval=stream_interval,
+            incremental_streaming_output=incremental_streaming_output,
+        )
         self.engine = None
         self._runner = None
 
@@ -58,18 +66,22 @@ class EngineService:
         if self._runner is not None:
             return self._runner.url
         self.engine = make_engine(self.config, self.book)
-        runner = ServerRunner(create_app(self.engine, **self.stream_options), host=self.host, port=self.port,
-                              name=f"engine-{self.engine.engine_id}")
+        runner = ServerRunner(
+            create_app(self.engine, **self.stream_options),
+            host=self.host,
+            port=self.port,
+            name=f"engine-{self.engine.engine_id}",
+        )
         runner.start(timeout)
         self._runner = runner
         return runner.url
 
     @property
-    def url(self) -> Optional[str]:
+    def url(self) -> str | None:
         return self._runner.url if self._runner is not None else None
 
     @property
-    def engine_id(self) -> Optional[str]:
+    def engine_id(self) -> str | None:
         return self.engine.engine_id if self.engine is not None else None
 
     def stop(self) -> None:

@@ -10,8 +10,9 @@ executions whose assessment is missing (the paper discards them).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
-from typing import Annotated, Iterable, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -40,7 +41,7 @@ class Missing(BaseModel):
     detail: str = ""
 
 
-Assessment = Annotated[Union[Scored, Missing], Field(discriminator="kind")]
+Assessment = Annotated[Scored | Missing, Field(discriminator="kind")]
 
 
 def is_scored(a: Scored | Missing) -> bool:

@@ -6,30 +6,64 @@ Keep heavy imports inside the commands (``gyre --help`` must stay fast).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Run harnesses on tasks: debug a task or a harness profile before training.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Run harnesses on tasks: debug a task or a harness profile before training.",
+    no_args_is_help=True,
+)
 
 
 @app.command("run")
 def run(
-    task_dir: Path = typer.Argument(..., help="Task folder (instruction.md, task.toml, environment/, tests/)."),
-    profile: str = typer.Option("reference", "--profile", "-p",
-                                help="Harness profile: reference, mini-swe-agent, claude-code, synthetic, oracle, or a .toml file."),
-    base_url: str = typer.Option(..., "--base-url", help="OpenAI/Anthropic-compatible endpoint (e.g. the proxy): http://HOST:PORT, optionally ending in /v1."),
-    api_key: str = typer.Option("gyre-local", "--api-key", envvar="GYRE_API_KEY", help="Key the harness sends."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name the harness asks for (default: the profile's)."),
-    workspace_root: Optional[Path] = typer.Option(None, "--workspace-root", help="Where execution folders go (default: $TMPDIR/gyre-executions)."),
-    execution_id: Optional[str] = typer.Option(None, "--execution-id", help="Default: <task>-<random>."),
-    sandbox: bool = typer.Option(False, "--sandbox/--no-sandbox", help="Run the harness and the verifier under bubblewrap."),
-    sandbox_network: str = typer.Option("proxy-only", "--sandbox-network",
-                                        help="proxy-only (own network namespace, only the base URL bridged in) or shared."),
-    harness_timeout: Optional[float] = typer.Option(None, "--harness-timeout", help="Seconds; overrides timeout_sec of the agent table in task.toml."),
-    overall_timeout: Optional[float] = typer.Option(None, "--overall-timeout", help="Seconds; overrides the task's overall budget."),
-    arg: list[str] = typer.Option([], "--arg", help="Extra argument appended to the profile's command (repeatable)."),
+    task_dir: Path = typer.Argument(
+        ..., help="Task folder (instruction.md, task.toml, environment/, tests/)."
+    ),
+    profile: str = typer.Option(
+        "reference",
+        "--profile",
+        "-p",
+        help="Harness profile: reference, mini-swe-agent, claude-code, synthetic, oracle, or a .toml file.",
+    ),
+    base_url: str = typer.Option(
+        ...,
+        "--base-url",
+        help="OpenAI/Anthropic-compatible endpoint (e.g. the proxy): http://HOST:PORT, optionally ending in /v1.",
+    ),
+    api_key: str = typer.Option(
+        "gyre-local", "--api-key", envvar="GYRE_API_KEY", help="Key the harness sends."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Model name the harness asks for (default: the profile's)."
+    ),
+    workspace_root: Path | None = typer.Option(
+        None,
+        "--workspace-root",
+        help="Where execution folders go (default: $TMPDIR/gyre-executions).",
+    ),
+    execution_id: str | None = typer.Option(
+        None, "--execution-id", help="Default: <task>-<random>."
+    ),
+    sandbox: bool = typer.Option(
+        False, "--sandbox/--no-sandbox", help="Run the harness and the verifier under bubblewrap."
+    ),
+    sandbox_network: str = typer.Option(
+        "proxy-only",
+        "--sandbox-network",
+        help="proxy-only (own network namespace, only the base URL bridged in) or shared.",
+    ),
+    harness_timeout: float | None = typer.Option(
+        None,
+        "--harness-timeout",
+        help="Seconds; overrides timeout_sec of the agent table in task.toml.",
+    ),
+    overall_timeout: float | None = typer.Option(
+        None, "--overall-timeout", help="Seconds; overrides the task's overall budget."
+    ),
+    arg: list[str] = typer.Option(
+        [], "--arg", help="Extra argument appended to the profile's command (repeatable)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
 ) -> None:
     """Run one execution of one task and print its outcome (reward or missing, why, timings, workspace)."""
@@ -46,18 +80,26 @@ def run(
         prof = load_profile(profile)
     except (TaskError, ProfileError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if arg:
         prof = prof.model_copy(update={"args": [*prof.args, *arg]})
     if sandbox_network not in ("proxy-only", "shared"):
-        typer.echo(f"error: --sandbox-network must be proxy-only or shared, got {sandbox_network!r}", err=True)
+        typer.echo(
+            f"error: --sandbox-network must be proxy-only or shared, got {sandbox_network!r}",
+            err=True,
+        )
         raise typer.Exit(2)
     cfg = ExecutorConfig(sandbox=SandboxConfig(enabled=sandbox, network=sandbox_network))
     if workspace_root is not None:
         cfg.workspace_root = workspace_root
     spec = ExecutionSpec(
-        execution_id=execution_id or f"{task.name}-{uuid.uuid4().hex[:8]}", task=task, profile=prof,
-        base_url=base_url, api_key=api_key, model=model, harness_timeout_s=harness_timeout,
+        execution_id=execution_id or f"{task.name}-{uuid.uuid4().hex[:8]}",
+        task=task,
+        profile=prof,
+        base_url=base_url,
+        api_key=api_key,
+        model=model,
+        harness_timeout_s=harness_timeout,
         overall_timeout_s=overall_timeout,
     )
 
@@ -73,7 +115,7 @@ def run(
         res = asyncio.run(go())
     except Exception as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(res.model_dump_json(indent=2))
     else:
@@ -84,24 +126,32 @@ def run(
         else:
             typer.echo(f"MISSING    {a.reason.value}: {a.detail}")
         h, t = res.harness, res.timings
-        typer.echo(f"harness    {h.stop} (exit status {h.exit_code}){'  ' + h.error if h.error else ''}")
-        typer.echo(f"timings    setup {t.setup_s:.2f}s  harness {t.harness_s:.2f}s  scoring {t.scoring_s:.2f}s  total {t.total_s:.2f}s")
+        typer.echo(
+            f"harness    {h.stop} (exit status {h.exit_code}){'  ' + h.error if h.error else ''}"
+        )
+        typer.echo(
+            f"timings    setup {t.setup_s:.2f}s  harness {t.harness_s:.2f}s  scoring {t.scoring_s:.2f}s  total {t.total_s:.2f}s"
+        )
         typer.echo(f"workspace  {res.workspace}")
         typer.echo(f"logs       {h.stdout_path}  {h.stderr_path}")
     raise typer.Exit(0 if res.assessment.kind == "scored" else 1)
 
 
 @app.command("tasks")
-def tasks(taskset: str = typer.Argument("pyfix", help="Built-in task set name or a folder of tasks.")) -> None:
+def tasks(
+    taskset: str = typer.Argument("pyfix", help="Built-in task set name or a folder of tasks."),
+) -> None:
     """List the tasks of a task set (and check that every one loads)."""
     from .task import TaskError, load_taskset
 
     try:
         for t in load_taskset(taskset):
-            typer.echo(f"{t.name:20s} {t.reward_rule:8s} harness {t.harness_timeout_s:.0f}s  {t.root}")
+            typer.echo(
+                f"{t.name:20s} {t.reward_rule:8s} harness {t.harness_timeout_s:.0f}s  {t.root}"
+            )
     except TaskError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 @app.command("profiles")

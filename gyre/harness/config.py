@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -55,7 +54,9 @@ class ScorerConfig(BaseModel):
 class ExecutorConfig(BaseModel):
     """One executor: where workspaces live, how many harnesses run at once."""
 
-    workspace_root: Path = Field(default_factory=lambda: Path(tempfile.gettempdir()) / "gyre-executions")
+    workspace_root: Path = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "gyre-executions"
+    )
     max_concurrency: int = 64
     # SIGTERM to the process group, then SIGKILL after this grace period.
     kill_grace_s: float = 2.0

@@ -25,17 +25,18 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable, Literal
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .assessment import Assessment, Missing, MissingReason, Scored
 from .config import ExecutorConfig
+from .netbridge import UnixForwarder
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_claude
-from .netbridge import UnixForwarder
 from .sandbox import SANDBOX_HOME, bwrap_argv, bwrap_available
 from .scorer import Scorer
 from .task import Task
@@ -43,7 +44,9 @@ from .task import Task
 # (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
 RegisterKey = Callable[[str, str], Awaitable[str]]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
-HarnessStop = Literal["exited", "harness_timeout", "overall_timeout", "log_limit", "launch_failed", "not_run"]
+HarnessStop = Literal[
+    "exited", "harness_timeout", "overall_timeout", "log_limit", "launch_failed", "not_run"
+]
 
 
 class ExecutionError(RuntimeError):
@@ -79,7 +82,9 @@ class HarnessRun(BaseModel):
 class Timings(BaseModel):
     queued_s: float = 0.0  # waiting for a slot
     setup_s: float = 0.0  # workspace copy, key, command line
-    launched_s: float = 0.0  # from submission until the harness process existed (queue + setup + spawn)
+    launched_s: float = (
+        0.0  # from submission until the harness process existed (queue + setup + spawn)
+    )
     harness_s: float = 0.0
     teardown_s: float = 0.0  # process-group kill and log flush after the harness stopped
     scoring_s: float = 0.0
@@ -103,7 +108,9 @@ class ExecutionResult(BaseModel):
 
 
 class HarnessExecutor:
-    def __init__(self, config: ExecutorConfig | None = None, *, register: RegisterKey | None = None) -> None:
+    def __init__(
+        self, config: ExecutorConfig | None = None, *, register: RegisterKey | None = None
+    ) -> None:
         self.config = config or ExecutorConfig()
         self._register = register
         self._sem: asyncio.Semaphore | None = None
@@ -124,7 +131,11 @@ class HarnessExecutor:
                     f"sandbox enabled but {cfg.sandbox.bwrap!r} is not installed (Debian: apt-get install bubblewrap)"
                 )
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
-        self._scorer = Scorer(cfg.scorer, bwrap=self._bwrap, hide=[cfg.workspace_root.resolve(), *cfg.sandbox.hide_paths])
+        self._scorer = Scorer(
+            cfg.scorer,
+            bwrap=self._bwrap,
+            hide=[cfg.workspace_root.resolve(), *cfg.sandbox.hide_paths],
+        )
 
     async def stop(self) -> None:
         """Stop every running execution (process groups killed, workspaces kept) and wait.
@@ -145,7 +156,7 @@ class HarnessExecutor:
     def running(self) -> int:
         return len(self._inflight)
 
-    async def __aenter__(self) -> "HarnessExecutor":
+    async def __aenter__(self) -> HarnessExecutor:
         await self.start()
         return self
 
@@ -163,7 +174,9 @@ class HarnessExecutor:
         if self._sem is None or self._scorer is None:
             raise ExecutionError("executor not started (await executor.start() first)")
         if spec.execution_id in self._ids:
-            raise ExecutionError(f"execution id {spec.execution_id!r} was already used by this executor")
+            raise ExecutionError(
+                f"execution id {spec.execution_id!r} was already used by this executor"
+            )
         self._ids.add(spec.execution_id)
         sem = self._sem
         t_submit = time.monotonic()
@@ -175,10 +188,19 @@ class HarnessExecutor:
                 if not self._stopping:
                     raise
                 return ExecutionResult(  # stopped while queued: nothing was started
-                    execution_id=spec.execution_id, task=spec.task.name, profile=spec.profile.name,
-                    assessment=Missing(reason=MissingReason.cancelled, detail="executor stopped before launch"),
-                    harness=HarnessRun(), workspace="", execution_dir="",
-                    timings=Timings(queued_s=time.monotonic() - t_submit, total_s=time.monotonic() - t_submit))
+                    execution_id=spec.execution_id,
+                    task=spec.task.name,
+                    profile=spec.profile.name,
+                    assessment=Missing(
+                        reason=MissingReason.cancelled, detail="executor stopped before launch"
+                    ),
+                    harness=HarnessRun(),
+                    workspace="",
+                    execution_dir="",
+                    timings=Timings(
+                        queued_s=time.monotonic() - t_submit, total_s=time.monotonic() - t_submit
+                    ),
+                )
             try:
                 return await self._run(spec, t_submit)
             finally:
@@ -196,20 +218,37 @@ class HarnessExecutor:
         cfg, task, prof = self.config, spec.task, spec.profile
         t_launch = time.monotonic()
         timings = Timings(queued_s=t_launch - t_submit)
-        overall = spec.overall_timeout_s or task.overall_timeout_s or (
-            task.harness_timeout_s + task.verifier_timeout_s + cfg.overall_slack_s)
+        overall = (
+            spec.overall_timeout_s
+            or task.overall_timeout_s
+            or (task.harness_timeout_s + task.verifier_timeout_s + cfg.overall_slack_s)
+        )
         deadline = t_launch + overall
         if spec.deadline is not None:
             deadline = min(deadline, spec.deadline)
         exec_dir = (cfg.workspace_root / (_SAFE.sub("_", spec.execution_id) or "_")).resolve()
-        ws, inputs, artifacts, home = exec_dir / "workspace", exec_dir / "input", exec_dir / "artifacts", exec_dir / "home"
-        run = HarnessRun(stdout_path=str(exec_dir / "harness.stdout"), stderr_path=str(exec_dir / "harness.stderr"))
+        ws, inputs, artifacts, home = (
+            exec_dir / "workspace",
+            exec_dir / "input",
+            exec_dir / "artifacts",
+            exec_dir / "home",
+        )
+        run = HarnessRun(
+            stdout_path=str(exec_dir / "harness.stdout"),
+            stderr_path=str(exec_dir / "harness.stderr"),
+        )
 
         def result(assessment: Scored | Missing, write: bool = True) -> ExecutionResult:
             timings.total_s = time.monotonic() - t_submit
             r = ExecutionResult(
-                execution_id=spec.execution_id, task=task.name, profile=prof.name, assessment=assessment,
-                harness=run, workspace=str(ws), execution_dir=str(exec_dir), timings=timings,
+                execution_id=spec.execution_id,
+                task=task.name,
+                profile=prof.name,
+                assessment=assessment,
+                harness=run,
+                workspace=str(ws),
+                execution_dir=str(exec_dir),
+                timings=timings,
             )
             if write:  # never into a folder this execution did not create
                 try:
@@ -219,24 +258,50 @@ class HarnessExecutor:
             return r
 
         try:
-            return await self._execute(spec, t_launch, deadline, overall, exec_dir, ws, inputs, artifacts, home,
-                                       run, timings, result)
+            return await self._execute(
+                spec,
+                t_launch,
+                deadline,
+                overall,
+                exec_dir,
+                ws,
+                inputs,
+                artifacts,
+                home,
+                run,
+                timings,
+                result,
+            )
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
             run.error = run.error or "executor stopped while the execution was running"
             return result(Missing(reason=MissingReason.cancelled, detail=run.error))
 
-    async def _execute(self, spec: ExecutionSpec, t_launch: float, deadline: float, overall: float, exec_dir: Path,
-                       ws: Path, inputs: Path, artifacts: Path, home: Path, run: HarnessRun, timings: Timings,
-                       result: Callable[[Scored | Missing], ExecutionResult]) -> ExecutionResult:
+    async def _execute(
+        self,
+        spec: ExecutionSpec,
+        t_launch: float,
+        deadline: float,
+        overall: float,
+        exec_dir: Path,
+        ws: Path,
+        inputs: Path,
+        artifacts: Path,
+        home: Path,
+        run: HarnessRun,
+        timings: Timings,
+        result: Callable[[Scored | Missing], ExecutionResult],
+    ) -> ExecutionResult:
         cfg, task, prof = self.config, spec.task, spec.profile
         # 1. Fresh workspace.
         if exec_dir.exists():
             run.error = f"execution folder {exec_dir} already exists (stale run with the same id?); left untouched"
             return result(Missing(reason=MissingReason.infra_error, detail=run.error), write=False)
         try:
-            await asyncio.to_thread(self._prepare, task, prof, exec_dir, ws, inputs, artifacts, home)
+            await asyncio.to_thread(
+                self._prepare, task, prof, exec_dir, ws, inputs, artifacts, home
+            )
         except OSError as e:
             run.error = f"workspace setup failed: {e}"
             return result(Missing(reason=MissingReason.infra_error, detail=run.error))
@@ -246,10 +311,17 @@ class HarnessExecutor:
         if key is None:
             try:
                 if self._register is None:
-                    raise ExecutionError("no api_key in the spec and no register hook on the executor")
-                key = await self._register(spec.execution_id, spec.label or f"{task.name}/{prof.name}")
+                    raise ExecutionError(
+                        "no api_key in the spec and no register hook on the executor"
+                    )
+                key = await self._register(
+                    spec.execution_id, spec.label or f"{task.name}/{prof.name}"
+                )
             except Exception as e:  # proxy down, HTTP error, no hook
-                run.stop, run.error = "launch_failed", f"key registration failed: {type(e).__name__}: {e}"
+                run.stop, run.error = (
+                    "launch_failed",
+                    f"key registration failed: {type(e).__name__}: {e}",
+                )
                 return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         try:
             bridge = self._bridge_target(spec.base_url)
@@ -260,7 +332,10 @@ class HarnessExecutor:
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         run.argv = argv
         if shutil.which(argv[0], path=env.get("PATH")) is None:
-            run.stop, run.error = "launch_failed", f"harness command not found or not executable: {argv[0]!r}"
+            run.stop, run.error = (
+                "launch_failed",
+                f"harness command not found or not executable: {argv[0]!r}",
+            )
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         forwarder: UnixForwarder | None = None
         sock_dir: Path | None = None
@@ -268,14 +343,30 @@ class HarnessExecutor:
             writable = [artifacts]
             if bridge is not None:
                 # Proxy-only network: own network namespace, the proxy reachable through a unix socket.
-                sock_dir = Path(tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp"))  # short: AF_UNIX paths <= 107 bytes
+                sock_dir = Path(
+                    tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp")
+                )  # short: AF_UNIX paths <= 107 bytes
                 forwarder = UnixForwarder(sock_dir / "p.sock", bridge[0], bridge[1])
-                argv = [sys.executable, "-m", "gyre.harness.netbridge", "--listen", f"127.0.0.1:{bridge[1]}",
-                        "--unix", str(sock_dir / "p.sock"), "--", *argv]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "gyre.harness.netbridge",
+                    "--listen",
+                    f"127.0.0.1:{bridge[1]}",
+                    "--unix",
+                    str(sock_dir / "p.sock"),
+                    "--",
+                    *argv,
+                ]
                 writable.append(sock_dir)
             argv = bwrap_argv(
-                argv, workspace=ws, hide=[cfg.workspace_root.resolve(), task.hidden, *cfg.sandbox.hide_paths],
-                writable=writable, ro_binds=[inputs, *cfg.sandbox.ro_binds], home=SANDBOX_HOME, bwrap=self._bwrap,
+                argv,
+                workspace=ws,
+                hide=[cfg.workspace_root.resolve(), task.hidden, *cfg.sandbox.hide_paths],
+                writable=writable,
+                ro_binds=[inputs, *cfg.sandbox.ro_binds],
+                home=SANDBOX_HOME,
+                bwrap=self._bwrap,
                 unshare_net=bridge is not None,
             )
             env["HOME"] = SANDBOX_HOME
@@ -291,8 +382,15 @@ class HarnessExecutor:
             if forwarder is not None:
                 await forwarder.start()
             pres = await run_process(
-                argv, cwd=ws, env=env, stdout_path=Path(run.stdout_path), stderr_path=Path(run.stderr_path),
-                timeout_s=timeout, max_log_bytes=cfg.max_log_bytes, kill_grace_s=cfg.kill_grace_s, on_start=started,
+                argv,
+                cwd=ws,
+                env=env,
+                stdout_path=Path(run.stdout_path),
+                stderr_path=Path(run.stderr_path),
+                timeout_s=timeout,
+                max_log_bytes=cfg.max_log_bytes,
+                kill_grace_s=cfg.kill_grace_s,
+                on_start=started,
             )
         except OSError as e:
             run.stop, run.error = "launch_failed", f"harness could not start: {e}"
@@ -310,11 +408,17 @@ class HarnessExecutor:
         else:
             run.stop = pres.stop  # exited | log_limit
         if pres.stop == "log_limit":
-            run.error = f"harness wrote more than {cfg.max_log_bytes} bytes to a stream and was stopped"
+            run.error = (
+                f"harness wrote more than {cfg.max_log_bytes} bytes to a stream and was stopped"
+            )
         timings.teardown_s = pres.kill_s
         if run.stop == "overall_timeout":
-            return result(Missing(reason=MissingReason.overall_timeout,
-                                  detail=f"overall budget ({overall:.1f}s) ran out while the harness was running"))
+            return result(
+                Missing(
+                    reason=MissingReason.overall_timeout,
+                    detail=f"overall budget ({overall:.1f}s) ran out while the harness was running",
+                )
+            )
 
         # 4. Score a copy of the workspace with the hidden tests (own process, own timeout).
         t_score = time.monotonic()
@@ -326,16 +430,30 @@ class HarnessExecutor:
         return result(assessment)
 
     @staticmethod
-    def _prepare(task: Task, prof: HarnessProfile, exec_dir: Path, ws: Path, inputs: Path, artifacts: Path, home: Path) -> None:
+    def _prepare(
+        task: Task,
+        prof: HarnessProfile,
+        exec_dir: Path,
+        ws: Path,
+        inputs: Path,
+        artifacts: Path,
+        home: Path,
+    ) -> None:
         exec_dir.mkdir(parents=True)
         skip = task.skip_files
-        shutil.copytree(task.repository, ws, symlinks=True,
-                        ignore=(lambda d, names: [n for n in names if n in skip]) if skip else None)
+        shutil.copytree(
+            task.repository,
+            ws,
+            symlinks=True,
+            ignore=(lambda d, names: [n for n in names if n in skip]) if skip else None,
+        )
         inputs.mkdir()
         (inputs / "instruction.md").write_text(task.instruction + "\n", encoding="utf-8")
         if prof.needs_solution:
             if task.solution_dir is None:
-                raise FileNotFoundError(f"profile {prof.name!r} needs a solution/ folder; task {task.name} has none")
+                raise FileNotFoundError(
+                    f"profile {prof.name!r} needs a solution/ folder; task {task.name} has none"
+                )
             shutil.copytree(task.solution_dir, inputs / "solution", symlinks=True)
         artifacts.mkdir()
         home.mkdir()
@@ -346,12 +464,26 @@ class HarnessExecutor:
             return None
         u = urlsplit(base_url)
         if u.scheme != "http" or not u.hostname:
-            raise ExecutionError(f"proxy-only sandbox network needs an http:// base URL, got {base_url!r}")
+            raise ExecutionError(
+                f"proxy-only sandbox network needs an http:// base URL, got {base_url!r}"
+            )
         port = u.port or 80
-        return u.hostname, port, urlunsplit(("http", f"127.0.0.1:{port}", u.path, u.query, u.fragment))
+        return (
+            u.hostname,
+            port,
+            urlunsplit(("http", f"127.0.0.1:{port}", u.path, u.query, u.fragment)),
+        )
 
-    def _command(self, spec: ExecutionSpec, base_url: str, key: str, ws: Path, inputs: Path, artifacts: Path,
-                 home: Path) -> tuple[list[str], dict[str, str]]:
+    def _command(
+        self,
+        spec: ExecutionSpec,
+        base_url: str,
+        key: str,
+        ws: Path,
+        inputs: Path,
+        artifacts: Path,
+        home: Path,
+    ) -> tuple[list[str], dict[str, str]]:
         base = base_url.rstrip("/")
         root = base[: -len("/v1")] if base.endswith("/v1") else base
         prof = spec.profile

@@ -30,7 +30,7 @@ def _ns(x: Any) -> Any:
 
 
 class _Completions:
-    def __init__(self, owner: "StdlibClient") -> None:
+    def __init__(self, owner: StdlibClient) -> None:
         self._o = owner
 
     def create(self, **body: Any) -> Any:
@@ -38,8 +38,15 @@ class _Completions:
         data = json.dumps(body).encode()
         last = ""
         for attempt in range(o.max_retries + 1):
-            req = urllib.request.Request(f"{o.base_url}/chat/completions", data=data, method="POST", headers={
-                "content-type": "application/json", "authorization": f"Bearer {o.api_key}"})
+            req = urllib.request.Request(
+                f"{o.base_url}/chat/completions",
+                data=data,
+                method="POST",
+                headers={
+                    "content-type": "application/json",
+                    "authorization": f"Bearer {o.api_key}",
+                },
+            )
             try:
                 with urllib.request.urlopen(req, timeout=o.timeout) as r:
                     out = json.loads(r.read())
@@ -53,12 +60,14 @@ class _Completions:
                     break
             except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
                 last = f"{type(e).__name__}: {e}"
-            time.sleep(0.5 * 2 ** attempt)
+            time.sleep(0.5 * 2**attempt)
         raise APIError(last)
 
 
 class StdlibClient:
-    def __init__(self, base_url: str, api_key: str, timeout: float = 3600.0, max_retries: int = 2) -> None:
+    def __init__(
+        self, base_url: str, api_key: str, timeout: float = 3600.0, max_retries: int = 2
+    ) -> None:
         self.base_url, self.api_key = base_url.rstrip("/"), api_key
         self.timeout, self.max_retries = timeout, max_retries
         self.chat = SimpleNamespace(completions=_Completions(self))

@@ -72,7 +72,7 @@ class UnixForwarder:
             if me is not None:
                 self._conns.discard(me)
 
-    async def start(self) -> "UnixForwarder":
+    async def start(self) -> UnixForwarder:
         self._server = await asyncio.start_unix_server(self._handle, path=str(self.path))
         return self
 
@@ -125,10 +125,13 @@ def _serve(listener: socket.socket, unix_path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args:
-        print("usage: python -m gyre.harness.netbridge --listen HOST:PORT --unix PATH -- CMD...", file=sys.stderr)
+        print(
+            "usage: python -m gyre.harness.netbridge --listen HOST:PORT --unix PATH -- CMD...",
+            file=sys.stderr,
+        )
         return 2
     i = args.index("--")
-    opts, cmd = args[:i], args[i + 1:]
+    opts, cmd = args[:i], args[i + 1 :]
     o = dict(zip(opts[::2], opts[1::2]))
     host, _, port = o["--listen"].rpartition(":")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -33,14 +33,16 @@ class ProcessResult:
     started_at: float = 0.0  # time.monotonic() right after the process was spawned
 
 
-async def _pump(stream: asyncio.StreamReader, path: Path, limit: int, over: asyncio.Event) -> tuple[int, bool]:
+async def _pump(
+    stream: asyncio.StreamReader, path: Path, limit: int, over: asyncio.Event
+) -> tuple[int, bool]:
     """Copy a pipe to a file up to ``limit`` bytes; flag ``over`` when exceeded.
 
     After the limit it keeps draining (discarding) so the child never blocks on
     a full pipe while we are busy killing it.
     """
     written, truncated = 0, False
-    with open(path, "wb") as f:
+    with open(path, "wb") as f:  # noqa: ASYNC230 (a local file, written as the pipe drains)
         while True:
             chunk = await stream.read(_CHUNK)
             if not chunk:
@@ -114,7 +116,7 @@ async def run_process(
     timeout_s: float,
     max_log_bytes: int,
     kill_grace_s: float = 2.0,
-    on_start: "asyncio.Future[None] | None" = None,
+    on_start: asyncio.Future[None] | None = None,
 ) -> ProcessResult:
     """Start ``argv`` and wait until it exits, its deadline passes, or it floods its logs.
 
@@ -145,7 +147,9 @@ async def run_process(
     flood = asyncio.ensure_future(over.wait())
     stop: StopReason = "exited"
     try:
-        done, _ = await asyncio.wait({waiter, flood}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {waiter, flood}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED
+        )
         if waiter not in done:
             stop = "log_limit" if flood in done else "timeout"
     except asyncio.CancelledError:
@@ -159,7 +163,7 @@ async def run_process(
         await _terminate(proc, waiter, kill_grace_s, graceful=(stop != "exited"))
         try:
             out = await asyncio.wait_for(pumps, timeout=5.0)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             pumps.cancel()
             out = ((0, False), (0, False))
     exit_code = proc.returncode if stop == "exited" else None
@@ -175,18 +179,20 @@ async def run_process(
     )
 
 
-async def _terminate(proc: asyncio.subprocess.Process, waiter: asyncio.Future, grace: float, graceful: bool) -> None:
+async def _terminate(
+    proc: asyncio.subprocess.Process, waiter: asyncio.Future, grace: float, graceful: bool
+) -> None:
     pid = proc.pid
     if graceful and proc.returncode is None:
         kill_tree(pid, signal.SIGTERM, leader_alive=True)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout=grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     # SIGKILL whatever is left of the group (the leader may have exited already,
     # leaving children; killpg still reaches them while the group exists).
     kill_tree(pid, signal.SIGKILL, leader_alive=proc.returncode is None)
     try:
         await asyncio.wait_for(asyncio.shield(waiter), timeout=10.0)
-    except asyncio.TimeoutError:  # pragma: no cover - a process that ignores SIGKILL (D state)
+    except TimeoutError:  # pragma: no cover - a process that ignores SIGKILL (D state)
         pass

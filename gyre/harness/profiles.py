@@ -65,7 +65,9 @@ class HarnessProfile(BaseModel):
             try:
                 return s.format_map(vals)
             except KeyError as e:
-                raise ProfileError(f"profile {self.name!r}: unknown template variable {{{e.args[0]}}} in {s!r}") from None
+                raise ProfileError(
+                    f"profile {self.name!r}: unknown template variable {{{e.args[0]}}} in {s!r}"
+                ) from None
             except (ValueError, IndexError) as e:
                 raise ProfileError(f"profile {self.name!r}: bad template {s!r} ({e})") from None
 
@@ -100,37 +102,87 @@ def _builtin() -> dict[str, HarnessProfile]:
         "reference": HarnessProfile(
             name="reference",
             description="Gyre's reference agent (OpenAI chat API, tools, compaction, sub-agents).",
-            command=[py, "-m", "gyre.harness.reference_agent", "--base-url", "{openai_base_url}",
-                     "--model", "{model}", "--workspace", "{workspace}",
-                     "--instruction-file", "{instruction_file}", "--answer-file", "answer.txt"],
+            command=[
+                py,
+                "-m",
+                "gyre.harness.reference_agent",
+                "--base-url",
+                "{openai_base_url}",
+                "--model",
+                "{model}",
+                "--workspace",
+                "{workspace}",
+                "--instruction-file",
+                "{instruction_file}",
+                "--answer-file",
+                "answer.txt",
+            ],
             roles="reference",
         ),
         "mini-swe-agent": HarnessProfile(
             name="mini-swe-agent",
             description="mini-swe-agent v2 (PyPI), unmodified, via litellm's OpenAI route.",
-            command=["{python_bin}/mini", "-m", "openai/{model}", "-c", "mini.yaml",
-                     "-c", "model.model_kwargs.api_base={openai_base_url}",
-                     "-c", "agent.step_limit=50",
-                     "-t", "{instruction}", "-y", "--exit-immediately", "-o", "{artifacts}/trajectory.json"],
-            env={"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors",
-                 "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.mini-swe-agent"},
+            command=[
+                "{python_bin}/mini",
+                "-m",
+                "openai/{model}",
+                "-c",
+                "mini.yaml",
+                "-c",
+                "model.model_kwargs.api_base={openai_base_url}",
+                "-c",
+                "agent.step_limit=50",
+                "-t",
+                "{instruction}",
+                "-y",
+                "--exit-immediately",
+                "-o",
+                "{artifacts}/trajectory.json",
+            ],
+            env={
+                "MSWEA_CONFIGURED": "true",
+                "MSWEA_COST_TRACKING": "ignore_errors",
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.mini-swe-agent",
+            },
             roles="mini-swe-agent",
         ),
         "claude-code": HarnessProfile(
             name="claude-code",
             description="Claude Code (npm, pinned), unmodified, -p mode against the proxy's Anthropic API.",
             api="anthropic",
-            command=["{claude}", "-p", "{instruction}", "--output-format", "json", "--model", "{model}",
-                     "--allowedTools", "{allowed_tools}"],
-            env={"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-                 "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"},
+            command=[
+                "{claude}",
+                "-p",
+                "{instruction}",
+                "--output-format",
+                "json",
+                "--model",
+                "{model}",
+                "--allowedTools",
+                "{allowed_tools}",
+            ],
+            env={
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "DISABLE_TELEMETRY": "1",
+                "DISABLE_AUTOUPDATER": "1",
+                "DISABLE_ERROR_REPORTING": "1",
+            },
             allowed_tools=["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Agent", "Task"],
             roles="claude-code",
         ),
         "synthetic": HarnessProfile(
             name="synthetic",
             description="Synthetic harness: model calls spread over a random duration (scaled time).",
-            command=[py, "-m", "gyre.harness.synthetic", "--base-url", "{openai_base_url}", "--model", "{model}"],
+            command=[
+                py,
+                "-m",
+                "gyre.harness.synthetic",
+                "--base-url",
+                "{openai_base_url}",
+                "--model",
+                "{model}",
+            ],
         ),
         "oracle": HarnessProfile(
             name="oracle",
@@ -161,4 +213,6 @@ def load_profile(name_or_path: str | Path) -> HarnessProfile:
             return HarnessProfile.model_validate(data)
         except Exception as e:  # pydantic ValidationError: say which file
             raise ProfileError(f"profile file {p}: {e}") from None
-    raise ProfileError(f"unknown harness profile {str(name_or_path)!r} (built-in: {', '.join(sorted(builtins))}; or a .toml file)")
+    raise ProfileError(
+        f"unknown harness profile {str(name_or_path)!r} (built-in: {', '.join(sorted(builtins))}; or a .toml file)"
+    )

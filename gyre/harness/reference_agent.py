@@ -54,19 +54,41 @@ SUB_SUMMARY_SYSTEM = (
 
 
 def _tool(name: str, desc: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": desc, "parameters": {
-        "type": "object", "properties": props, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": props, "required": required},
+        },
+    }
 
 
 TOOLS = {
-    "read_file": _tool("read_file", "Read a text file of the workspace.", {"path": {"type": "string"}}, ["path"]),
-    "write_file": _tool("write_file", "Create or overwrite a file of the workspace.",
-                        {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
-    "run_command": _tool("run_command", "Run a shell command in the workspace; returns exit status and output.",
-                         {"command": {"type": "string"}}, ["command"]),
-    "submit": _tool("submit", "Finish: report what was done.", {"summary": {"type": "string"}}, ["summary"]),
-    "delegate": _tool("delegate", "Hand a self-contained sub-task to a sub-agent with a fresh context; "
-                      "returns its report.", {"task": {"type": "string"}}, ["task"]),
+    "read_file": _tool(
+        "read_file", "Read a text file of the workspace.", {"path": {"type": "string"}}, ["path"]
+    ),
+    "write_file": _tool(
+        "write_file",
+        "Create or overwrite a file of the workspace.",
+        {"path": {"type": "string"}, "content": {"type": "string"}},
+        ["path", "content"],
+    ),
+    "run_command": _tool(
+        "run_command",
+        "Run a shell command in the workspace; returns exit status and output.",
+        {"command": {"type": "string"}},
+        ["command"],
+    ),
+    "submit": _tool(
+        "submit", "Finish: report what was done.", {"summary": {"type": "string"}}, ["summary"]
+    ),
+    "delegate": _tool(
+        "delegate",
+        "Hand a self-contained sub-task to a sub-agent with a fresh context; returns its report.",
+        {"task": {"type": "string"}},
+        ["task"],
+    ),
 }
 
 
@@ -126,9 +148,15 @@ class ReferenceAgent:
             return f"wrote {len(str(args['content']))} characters to {args['path']}", False
         if name == "run_command":
             try:
-                cp = subprocess.run(["bash", "-c", str(args["command"])], cwd=self.ws, capture_output=True,
-                                    text=True, timeout=self.cfg.command_timeout_s, stdin=subprocess.DEVNULL)
-                out = (cp.stdout + cp.stderr)[-self.cfg.max_output_chars:]
+                cp = subprocess.run(
+                    ["bash", "-c", str(args["command"])],
+                    cwd=self.ws,
+                    capture_output=True,
+                    text=True,
+                    timeout=self.cfg.command_timeout_s,
+                    stdin=subprocess.DEVNULL,
+                )
+                out = (cp.stdout + cp.stderr)[-self.cfg.max_output_chars :]
                 return f"exit status {cp.returncode}\n{out}", False
             except subprocess.TimeoutExpired:
                 return f"command timed out after {self.cfg.command_timeout_s}s", False
@@ -143,32 +171,54 @@ class ReferenceAgent:
     # ---- model calls -----------------------------------------------------------
     def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
         self.stats.requests += 1
-        kw: dict[str, Any] = {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens}
+        kw: dict[str, Any] = {
+            "model": self.cfg.model,
+            "messages": messages,
+            "max_tokens": self.cfg.max_tokens,
+        }
         if tools:
             kw["tools"] = tools
         if self.cfg.temperature is not None:
             kw["temperature"] = self.cfg.temperature
         return self.client.chat.completions.create(**kw).choices[0].message
 
-    def _compact(self, system: str, task: str, messages: list[dict[str, Any]], depth: int) -> list[dict[str, Any]]:
+    def _compact(
+        self, system: str, task: str, messages: list[dict[str, Any]], depth: int
+    ) -> list[dict[str, Any]]:
         self.stats.compactions += 1
-        transcript = "\n".join(f"[{m['role']}] {m.get('content') or ''}"
-                               + ("".join(f" <call {c['function']['name']} {c['function']['arguments']}>"
-                                          for c in m.get("tool_calls") or []))
-                               for m in messages[1:])
+        transcript = "\n".join(
+            f"[{m['role']}] {m.get('content') or ''}"
+            + (
+                "".join(
+                    f" <call {c['function']['name']} {c['function']['arguments']}>"
+                    for c in m.get("tool_calls") or []
+                )
+            )
+            for m in messages[1:]
+        )
         summary_system = MAIN_SUMMARY_SYSTEM if depth == 0 else SUB_SUMMARY_SYSTEM
-        msg = self._complete([{"role": "system", "content": summary_system},
-                              {"role": "user", "content": transcript[-4 * self.cfg.context_limit:]}], None)
+        msg = self._complete(
+            [
+                {"role": "system", "content": summary_system},
+                {"role": "user", "content": transcript[-4 * self.cfg.context_limit :]},
+            ],
+            None,
+        )
         summary = msg.content or ""
-        return [{"role": "system", "content": system},
-                {"role": "user", "content": f"{task}\n\nSummary of your progress so far:\n{summary}"}]
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"{task}\n\nSummary of your progress so far:\n{summary}"},
+        ]
 
     def _loop(self, system: str, task: str, depth: int) -> str:
         names = ["read_file", "write_file", "run_command", "submit"]
         if depth == 0 and self.cfg.allow_delegate:
             names.insert(3, "delegate")
         tools = [TOOLS[n] for n in names]
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": task},
+        ]
         turns = self.cfg.max_turns if depth == 0 else self.cfg.max_sub_turns
         for _ in range(turns):
             if estimate_tokens(messages) > self.cfg.context_limit and len(messages) > 2:
@@ -177,8 +227,14 @@ class ReferenceAgent:
             calls = list(msg.tool_calls or [])
             entry: dict[str, Any] = {"role": "assistant", "content": msg.content or ""}
             if calls:
-                entry["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                    "name": c.function.name, "arguments": c.function.arguments}} for c in calls]
+                entry["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in calls
+                ]
             messages.append(entry)
             if not calls:
                 return msg.content or ""
@@ -206,7 +262,9 @@ class ReferenceAgent:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Gyre's reference coding agent (OpenAI-compatible endpoint).")
+    ap = argparse.ArgumentParser(
+        description="Gyre's reference coding agent (OpenAI-compatible endpoint)."
+    )
     ap.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
     ap.add_argument("--model", default="policy")
@@ -214,19 +272,31 @@ def main(argv: list[str] | None = None) -> int:
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--instruction")
     g.add_argument("--instruction-file")
-    ap.add_argument("--answer-file", default=None, help="write the final message here (relative to the workspace)")
+    ap.add_argument(
+        "--answer-file",
+        default=None,
+        help="write the final message here (relative to the workspace)",
+    )
     ap.add_argument("--max-turns", type=int, default=AgentConfig.max_turns)
     ap.add_argument("--context-limit", type=int, default=AgentConfig.context_limit)
     ap.add_argument("--max-tokens", type=int, default=AgentConfig.max_tokens)
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--no-delegate", action="store_true")
     ap.add_argument("--request-timeout", type=float, default=3600.0)
-    ap.add_argument("--client", choices=["openai", "stdlib"], default="openai",
-                    help="HTTP client: the official SDK, or a stdlib one (same requests, ~1.5 s less start-up)")
+    ap.add_argument(
+        "--client",
+        choices=["openai", "stdlib"],
+        default="openai",
+        help="HTTP client: the official SDK, or a stdlib one (same requests, ~1.5 s less start-up)",
+    )
     a = ap.parse_args(argv)
     if not a.base_url:
         ap.error("--base-url (or OPENAI_BASE_URL) is required")
-    instruction = a.instruction if a.instruction is not None else Path(a.instruction_file).read_text(encoding="utf-8")
+    instruction = (
+        a.instruction
+        if a.instruction is not None
+        else Path(a.instruction_file).read_text(encoding="utf-8")
+    )
 
     if a.client == "stdlib":
         from gyre.harness.http_client import APIError, StdlibClient
@@ -236,19 +306,40 @@ def main(argv: list[str] | None = None) -> int:
         import openai  # here, so --help is instant
 
         APIError = openai.APIError  # type: ignore[misc, assignment]
-        client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, timeout=a.request_timeout, max_retries=2)
-    cfg = AgentConfig(model=a.model, max_turns=a.max_turns, context_limit=a.context_limit, max_tokens=a.max_tokens,
-                      temperature=a.temperature, allow_delegate=not a.no_delegate)
+        client = openai.OpenAI(
+            base_url=a.base_url, api_key=a.api_key, timeout=a.request_timeout, max_retries=2
+        )
+    cfg = AgentConfig(
+        model=a.model,
+        max_turns=a.max_turns,
+        context_limit=a.context_limit,
+        max_tokens=a.max_tokens,
+        temperature=a.temperature,
+        allow_delegate=not a.no_delegate,
+    )
     agent = ReferenceAgent(client, Path(a.workspace), cfg)
     try:
         stats = agent.run(instruction)
     except APIError as e:
-        print(json.dumps({"error": f"{type(e).__name__}: {e}", "requests": agent.stats.requests}), flush=True)
+        print(
+            json.dumps({"error": f"{type(e).__name__}: {e}", "requests": agent.stats.requests}),
+            flush=True,
+        )
         return 2
     if a.answer_file and not stats.submitted:
         (agent.ws / a.answer_file).write_text(stats.final, encoding="utf-8")
-    print(json.dumps({"requests": stats.requests, "compactions": stats.compactions, "sub_agents": stats.sub_agents,
-                      "tool_calls": stats.tool_calls, "submitted": stats.submitted}), flush=True)
+    print(
+        json.dumps(
+            {
+                "requests": stats.requests,
+                "compactions": stats.compactions,
+                "sub_agents": stats.sub_agents,
+                "tool_calls": stats.tool_calls,
+                "submitted": stats.submitted,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -34,7 +34,14 @@ sub-agents and no compaction: every request is main.
 
 from __future__ import annotations
 
-from gyre.trace.roles import Condition, Role, RoleProfile, RoleRule, all_main_profile, default_profile
+from gyre.trace.roles import (
+    Condition,
+    Role,
+    RoleProfile,
+    RoleRule,
+    all_main_profile,
+    default_profile,
+)
 
 from . import reference_agent as ref
 
@@ -50,12 +57,23 @@ def claude_code_profile() -> RoleProfile:
     return RoleProfile(
         name="claude-code",
         rules=(
-            RoleRule(role=Role.SUB_AGENT_SUMMARY, when=(sub, compact_user), name="sub-agent compaction"),
-            RoleRule(role=Role.MAIN_SUMMARY, when=(compact_user,), name="compaction (summary request)"),
-            RoleRule(role=Role.MAIN_SUMMARY, when=(compact_system,), name="compaction (summariser system prompt)"),
+            RoleRule(
+                role=Role.SUB_AGENT_SUMMARY, when=(sub, compact_user), name="sub-agent compaction"
+            ),
+            RoleRule(
+                role=Role.MAIN_SUMMARY, when=(compact_user,), name="compaction (summary request)"
+            ),
+            RoleRule(
+                role=Role.MAIN_SUMMARY,
+                when=(compact_system,),
+                name="compaction (summariser system prompt)",
+            ),
             RoleRule(role=Role.SUB_AGENT, when=(sub,), name="sub-agent (Agent/Task tool)"),
-            RoleRule(role=Role.SUB_AGENT, when=(Condition(key="tools", op="equals", value=[]),),
-                     name="side request without tools"),
+            RoleRule(
+                role=Role.SUB_AGENT,
+                when=(Condition(key="tools", op="equals", value=[]),),
+                name="side request without tools",
+            ),
         ),
         default=Role.MAIN,
     )
@@ -68,8 +86,14 @@ def reference_agent_profile() -> RoleProfile:
     return RoleProfile(
         name="reference",
         rules=(
-            RoleRule(role=Role.SUB_AGENT_SUMMARY, when=head(ref.SUB_SUMMARY_SYSTEM), name="sub-agent summary"),
-            RoleRule(role=Role.MAIN_SUMMARY, when=head(ref.MAIN_SUMMARY_SYSTEM), name="main summary"),
+            RoleRule(
+                role=Role.SUB_AGENT_SUMMARY,
+                when=head(ref.SUB_SUMMARY_SYSTEM),
+                name="sub-agent summary",
+            ),
+            RoleRule(
+                role=Role.MAIN_SUMMARY, when=head(ref.MAIN_SUMMARY_SYSTEM), name="main summary"
+            ),
             RoleRule(role=Role.SUB_AGENT, when=head(ref.SUB_SYSTEM), name="sub-agent"),
         ),
         default=Role.MAIN,
@@ -82,6 +106,9 @@ def mini_swe_agent_profile() -> RoleProfile:
 
 def role_profile(name: str | None) -> RoleProfile:
     """The role rules for a harness profile's ``roles`` name; the documented default otherwise."""
-    table = {"claude-code": claude_code_profile, "reference": reference_agent_profile,
-             "mini-swe-agent": mini_swe_agent_profile}
+    table = {
+        "claude-code": claude_code_profile,
+        "reference": reference_agent_profile,
+        "mini-swe-agent": mini_swe_agent_profile,
+    }
     return table[name]() if name in table else default_profile()

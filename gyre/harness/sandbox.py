@@ -49,11 +49,17 @@ def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignmen
 
     import gyre
 
-    cands = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent,
-             Path(gyre.__file__).resolve().parent]
+    cands = [
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(os.path.realpath(sys.executable)).parent,
+        Path(gyre.__file__).resolve().parent,
+    ]
     # The program, and any program a wrapper (the network bridge) runs after it.
     exes = [shutil.which(command[0]) or command[0]] if command else []
-    exes += [a for a in command[1:] if os.path.isabs(a) and os.path.isfile(a) and os.access(a, os.X_OK)]
+    exes += [
+        a for a in command[1:] if os.path.isabs(a) and os.path.isfile(a) and os.access(a, os.X_OK)
+    ]
     for exe in exes:
         if os.path.isabs(exe) and os.path.exists(exe):
             for p in (Path(os.path.abspath(exe)), Path(os.path.realpath(exe))):
@@ -107,10 +113,15 @@ def bwrap_argv(
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--tmpfs", "/tmp",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
     ]
     if unshare_net:
         argv.append("--unshare-net")
@@ -148,7 +159,14 @@ def harbor_verifier_argv(
     ``/bin -> usr/bin`` recreated), which leaves room for ``/app``, ``/tests``
     and ``/logs``.
     """
-    argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"]
+    argv = [
+        bwrap,
+        "--die-with-parent",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+    ]
     for entry in sorted(Path("/").iterdir()):
         if entry.name in ("dev", "proc", "sys", "tmp") or entry.name in ("app", "tests", "logs"):
             continue
@@ -158,9 +176,23 @@ def harbor_verifier_argv(
             argv += ["--ro-bind", str(entry), str(entry)]
     argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     argv += _unhide_and_hide(hide, command)
-    argv += ["--tmpfs", home, "--setenv", "HOME", home,
-             "--bind", str(Path(workspace_copy).resolve()), HARBOR_APP,
-             "--bind", str(Path(tests).resolve()), HARBOR_TESTS,
-             "--bind", str(Path(reward_dir).resolve()), HARBOR_LOGS,
-             "--chdir", HARBOR_APP, "--"]
+    argv += [
+        "--tmpfs",
+        home,
+        "--setenv",
+        "HOME",
+        home,
+        "--bind",
+        str(Path(workspace_copy).resolve()),
+        HARBOR_APP,
+        "--bind",
+        str(Path(tests).resolve()),
+        HARBOR_TESTS,
+        "--bind",
+        str(Path(reward_dir).resolve()),
+        HARBOR_LOGS,
+        "--chdir",
+        HARBOR_APP,
+        "--",
+    ]
     return argv + list(command)

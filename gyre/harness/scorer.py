@@ -120,28 +120,47 @@ def _copy_tree(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> None
 class Scorer:
     """Scores workspaces; holds a concurrency limit, nothing global."""
 
-    def __init__(self, config: ScorerConfig | None = None, *, bwrap: str | None = None, hide: list[Path] = ()) -> None:  # type: ignore[assignment]
+    def __init__(
+        self, config: ScorerConfig | None = None, *, bwrap: str | None = None, hide: list[Path] = ()
+    ) -> None:  # type: ignore[assignment]
         self.config = config or ScorerConfig()
         self._bwrap = bwrap  # None: no sandbox
         self._hide = list(hide)
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
 
-    async def score(self, task: Task, workspace: Path, scratch: Path, timeout_s: float | None = None) -> Scored | Missing:
+    async def score(
+        self, task: Task, workspace: Path, scratch: Path, timeout_s: float | None = None
+    ) -> Scored | Missing:
         """Assess ``workspace`` by ``task``'s rule. ``timeout_s`` caps the verifier (overall budget)."""
-        budget = task.verifier_timeout_s if timeout_s is None else min(timeout_s, task.verifier_timeout_s)
+        budget = (
+            task.verifier_timeout_s
+            if timeout_s is None
+            else min(timeout_s, task.verifier_timeout_s)
+        )
         cut_by_budget = timeout_s is not None and timeout_s < task.verifier_timeout_s
         if budget <= 0:
-            return Missing(reason=MissingReason.overall_timeout, detail="no budget left to run the verifier")
+            return Missing(
+                reason=MissingReason.overall_timeout, detail="no budget left to run the verifier"
+            )
         async with self._sem:
             t0 = time.monotonic()
             try:
-                return await self._score(task, Path(workspace), Path(scratch), budget, cut_by_budget, t0)
+                return await self._score(
+                    task, Path(workspace), Path(scratch), budget, cut_by_budget, t0
+                )
             finally:
                 if not self.config.keep_scratch:
                     await asyncio.to_thread(shutil.rmtree, scratch, True)
 
-    async def _score(self, task: Task, workspace: Path, scratch: Path, budget: float, cut: bool, t0: float) -> Scored | Missing:
-        ws, tests, reward_dir, home = scratch / "workspace", scratch / "tests", scratch / "reward", scratch / "home"
+    async def _score(
+        self, task: Task, workspace: Path, scratch: Path, budget: float, cut: bool, t0: float
+    ) -> Scored | Missing:
+        ws, tests, reward_dir, home = (
+            scratch / "workspace",
+            scratch / "tests",
+            scratch / "reward",
+            scratch / "home",
+        )
         try:
             if scratch.exists():
                 await asyncio.to_thread(shutil.rmtree, scratch)
@@ -151,7 +170,9 @@ class Scorer:
             reward_dir.mkdir()
             home.mkdir()
         except OSError as e:
-            return Missing(reason=MissingReason.infra_error, detail=f"could not prepare the scoring copy: {e}")
+            return Missing(
+                reason=MissingReason.infra_error, detail=f"could not prepare the scoring copy: {e}"
+            )
         py_bin = str(Path(self.config.python).parent)
         env = {
             "PATH": f"{py_bin}:/usr/local/bin:/usr/bin:/bin",
@@ -168,39 +189,65 @@ class Scorer:
         if self._bwrap and self.config.sandbox:
             # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
             argv = harbor_verifier_argv(
-                ["bash", f"{HARBOR_TESTS}/test.sh"], workspace_copy=ws, tests=tests, reward_dir=reward_dir,
-                hide=self._hide + [task.hidden], home=str(home), bwrap=self._bwrap,
+                ["bash", f"{HARBOR_TESTS}/test.sh"],
+                workspace_copy=ws,
+                tests=tests,
+                reward_dir=reward_dir,
+                hide=self._hide + [task.hidden],
+                home=str(home),
+                bwrap=self._bwrap,
             )
-            env.update(GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS)
+            env.update(
+                GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS
+            )
         remaining = budget - (time.monotonic() - t0)
         try:
             res = await run_process(
-                argv, cwd=ws, env=env, stdout_path=scratch.parent / f"{scratch.name}.verifier.stdout",
+                argv,
+                cwd=ws,
+                env=env,
+                stdout_path=scratch.parent / f"{scratch.name}.verifier.stdout",
                 stderr_path=scratch.parent / f"{scratch.name}.verifier.stderr",
-                timeout_s=remaining, max_log_bytes=self.config.max_log_bytes,
+                timeout_s=remaining,
+                max_log_bytes=self.config.max_log_bytes,
             )
         except OSError as e:
-            return Missing(reason=MissingReason.evaluator_error, detail=f"could not start the verifier: {e}")
+            return Missing(
+                reason=MissingReason.evaluator_error, detail=f"could not start the verifier: {e}"
+            )
         if res.stop in ("timeout", "log_limit"):
-            reason = MissingReason.overall_timeout if (cut and res.stop == "timeout") else (
-                MissingReason.evaluator_timeout if res.stop == "timeout" else MissingReason.evaluator_error)
+            reason = (
+                MissingReason.overall_timeout
+                if (cut and res.stop == "timeout")
+                else (
+                    MissingReason.evaluator_timeout
+                    if res.stop == "timeout"
+                    else MissingReason.evaluator_error
+                )
+            )
             what = "flooded its log" if res.stop == "log_limit" else f"ran past {budget:.1f}s"
             return Missing(reason=reason, detail=f"verifier {what} and was killed")
         try:
             found = _read_result(reward_dir)
         except _ResultError as e:
-            return Missing(reason=MissingReason.evaluator_error, detail=f"verifier result unreadable: {e}")
+            return Missing(
+                reason=MissingReason.evaluator_error, detail=f"verifier result unreadable: {e}"
+            )
         if found is None:
             tail = _tail(scratch.parent / f"{scratch.name}.verifier.stderr") or _tail(
-                scratch.parent / f"{scratch.name}.verifier.stdout")
+                scratch.parent / f"{scratch.name}.verifier.stdout"
+            )
             return Missing(
                 reason=MissingReason.evaluator_error,
                 detail=f"verifier exited with status {res.exit_code} and wrote no reward; last output: {tail!r}",
             )
         reward, passed, total, source = found
         return Scored(
-            reward=apply_rule(task.reward_rule, reward, passed, total), rule=task.reward_rule,
-            passed=passed, total=total, detail=f"from {source}; verifier exit status {res.exit_code}",
+            reward=apply_rule(task.reward_rule, reward, passed, total),
+            rule=task.reward_rule,
+            passed=passed,
+            total=total,
+            detail=f"from {source}; verifier exit status {res.exit_code}",
         )
 
 

@@ -31,7 +31,9 @@ import urllib.error
 import urllib.request
 
 
-def draw_duration(rng: random.Random, dist: str, mean_s: float, sigma: float, lo: float, hi: float) -> float:
+def draw_duration(
+    rng: random.Random, dist: str, mean_s: float, sigma: float, lo: float, hi: float
+) -> float:
     """One virtual duration in seconds, clipped to [lo, hi]."""
     if dist == "fixed":
         d = mean_s
@@ -49,7 +51,9 @@ def draw_duration(rng: random.Random, dist: str, mean_s: float, sigma: float, lo
 
 def _call(url: str, key: str, body: dict, timeout: float) -> dict:
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST",
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -58,23 +62,37 @@ def _call(url: str, key: str, body: dict, timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"))
+    ap.add_argument(
+        "--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    )
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
     ap.add_argument("--model", default="policy")
-    ap.add_argument("--dist", default="lognormal", choices=["fixed", "exponential", "uniform", "lognormal"])
+    ap.add_argument(
+        "--dist", default="lognormal", choices=["fixed", "exponential", "uniform", "lognormal"]
+    )
     ap.add_argument("--mean-s", type=float, default=5400.0, help="mean virtual duration (seconds)")
     ap.add_argument("--sigma", type=float, default=0.5, help="lognormal shape")
     ap.add_argument("--min-s", type=float, default=0.0)
     ap.add_argument("--max-s", type=float, default=float("inf"))
-    ap.add_argument("--time-scale", type=float, default=0.001, help="real seconds per virtual second")
+    ap.add_argument(
+        "--time-scale", type=float, default=0.001, help="real seconds per virtual second"
+    )
     ap.add_argument("--calls", type=int, default=8, help="model calls over the duration (0: none)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--request-timeout", type=float, default=600.0)
-    ap.add_argument("--query-sigma", type=float, default=0.0,
-                    help="per-query lognormal factor (mean 1) shared by every execution of one task: "
-                         "queries differ in difficulty, attempts of one query are correlated")
-    ap.add_argument("--query-id", default=os.environ.get("GYRE_TASK", ""), help="default: $GYRE_TASK")
-    ap.add_argument("--seed", type=int, default=None, help="default: derived from GYRE_EXECUTION_ID")
+    ap.add_argument(
+        "--query-sigma",
+        type=float,
+        default=0.0,
+        help="per-query lognormal factor (mean 1) shared by every execution of one task: "
+        "queries differ in difficulty, attempts of one query are correlated",
+    )
+    ap.add_argument(
+        "--query-id", default=os.environ.get("GYRE_TASK", ""), help="default: $GYRE_TASK"
+    )
+    ap.add_argument(
+        "--seed", type=int, default=None, help="default: derived from GYRE_EXECUTION_ID"
+    )
     ap.add_argument("--write", action="append", default=[], metavar="PATH=TEXT")
     a = ap.parse_args(argv)
 
@@ -87,31 +105,51 @@ def main(argv: list[str] | None = None) -> int:
     factor = 1.0
     if a.query_sigma > 0:
         qrng = random.Random(int(hashlib.sha1(a.query_id.encode()).hexdigest()[:8], 16))
-        factor = qrng.lognormvariate(-a.query_sigma ** 2 / 2.0, a.query_sigma)
+        factor = qrng.lognormvariate(-(a.query_sigma**2) / 2.0, a.query_sigma)
     duration = draw_duration(rng, a.dist, a.mean_s * factor, a.sigma, a.min_s, a.max_s)
     url = a.base_url.rstrip("/") + "/chat/completions"
-    messages = [{"role": "system", "content": "You are a synthetic harness."},
-                {"role": "user", "content": f"Work for {duration:.0f} virtual seconds."}]
+    messages = [
+        {"role": "system", "content": "You are a synthetic harness."},
+        {"role": "user", "content": f"Work for {duration:.0f} virtual seconds."},
+    ]
     errors, gap = 0, (duration / a.calls if a.calls > 0 else duration)
     for i in range(max(a.calls, 0)):
         time.sleep(gap * a.time_scale)
         try:
-            out = _call(url, a.api_key, {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
-                        a.request_timeout)
+            out = _call(
+                url,
+                a.api_key,
+                {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
+                a.request_timeout,
+            )
             content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
             errors += 1
             print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
             content = ""
-        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"step {i + 1}"}]
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"step {i + 1}"},
+        ]
     if a.calls <= 0:
         time.sleep(duration * a.time_scale)
     for spec in a.write:
         path, _, text = spec.partition("=")
         with open(path, "w", encoding="utf-8") as f:
             f.write(text.replace("\\n", "\n"))
-    print(json.dumps({"virtual_s": round(duration, 3), "query_factor": round(factor, 4), "real_s": round(time.monotonic() - t0, 4),
-                      "calls": a.calls, "errors": errors, "seed": seed}), flush=True)
+    print(
+        json.dumps(
+            {
+                "virtual_s": round(duration, 3),
+                "query_factor": round(factor, 4),
+                "real_s": round(time.monotonic() - t0, 4),
+                "calls": a.calls,
+                "errors": errors,
+                "seed": seed,
+            }
+        ),
+        flush=True,
+    )
     return 1 if a.calls > 0 and errors == a.calls else 0
 
 

@@ -96,10 +96,18 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
     for tbl, name in ((agent, "agent"), (verifier, "verifier"), (gyre, "gyre")):
         if not isinstance(tbl, dict):
             raise TaskError(f"task {root.name}: [{name}] in task.toml must be a table")
-    harness_timeout = _positive(agent.get("timeout_sec", 600.0), f"task {root.name}: [agent].timeout_sec")
-    verifier_timeout = _positive(verifier.get("timeout_sec", 120.0), f"task {root.name}: [verifier].timeout_sec")
+    harness_timeout = _positive(
+        agent.get("timeout_sec", 600.0), f"task {root.name}: [agent].timeout_sec"
+    )
+    verifier_timeout = _positive(
+        verifier.get("timeout_sec", 120.0), f"task {root.name}: [verifier].timeout_sec"
+    )
     overall = gyre.get("overall_timeout_sec")
-    overall_timeout = None if overall is None else _positive(overall, f"task {root.name}: [gyre].overall_timeout_sec")
+    overall_timeout = (
+        None
+        if overall is None
+        else _positive(overall, f"task {root.name}: [gyre].overall_timeout_sec")
+    )
     if overall_timeout is not None and overall_timeout < harness_timeout:
         raise TaskError(
             f"task {root.name}: [gyre].overall_timeout_sec ({overall_timeout}) is shorter than "
@@ -107,7 +115,9 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         )
     rule = gyre.get("reward", "binary")
     if rule not in ("binary", "fraction"):
-        raise TaskError(f"task {root.name}: [gyre].reward must be 'binary' or 'fraction', got {rule!r}")
+        raise TaskError(
+            f"task {root.name}: [gyre].reward must be 'binary' or 'fraction', got {rule!r}"
+        )
     env = verifier.get("env", {}) or {}
     if not isinstance(env, dict):
         raise TaskError(f"task {root.name}: [verifier].env must be a table of strings")

@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
-    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- elif messages and messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -56,7 +56,7 @@ CHAT_TEMPLATE = (
     "{%- for tc in message.tool_calls %}"
     "{%- if tc.function is defined %}{%- set tc = tc.function %}{%- endif %}"
     "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + tc.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + tc.name + \'", "arguments": \' }}'
     "{%- if tc.arguments is string %}{{- tc.arguments }}{%- else %}{{- tc.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
@@ -71,7 +71,14 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-_CORPUS_MODULES = ["json/__init__.py", "json/decoder.py", "textwrap.py", "argparse.py", "shutil.py", "subprocess.py"]
+_CORPUS_MODULES = [
+    "json/__init__.py",
+    "json/decoder.py",
+    "textwrap.py",
+    "argparse.py",
+    "shutil.py",
+    "subprocess.py",
+]
 
 _EXTRA_TEXT = """\
 You are a helpful assistant. Run the tests, read the failing file, fix the bug and submit.
@@ -135,8 +142,14 @@ def tiny_config_kwargs(vocab_size: int, layers: int = 2, hidden: int = 128) -> d
     )
 
 
-def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 2048, layers: int = 2,
-                     hidden: int = 128) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 2048,
+    layers: int = 2,
+    hidden: int = 128,
+) -> Path:
     """Write a tiny Qwen3 model + tokenizer to ``out_dir`` and return it.
 
     Deterministic for a given (seed, sizes) on one machine; reuses an existing

@@ -33,39 +33,63 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     placement: Placement
-    cells: int = Field(8, ge=1, description="K: number of cells (each a training replica or an engine)")
-    cell_capacity: int = Field(8, ge=1, description="C_e: concurrent executions one rollout cell serves")
-    standalone_capacity: int = Field(0, ge=0, description="C_s: executions served by a standalone rollout pool")
+    cells: int = Field(
+        8, ge=1, description="K: number of cells (each a training replica or an engine)"
+    )
+    cell_capacity: int = Field(
+        8, ge=1, description="C_e: concurrent executions one rollout cell serves"
+    )
+    standalone_capacity: int = Field(
+        0, ge=0, description="C_s: executions served by a standalone rollout pool"
+    )
     group_size: int = Field(16, ge=1, description="N: executions (attempts) per group")
     batch_groups: int = Field(32, ge=1, description="B: groups consumed by one optimizer step")
-    phi: float = Field(0.0, ge=0.0, description="extra dispatch, in batches beyond the current burst")
+    phi: float = Field(
+        0.0, ge=0.0, description="extra dispatch, in batches beyond the current burst"
+    )
     mu: int = Field(1, ge=1, description="optimizer steps per burst (between weight publications)")
     total_steps: int = Field(12, ge=1, description="run length in optimizer steps")
-    streaming: bool = Field(False, description="train groups as they land instead of waiting for a full batch")
+    streaming: bool = Field(
+        False, description="train groups as they land instead of waiting for a full batch"
+    )
     async_train_cells: int = Field(
-        0, ge=0, description="Async only: cells 0..n-1 train for the whole run (0 = half of the cells)"
+        0,
+        ge=0,
+        description="Async only: cells 0..n-1 train for the whole run (0 = half of the cells)",
     )
     micro_steps_per_execution: int = Field(
-        1, ge=1, description="packing granularity: micro-steps each valid execution of a group is cut into"
+        1,
+        ge=1,
+        description="packing granularity: micro-steps each valid execution of a group is cut into",
     )
-    rho_min: float = Field(0.25, gt=0.0, le=1.0, description="supply check: fraction of B ready and unclaimed")
-    hold_tau: float = Field(0.0, ge=0.0, description="supply check must hold this long (world time units)")
+    rho_min: float = Field(
+        0.25, gt=0.0, le=1.0, description="supply check: fraction of B ready and unclaimed"
+    )
+    hold_tau: float = Field(
+        0.0, ge=0.0, description="supply check must hold this long (world time units)"
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "PolicyConfig":
+    def _check(self) -> PolicyConfig:
         extra = self.phi * self.batch_groups
         if abs(extra - round(extra)) > 1e-9:
             raise ValueError(
                 f"phi * B must be a whole number of groups (phi={self.phi}, B={self.batch_groups})"
             )
         if self.placement is Placement.COLOCATE and self.phi != 0:
-            raise ValueError("colocate cannot dispatch extra work without interrupting executions: phi must be 0")
+            raise ValueError(
+                "colocate cannot dispatch extra work without interrupting executions: phi must be 0"
+            )
         if self.placement is Placement.ASYNC:
             if self.cells < 2:
                 raise ValueError("async needs at least 2 cells (one training, one rollout)")
             if self.train_cells >= self.cells:
                 raise ValueError("async_train_cells must leave at least one rollout cell")
-        if self.placement is Placement.COLOCATE and self.standalone_capacity == 0 and self.streaming:
+        if (
+            self.placement is Placement.COLOCATE
+            and self.standalone_capacity == 0
+            and self.streaming
+        ):
             # Legal, but pointless: with no standalone pool every group is ready before training starts.
             pass
         return self

@@ -183,7 +183,9 @@ class SchedulingPolicy:
             raise PolicyError(f"event time {event.time} is before the last event's time {self.now}")
         cell = getattr(event, "cell", None)
         if cell is not None and not 0 <= cell < self._K:
-            raise PolicyError(f"{type(event).__name__} names cell {cell}; cells are 0..{self._K - 1}")
+            raise PolicyError(
+                f"{type(event).__name__} names cell {cell}; cells are 0..{self._K - 1}"
+            )
         acts: list[Action] = []
         t = type(event)
         if t is ExecutionFinished:
@@ -211,7 +213,9 @@ class SchedulingPolicy:
         gid, attempt = ev.execution
         g = self._groups.get(gid)
         if g is None or not 0 <= attempt < self._N:
-            raise PolicyError(f"finished execution {ev.execution} was never dispatched (or its group was trained)")
+            raise PolicyError(
+                f"finished execution {ev.execution} was never dispatched (or its group was trained)"
+            )
         bit = 1 << attempt
         if g.finished_mask & bit:
             raise PolicyError(f"execution {ev.execution} finished twice")
@@ -259,7 +263,8 @@ class SchedulingPolicy:
             else:
                 cap_without_core = c.standalone_capacity + self._Ce * (self._K - 1)
             self._core_stays = (
-                len(self._ready) >= c.supply_groups and cap_without_core >= self.waterlevel + next_dispatch
+                len(self._ready) >= c.supply_groups
+                and cap_without_core >= self.waterlevel + next_dispatch
             )
             # colocate moves as one gang: if the pool stays, every cell stays
             if not (self.placement is Placement.COLOCATE and self._core_stays):
@@ -349,7 +354,10 @@ class SchedulingPolicy:
         """Move the next cell into training if the waterlevel rule and the supply check allow."""
         if self.placement is Placement.ASYNC or self._boundary:
             return
-        if self._supply_since is None or self.now - self._supply_since < self.config.hold_tau - 1e-12:
+        if (
+            self._supply_since is None
+            or self.now - self._supply_since < self.config.hold_tau - 1e-12
+        ):
             return
         roles = self.roles
         if self.placement is Placement.COLOCATE:
@@ -402,7 +410,12 @@ class SchedulingPolicy:
             self._busy[cell] = True
             self._inflight += 1
             acts.append(ClaimMicroStep(cell, step, gid, idx))
-        if self._step_groups == self._B and not micro and self._inflight == 0 and not self._finishing:
+        if (
+            self._step_groups == self._B
+            and not micro
+            and self._inflight == 0
+            and not self._finishing
+        ):
             self._finishing = True
             self._busy[CORE] = True
             acts.append(FinishStep(step, CORE))

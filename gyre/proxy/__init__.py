@@ -16,14 +16,18 @@ __all__ = ["ProxyConfig", "ProxyServer", "ProxyAdminClient", "build_app"]
 def __getattr__(name: str) -> Any:
     if name == "ProxyConfig":
         from gyre.proxy.config import ProxyConfig
+
         return ProxyConfig
     if name == "ProxyServer":
         from gyre.proxy.server import ProxyServer
+
         return ProxyServer
     if name == "ProxyAdminClient":
         from gyre.proxy.admin import ProxyAdminClient
+
         return ProxyAdminClient
     if name == "build_app":
         from gyre.proxy.app import build_app
+
         return build_app
     raise AttributeError(name)

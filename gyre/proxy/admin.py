@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 
@@ -20,8 +20,11 @@ class ProxyAdminClient:
 
     def __init__(self, base_url: str, admin_token: str, timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout,
-                                  headers={"authorization": f"Bearer {admin_token}"})
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            headers={"authorization": f"Bearer {admin_token}"},
+        )
 
     def _call(self, method: str, path: str, json: Any = None) -> dict[str, Any]:
         r = self._http.request(method, path, json=json)
@@ -29,7 +32,7 @@ class ProxyAdminClient:
             raise ProxyAdminError(f"{method} {path} -> {r.status_code}: {r.text[:500]}")
         return r.json()
 
-    def register(self, execution_id: str, label: str = "", key: Optional[str] = None) -> str:
+    def register(self, execution_id: str, label: str = "", key: str | None = None) -> str:
         body: dict[str, Any] = {"execution_id": execution_id, "label": label}
         if key is not None:
             body["key"] = key
@@ -56,7 +59,7 @@ class ProxyAdminClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "ProxyAdminClient":
+    def __enter__(self) -> ProxyAdminClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -40,7 +40,9 @@ def _dialect(path: str) -> str:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
-def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService | None = None) -> Starlette:
+def build_app(
+    config: ProxyConfig, tokenizer: Any = None, service: ProxyService | None = None
+) -> Starlette:
     """A Starlette app; the service (tokenizer, pool, traces) starts and stops with the app's lifespan."""
     svc = service or ProxyService(config, tokenizer)
 
@@ -54,10 +56,24 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
         return await svc.count_tokens(request)
 
     async def models(request: Request) -> Response:
-        m = {"id": svc.served_model, "object": "model", "created": 0, "owned_by": "gyre",
-             "type": "model", "display_name": svc.served_model, "created_at": "1970-01-01T00:00:00Z"}
-        return JSONResponse({"object": "list", "data": [m], "has_more": False, "first_id": m["id"],
-                             "last_id": m["id"]})
+        m = {
+            "id": svc.served_model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "gyre",
+            "type": "model",
+            "display_name": svc.served_model,
+            "created_at": "1970-01-01T00:00:00Z",
+        }
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [m],
+                "has_more": False,
+                "first_id": m["id"],
+                "last_id": m["id"],
+            }
+        )
 
     async def health(request: Request) -> Response:
         """200 when at least one active engine answers its own /health."""
@@ -65,12 +81,16 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
 
         engines = svc.pool.status()
         handles = list(svc.pool.engines.values())
-        alive = await asyncio.gather(*(asyncio.wait_for(h.ctl.health(), 2.0) for h in handles),
-                                     return_exceptions=True)
+        alive = await asyncio.gather(
+            *(asyncio.wait_for(h.ctl.health(), 2.0) for h in handles), return_exceptions=True
+        )
         for e, a in zip(engines, alive):
             e["reachable"] = a is True
         ok = any(e["state"] == "active" and e["reachable"] for e in engines)
-        return JSONResponse({"status": "ok" if ok else "no_engine", "engines": engines}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "no_engine", "engines": engines},
+            status_code=200 if ok else 503,
+        )
 
     # -- admin --------------------------------------------------------------------------------
     def _admin(request: Request) -> None:
@@ -78,7 +98,9 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
         auth = request.headers.get("authorization", "")
         given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         if not token or not hmac.compare_digest(given.encode(), token.encode()):
-            raise ApiError(401, "admin routes need Authorization: Bearer <admin token>", "authentication")
+            raise ApiError(
+                401, "admin routes need Authorization: Bearer <admin token>", "authentication"
+            )
 
     async def _json(request: Request) -> dict:
         try:
@@ -96,6 +118,7 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
                 return await fn(request)
             except ApiError as e:
                 return JSONResponse(e.openai_body(), status_code=e.status)
+
         return wrapped
 
     @admin_route
@@ -163,7 +186,11 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
             await svc.aclose()
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        err = ApiError(exc.status_code, exc.detail or "error", "not_found" if exc.status_code == 404 else "invalid_request")
+        err = ApiError(
+            exc.status_code,
+            exc.detail or "error",
+            "not_found" if exc.status_code == 404 else "invalid_request",
+        )
         return JSONResponse(err.body(_dialect(request.url.path)), status_code=exc.status_code)
 
     async def crash(request: Request, exc: Exception) -> Response:
@@ -188,7 +215,10 @@ def build_app(config: ProxyConfig, tokenizer: Any = None, service: ProxyService 
         Route("/admin/engines/remove", remove_engine, methods=["POST"]),
         Route("/admin/stats", stats, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: crash})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: crash},
+    )
     app.state.service = svc
     return app

@@ -23,7 +23,7 @@ import re
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gyre.proxy import jsonfast
 
@@ -37,9 +37,9 @@ class ParsedBody:
     body: bytes
     data: dict[str, Any]
     array_start: int  # offset just after the '[' of the messages array
-    spans: Optional[list[tuple[int, int]]]  # byte span of each message element (None: not scanned yet)
+    spans: list[tuple[int, int]] | None  # byte span of each message element (None: not scanned yet)
     array_end: int  # offset of the closing ']' (-1: not scanned yet)
-    ends: Optional[list[int]] = None  # span ends (sorted), for bisect
+    ends: list[int] | None = None  # span ends (sorted), for bisect
 
     def __post_init__(self) -> None:
         if self.ends is None and self.spans is not None:
@@ -81,10 +81,10 @@ def _common_prefix(a: bytes, b: bytes, hint: int = 0) -> int:
     return lo
 
 
-def _find_messages_array(body: bytes) -> Optional[int]:
+def _find_messages_array(body: bytes) -> int | None:
     """Offset just after the '[' of the top-level "messages" value (depth 1), or None."""
     depth = 0
-    last_key: Optional[bytes] = None
+    last_key: bytes | None = None
     expect_value = False
     for m in _TOKEN.finditer(body):
         t = m.group()
@@ -107,11 +107,11 @@ def _find_messages_array(body: bytes) -> Optional[int]:
     return None
 
 
-def _split_elements(body: bytes, pos: int) -> Optional[tuple[list[tuple[int, int]], int]]:
+def _split_elements(body: bytes, pos: int) -> tuple[list[tuple[int, int]], int] | None:
     """Byte spans of the elements of the array whose content starts at ``pos``, and its closing offset."""
     spans: list[tuple[int, int]] = []
     depth = 0
-    start: Optional[int] = None
+    start: int | None = None
     i = pos
     n = len(body)
     while True:
@@ -150,7 +150,7 @@ def _rstrip(body: bytes, start: int, end: int) -> int:
     return end
 
 
-def _full(body: bytes) -> tuple[Any, Optional[ParsedBody]]:
+def _full(body: bytes) -> tuple[Any, ParsedBody | None]:
     """Plain parse; the body is kept (unscanned) in case the next one extends it."""
     data = jsonfast.loads(body)  # raises on malformed JSON: the caller answers 400
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
@@ -180,13 +180,14 @@ class BodyParser:
             # An older body can only do better if it agrees with this one *beyond* the best match so
             # far: one byte rules most out, so a call pays one full memcmp, not one per kept body.
             # (Only the choice is cheap: whatever is re-used was compared byte for byte.)
-            if best is not None and (best_l >= len(p.body) or best_l >= len(body)
-                                     or p.body[best_l] != body[best_l]):
+            if best is not None and (
+                best_l >= len(p.body) or best_l >= len(body) or p.body[best_l] != body[best_l]
+            ):
                 continue
             self.full_compares += 1
-            l = _common_prefix(p.body, body, p.spans[-1][0] if p.spans else 0)
-            if l > best_l:
-                best, best_l = p, l
+            shared = _common_prefix(p.body, body, p.spans[-1][0] if p.spans else 0)
+            if shared > best_l:
+                best, best_l = p, shared
         if best is None or best_l <= best.array_start:
             data, pb = _full(body)
             if pb is not None:
@@ -212,7 +213,7 @@ class BodyParser:
         if k and prev.ends[k - 1] == common:
             s = prev.spans[k - 1][0]
             # objects, arrays and strings close themselves; a number could continue (12 -> 123)
-            if prev.body[s:s + 1] not in (b"{", b"[", b'"'):
+            if prev.body[s : s + 1] not in (b"{", b"[", b'"'):
                 k -= 1
         if k == 0:
             data, pb = _full(body)
@@ -220,8 +221,8 @@ class BodyParser:
                 self.recent.append(pb)
             return data
         resume = prev.spans[k - 1][1]  # just after element k-1, in both bodies
-        split = _split_elements(body, resume + 1) if body[resume:resume + 1] == b"," else None
-        if body[resume:resume + 1] == b",":
+        split = _split_elements(body, resume + 1) if body[resume : resume + 1] == b"," else None
+        if body[resume : resume + 1] == b",":
             if split is None:
                 raise ValueError("unsplittable tail")
             new_spans, end = split
@@ -229,17 +230,25 @@ class BodyParser:
             rest = resume
             while rest < len(body) and body[rest] in _WS:
                 rest += 1
-            if body[rest:rest + 1] != b"]":
+            if body[rest : rest + 1] != b"]":
                 raise ValueError("unexpected tail")
             new_spans, end = [], rest
         old = prev.data["messages"]
         msgs = old[:k] + [jsonfast.loads(body[s:e]) for s, e in new_spans]
-        top = jsonfast.loads(body[: prev.array_start] + body[end:])  # every other field, messages = []
+        top = jsonfast.loads(
+            body[: prev.array_start] + body[end:]
+        )  # every other field, messages = []
         if not isinstance(top, dict) or top.get("messages") != []:
             raise ValueError("top level changed shape")
         top["messages"] = msgs
         self.reused_messages += k
-        pb = ParsedBody(body, top, prev.array_start, prev.spans[:k] + new_spans, end,
-                        prev.ends[:k] + [e for _, e in new_spans])
+        pb = ParsedBody(
+            body,
+            top,
+            prev.array_start,
+            prev.spans[:k] + new_spans,
+            end,
+            prev.ends[:k] + [e for _, e in new_spans],
+        )
         self.recent.append(pb)
         return top

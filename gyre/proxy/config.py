@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -10,24 +10,56 @@ from pydantic import BaseModel, Field
 class ProxyConfig(BaseModel):
     """Everything ``gyre proxy`` and :class:`gyre.proxy.server.ProxyServer` need."""
 
-    model_dir: str = Field(description="HF model directory; its tokenizer and chat template render requests.")
-    engines: list[str] = Field(default_factory=list, description="Engine base URLs (SGLang /generate protocol).")
+    model_dir: str = Field(
+        description="HF model directory; its tokenizer and chat template render requests."
+    )
+    engines: list[str] = Field(
+        default_factory=list, description="Engine base URLs (SGLang /generate protocol)."
+    )
     host: str = "127.0.0.1"
     port: int = 0
-    trace_dir: str = Field("traces", description="Per-execution JSONL traces land here (gyre.trace.store).")
+    trace_dir: str = Field(
+        "traces", description="Per-execution JSONL traces land here (gyre.trace.store)."
+    )
     mode: Literal["open", "managed"] = Field(
-        "open", description="open: any API key names its own execution; managed: only registered keys.")
-    admin_token: Optional[str] = Field(None, description="Bearer token for /admin/* routes (required in managed mode).")
-    served_model_name: Optional[str] = Field(None, description="Name listed by /v1/models (default: directory name).")
-    parser: str = Field("hermes", description="Output parser: hermes (<tool_call>{json}</tool_call>, <think>) or plain.")
-    max_context_tokens: Optional[int] = Field(
-        None, description="Prompt+output token limit; default: the model config's max_position_embeddings.")
-    default_max_tokens: int = Field(2048, description="Output budget when the request does not say.")
+        "open",
+        description="open: any API key names its own execution; managed: only registered keys.",
+    )
+    admin_token: str | None = Field(
+        None, description="Bearer token for /admin/* routes (required in managed mode)."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name listed by /v1/models (default: directory name)."
+    )
+    parser: str = Field(
+        "hermes",
+        description="Output parser: hermes (<tool_call>{json}</tool_call>, <think>) or plain.",
+    )
+    max_context_tokens: int | None = Field(
+        None,
+        description="Prompt+output token limit; default: the model config's max_position_embeddings.",
+    )
+    default_max_tokens: int = Field(
+        2048, description="Output budget when the request does not say."
+    )
     max_body_bytes: int = Field(1 << 30, description="Largest accepted request body (413 above).")
-    fsync: bool = Field(True, description="fsync each trace record before answering (no call lost on a crash).")
-    retry_window: int = Field(4, description="Recent requests per execution kept to coalesce/replay SDK retries.")
-    prefix_cache_nodes: int = Field(4, description="Per execution, calls whose full token JSON is kept hot.")
-    max_resumes: int = Field(16, description="How often one call may be moved between engines before failing.")
-    verify_bridge: bool = Field(False, description="Debug: also fully re-render bridged requests and count "
-                                                   "differences (costs O(context) per call).")
-    engine_timeout_s: Optional[float] = Field(None, description="Read timeout towards engines (None: no limit).")
+    fsync: bool = Field(
+        True, description="fsync each trace record before answering (no call lost on a crash)."
+    )
+    retry_window: int = Field(
+        4, description="Recent requests per execution kept to coalesce/replay SDK retries."
+    )
+    prefix_cache_nodes: int = Field(
+        4, description="Per execution, calls whose full token JSON is kept hot."
+    )
+    max_resumes: int = Field(
+        16, description="How often one call may be moved between engines before failing."
+    )
+    verify_bridge: bool = Field(
+        False,
+        description="Debug: also fully re-render bridged requests and count "
+        "differences (costs O(context) per call).",
+    )
+    engine_timeout_s: float | None = Field(
+        None, description="Read timeout towards engines (None: no limit)."
+    )

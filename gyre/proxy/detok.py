@@ -23,16 +23,16 @@ class Detokenizer:
 
     def add(self, new_ids: list[int]) -> str:
         self.ids.extend(t for t in new_ids if t not in self.skip)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
-            return full[len(prefix):]
+            return full[len(prefix) :]
         return ""
 
     def flush(self) -> str:
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix):] if len(full) > len(prefix) else ""
+        return full[len(prefix) :] if len(full) > len(prefix) else ""

@@ -22,8 +22,15 @@ _TYPES = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request", *, param: str | None = None,
-                 code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request",
+        *,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -32,12 +39,20 @@ class ApiError(Exception):
         self.code = code
 
     def openai_body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.kind, _TYPES["server"])[0],
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.kind, _TYPES["server"])[0],
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def anthropic_body(self) -> dict[str, Any]:
-        return {"type": "error", "error": {"type": _TYPES.get(self.kind, _TYPES["server"])[1],
-                                           "message": self.message}}
+        return {
+            "type": "error",
+            "error": {"type": _TYPES.get(self.kind, _TYPES["server"])[1], "message": self.message},
+        }
 
     def body(self, dialect: str) -> dict[str, Any]:
         return self.anthropic_body() if dialect == "anthropic" else self.openai_body()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class Identity:
     label: str = ""
 
 
-def key_from_headers(headers) -> Optional[str]:
+def key_from_headers(headers) -> str | None:
     key = headers.get("x-api-key")
     if key:
         return key.strip()
@@ -40,7 +39,7 @@ class KeyRegistry:
         self.mode = mode
         self._keys: dict[str, Identity] = {}
 
-    def resolve(self, key: Optional[str]) -> Optional[Identity]:
+    def resolve(self, key: str | None) -> Identity | None:
         if not key:
             return None
         ident = self._keys.get(key)
@@ -48,7 +47,7 @@ class KeyRegistry:
             ident = Identity("open-" + hashlib.sha256(key.encode()).hexdigest()[:16])
         return ident
 
-    def register(self, execution_id: str, label: str = "", key: Optional[str] = None) -> str:
+    def register(self, execution_id: str, label: str = "", key: str | None = None) -> str:
         if not execution_id:
             raise ValueError("execution_id must be non-empty")
         key = key or "gyre-" + secrets.token_urlsafe(24)

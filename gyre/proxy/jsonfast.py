@@ -38,4 +38,6 @@ def ids_json(ids: Any) -> bytes:
     return dumps(list(ids))[1:-1]
 
 
-JSONDecodeError = (ValueError,)  # orjson.JSONDecodeError and json.JSONDecodeError subclass ValueError
+JSONDecodeError = (
+    ValueError,
+)  # orjson.JSONDecodeError and json.JSONDecodeError subclass ValueError

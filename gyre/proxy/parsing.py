@@ -12,7 +12,8 @@ plain text: the client sees exactly what the model wrote, and nothing crashes.
 from __future__ import annotations
 
 import json
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from gyre.proxy.types import ReasoningDelta, StreamEvent, TextDelta, ToolCall, ToolCallEvent
 
@@ -76,7 +77,7 @@ class HermesParser:
             self.pending_ws += s
             return
         out.append(TextDelta(self.pending_ws + body))
-        self.pending_ws = s[len(body):]
+        self.pending_ws = s[len(body) :]
 
     def feed(self, text: str) -> list[StreamEvent]:
         self.buf += text
@@ -90,14 +91,14 @@ class HermesParser:
                     before = self.buf[:i]
                     if before.strip() or (before and not self.n_calls):
                         self._text(before, out)
-                    self.buf = self.buf[i + len(tag):]
+                    self.buf = self.buf[i + len(tag) :]
                     self.state = "reasoning" if tag == _THINK_OPEN else "tool"
                     continue
                 keep = _partial_tag_len(self.buf, (_THINK_OPEN, _CALL_OPEN))
                 emit = self.buf[: len(self.buf) - keep]
                 if emit and (emit.strip() or not self.n_calls):
                     self._text(emit, out)
-                    self.buf = self.buf[len(emit):]
+                    self.buf = self.buf[len(emit) :]
                 elif emit:  # whitespace between tool calls: hold it (dropped unless text follows)
                     pass
                 return out
@@ -106,20 +107,20 @@ class HermesParser:
                 if i >= 0:
                     if self.buf[:i]:
                         out.append(ReasoningDelta(self.buf[:i]))
-                    self.buf = self.buf[i + len(_THINK_CLOSE):]
+                    self.buf = self.buf[i + len(_THINK_CLOSE) :]
                     self.state = "content"
                     continue
                 keep = _partial_tag_len(self.buf, (_THINK_CLOSE,))
                 emit = self.buf[: len(self.buf) - keep]
                 if emit:
                     out.append(ReasoningDelta(emit))
-                    self.buf = self.buf[len(emit):]
+                    self.buf = self.buf[len(emit) :]
                 return out
             # state == "tool": wait for the closing tag, then parse the whole call
             i = self.buf.find(_CALL_CLOSE)
             if i < 0:
                 return out
-            inner, self.buf = self.buf[:i], self.buf[i + len(_CALL_CLOSE):]
+            inner, self.buf = self.buf[:i], self.buf[i + len(_CALL_CLOSE) :]
             call = self._parse_call(inner)
             if call is None:
                 self._text(_CALL_OPEN + inner + _CALL_CLOSE, out)
@@ -143,7 +144,9 @@ class HermesParser:
                 return None
         if not isinstance(args, dict):
             return None
-        return ToolCall(id=self.new_id(), name=obj["name"], arguments=json.dumps(args, ensure_ascii=False))
+        return ToolCall(
+            id=self.new_id(), name=obj["name"], arguments=json.dumps(args, ensure_ascii=False)
+        )
 
     def finish(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []

@@ -22,8 +22,9 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 import aiohttp
 import aiohttp.payload
@@ -40,7 +41,7 @@ log = logging.getLogger("gyre.proxy.pool")
 class InFlight:
     rid: str
     execution_id: str
-    engine: "EngineHandle"
+    engine: EngineHandle
     moving: bool = False
     abort_sent: float = 0.0
 
@@ -48,7 +49,7 @@ class InFlight:
 @dataclass(eq=False)
 class EngineHandle:
     url: str
-    session: "aiohttp.ClientSession"  # the /generate hot path (see EnginePool.add)
+    session: aiohttp.ClientSession  # the /generate hot path (see EnginePool.add)
     ctl: EngineClient
     engine_id: str
     state: str = "active"  # active | draining
@@ -80,8 +81,14 @@ def _version(v: Any) -> int:
 
 
 class EnginePool:
-    def __init__(self, urls: list[str], *, read_timeout: Optional[float] = None, max_resumes: int = 16,
-                 wait_for_engine_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        read_timeout: float | None = None,
+        max_resumes: int = 16,
+        wait_for_engine_s: float = 600.0,
+    ) -> None:
         self._urls = [u.rstrip("/") for u in urls]
         self.read_timeout = read_timeout
         self.max_resumes = max_resumes
@@ -90,7 +97,7 @@ class EnginePool:
         self.affinity: dict[str, str] = {}
         self.counters = {"requests": 0, "moved": 0, "engine_errors": 0}
         self._rr = itertools.count()
-        self._changed: Optional[asyncio.Event] = None
+        self._changed: asyncio.Event | None = None
 
     async def start(self) -> None:
         self._changed = asyncio.Event()
@@ -115,10 +122,13 @@ class EnginePool:
         # pool scan per request (httpcore's made hundreds of concurrent executions quadratic). Idle
         # connections expire before the engine server's keep-alive (uvicorn: 5 s) closes them, so a
         # request never goes out on a connection the engine is closing.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0, socket_factory=_big_send_buffer)
+        connector = aiohttp.TCPConnector(
+            limit=0, keepalive_timeout=2.0, socket_factory=_big_send_buffer
+        )
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.read_timeout)
-        session = aiohttp.ClientSession(base_url=url, connector=connector, timeout=timeout,
-                                        read_bufsize=1 << 20)
+        session = aiohttp.ClientSession(
+            base_url=url, connector=connector, timeout=timeout, read_bufsize=1 << 20
+        )
         ctl = EngineClient(url)
         engine_id = url
         try:
@@ -148,11 +158,20 @@ class EnginePool:
             self._changed = asyncio.Event()
 
     def status(self) -> list[dict[str, Any]]:
-        return [{"url": e.url, "engine_id": e.engine_id, "state": e.state, "inflight": len(e.inflight),
-                 "served": e.served, "failures": e.failures} for e in self.engines.values()]
+        return [
+            {
+                "url": e.url,
+                "engine_id": e.engine_id,
+                "state": e.state,
+                "inflight": len(e.inflight),
+                "served": e.served,
+                "failures": e.failures,
+            }
+            for e in self.engines.values()
+        ]
 
     # -- placement ----------------------------------------------------------------------------
-    def pick(self, execution_id: str, avoid: Optional[EngineHandle] = None) -> Optional[EngineHandle]:
+    def pick(self, execution_id: str, avoid: EngineHandle | None = None) -> EngineHandle | None:
         """Same execution -> same engine while it is active (its KV prefix lives there); else least loaded."""
         url = self.affinity.get(execution_id)
         e = self.engines.get(url) if url else None
@@ -171,7 +190,7 @@ class EnginePool:
         self.affinity[execution_id] = best.url
         return best
 
-    async def _wait_engine(self, execution_id: str, avoid: Optional[EngineHandle]) -> EngineHandle:
+    async def _wait_engine(self, execution_id: str, avoid: EngineHandle | None) -> EngineHandle:
         deadline = time.monotonic() + self.wait_for_engine_s
         while True:
             e = self.pick(execution_id, avoid)
@@ -182,14 +201,14 @@ class EnginePool:
             ev = self._changed
             try:
                 await asyncio.wait_for(ev.wait(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def forget(self, execution_id: str) -> None:
         self.affinity.pop(execution_id, None)
 
     # -- drain --------------------------------------------------------------------------------
-    async def drain(self, url: str, timeout: Optional[float] = None) -> int:
+    async def drain(self, url: str, timeout: float | None = None) -> int:
         """Stop routing to ``url`` and move its in-flight requests; returns how many were moved."""
         e = self.engines.get(url.rstrip("/"))
         if e is None:
@@ -210,7 +229,9 @@ class EnginePool:
                     f.abort_sent = now
                     try:
                         await e.ctl.abort(f.rid)
-                    except Exception as err:  # engine gone: the request's connection breaks and it moves
+                    except (
+                        Exception
+                    ) as err:  # engine gone: the request's connection breaks and it moves
                         log.info("abort %s on %s: %s", f.rid, e.url, err)
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -220,8 +241,13 @@ class EnginePool:
 
     # -- generation ---------------------------------------------------------------------------
     @staticmethod
-    def _body(rid: str, input_parts: list[bytes], extra_ids: list[int], sampling: dict[str, Any],
-              stream: bool) -> "PartsPayload":
+    def _body(
+        rid: str,
+        input_parts: list[bytes],
+        extra_ids: list[int],
+        sampling: dict[str, Any],
+        stream: bool,
+    ) -> PartsPayload:
         """The /generate body as pieces around the pre-serialised id pieces: the big (cached prefix)
         pieces are never joined or copied, they go to the socket as they are (:class:`PartsPayload`)."""
         out = [b'{"rid":' + jsonfast.dumps(rid) + b',"input_ids":[']
@@ -236,12 +262,24 @@ class EnginePool:
             if not first:
                 out.append(b",")
             out.append(jsonfast.ids_json(extra_ids))
-        out.append(b'],"sampling_params":' + jsonfast.dumps(sampling) + b',"return_logprob":true,"stream":'
-                   + (b"true" if stream else b"false") + b"}")
+        out.append(
+            b'],"sampling_params":'
+            + jsonfast.dumps(sampling)
+            + b',"return_logprob":true,"stream":'
+            + (b"true" if stream else b"false")
+            + b"}"
+        )
         return PartsPayload(_coalesce(out))
 
-    async def generate(self, execution_id: str, input_parts: list[bytes], input_len: int, sampling: dict[str, Any],
-                       *, stream: bool) -> AsyncIterator[tuple[list[int], list[float]] | GenResult]:
+    async def generate(
+        self,
+        execution_id: str,
+        input_parts: list[bytes],
+        input_len: int,
+        sampling: dict[str, Any],
+        *,
+        stream: bool,
+    ) -> AsyncIterator[tuple[list[int], list[float]] | GenResult]:
         """Yield ``(new_ids, new_logprobs)`` pieces as they are sampled, then one :class:`GenResult`.
 
         Survives drains and engine failures by resuming elsewhere with the tokens
@@ -252,7 +290,7 @@ class EnginePool:
         out_lps: list[float] = []
         segments: list[OutputSegment] = []
         budget = int(sampling.get("max_new_tokens", 128))
-        avoid: Optional[EngineHandle] = None
+        avoid: EngineHandle | None = None
         moves = 0
         while True:
             engine = await self._wait_engine(execution_id, avoid)
@@ -261,7 +299,7 @@ class EnginePool:
             sp = dict(sampling, max_new_tokens=max(budget - len(out_ids), 0))
             body = self._body(rid, input_parts, out_ids, sp, stream)
             start = len(out_ids)
-            finish: Optional[str] = None
+            finish: str | None = None
             version_marks: list[tuple[int, int]] = []
             broke = False
             engine.inflight.add(f)
@@ -291,9 +329,13 @@ class EnginePool:
                 broke = True
                 engine.failures += 1
                 engine.streak += 1
-                engine.down_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(engine.streak - 1, 6))
+                engine.down_until = time.monotonic() + min(
+                    30.0, 0.5 * 2 ** min(engine.streak - 1, 6)
+                )
                 self.counters["engine_errors"] += 1
-                log.warning("engine %s failed mid-request (%s); resuming elsewhere", engine.url, err)
+                log.warning(
+                    "engine %s failed mid-request (%s); resuming elsewhere", engine.url, err
+                )
             finally:
                 engine.inflight.discard(f)
                 if not done and not broke:  # cancelled (client went away): free the engine's slot
@@ -306,7 +348,9 @@ class EnginePool:
             if broke or finish == "abort" or finish is None:
                 moves += 1
                 if moves > self.max_resumes:
-                    raise ApiError(503, f"request moved {moves} times without finishing", "overloaded")
+                    raise ApiError(
+                        503, f"request moved {moves} times without finishing", "overloaded"
+                    )
                 if len(out_ids) >= budget:
                     finish = "length"
                 else:
@@ -321,12 +365,12 @@ class EnginePool:
         except Exception:
             pass
 
-    async def _plain_attempt(self, engine: EngineHandle, body: "PartsPayload"):
+    async def _plain_attempt(self, engine: EngineHandle, body: PartsPayload):
         try:
             async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
                 raw = await resp.read()
                 status = resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise _EngineBroke(f"{type(e).__name__}: {e}") from e
         if status >= 400:
             _raise_engine_error(status, raw.decode("utf-8", "replace"), engine)
@@ -335,7 +379,7 @@ class EnginePool:
             data = data[0]
         return _unpack(data)
 
-    async def _stream_attempt(self, engine: EngineHandle, body: "PartsPayload"):
+    async def _stream_attempt(self, engine: EngineHandle, body: PartsPayload):
         try:
             async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
                 if resp.status >= 400:
@@ -358,7 +402,7 @@ class EnginePool:
                             code = int(err.get("code", 500)) if isinstance(err, dict) else 500
                             _raise_engine_error(code, str(err), engine)
                         yield _unpack(data)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise _EngineBroke(f"{type(e).__name__}: {e}") from e
 
 
@@ -417,7 +461,7 @@ class PartsPayload(aiohttp.payload.Payload):
     async def write(self, writer: Any) -> None:
         await self.write_with_length(writer, None)
 
-    async def write_with_length(self, writer: Any, content_length: Optional[int]) -> None:
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
         left = self._size if content_length is None else min(content_length, self._size)
         for p in self._value:
             if left <= 0:
@@ -434,7 +478,9 @@ def _big_send_buffer(addr_info) -> socket.socket:
     family, type_, proto, _, _ = addr_info
     sock = socket.socket(family=family, type=type_, proto=proto)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)  # the kernel caps it at wmem_max
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20
+        )  # the kernel caps it at wmem_max
     except OSError:
         pass
     return sock
@@ -465,7 +511,9 @@ def _unpack(data: dict[str, Any]):
     return ids, lps[: len(ids)], finish, marks
 
 
-def _segments(start: int, end: int, engine_id: str, marks: list[tuple[int, int]]) -> list[OutputSegment]:
+def _segments(
+    start: int, end: int, engine_id: str, marks: list[tuple[int, int]]
+) -> list[OutputSegment]:
     """Output ``[start, end)`` from one engine attempt, split where its weights version changed."""
     if not marks:
         return [OutputSegment(start, end, engine_id, -1)]
@@ -483,8 +531,12 @@ def _segments(start: int, end: int, engine_id: str, marks: list[tuple[int, int]]
 def _merge(segs: list[OutputSegment]) -> list[OutputSegment]:
     out: list[OutputSegment] = []
     for s in segs:
-        if out and out[-1].engine_id == s.engine_id and out[-1].weights_version == s.weights_version \
-                and out[-1].end == s.start:
+        if (
+            out
+            and out[-1].engine_id == s.engine_id
+            and out[-1].weights_version == s.weights_version
+            and out[-1].end == s.start
+        ):
             out[-1] = OutputSegment(out[-1].start, s.end, s.engine_id, s.weights_version)
         else:
             out.append(s)

@@ -8,15 +8,24 @@ so a proxy crash never loses a call the harness saw.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Any
 
 from gyre.proxy.types import Message, ParsedCall
 
 # Request headers copied into meta["headers"] (lower-case). Never authorization / x-api-key.
 RECORDED_HEADERS = (
-    "user-agent", "anthropic-beta", "anthropic-version", "x-claude-code-session-id", "x-app",
-    "x-stainless-retry-count", "x-stainless-lang", "x-stainless-package-version", "x-stainless-runtime",
-    "x-stainless-timeout", "openai-organization", "openai-project",
+    "user-agent",
+    "anthropic-beta",
+    "anthropic-version",
+    "x-claude-code-session-id",
+    "x-app",
+    "x-stainless-retry-count",
+    "x-stainless-lang",
+    "x-stainless-package-version",
+    "x-stainless-runtime",
+    "x-stainless-timeout",
+    "openai-organization",
+    "openai-project",
 )
 
 
@@ -25,8 +34,14 @@ def _text(m: Message) -> str:
     return c if isinstance(c, str) else ""
 
 
-def build_meta(call: ParsedCall, head: list[Message], norm: list[Message], headers: Any, label: str,
-               extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def build_meta(
+    call: ParsedCall,
+    head: list[Message],
+    norm: list[Message],
+    headers: Any,
+    label: str,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     system = "\n".join(_text(m) for m in head)
     last_user = ""
     for m in reversed(norm):  # the newest user message is near the end: O(1) in practice

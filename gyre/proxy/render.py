@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from gyre.proxy.types import Message
 
@@ -66,10 +66,13 @@ def _for_template(messages: list[Message], args_as_dict: bool) -> list[Message]:
 
 
 class Renderer:
-    def __init__(self, tokenizer: Any, *, stop_token_ids: Optional[list[int]] = None,
-                 args_as_dict: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Any, *, stop_token_ids: list[int] | None = None, args_as_dict: bool = True
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat_template; the proxy renders with the model's own template")
+            raise ValueError(
+                "the tokenizer has no chat_template; the proxy renders with the model's own template"
+            )
         self.tok = tokenizer
         self.args_as_dict = args_as_dict
         eos = tokenizer.eos_token_id
@@ -82,13 +85,23 @@ class Renderer:
         self.generation_opens_reasoning = gen.rstrip().endswith("<think>")
 
     # -- primitives -------------------------------------------------------------------------
-    def text(self, messages: list[Message], tools: Optional[list[dict]] = None, *,
-             add_generation_prompt: bool = False) -> str:
+    def text(
+        self,
+        messages: list[Message],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = False,
+    ) -> str:
         try:
             return self.tok.apply_chat_template(
-                _for_template(messages, self.args_as_dict), tools=tools, tokenize=False,
-                add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # jinja TemplateError, raise_exception(), type errors in the template
+                _for_template(messages, self.args_as_dict),
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except (
+            Exception
+        ) as e:  # jinja TemplateError, raise_exception(), type errors in the template
             raise RenderError(f"chat template failed: {type(e).__name__}: {e}") from e
 
     def encode(self, text: str) -> list[int]:
@@ -99,26 +112,34 @@ class Renderer:
         head = [{"role": "user", "content": "x"}]
         with_gen = self.text(head, add_generation_prompt=True)
         done = self.text(head + [{"role": "assistant", "content": _SENTINEL}])
-        if not done.startswith(with_gen) or _SENTINEL not in done[len(with_gen):]:
-            raise ValueError("cannot derive the assistant turn's closing text from this chat template")
-        tail = done[len(with_gen):]
-        return Closing(tail[tail.index(_SENTINEL) + len(_SENTINEL):])
+        if not done.startswith(with_gen) or _SENTINEL not in done[len(with_gen) :]:
+            raise ValueError(
+                "cannot derive the assistant turn's closing text from this chat template"
+            )
+        tail = done[len(with_gen) :]
+        return Closing(tail[tail.index(_SENTINEL) + len(_SENTINEL) :])
 
     # -- the two ways -----------------------------------------------------------------------
-    def full(self, messages: list[Message], tools: Optional[list[dict]] = None) -> list[int]:
+    def full(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         return self.encode(self.text(messages, tools, add_generation_prompt=True))
 
-    def closing_rest(self, last_output_id: Optional[int]) -> str:
+    def closing_rest(self, last_output_id: int | None) -> str:
         """Closing text still to add after an output whose last token is ``last_output_id``."""
         closing = self.closing.text
         if last_output_id is not None and last_output_id in self.stop_token_ids:
             stop_text = self.tok.decode([last_output_id], skip_special_tokens=False)
             if stop_text and closing.startswith(stop_text):
-                return closing[len(stop_text):]
+                return closing[len(stop_text) :]
         return closing
 
-    def continuation(self, head: list[Message], assistant: Message, new: list[Message],
-                     tools: Optional[list[dict]], last_output_id: Optional[int]) -> Optional[list[int]]:
+    def continuation(
+        self,
+        head: list[Message],
+        assistant: Message,
+        new: list[Message],
+        tools: list[dict] | None,
+        last_output_id: int | None,
+    ) -> list[int] | None:
         """Ids to append after an earlier call's input+output, or None when the template
         does not render the anchor conversation as a prefix (caller falls back to a full render)."""
         anchors = [head + [assistant]]
@@ -132,7 +153,7 @@ class Renderer:
             except RenderError:
                 continue
             if b.startswith(a) and a.endswith(self.closing.text):
-                return self.encode(self.closing_rest(last_output_id) + b[len(a):])
+                return self.encode(self.closing_rest(last_output_id) + b[len(a) :])
         return None
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 from gyre.proxy.types import AssistantTurn
 
@@ -20,10 +19,11 @@ from gyre.proxy.types import AssistantTurn
 @dataclass(eq=False)
 class RetryEntry:
     body: bytes
-    result: "asyncio.Future[Optional[AssistantTurn]]" = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
+    result: asyncio.Future[AssistantTurn | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
-    def settle(self, turn: Optional[AssistantTurn]) -> None:
+    def settle(self, turn: AssistantTurn | None) -> None:
         if not self.result.done():
             self.result.set_result(turn)
 
@@ -32,7 +32,7 @@ class RetryWindow:
     def __init__(self, size: int = 4) -> None:
         self.entries: deque[RetryEntry] = deque(maxlen=max(size, 1))
 
-    def find(self, body: bytes) -> Optional[RetryEntry]:
+    def find(self, body: bytes) -> RetryEntry | None:
         for e in reversed(self.entries):
             if len(e.body) == len(body) and e.body == body:
                 return e

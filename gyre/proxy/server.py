@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Any, Optional
+from typing import Any
 
 from gyre.engine.runner import ServerRunner
 from gyre.proxy.app import build_app
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.service import ProxyService
-
 
 KEEP_ALIVE_S = 75
 """Idle keep-alive before the proxy closes a client connection. Longer than SDK connection pools
@@ -35,7 +34,7 @@ class ProxyServer:
         self.config = config
         self.service = ProxyService(config, tokenizer)
         self.app = build_app(config, service=self.service)
-        self._runner: Optional[ServerRunner] = None
+        self._runner: ServerRunner | None = None
 
     @property
     def url(self) -> str:
@@ -43,12 +42,17 @@ class ProxyServer:
         return self._runner.url
 
     @property
-    def admin_token(self) -> Optional[str]:
+    def admin_token(self) -> str | None:
         return self.config.admin_token
 
-    def start(self, timeout: float = 60.0) -> "ProxyServer":
-        self._runner = ServerRunner(self.app, host=self.config.host, port=self.config.port, name="gyre-proxy",
-                                    timeout_keep_alive=KEEP_ALIVE_S)
+    def start(self, timeout: float = 60.0) -> ProxyServer:
+        self._runner = ServerRunner(
+            self.app,
+            host=self.config.host,
+            port=self.config.port,
+            name="gyre-proxy",
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
         self._runner.start(timeout)
         return self
 
@@ -57,7 +61,7 @@ class ProxyServer:
             self._runner.stop()
             self._runner = None
 
-    def call(self, coro, timeout: Optional[float] = None) -> Any:
+    def call(self, coro, timeout: float | None = None) -> Any:
         """Run a coroutine on the proxy's event loop from another thread (e.g. ``pool.drain(url)``)."""
         fut = asyncio.run_coroutine_threadsafe(coro, self.service_loop())
         return fut.result(timeout)
@@ -68,13 +72,13 @@ class ProxyServer:
             raise RuntimeError("proxy not started")
         return loop
 
-    def drain(self, engine_url: str, timeout: Optional[float] = None) -> int:
+    def drain(self, engine_url: str, timeout: float | None = None) -> int:
         return self.call(self.service.pool.drain(engine_url), timeout)
 
     def add_engine(self, engine_url: str) -> None:
         self.call(self.service.pool.add(engine_url))
 
-    def __enter__(self) -> "ProxyServer":
+    def __enter__(self) -> ProxyServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -13,9 +13,10 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -35,7 +36,14 @@ from gyre.proxy.render import Renderer, RenderError
 from gyre.proxy.retries import RetryEntry, RetryWindow, retry_count
 from gyre.proxy.session import Bridge, CallNode, ExecutionState
 from gyre.proxy.types import (
-    AssistantTurn, Finished, ParsedCall, ReasoningDelta, StreamEvent, TextDelta, ToolCall, ToolCallEvent,
+    AssistantTurn,
+    Finished,
+    ParsedCall,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
 )
 from gyre.trace.record import TraceRecord
 from gyre.trace.store import TraceWriter, read_trace, trace_path
@@ -53,7 +61,7 @@ class Plan:
     input_parts: list[bytes]  # JSON pieces of the input ids (prefix pieces are shared, not copied)
     input_len: int
     mode: str  # continuation | resample | full | template_fallback
-    verify_equal: Optional[bool] = None
+    verify_equal: bool | None = None
 
 
 @dataclass
@@ -82,16 +90,28 @@ class ProxyService:
         self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
         self.served_model = config.served_model_name or Path(config.model_dir).name
         self.keys = KeyRegistry(config.mode)
-        self.pool = EnginePool(config.engines, read_timeout=config.engine_timeout_s, max_resumes=config.max_resumes)
+        self.pool = EnginePool(
+            config.engines, read_timeout=config.engine_timeout_s, max_resumes=config.max_resumes
+        )
         self.writer = TraceWriter(config.trace_dir, fsync=config.fsync)
         self.executions: dict[str, Execution] = {}
         self.counters: dict[str, int] = {
-            "requests": 0, "answered": 0, "continuation": 0, "resample": 0, "full": 0, "forked": 0,
-            "template_fallback": 0, "bridge_mismatch": 0, "retries_replayed": 0, "retries_coalesced": 0,
-            "client_disconnects": 0, "errors_4xx": 0, "errors_5xx": 0,
+            "requests": 0,
+            "answered": 0,
+            "continuation": 0,
+            "resample": 0,
+            "full": 0,
+            "forked": 0,
+            "template_fallback": 0,
+            "bridge_mismatch": 0,
+            "retries_replayed": 0,
+            "retries_coalesced": 0,
+            "client_disconnects": 0,
+            "errors_4xx": 0,
+            "errors_5xx": 0,
         }
         self._stop_ids = frozenset(self.renderer.stop_token_ids)
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -105,20 +125,26 @@ class ProxyService:
     def _identify(self, headers: Any) -> Identity:
         ident = self.keys.resolve(key_from_headers(headers))
         if ident is None:
-            raise ApiError(401, "invalid or missing API key (send it as x-api-key or Authorization: Bearer)",
-                           "authentication")
+            raise ApiError(
+                401,
+                "invalid or missing API key (send it as x-api-key or Authorization: Bearer)",
+                "authentication",
+            )
         return ident
 
     def _execution(self, ident: Identity) -> Execution:
         ex = self.executions.get(ident.execution_id)
         if ex is None:
-            st = ExecutionState(ident.execution_id, ident.label, hot_nodes=self.config.prefix_cache_nodes)
+            st = ExecutionState(
+                ident.execution_id, ident.label, hot_nodes=self.config.prefix_cache_nodes
+            )
             path = trace_path(self.config.trace_dir, ident.execution_id)
             if path.exists():  # a restarted proxy continues the execution's numbering
                 recs = read_trace(path).records
                 st.next_seq = max((r.seq for r in recs), default=-1) + 1
-            ex = self.executions[ident.execution_id] = Execution(ident, st, RetryWindow(self.config.retry_window),
-                                                                 BodyParser())
+            ex = self.executions[ident.execution_id] = Execution(
+                ident, st, RetryWindow(self.config.retry_window), BodyParser()
+            )
         return ex
 
     def close_execution(self, execution_id: str) -> None:
@@ -132,7 +158,9 @@ class ProxyService:
         limit = self.config.max_body_bytes
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
-            raise ApiError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes", "too_large")
+            raise ApiError(
+                413, f"request body of {cl} bytes exceeds the limit of {limit} bytes", "too_large"
+            )
         chunks, n = [], 0
         async for chunk in request.stream():
             n += len(chunk)
@@ -146,7 +174,9 @@ class ProxyService:
         body = await self._read_body(request)
         ex = self._execution(ident)
         try:
-            data = ex.bodies.parse(body)  # re-uses the history objects of this execution's last bodies
+            data = ex.bodies.parse(
+                body
+            )  # re-uses the history objects of this execution's last bodies
         except jsonfast.JSONDecodeError:
             raise bad_request("request body is not valid JSON") from None
         return ex, body, _ADAPTERS[dialect].parse_request(data)
@@ -155,22 +185,28 @@ class ProxyService:
     async def _plan(self, st: ExecutionState, call: ParsedCall) -> Plan:
         rid = uuid.uuid4().hex[:24]
         bridge = st.find_bridge(call)
-        suffix: Optional[list[int]] = None
+        suffix: list[int] | None = None
         mode = "full"
         try:
             if bridge.base is not None and bridge.echo is not None:
                 last = bridge.base.output[-1] if bridge.base.output else None
-                suffix = self.renderer.continuation(bridge.head, bridge.base.assistant, bridge.new, call.tools, last)
+                suffix = self.renderer.continuation(
+                    bridge.head, bridge.base.assistant, bridge.new, call.tools, last
+                )
                 mode = "continuation"
                 if suffix is None:  # the template does not render the anchor as a prefix
                     mode = "template_fallback"
-                    bridge = Bridge(None, 0, None, bridge.norm, bridge.norm, bridge.raw_to_norm, bridge.head)
+                    bridge = Bridge(
+                        None, 0, None, bridge.norm, bridge.norm, bridge.raw_to_norm, bridge.head
+                    )
             elif bridge.base is not None:
                 suffix, mode = [], "resample"
             if suffix is None:
                 suffix = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
         except RenderError as e:
-            raise bad_request(f"the model's chat template cannot render this conversation: {e}") from None
+            raise bad_request(
+                f"the model's chat template cannot render this conversation: {e}"
+            ) from None
         parts = st.prefix_parts(bridge.base, bridge.base_len)
         if suffix:
             parts = parts + [jsonfast.ids_json(suffix)]
@@ -187,14 +223,20 @@ class ProxyService:
             raise bad_request("the rendered prompt is empty")
         room = self.max_context - input_len
         if room <= 0:
-            msg = (f"prompt is too long: {input_len} tokens > {self.max_context - 1} maximum"
-                   if dialect == "anthropic" else
-                   f"This model's maximum context length is {self.max_context} tokens; the messages resulted "
-                   f"in {input_len} tokens.")
-            raise ApiError(400, msg, "invalid_request", param="messages", code="context_length_exceeded")
+            msg = (
+                f"prompt is too long: {input_len} tokens > {self.max_context - 1} maximum"
+                if dialect == "anthropic"
+                else f"This model's maximum context length is {self.max_context} tokens; the messages resulted "
+                f"in {input_len} tokens."
+            )
+            raise ApiError(
+                400, msg, "invalid_request", param="messages", code="context_length_exceeded"
+            )
         s = call.sampling
-        sp: dict[str, Any] = {"max_new_tokens": min(s.max_tokens or self.config.default_max_tokens, room),
-                              "stop_token_ids": self.renderer.stop_token_ids}
+        sp: dict[str, Any] = {
+            "max_new_tokens": min(s.max_tokens or self.config.default_max_tokens, room),
+            "stop_token_ids": self.renderer.stop_token_ids,
+        }
         if s.temperature is not None:
             sp["temperature"] = s.temperature
         if s.top_p is not None:
@@ -211,7 +253,7 @@ class ProxyService:
         t0 = time.time()
         try:
             ex, body, call = await self._parse(dialect, request)
-            entry: Optional[RetryEntry] = None
+            entry: RetryEntry | None = None
             if retry_count(request.headers) > 0:
                 entry = ex.retries.find(body)
             if entry is not None:
@@ -233,13 +275,18 @@ class ProxyService:
             if call.stream:
                 # wait for the first event so an early failure is still a plain HTTP error
                 first = await self._until_hangup(events.__anext__(), request)
-                return StreamingResponse(self._sse(dialect, call, plan, first, events),
-                                         media_type="text/event-stream",
-                                         headers={"cache-control": "no-cache", "x-gyre-request-id": plan.request_id})
+                return StreamingResponse(
+                    self._sse(dialect, call, plan, first, events),
+                    media_type="text/event-stream",
+                    headers={"cache-control": "no-cache", "x-gyre-request-id": plan.request_id},
+                )
             turn = await self._collect(events, request)
             body_out = _ADAPTERS[dialect].response(call, turn, self.tokenizer)
-            return Response(jsonfast.dumps(body_out), media_type="application/json",
-                            headers={"x-gyre-request-id": plan.request_id})
+            return Response(
+                jsonfast.dumps(body_out),
+                media_type="application/json",
+                headers={"x-gyre-request-id": plan.request_id},
+            )
         except ApiError as e:
             self.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
             return JSONResponse(e.body(dialect), status_code=e.status)
@@ -251,6 +298,7 @@ class ProxyService:
 
     def _replay(self, dialect: str, call: ParsedCall, turn: AssistantTurn) -> Response:
         if call.stream:
+
             async def events() -> AsyncIterator[StreamEvent]:
                 if turn.reasoning:
                     yield ReasoningDelta(turn.reasoning)
@@ -259,16 +307,27 @@ class ProxyService:
                 for tc in turn.tool_calls:
                     yield ToolCallEvent(tc)
                 yield Finished(turn)
+
             if dialect == "anthropic":
-                gen = anthropic.stream(call, turn.request_id, events(), turn.prompt_tokens, self.tokenizer)
+                gen = anthropic.stream(
+                    call, turn.request_id, events(), turn.prompt_tokens, self.tokenizer
+                )
             else:
                 gen = openai.stream(call, turn.request_id, events(), self.tokenizer)
             return StreamingResponse(gen, media_type="text/event-stream")
-        return Response(jsonfast.dumps(_ADAPTERS[dialect].response(call, turn, self.tokenizer)),
-                        media_type="application/json")
+        return Response(
+            jsonfast.dumps(_ADAPTERS[dialect].response(call, turn, self.tokenizer)),
+            media_type="application/json",
+        )
 
-    async def _sse(self, dialect: str, call: ParsedCall, plan: Plan, first: StreamEvent,
-                   events: AsyncIterator[StreamEvent]) -> AsyncIterator[bytes]:
+    async def _sse(
+        self,
+        dialect: str,
+        call: ParsedCall,
+        plan: Plan,
+        first: StreamEvent,
+        events: AsyncIterator[StreamEvent],
+    ) -> AsyncIterator[bytes]:
         async def chained() -> AsyncIterator[StreamEvent]:
             yield first
             async for ev in events:
@@ -282,7 +341,9 @@ class ProxyService:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
                     yield chunk
-        except ApiError as e:  # mid-stream failure: the dialect's error event, never a dropped connection
+        except (
+            ApiError
+        ) as e:  # mid-stream failure: the dialect's error event, never a dropped connection
             self.counters["errors_5xx" if e.status >= 500 else "errors_4xx"] += 1
             if dialect == "anthropic":
                 yield b"event: error\ndata: " + jsonfast.dumps(e.anthropic_body()) + b"\n\n"
@@ -293,6 +354,7 @@ class ProxyService:
 
     async def _collect(self, events: AsyncIterator[StreamEvent], request: Request) -> AssistantTurn:
         """Run a non-streaming call; a client that hangs up cancels it (and its engine request)."""
+
         async def consume() -> AssistantTurn:
             async with contextlib.aclosing(events):
                 async for ev in events:
@@ -304,6 +366,7 @@ class ProxyService:
 
     async def _until_hangup(self, coro: Any, request: Request) -> Any:
         """Await ``coro`` unless the client disconnects first (then cancel it and raise ClientGone)."""
+
         async def hangup() -> None:
             while True:
                 msg = await request.receive()
@@ -323,21 +386,34 @@ class ProxyService:
             await work
         raise ClientGone()
 
-    async def _produce(self, dialect: str, ex: Execution, call: ParsedCall, plan: Plan, sampling: dict[str, Any],
-                       entry: Optional[RetryEntry], headers: Any, t0: float) -> AsyncIterator[StreamEvent]:
+    async def _produce(
+        self,
+        dialect: str,
+        ex: Execution,
+        call: ParsedCall,
+        plan: Plan,
+        sampling: dict[str, Any],
+        entry: RetryEntry | None,
+        headers: Any,
+        t0: float,
+    ) -> AsyncIterator[StreamEvent]:
         st = ex.state
         prefix = "toolu_" if dialect == "anthropic" else "call_"
-        no_tools = call.tool_choice == "none" or (isinstance(call.tool_choice, dict)
-                                                   and call.tool_choice.get("type") == "none")
-        parser = make_parser("plain" if no_tools else self.config.parser,
-                             lambda: prefix + uuid.uuid4().hex[:24], self.renderer.generation_opens_reasoning)
+        no_tools = call.tool_choice == "none" or (
+            isinstance(call.tool_choice, dict) and call.tool_choice.get("type") == "none"
+        )
+        parser = make_parser(
+            "plain" if no_tools else self.config.parser,
+            lambda: prefix + uuid.uuid4().hex[:24],
+            self.renderer.generation_opens_reasoning,
+        )
         detok = Detokenizer(self.tokenizer, self._stop_ids)
         texts: list[str] = []
         reasoning: list[str] = []
         calls: list[ToolCall] = []
         out_ids: list[int] = []
         out_lps: list[float] = []
-        result: Optional[GenResult] = None
+        result: GenResult | None = None
 
         def note(evs: list[StreamEvent]) -> list[StreamEvent]:
             for ev in evs:
@@ -350,7 +426,9 @@ class ProxyService:
             return evs
 
         try:
-            gen = self.pool.generate(st.execution_id, plan.input_parts, plan.input_len, sampling, stream=call.stream)
+            gen = self.pool.generate(
+                st.execution_id, plan.input_parts, plan.input_len, sampling, stream=call.stream
+            )
             async with contextlib.aclosing(gen):
                 async for item in gen:
                     if isinstance(item, GenResult):
@@ -368,10 +446,17 @@ class ProxyService:
             finish = result.finish if result.finish in ("stop", "length") else "stop"
             if calls and finish == "stop":
                 finish = "tool_calls"
-            turn = AssistantTurn(content="".join(texts), reasoning="".join(reasoning).strip() or None,
-                                 tool_calls=calls, finish=finish, prompt_tokens=plan.input_len,
-                                 completion_tokens=len(result.output_ids), output_ids=result.output_ids,
-                                 output_logprobs=result.logprobs, request_id=plan.request_id)
+            turn = AssistantTurn(
+                content="".join(texts),
+                reasoning="".join(reasoning).strip() or None,
+                tool_calls=calls,
+                finish=finish,
+                prompt_tokens=plan.input_len,
+                completion_tokens=len(result.output_ids),
+                output_ids=result.output_ids,
+                output_logprobs=result.logprobs,
+                request_id=plan.request_id,
+            )
             await self._record(ex, call, plan, result, turn, headers, t0, dialect)
             if entry is not None:
                 entry.settle(turn)
@@ -388,7 +473,9 @@ class ProxyService:
             raise
 
     # -- recording -----------------------------------------------------------------------------
-    def _meta(self, ex: Execution, call: ParsedCall, plan: Plan, headers: Any, extra: dict[str, Any]) -> dict:
+    def _meta(
+        self, ex: Execution, call: ParsedCall, plan: Plan, headers: Any, extra: dict[str, Any]
+    ) -> dict:
         b = plan.bridge
         extra = {"bridge": plan.mode, **extra}
         if b.fork_at is not None:
@@ -397,29 +484,65 @@ class ProxyService:
             extra["bridge_verified"] = plan.verify_equal
         return build_meta(call, b.head, b.norm, headers, ex.ident.label, extra)
 
-    def _trace_record(self, ex: Execution, call: ParsedCall, plan: Plan, output_ids: list[int],
-                      logprobs: list[float], segments: tuple, finish: str, headers: Any, t0: float,
-                      extra: dict[str, Any]) -> TraceRecord:
+    def _trace_record(
+        self,
+        ex: Execution,
+        call: ParsedCall,
+        plan: Plan,
+        output_ids: list[int],
+        logprobs: list[float],
+        segments: tuple,
+        finish: str,
+        headers: Any,
+        t0: float,
+        extra: dict[str, Any],
+    ) -> TraceRecord:
         """The record of one call (answered or aborted); takes the execution's next seq."""
         st = ex.state
         b = plan.bridge
         seq = st.next_seq
         st.next_seq += 1
         return TraceRecord(
-            execution_id=st.execution_id, request_id=plan.request_id, seq=seq, api=call.api,
-            base=b.base.request_id if b.base is not None else None, base_len=b.base_len,
-            input_suffix=tuple(plan.suffix), output_ids=tuple(output_ids), output_logprobs=tuple(logprobs),
-            segments=tuple(segments), finish_reason=finish, forked=b.forked, t_start=t0, t_end=time.time(),
+            execution_id=st.execution_id,
+            request_id=plan.request_id,
+            seq=seq,
+            api=call.api,
+            base=b.base.request_id if b.base is not None else None,
+            base_len=b.base_len,
+            input_suffix=tuple(plan.suffix),
+            output_ids=tuple(output_ids),
+            output_logprobs=tuple(logprobs),
+            segments=tuple(segments),
+            finish_reason=finish,
+            forked=b.forked,
+            t_start=t0,
+            t_end=time.time(),
             meta=self._meta(ex, call, plan, headers, extra),
         )
 
-    async def _record(self, ex: Execution, call: ParsedCall, plan: Plan, result: GenResult, turn: AssistantTurn,
-                      headers: Any, t0: float, dialect: str) -> None:
+    async def _record(
+        self,
+        ex: Execution,
+        call: ParsedCall,
+        plan: Plan,
+        result: GenResult,
+        turn: AssistantTurn,
+        headers: Any,
+        t0: float,
+        dialect: str,
+    ) -> None:
         st = ex.state
         b = plan.bridge
         rec = self._trace_record(
-            ex, call, plan, result.output_ids, result.logprobs, result.segments,
-            turn.finish if turn.finish != "tool_calls" else "stop", headers, t0,
+            ex,
+            call,
+            plan,
+            result.output_ids,
+            result.logprobs,
+            result.segments,
+            turn.finish if turn.finish != "tool_calls" else "stop",
+            headers,
+            t0,
             {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)},
         )
         seq = rec.seq
@@ -428,9 +551,20 @@ class ProxyService:
         else:
             self.writer.append(rec)
         node = CallNode(
-            request_id=plan.request_id, seq=seq, norm=b.norm, raw_to_norm=b.raw_to_norm, n_raw=len(call.raw_items),
-            raw_items=None, tools_raw=call.tools_raw, tools=call.tools, head=b.head, assistant=turn.as_message(),
-            base=b.base, base_len=b.base_len, suffix=plan.suffix, output=list(result.output_ids),
+            request_id=plan.request_id,
+            seq=seq,
+            norm=b.norm,
+            raw_to_norm=b.raw_to_norm,
+            n_raw=len(call.raw_items),
+            raw_items=None,
+            tools_raw=call.tools_raw,
+            tools=call.tools,
+            head=b.head,
+            assistant=turn.as_message(),
+            base=b.base,
+            base_len=b.base_len,
+            suffix=plan.suffix,
+            output=list(result.output_ids),
         )
         st.add_node(node, [], call.raw_items, plan.input_parts)
         st.counters[plan.mode] = st.counters.get(plan.mode, 0) + 1
@@ -440,12 +574,31 @@ class ProxyService:
             self.counters["forked"] += 1
             st.counters["forked"] += 1
 
-    def _record_abort(self, ex: Execution, call: ParsedCall, plan: Plan, out_ids: list[int], out_lps: list[float],
-                      headers: Any, t0: float, dialect: str) -> None:
+    def _record_abort(
+        self,
+        ex: Execution,
+        call: ParsedCall,
+        plan: Plan,
+        out_ids: list[int],
+        out_lps: list[float],
+        headers: Any,
+        t0: float,
+        dialect: str,
+    ) -> None:
         from gyre.trace.record import OutputSegment
 
-        rec = self._trace_record(ex, call, plan, out_ids, out_lps, (OutputSegment(0, len(out_ids), "unknown", -1),),
-                                 "abort", headers, t0, {"client_disconnected": True})
+        rec = self._trace_record(
+            ex,
+            call,
+            plan,
+            out_ids,
+            out_lps,
+            (OutputSegment(0, len(out_ids), "unknown", -1),),
+            "abort",
+            headers,
+            t0,
+            {"client_disconnected": True},
+        )
         self.writer.append(rec)
 
     # -- other routes ----------------------------------------------------------------------------
@@ -460,7 +613,9 @@ class ProxyService:
             if isinstance(data, dict) and "max_tokens" not in data:
                 data = {**data, "max_tokens": 1}
             call = anthropic.parse_request(data)
-            norm = [m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)]
+            norm = [
+                m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)
+            ]
             try:
                 ids = await asyncio.to_thread(self.renderer.full, norm, call.tools)
             except RenderError as e:
@@ -470,9 +625,11 @@ class ProxyService:
             return JSONResponse(e.anthropic_body(), status_code=e.status)
 
     def stats(self) -> dict[str, Any]:
-        return {"counters": dict(self.counters), "pool": {"counters": dict(self.pool.counters),
-                                                          "engines": self.pool.status()},
-                "executions": len(self.executions)}
+        return {
+            "counters": dict(self.counters),
+            "pool": {"counters": dict(self.pool.counters), "engines": self.pool.status()},
+            "executions": len(self.executions),
+        }
 
 
 def _model_max_context(model_dir: str) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from gyre.proxy import jsonfast
 from gyre.proxy.types import Message, ParsedCall
@@ -43,18 +43,20 @@ class CallNode:
     norm: list[Message]
     raw_to_norm: list[int]  # norm index where raw item j starts; len(raw)+1 entries
     n_raw: int
-    raw_items: Optional[list[Any]]  # kept only while this call is a leaf (memory: one raw copy per leaf)
+    raw_items: (
+        list[Any] | None
+    )  # kept only while this call is a leaf (memory: one raw copy per leaf)
     tools_raw: Any
-    tools: Optional[list[dict]]
+    tools: list[dict] | None
     head: list[Message]  # leading system messages (rendered with every continuation)
     assistant: Message
-    base: Optional["CallNode"]
+    base: CallNode | None
     base_len: int
     suffix: list[int]
     output: list[int]
     # JSON of input+output ids as pieces (no brackets; join with b","), kept for hot calls only:
     # building the next engine request then costs one join, not re-serialising the ids
-    json_parts: Optional[list[bytes]] = None
+    json_parts: list[bytes] | None = None
     n_input_parts: int = 0  # json_parts[:n_input_parts] is the input
 
     @property
@@ -68,7 +70,7 @@ class CallNode:
     def materialise(self, upto: int) -> list[int]:
         """The first ``upto`` ids of this call's input+output, rebuilt along the base chain."""
         pieces: list[list[int]] = []
-        node: Optional[CallNode] = self
+        node: CallNode | None = self
         need = upto
         while node is not None and need > 0:
             own = node.suffix + node.output
@@ -86,15 +88,15 @@ class CallNode:
 class Bridge:
     """How a request's input is built: ``base``'s first ``base_len`` ids, then new messages."""
 
-    base: Optional[CallNode]
+    base: CallNode | None
     base_len: int
-    echo: Optional[Message]  # the re-sent assistant turn (None: plain resample of base's input)
+    echo: Message | None  # the re-sent assistant turn (None: plain resample of base's input)
     new: list[Message]  # messages after the echo (rendered and tokenized)
     norm: list[Message]  # the request's full normalised conversation
     raw_to_norm: list[int]
     head: list[Message]
     forked: bool = False
-    fork_at: Optional[int] = None  # index of the first message that differed from a recorded call
+    fork_at: int | None = None  # index of the first message that differed from a recorded call
 
 
 @dataclass
@@ -106,12 +108,19 @@ class ExecutionState:
     nodes: list[CallNode] = field(default_factory=list)
     echo_index: dict[tuple, CallNode] = field(default_factory=dict)
     tool_payloads: dict[str, tuple[str, str]] = field(default_factory=dict)
-    hot: "OrderedDict[int, CallNode]" = field(default_factory=OrderedDict)
-    counters: dict[str, int] = field(default_factory=lambda: {"bridged": 0, "full": 0, "forked": 0,
-                                                              "resampled": 0, "template_fallback": 0})
+    hot: OrderedDict[int, CallNode] = field(default_factory=OrderedDict)
+    counters: dict[str, int] = field(
+        default_factory=lambda: {
+            "bridged": 0,
+            "full": 0,
+            "forked": 0,
+            "resampled": 0,
+            "template_fallback": 0,
+        }
+    )
 
     # -- payload cache -----------------------------------------------------------------------
-    def restore(self, call_id: str) -> Optional[tuple[str, str]]:
+    def restore(self, call_id: str) -> tuple[str, str] | None:
         return self.tool_payloads.get(call_id)
 
     def remember_tool_call(self, call_id: str, name: str, arguments: str) -> None:
@@ -131,12 +140,14 @@ class ExecutionState:
         def same_prefix(node: CallNode, n: int) -> int:
             """Number of leading raw items (of the first ``n``) equal to ``node``'s messages."""
             nr = node.raw_items
-            if nr is not None and raw[:n] == nr[:n]:  # C-level; identical objects compare by identity
+            if (
+                nr is not None and raw[:n] == nr[:n]
+            ):  # C-level; identical objects compare by identity
                 return n
             for j in range(n):
                 if nr is not None and (raw[j] is nr[j] or raw[j] == nr[j]):
                     continue
-                mine = node.norm[node.raw_to_norm[j]:node.raw_to_norm[j + 1]]
+                mine = node.norm[node.raw_to_norm[j] : node.raw_to_norm[j + 1]]
                 theirs = norm_at(j)
                 if theirs != mine and not _same_turn(theirs, mine):
                     return j
@@ -145,10 +156,20 @@ class ExecutionState:
         if self.nodes:
             # 1. the same input again (a new sample at the same context, not an SDK retry)
             for last in reversed(self.nodes[-4:]):
-                if last.n_raw == len(raw) and call.tools_raw == last.tools_raw \
-                        and same_prefix(last, len(raw)) == len(raw):
-                    return Bridge(base=last, base_len=last.input_len, echo=None, new=[], norm=last.norm,
-                                  raw_to_norm=last.raw_to_norm, head=last.head)
+                if (
+                    last.n_raw == len(raw)
+                    and call.tools_raw == last.tools_raw
+                    and same_prefix(last, len(raw)) == len(raw)
+                ):
+                    return Bridge(
+                        base=last,
+                        base_len=last.input_len,
+                        echo=None,
+                        new=[],
+                        norm=last.norm,
+                        raw_to_norm=last.raw_to_norm,
+                        head=last.head,
+                    )
             # 2. extension of an earlier call plus its answer (the common case)
             for i in range(len(raw) - 1, -1, -1):
                 m = raw[i]
@@ -172,8 +193,15 @@ class ExecutionState:
                     pos += len(part)
                     offsets.append(pos)
                 norm = node.norm + [node.assistant] + new
-                return Bridge(base=node, base_len=node.full_len, echo=echo[0], new=new, norm=norm,
-                              raw_to_norm=offsets, head=node.head)
+                return Bridge(
+                    base=node,
+                    base_len=node.full_len,
+                    echo=echo[0],
+                    new=new,
+                    norm=norm,
+                    raw_to_norm=offsets,
+                    head=node.head,
+                )
         # 3. no bridge: normalise everything; note whether this rewrote a recorded history
         norm: list[Message] = []
         offsets = [0]
@@ -184,14 +212,25 @@ class ExecutionState:
         forked, fork_at = False, None
         for node in reversed(self.nodes[-64:]):
             k = _common_prefix(norm, node.norm + [node.assistant])
-            if k > len(head):  # shares real conversation (not just the system prompt) yet cannot extend it
+            if k > len(
+                head
+            ):  # shares real conversation (not just the system prompt) yet cannot extend it
                 forked, fork_at = True, k
                 break
-        return Bridge(base=None, base_len=0, echo=None, new=norm, norm=norm, raw_to_norm=offsets, head=head,
-                      forked=forked, fork_at=fork_at)
+        return Bridge(
+            base=None,
+            base_len=0,
+            echo=None,
+            new=norm,
+            norm=norm,
+            raw_to_norm=offsets,
+            head=head,
+            forked=forked,
+            fork_at=fork_at,
+        )
 
     # -- prefix ids as JSON --------------------------------------------------------------------
-    def prefix_parts(self, base: Optional[CallNode], base_len: int) -> list[bytes]:
+    def prefix_parts(self, base: CallNode | None, base_len: int) -> list[bytes]:
         """JSON pieces of ``base``'s first ``base_len`` ids (no copy when ``base`` is hot)."""
         if base is None or base_len == 0:
             return []
@@ -204,22 +243,35 @@ class ExecutionState:
                 return base.json_parts[: base.n_input_parts]
         return [jsonfast.ids_json(base.materialise(base_len))]
 
-    def prefix_json(self, base: Optional[CallNode], base_len: int) -> bytes:
+    def prefix_json(self, base: CallNode | None, base_len: int) -> bytes:
         return b",".join(self.prefix_parts(base, base_len))
 
     # -- recording ---------------------------------------------------------------------------
-    def add_node(self, node: CallNode, prefix: "list[bytes] | bytes", call_raw: list[Any],
-                 input_parts: Optional[list[bytes]] = None) -> None:
+    def add_node(
+        self,
+        node: CallNode,
+        prefix: list[bytes] | bytes,
+        call_raw: list[Any],
+        input_parts: list[bytes] | None = None,
+    ) -> None:
         """Record an answered call; ``input_parts`` (prefix + suffix ids as JSON pieces) saves rebuilding them."""
         if input_parts is None:
             prefix_list = [prefix] if isinstance(prefix, bytes) else list(prefix)
-            input_parts = [p for p in prefix_list + [jsonfast.ids_json(node.suffix) if node.suffix else b""] if p]
+            input_parts = [
+                p
+                for p in prefix_list + [jsonfast.ids_json(node.suffix) if node.suffix else b""]
+                if p
+            ]
         if len(input_parts) > 16:  # compact now and then: one copy every ~8 calls, not one per call
             input_parts = [b",".join(input_parts)]
         node.n_input_parts = len(input_parts)
         node.json_parts = input_parts + ([jsonfast.ids_json(node.output)] if node.output else [])
         node.raw_items = call_raw
-        if node.base is not None and node.base.raw_items is not None and node.base_len == node.base.full_len:
+        if (
+            node.base is not None
+            and node.base.raw_items is not None
+            and node.base_len == node.base.full_len
+        ):
             node.base.raw_items = None  # superseded by the extension: one raw copy per leaf
         self.nodes.append(node)
         self.echo_index[(node.n_raw, echo_key(node.assistant))] = node
@@ -233,8 +285,12 @@ class ExecutionState:
 
 def _same_turn(a: list[Message], b: list[Message]) -> bool:
     """An assistant turn the client re-serialised (reasoning dropped, whitespace) is still ours."""
-    return (len(a) == 1 and len(b) == 1 and a[0].get("role") == "assistant" == b[0].get("role")
-            and echo_key(a[0]) == echo_key(b[0]))
+    return (
+        len(a) == 1
+        and len(b) == 1
+        and a[0].get("role") == "assistant" == b[0].get("role")
+        and echo_key(a[0]) == echo_key(b[0])
+    )
 
 
 def _head(norm: list[Message]) -> list[Message]:

@@ -7,11 +7,12 @@ so rendering, matching and recording are written once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 Message = dict[str, Any]
-Restore = Callable[[str], Optional[tuple[str, str]]]  # call id -> (name, original arguments text)
+Restore = Callable[[str], tuple[str, str] | None]  # call id -> (name, original arguments text)
 
 
 @dataclass
@@ -21,16 +22,20 @@ class ToolCall:
     arguments: str  # JSON object text, exactly as the model wrote it (re-dumped compactly only if it had to be)
 
     def as_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass
 class Sampling:
-    max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    seed: Optional[int] = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
 
 
 @dataclass
@@ -47,7 +52,7 @@ class ParsedCall:
     model: str
     raw_items: list[Any]
     normalize_item: Callable[[Any, Restore], list[Message]]
-    tools: Optional[list[dict[str, Any]]]  # OpenAI function-tool shape (what chat templates take)
+    tools: list[dict[str, Any]] | None  # OpenAI function-tool shape (what chat templates take)
     tools_raw: Any
     stream: bool
     sampling: Sampling
@@ -65,7 +70,7 @@ class AssistantTurn:
     """What the model produced, parsed; the response both dialects are written from."""
 
     content: str
-    reasoning: Optional[str]
+    reasoning: str | None
     tool_calls: list[ToolCall]
     finish: str  # "stop" | "length" | "tool_calls" | "abort"
     prompt_tokens: int = 0

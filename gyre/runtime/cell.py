@@ -18,7 +18,9 @@ from typing import Any
 
 
 class Cell:
-    def __init__(self, index: int, world: int, trainer_cfg: dict, engine_cfg: dict, torch_threads: int = 1):
+    def __init__(
+        self, index: int, world: int, trainer_cfg: dict, engine_cfg: dict, torch_threads: int = 1
+    ):
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
         import torch
 
@@ -28,13 +30,15 @@ class Cell:
 
         self.index, self.world = index, world
         self.tcfg = TrainerConfig.model_validate(trainer_cfg)
-        self.ecfg = EmbeddedEngineConfig.model_validate({**engine_cfg, "torch_threads": torch_threads})
-        self.cell = None          # gyre.train.cell.TrainCell (process group + prefix communicators)
-        self.engine = None        # gyre.engine.service.EngineService while in rollout
-        self.worker = None        # gyre.train.replica.ReplicaWorker while training (the core keeps it)
-        self.optimizer = None     # core only
-        self.version = -1         # policy version of the replica's weights
-        self.state = None         # core only: gyre.train.checkpoint.TrainerState
+        self.ecfg = EmbeddedEngineConfig.model_validate(
+            {**engine_cfg, "torch_threads": torch_threads}
+        )
+        self.cell = None  # gyre.train.cell.TrainCell (process group + prefix communicators)
+        self.engine = None  # gyre.engine.service.EngineService while in rollout
+        self.worker = None  # gyre.train.replica.ReplicaWorker while training (the core keeps it)
+        self.optimizer = None  # core only
+        self.version = -1  # policy version of the replica's weights
+        self.state = None  # core only: gyre.train.checkpoint.TrainerState
 
     # ---------------------------------------------------------------- plumbing (once)
     def pid(self) -> int:
@@ -49,7 +53,9 @@ class Cell:
         """Join the cells' gloo world and build every prefix communicator (collective: all cells at once)."""
         from gyre.train.cell import TrainCell
 
-        self.cell = TrainCell(self.index, self.world, dist_port=dist_port, store_port=store_port, host=host)
+        self.cell = TrainCell(
+            self.index, self.world, dist_port=dist_port, store_port=store_port, host=host
+        )
         self.cell.setup()
 
     def teardown(self) -> None:
@@ -63,9 +69,17 @@ class Cell:
         """Serve ``weights_dir`` (policy ``version``) on a fresh engine; returns its URL."""
         from gyre.engine.service import EngineService
 
-        seed = self.ecfg.seed * 1_000_003 + self.index * 7919 + version  # distinct streams per cell and start
-        cfg = self.ecfg.model_copy(update={"model_dir": weights_dir, "engine_id": f"cell-{self.index}",
-                                           "weight_version": version, "seed": seed})
+        seed = (
+            self.ecfg.seed * 1_000_003 + self.index * 7919 + version
+        )  # distinct streams per cell and start
+        cfg = self.ecfg.model_copy(
+            update={
+                "model_dir": weights_dir,
+                "engine_id": f"cell-{self.index}",
+                "weight_version": version,
+                "seed": seed,
+            }
+        )
         svc = EngineService(cfg)
         url = svc.start()
         self.engine = svc
@@ -78,7 +92,9 @@ class Cell:
             self.engine = None
 
     # ---------------------------------------------------------------- training role
-    def load_replica(self, version: int, snapshot_dir: str, resume_from: str | None = None) -> float:
+    def load_replica(
+        self, version: int, snapshot_dir: str, resume_from: str | None = None
+    ) -> float:
         """Become a training replica at ``version``; returns the seconds it took.
 
         The core builds its optimizer once (from a checkpoint on resume) and keeps it;
@@ -90,7 +106,7 @@ class Cell:
         if self.index == 0:
             if self.worker is None:
                 self._start_core(resume_from)
-            self.snapshot(snapshot_dir)   # what joining satellites pull
+            self.snapshot(snapshot_dir)  # what joining satellites pull
         else:
             self.worker = ReplicaWorker(self.tcfg)
             self.worker.start(self.tcfg.model_dir)
@@ -129,7 +145,9 @@ class Cell:
             self.worker = None
             self.version = -1
 
-    def compute(self, step: int, version: int, tasks: list[bytes], indices: list[int], snapshot_dir: str) -> list:
+    def compute(
+        self, step: int, version: int, tasks: list[bytes], indices: list[int], snapshot_dir: str
+    ) -> list:
         """Forward/backward of some of a group's micro-steps; gradients accumulate. Returns summed stats."""
         from gyre.train.objective import ObjectiveStats
         from gyre.train.tasks import MicroStepTask
@@ -155,8 +173,16 @@ class Cell:
         self.worker.zero_grad()
         self.worker.new_step()
 
-    def finish_step(self, k: int, stats: list, n_scored: int, groups: list[str], snapshot_dir: str,
-                    checkpoint_dir: str | None, keep: int = 2) -> dict[str, Any]:
+    def finish_step(
+        self,
+        k: int,
+        stats: list,
+        n_scored: int,
+        groups: list[str],
+        snapshot_dir: str,
+        checkpoint_dir: str | None,
+        keep: int = 2,
+    ) -> dict[str, Any]:
         """Core: reduce over cells 0..k-1, scale by 1/E, clip, step once, snapshot, checkpoint."""
         import math
 
@@ -175,7 +201,9 @@ class Cell:
         m: dict[str, Any] = {
             "actor/loss": total.loss_sum / E if E else 0.0,
             "actor/token_capfrac": total.tokens_capped / total.tokens if total.tokens else 0.0,
-            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight if total.exec_weight else 0.0,
+            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight
+            if total.exec_weight
+            else 0.0,
             "actor/target_tokens": float(total.tokens),
             "actor/grad_norm": 0.0,
         }
@@ -185,7 +213,9 @@ class Cell:
                     if p.grad is not None:
                         p.grad.div_(E)
             clip = self.tcfg.optim.grad_clip
-            m["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else math.inf))
+            m["actor/grad_norm"] = float(
+                torch.nn.utils.clip_grad_norm_(params, clip if clip else math.inf)
+            )
             self.optimizer.step()
         # The version advances every step (a step without signal leaves the weights as they are), so
         # policy versions and optimizer steps stay one and the same count.
@@ -196,11 +226,15 @@ class Cell:
         self.state.consumed_groups.extend(groups)
         self.version = self.state.policy_version
         t1 = time.perf_counter()
-        FileWeightChannel(snapshot_dir, keep=3).publish(self.version, named_params(self.worker.model))
+        FileWeightChannel(snapshot_dir, keep=3).publish(
+            self.version, named_params(self.worker.model)
+        )
         m["timing/snapshot"] = time.perf_counter() - t1
         if checkpoint_dir:
             t1 = time.perf_counter()
-            save_checkpoint(checkpoint_dir, self.worker.model, self.optimizer, self.state, keep=keep)
+            save_checkpoint(
+                checkpoint_dir, self.worker.model, self.optimizer, self.state, keep=keep
+            )
             m["timing/checkpoint"] = time.perf_counter() - t1
         m["timing/reduce"] = t_reduce
         m["timing/finish_step"] = time.perf_counter() - t0
@@ -210,7 +244,9 @@ class Cell:
         """Core: publish the current weights for joining satellites (at start)."""
         from gyre.train.weights import FileWeightChannel, named_params
 
-        FileWeightChannel(snapshot_dir, keep=3).publish(self.version, named_params(self.worker.model))
+        FileWeightChannel(snapshot_dir, keep=3).publish(
+            self.version, named_params(self.worker.model)
+        )
         return self.version
 
     def save_hf(self, out_dir: str) -> str:
@@ -235,8 +271,9 @@ class StandaloneEngine:
         from gyre.engine.config import EmbeddedEngineConfig
         from gyre.engine.service import EngineService
 
-        self.service = EngineService(EmbeddedEngineConfig.model_validate({**engine_cfg,
-                                                                          "torch_threads": torch_threads}))
+        self.service = EngineService(
+            EmbeddedEngineConfig.model_validate({**engine_cfg, "torch_threads": torch_threads})
+        )
 
     def start(self) -> str:
         return self.service.start()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -26,7 +26,7 @@ def _pydantic_line(e) -> str:
     return "; ".join(parts)
 
 
-def load_run_config(path: Optional[Path], overrides: list[str]):
+def load_run_config(path: Path | None, overrides: list[str]):
     """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
     from pydantic import ValidationError
 
@@ -35,7 +35,9 @@ def load_run_config(path: Optional[Path], overrides: list[str]):
     try:
         cfg = load_config(path, overrides)
         md = Path(cfg.model_dir)
-        if not md.is_absolute():  # cells run in other processes (other nodes): give them absolute paths
+        if (
+            not md.is_absolute()
+        ):  # cells run in other processes (other nodes): give them absolute paths
             cfg = load_config(path, [*overrides, f"model_dir={md.resolve()}"])
         return cfg
     except ValidationError as e:
@@ -79,8 +81,10 @@ def check_run(cfg) -> None:
 
     md = Path(cfg.model_dir)
     if not (md / "config.json").is_file():
-        raise ConfigProblem(f"model_dir: {md} is not a Hugging Face model directory (no config.json); "
-                            "build one with `gyre model tiny DIR`")
+        raise ConfigProblem(
+            f"model_dir: {md} is not a Hugging Face model directory (no config.json); "
+            "build one with `gyre model tiny DIR`"
+        )
     try:
         stream = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
     except TaskError as e:
@@ -97,10 +101,17 @@ def check_run(cfg) -> None:
         raise ConfigProblem(f"run.profile: {e}") from None
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
-        raise ConfigProblem(f"policy.cells: elastic placement needs at least 2 cells (core + satellite), "
-                            f"got {p.cells}")
-    if p.placement is not Placement.ASYNC and p.cells * p.cell_capacity + p.standalone_capacity < p.group_size:
-        raise ConfigProblem("policy.cell_capacity: the cells cannot hold one group's executions at once")
+        raise ConfigProblem(
+            f"policy.cells: elastic placement needs at least 2 cells (core + satellite), "
+            f"got {p.cells}"
+        )
+    if (
+        p.placement is not Placement.ASYNC
+        and p.cells * p.cell_capacity + p.standalone_capacity < p.group_size
+    ):
+        raise ConfigProblem(
+            "policy.cell_capacity: the cells cannot hold one group's executions at once"
+        )
 
 
 def _resume_state(run_dir: Path) -> dict[str, Any]:
@@ -117,17 +128,26 @@ def _resume_state(run_dir: Path) -> dict[str, Any]:
     trained = [g for r in metrics for g in r.get("groups", [])]
     next_group = max([e["group"] for e in execs] + [int(g[1:]) for g in trained] + [-1]) + 1
     segment = max([e.get("segment", 0) for e in execs] + [-1]) + 1
-    return {"step": step, "checkpoint": str(ckpt) if ckpt else None, "next_group": next_group,
-            "segment": max(segment, 1), "dropped_metric_lines": dropped}
+    return {
+        "step": step,
+        "checkpoint": str(ckpt) if ckpt else None,
+        "next_group": next_group,
+        "segment": max(segment, 1),
+        "dropped_metric_lines": dropped,
+    }
 
 
 def run_command(
-    config: Optional[Path] = typer.Argument(None, help="TOML config (not needed with --resume)."),
+    config: Path | None = typer.Argument(None, help="TOML config (not needed with --resume)."),
     set_: list[str] = typer.Option([], "--set", help="Override: section.field=value (repeatable)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue a killed run from its directory."),
-    address: Optional[str] = typer.Option(None, "--address", help="Existing Ray cluster ('auto' or host:port)."),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Continue a killed run from its directory."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Existing Ray cluster ('auto' or host:port)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
-    log_format: Optional[str] = typer.Option(None, "--log-format", help="rich | plain | json"),
+    log_format: str | None = typer.Option(None, "--log-format", help="rich | plain | json"),
 ) -> None:
     """Train a policy: real harnesses through the proxy, engines and trainer replicas on Ray cells."""
     try:
@@ -147,28 +167,42 @@ def run_command(
             name = cfg.run.name or f"{cfg.policy.placement.value}-{time.strftime('%Y%m%d-%H%M%S')}"
             run_dir = Path(cfg.run.out_dir) / name
             if (run_dir / "metrics.jsonl").exists():
-                raise ConfigProblem(f"run.name: {run_dir} already holds a run; pick another name or --resume it")
+                raise ConfigProblem(
+                    f"run.name: {run_dir} already holds a run; pick another name or --resume it"
+                )
         if address:
-            cfg = cfg.model_copy(update={"run": cfg.run.model_copy(
-                update={"ray": cfg.run.ray.model_copy(update={"address": address})})})
+            cfg = cfg.model_copy(
+                update={
+                    "run": cfg.run.model_copy(
+                        update={"ray": cfg.run.ray.model_copy(update={"address": address})}
+                    )
+                }
+            )
         check_run(cfg)
     except ConfigProblem as e:
         typer.echo(f"gyre run: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if state is not None and state["step"] >= cfg.policy.total_steps:
-        typer.echo(f"gyre run: {run_dir} already finished its {cfg.policy.total_steps} steps", err=True)
+        typer.echo(
+            f"gyre run: {run_dir} already finished its {cfg.policy.total_steps} steps", err=True
+        )
         raise typer.Exit(0)
     from gyre.runtime.loop import run
 
     if state is not None:
-        typer.echo(f"[gyre run] resuming {run_dir} at step {state['step']} (group {state['next_group']}, "
-                   f"segment {state['segment']})", err=True)
+        typer.echo(
+            f"[gyre run] resuming {run_dir} at step {state['step']} (group {state['next_group']}, "
+            f"segment {state['segment']})",
+            err=True,
+        )
     from gyre.runtime.cluster import RuntimeSetupError
 
     try:
         summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
     except RuntimeSetupError as e:
         typer.echo(f"gyre run: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     if log_format == "json":
-        typer.echo(json.dumps({"event": "summary", **{k: summary[k] for k in ("makespan_s", "steps")}}))
+        typer.echo(
+            json.dumps({"event": "summary", **{k: summary[k] for k in ("makespan_s", "steps")}})
+        )

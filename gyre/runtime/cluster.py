@@ -38,15 +38,22 @@ def init_ray(cfg: GyreConfig) -> None:
     rc = cfg.run.ray
     if ray.is_initialized():
         return
-    kw: dict[str, Any] = {"include_dashboard": rc.include_dashboard, "log_to_driver": False,
-                          "configure_logging": False}
-    if rc.address and rc.address != "auto":  # Ray retries an unreachable address for minutes: check first
+    kw: dict[str, Any] = {
+        "include_dashboard": rc.include_dashboard,
+        "log_to_driver": False,
+        "configure_logging": False,
+    }
+    if (
+        rc.address and rc.address != "auto"
+    ):  # Ray retries an unreachable address for minutes: check first
         host, _, port = rc.address.removeprefix("ray://").rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except (OSError, ValueError) as e:
-            raise RuntimeSetupError(f"no Ray cluster answers at {rc.address} ({e}); start one with "
-                                    "`ray start --head` or leave --address out") from None
+            raise RuntimeSetupError(
+                f"no Ray cluster answers at {rc.address} ({e}); start one with "
+                "`ray start --head` or leave --address out"
+            ) from None
     try:
         if rc.address:
             ray.init(address=rc.address, **kw)
@@ -59,19 +66,28 @@ def init_ray(cfg: GyreConfig) -> None:
 
 
 class Cluster:
-    def __init__(self, cfg: GyreConfig, rundir: RunDir, *, resume_from: str | None = None, base_version: int = 0):
+    def __init__(
+        self,
+        cfg: GyreConfig,
+        rundir: RunDir,
+        *,
+        resume_from: str | None = None,
+        base_version: int = 0,
+    ):
         self.cfg, self.rundir = cfg, rundir
         self.K = cfg.policy.cells
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
         self.proxy = None
-        self.weights_dir = resume_from or cfg.model_dir   # newest published weights (HF layout)
+        self.weights_dir = resume_from or cfg.model_dir  # newest published weights (HF layout)
         self.weights_version = base_version
         self.trainer_version = base_version
         self._publishing: asyncio.Event | None = None
         self.placement: list[dict[str, Any]] = []
-        self.standalone: list[tuple[Any, str]] = []   # (Ray actor, URL) of the standalone rollout pool
+        self.standalone: list[
+            tuple[Any, str]
+        ] = []  # (Ray actor, URL) of the standalone rollout pool
         self.dead_engines: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -84,8 +100,12 @@ class Cluster:
 
         init_ray(self.cfg)
         res = self.cfg.run.cell
-        actor = ray.remote(Cell).options(num_cpus=res.num_cpus, num_gpus=res.num_gpus,
-                                         resources=res.resources or None, max_concurrency=1)
+        actor = ray.remote(Cell).options(
+            num_cpus=res.num_cpus,
+            num_gpus=res.num_gpus,
+            resources=res.resources or None,
+            max_concurrency=1,
+        )
         tcfg = self.cfg.trainer.model_dump(mode="json")
         ecfg = self.cfg.engine.model_dump(mode="json")
         self.cells = [actor.remote(i, self.K, tcfg, ecfg, res.torch_threads) for i in range(self.K)]
@@ -93,12 +113,21 @@ class Cluster:
         await asyncio.gather(*[c.setup.remote(dist_port, store_port) for c in self.cells])
         pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
         nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
-        self.placement = [{"cell": i, "pid": p, "node": n} for i, (p, n) in enumerate(zip(pids, nodes))]
+        self.placement = [
+            {"cell": i, "pid": p, "node": n} for i, (p, n) in enumerate(zip(pids, nodes))
+        ]
         # initial roles: training cells load replicas (core first), rollout cells start engines
         for i in [i for i in range(self.K) if roles[i] is Role.TRAINING]:
-            await self.cells[i].load_replica.remote(self.trainer_version, self.rundir.snapshots, self.resume_from)
-        urls = await asyncio.gather(*[self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
-                                      for i in range(self.K) if roles[i] is Role.ROLLOUT])
+            await self.cells[i].load_replica.remote(
+                self.trainer_version, self.rundir.snapshots, self.resume_from
+            )
+        urls = await asyncio.gather(
+            *[
+                self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
+                for i in range(self.K)
+                if roles[i] is Role.ROLLOUT
+            ]
+        )
         it = iter(urls)
         for i in range(self.K):
             if roles[i] is Role.ROLLOUT:
@@ -108,15 +137,28 @@ class Cluster:
 
             svc = ray.remote(StandaloneEngine).options(num_cpus=0, resources=res.resources or None)
             for j in range(self.cfg.run.standalone_engines):
-                ecfg_j = {**ecfg, "model_dir": self.weights_dir, "engine_id": f"standalone-{j}",
-                          "weight_version": self.weights_version, "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j}
+                ecfg_j = {
+                    **ecfg,
+                    "model_dir": self.weights_dir,
+                    "engine_id": f"standalone-{j}",
+                    "weight_version": self.weights_version,
+                    "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
+                }
                 a = svc.remote(ecfg_j, res.torch_threads)
                 self.standalone.append((a, await a.start.remote()))
-                self.placement.append({"standalone": j, "pid": await a.pid.remote(), "url": self.standalone[-1][1]})
+                self.placement.append(
+                    {"standalone": j, "pid": await a.pid.remote(), "url": self.standalone[-1][1]}
+                )
         self.rundir.write_cells(self.placement)
         engines = [u for u in self.urls if u] + [u for _, u in self.standalone]
-        pcfg = ProxyConfig.model_validate({**self.cfg.proxy.model_dump(), "engines": engines,
-                                           "mode": "managed", "trace_dir": str(self.rundir.traces)})
+        pcfg = ProxyConfig.model_validate(
+            {
+                **self.cfg.proxy.model_dump(),
+                "engines": engines,
+                "mode": "managed",
+                "trace_dir": str(self.rundir.traces),
+            }
+        )
         self.proxy = ProxyServer(pcfg)
         await asyncio.to_thread(self.proxy.start)
 
@@ -128,9 +170,13 @@ class Cluster:
             self.proxy = None
         if self.cells:
             try:
-                await asyncio.wait_for(asyncio.gather(*[c.teardown.remote() for c in self.cells],
-                                                      return_exceptions=True), 30)
-            except asyncio.TimeoutError:
+                await asyncio.wait_for(
+                    asyncio.gather(
+                        *[c.teardown.remote() for c in self.cells], return_exceptions=True
+                    ),
+                    30,
+                )
+            except TimeoutError:
                 pass
             for c in self.cells:
                 ray.kill(c)
@@ -149,30 +195,47 @@ class Cluster:
             await asyncio.to_thread(self.proxy.call, self.proxy.service.pool.remove(url))
             self.urls[cell] = None
             await self.cells[cell].stop_engine.remote()
-        await self.cells[cell].load_replica.remote(self.trainer_version, self.rundir.snapshots, self.resume_from)
+        await self.cells[cell].load_replica.remote(
+            self.trainer_version, self.rundir.snapshots, self.resume_from
+        )
         return moved
 
     async def to_rollout(self, cell: int) -> None:
         """Drop the replica, start an engine on the newest published weights, add it to the pool."""
         if self._publishing is not None:
-            await self._publishing.wait()   # a returning satellite serves the version being published
+            await (
+                self._publishing.wait()
+            )  # a returning satellite serves the version being published
         await self.cells[cell].drop_replica.remote()
         url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
         await asyncio.to_thread(self.proxy.add_engine, url)
         self.urls[cell] = url
 
     # ------------------------------------------------------------------ training
-    async def compute(self, cell: int, step: int, version: int, tasks: list[bytes], shard: list[int]) -> list:
-        return await self.cells[cell].compute.remote(step, version, tasks, shard, self.rundir.snapshots)
+    async def compute(
+        self, cell: int, step: int, version: int, tasks: list[bytes], shard: list[int]
+    ) -> list:
+        return await self.cells[cell].compute.remote(
+            step, version, tasks, shard, self.rundir.snapshots
+        )
 
-    async def finish_step(self, k: int, stats: dict[int, list], n_scored: int, groups: list[str]) -> dict:
+    async def finish_step(
+        self, k: int, stats: dict[int, list], n_scored: int, groups: list[str]
+    ) -> dict:
         from gyre.train.objective import ObjectiveStats
 
         zero = ObjectiveStats().as_list()
         sats = [self.cells[c].reduce.remote(k, stats.get(c, zero)) for c in range(1, k)]
         ck = self.cfg.trainer.checkpoint
-        core = self.cells[0].finish_step.remote(k, stats.get(0, zero), n_scored, groups, self.rundir.snapshots,
-                                                str(self.rundir.checkpoints), ck.keep)
+        core = self.cells[0].finish_step.remote(
+            k,
+            stats.get(0, zero),
+            n_scored,
+            groups,
+            self.rundir.snapshots,
+            str(self.rundir.checkpoints),
+            ck.keep,
+        )
         metrics, *_ = await asyncio.gather(core, *sats)
         self.trainer_version += 1
         return metrics
@@ -203,7 +266,9 @@ class Cluster:
                     finally:
                         await c.resume()
 
-            urls = [self.urls[c] for c in rollout_cells if self.urls[c]] + [u for _, u in self.standalone]
+            urls = [self.urls[c] for c in rollout_cells if self.urls[c]] + [
+                u for _, u in self.standalone
+            ]
             results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
             for u, r in zip(urls, results):
                 if isinstance(r, BaseException):

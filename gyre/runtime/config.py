@@ -9,7 +9,7 @@ cells, and how often to evaluate. Times are wall-clock seconds (the policy's
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,18 +19,28 @@ class CellResources(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    num_cpus: float = Field(0.0, ge=0, description="0 on small machines: long-lived actors holding every logical "
-                                                   "CPU make Ray tasks hang")
+    num_cpus: float = Field(
+        0.0,
+        ge=0,
+        description="0 on small machines: long-lived actors holding every logical "
+        "CPU make Ray tasks hang",
+    )
     num_gpus: float = Field(0.0, ge=0)
-    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources (e.g. a node tag)")
-    torch_threads: int = Field(1, ge=1, description="torch threads inside each cell (engine and trainer)")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources (e.g. a node tag)"
+    )
+    torch_threads: int = Field(
+        1, ge=1, description="torch threads inside each cell (engine and trainer)"
+    )
 
 
 class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    address: Optional[str] = Field(None, description="existing cluster ('auto' or host:port); None: local ray.init")
-    num_cpus: Optional[int] = Field(4, ge=1, description="logical CPUs of a local Ray instance")
+    address: str | None = Field(
+        None, description="existing cluster ('auto' or host:port); None: local ray.init"
+    )
+    num_cpus: int | None = Field(4, ge=1, description="logical CPUs of a local Ray instance")
     node_ip: str = Field("127.0.0.1", description="keep a local Ray instance on loopback")
     include_dashboard: bool = False
 
@@ -40,22 +50,42 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    taskset: str = Field("quickstart", description="task set: built-in name or a folder of Harbor-layout tasks")
-    train_tasks: list[str] = Field(default_factory=list, description="task names to train on (empty: all)")
-    eval_tasks: list[str] = Field(default_factory=list, description="held-out task names for evaluation "
-                                                                    "(empty: the training tasks, fresh attempts)")
+    taskset: str = Field(
+        "quickstart", description="task set: built-in name or a folder of Harbor-layout tasks"
+    )
+    train_tasks: list[str] = Field(
+        default_factory=list, description="task names to train on (empty: all)"
+    )
+    eval_tasks: list[str] = Field(
+        default_factory=list,
+        description="held-out task names for evaluation "
+        "(empty: the training tasks, fresh attempts)",
+    )
     profile: str = Field("reference", description="harness profile: built-in name or a .toml file")
-    harness_args: list[str] = Field(default_factory=list, description="extra arguments appended to the "
-                                                                      "profile's command")
-    harness_timeout_s: Optional[float] = Field(None, gt=0, description="override the tasks' harness timeout")
-    overall_timeout_s: Optional[float] = Field(None, gt=0, description="override the tasks' overall timeout")
+    harness_args: list[str] = Field(
+        default_factory=list, description="extra arguments appended to the profile's command"
+    )
+    harness_timeout_s: float | None = Field(
+        None, gt=0, description="override the tasks' harness timeout"
+    )
+    overall_timeout_s: float | None = Field(
+        None, gt=0, description="override the tasks' overall timeout"
+    )
     out_dir: str = Field("runs", description="run directories are created below this")
-    name: Optional[str] = Field(None, description="run directory name (default: placement + timestamp)")
+    name: str | None = Field(
+        None, description="run directory name (default: placement + timestamp)"
+    )
     eval_interval: int = Field(0, ge=0, description="evaluate every this many steps (0: never)")
     eval_attempts: int = Field(2, ge=1, description="attempts per evaluation task")
-    standalone_engines: int = Field(1, ge=1, description="engines of the standalone rollout pool (serving "
-                                    "policy.standalone_capacity executions), when that capacity is > 0")
+    standalone_engines: int = Field(
+        1,
+        ge=1,
+        description="engines of the standalone rollout pool (serving "
+        "policy.standalone_capacity executions), when that capacity is > 0",
+    )
     cell: CellResources = Field(default_factory=CellResources)
     ray: RayConfig = Field(default_factory=RayConfig)
     log_format: Literal["rich", "plain", "json"] = "rich"
-    step_timeout_s: float = Field(1800.0, gt=0, description="abort the run if no event arrives this long")
+    step_timeout_s: float = Field(
+        1800.0, gt=0, description="abort the run if no event arrives this long"
+    )

@@ -21,14 +21,22 @@ from gyre.runtime.tasks import TaskStream
 
 
 class Executions:
-    def __init__(self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, cluster, *, segment: int = 0):
-        self.cfg, self.rundir, self.tasks, self.cluster, self.segment = cfg, rundir, tasks, cluster, segment
+    def __init__(
+        self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, cluster, *, segment: int = 0
+    ):
+        self.cfg, self.rundir, self.tasks, self.cluster, self.segment = (
+            cfg,
+            rundir,
+            tasks,
+            cluster,
+            segment,
+        )
         self.executor = None
         self.admin = None
         self.profile = None
         self.results: dict[tuple[int, int], tuple[str, float | None]] = {}
         self.finished = 0
-        self.failed = 0            # harness exited non-zero, was killed, or could not launch
+        self.failed = 0  # harness exited non-zero, was killed, or could not launch
         self.missing = 0
         self.running = 0
         self._last_eval = -1
@@ -62,9 +70,14 @@ class Executions:
         from gyre.harness.executor import ExecutionSpec
 
         run = self.cfg.run
-        spec = ExecutionSpec(execution_id=execution_id, task=task, profile=self.profile,
-                             base_url=self.cluster.proxy.url, harness_timeout_s=run.harness_timeout_s,
-                             overall_timeout_s=run.overall_timeout_s)
+        spec = ExecutionSpec(
+            execution_id=execution_id,
+            task=task,
+            profile=self.profile,
+            base_url=self.cluster.proxy.url,
+            harness_timeout_s=run.harness_timeout_s,
+            overall_timeout_s=run.overall_timeout_s,
+        )
         res = await self.executor.run(spec)
         try:  # the proxy closes the execution's trace file and forgets its key
             await asyncio.to_thread(self.admin.revoke, execution_id)
@@ -83,18 +96,33 @@ class Executions:
             self.running -= 1
         self.finished += 1
         h = res.harness
-        failed = h.stop in ("launch_failed", "log_limit") or (h.stop == "exited" and h.exit_code != 0)
+        failed = h.stop in ("launch_failed", "log_limit") or (
+            h.stop == "exited" and h.exit_code != 0
+        )
         self.failed += int(failed)
         self.missing += int(res.reward is None)
         self.results[(gid, attempt)] = (eid, res.reward)
-        self.rundir.log_execution({
-            "execution": eid, "group": gid, "attempt": attempt, "task": task.name, "segment": self.segment,
-            "reward": res.reward, "missing": None if res.reward is not None else res.assessment.reason.value,
-            "harness_stop": h.stop, "exit_code": h.exit_code, "failed": failed, "error": h.error[:300],
-            "seconds": round(res.timings.total_s, 3)})
+        self.rundir.log_execution(
+            {
+                "execution": eid,
+                "group": gid,
+                "attempt": attempt,
+                "task": task.name,
+                "segment": self.segment,
+                "reward": res.reward,
+                "missing": None if res.reward is not None else res.assessment.reason.value,
+                "harness_stop": h.stop,
+                "exit_code": h.exit_code,
+                "failed": failed,
+                "error": h.error[:300],
+                "seconds": round(res.timings.total_s, 3),
+            }
+        )
         return res.reward
 
-    def pack_group(self, gid: int, step: int, start_index: int) -> tuple[Any, int, dict[str, float], list]:
+    def pack_group(
+        self, gid: int, step: int, start_index: int
+    ) -> tuple[Any, int, dict[str, float], list]:
         """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks."""
         from gyre.harness.roles import role_profile
         from gyre.trace.store import trace_path
@@ -106,15 +134,30 @@ class Executions:
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
         rewards = {eid: r for eid, r in ids.values()}
         tcfg = self.cfg.trainer
-        group, report = group_from_traces(f"g{gid}", traces, rewards, role_profile=role_profile(self.profile.roles),
-                                          j_max=tcfg.j_max, seed=tcfg.seed, step=step)
+        group, report = group_from_traces(
+            f"g{gid}",
+            traces,
+            rewards,
+            role_profile=role_profile(self.profile.roles),
+            j_max=tcfg.j_max,
+            seed=tcfg.seed,
+            step=step,
+        )
         chunk = pack_groups([group], start_index, tcfg.stream, tcfg.objective)
         scored = [r for r in rewards.values() if r is not None]
         st = chunk.stats
-        info = {"reward_sum": sum(scored), "scored": len(scored), "missing": N - len(scored),
-                "passed": sum(1 for r in scored if r >= 1.0), "unreadable_traces": len(report.unreadable),
-                "tokens": st.tokens, "targets": st.targets, "micro_steps": st.micro_steps,
-                "executions_trained": st.executions_trained, "groups_all_equal": st.groups_all_equal}
+        info = {
+            "reward_sum": sum(scored),
+            "scored": len(scored),
+            "missing": N - len(scored),
+            "passed": sum(1 for r in scored if r >= 1.0),
+            "unreadable_traces": len(report.unreadable),
+            "tokens": st.tokens,
+            "targets": st.targets,
+            "micro_steps": st.micro_steps,
+            "executions_trained": st.executions_trained,
+            "groups_all_equal": st.groups_all_equal,
+        }
         return group, st.executions_scored, info, chunk.tasks
 
     # ------------------------------------------------------------------ evaluation
@@ -137,19 +180,30 @@ class Executions:
         """Evaluations still running; a failed one is reported, never fatal to the run."""
         for r in await asyncio.gather(*self.eval_tasks, return_exceptions=True):
             if isinstance(r, BaseException):
-                self.rundir.write_eval({"version": self._last_eval, "error": f"{type(r).__name__}: {r}"})
+                self.rundir.write_eval(
+                    {"version": self._last_eval, "error": f"{type(r).__name__}: {r}"}
+                )
 
     async def evaluate(self, version: int) -> dict[str, Any]:
         """Fresh attempts on the evaluation split (recorded apart from training rewards)."""
         jobs = [(t, a) for t in self.tasks.eval for a in range(self.cfg.run.eval_attempts)]
-        res = await asyncio.gather(*[self._run_one(f"r{self.segment}-eval-v{version}-{t.name}-a{a}", t)
-                                     for t, a in jobs])
+        res = await asyncio.gather(
+            *[self._run_one(f"r{self.segment}-eval-v{version}-{t.name}-a{a}", t) for t, a in jobs]
+        )
         scored = [r.reward for r in res if r.reward is not None]
-        row = {"version": version, "executions": len(res), "scored": len(scored),
-               "reward_mean": sum(scored) / len(scored) if scored else None,
-               "pass_rate": sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None,
-               "held_out": self.tasks.held_out,
-               "per_task": {t.name: json.loads(json.dumps([r.reward for (tt, _), r in zip(jobs, res)
-                                                          if tt.name == t.name])) for t in self.tasks.eval}}
+        row = {
+            "version": version,
+            "executions": len(res),
+            "scored": len(scored),
+            "reward_mean": sum(scored) / len(scored) if scored else None,
+            "pass_rate": sum(1 for r in scored if r >= 1.0) / len(scored) if scored else None,
+            "held_out": self.tasks.held_out,
+            "per_task": {
+                t.name: json.loads(
+                    json.dumps([r.reward for (tt, _), r in zip(jobs, res) if tt.name == t.name])
+                )
+                for t in self.tasks.eval
+            },
+        }
         self.rundir.write_eval(row)
         return row

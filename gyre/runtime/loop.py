@@ -26,19 +26,27 @@ from gyre.runtime.tasks import TaskStream
 from gyre.runtime.world import RealWorld
 
 
-async def train(cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dict[str, Any] | None = None) -> dict:
+async def train(
+    cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dict[str, Any] | None = None
+) -> dict:
     from gyre.runtime.report import summarize, write_timeline
 
     tasks = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
     done = (resume or {}).get("step", 0)
-    policy = SchedulingPolicy(cfg.policy.model_copy(update={"total_steps": cfg.policy.total_steps - done}))
+    policy = SchedulingPolicy(
+        cfg.policy.model_copy(update={"total_steps": cfg.policy.total_steps - done})
+    )
     world = RealWorld(cfg, rundir, tasks, resume=resume)
     world.sched_status = policy.status
-    progress.message(f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}")
+    progress.message(
+        f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}"
+    )
     await world.start(list(policy.roles))
-    progress.message(f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}")
+    progress.message(
+        f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}"
+    )
     if cfg.run.eval_interval:
-        world.execs.start_eval(world.base_step)   # the starting policy, for comparison
+        world.execs.start_eval(world.base_step)  # the starting policy, for comparison
     try:
         actions = policy.start(world.now())
         while not policy.done:
@@ -46,9 +54,9 @@ async def train(cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dic
             event = await world.next_event(timeout=cfg.run.step_timeout_s)
             actions = policy.handle(event)
             progress.update(world, policy)
-        world.carry_out(actions)                      # EndRun: the makespan is taken here
+        world.carry_out(actions)  # EndRun: the makespan is taken here
         progress.update(world, policy, force=True)
-        await world.finish(progress)                  # final weights, final evaluation
+        await world.finish(progress)  # final weights, final evaluation
         world.close_segments()
         summary = summarize(world, rundir, policy)
         rundir.write_summary(summary)
@@ -59,17 +67,27 @@ async def train(cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dic
         rundir.close()
 
 
-def run(cfg: GyreConfig, *, run_dir: Path, resume: dict[str, Any] | None = None, quiet: bool = False,
-        log_format: str | None = None) -> dict:
+def run(
+    cfg: GyreConfig,
+    *,
+    run_dir: Path,
+    resume: dict[str, Any] | None = None,
+    quiet: bool = False,
+    log_format: str | None = None,
+) -> dict:
     rundir = RunDir(run_dir).create()
     if resume is None:
         rundir.write_config(cfg)
     else:  # progress counts steps of the whole run, not of this segment
         rundir.step_rows = rundir.read_jsonl("metrics.jsonl")
     t0 = time.monotonic()
-    with Progress(log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet) as progress:
+    with Progress(
+        log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet
+    ) as progress:
         summary = asyncio.run(train(cfg, rundir, progress, resume))
-        progress.message(f"done in {time.monotonic() - t0:.0f}s: makespan {summary['makespan_s']:.1f}s, "
-                         f"reward first/last quarter {summary['reward_first_quarter']} -> "
-                         f"{summary['reward_last_quarter']}; {rundir.path}/summary.json")
+        progress.message(
+            f"done in {time.monotonic() - t0:.0f}s: makespan {summary['makespan_s']:.1f}s, "
+            f"reward first/last quarter {summary['reward_first_quarter']} -> "
+            f"{summary['reward_last_quarter']}; {rundir.path}/summary.json"
+        )
     return summary

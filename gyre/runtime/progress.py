@@ -24,7 +24,7 @@ class Progress:
         self._last = 0.0
         self._last_step = -1
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.mode == "rich":
             from rich.console import Console
             from rich.live import Live
@@ -51,10 +51,19 @@ class Progress:
         elapsed = world.now()
         seg_steps = len(world.finished_steps)
         eta = elapsed / seg_steps * (self.total - done) if seg_steps else None
-        return {"step": done, "steps": self.total, "reward": rows[-1].get("reward/mean") if rows else None,
-                "roles": st["roles"], "waterlevel": st["waterlevel"], "capacity": st["capacity"],
-                "running": world.execs.running, "queued": st["queued"], "version": world.cluster.trainer_version,
-                "elapsed_s": round(elapsed, 1), "eta_s": None if eta is None else round(eta, 1)}
+        return {
+            "step": done,
+            "steps": self.total,
+            "reward": rows[-1].get("reward/mean") if rows else None,
+            "roles": st["roles"],
+            "waterlevel": st["waterlevel"],
+            "capacity": st["capacity"],
+            "running": world.execs.running,
+            "queued": st["queued"],
+            "version": world.cluster.trainer_version,
+            "elapsed_s": round(elapsed, 1),
+            "eta_s": None if eta is None else round(eta, 1),
+        }
 
     def update(self, world, policy, *, force: bool = False) -> None:
         if self.mode == "quiet":
@@ -81,18 +90,38 @@ class Progress:
         r = "-" if s["reward"] is None else f"{s['reward']:.3f}"
         eta = "-" if s["eta_s"] is None else f"{s['eta_s']:.0f}s"
         roles = " ".join(_ROLE_MARK.get(x, x) for x in s["roles"])
-        return (f"step {s['step']}/{s['steps']}  reward {r}  cells [{roles}]  waterlevel {s['waterlevel']}/"
-                f"{s['capacity']}  running {s['running']} queued {s['queued']}  elapsed {s['elapsed_s']:.0f}s "
-                f"eta {eta}")
+        return (
+            f"step {s['step']}/{s['steps']}  reward {r}  cells [{roles}]  waterlevel {s['waterlevel']}/"
+            f"{s['capacity']}  running {s['running']} queued {s['queued']}  elapsed {s['elapsed_s']:.0f}s "
+            f"eta {eta}"
+        )
 
     def _panel(self, s: dict[str, Any]):
         from rich.table import Table
 
         t = Table.grid(padding=(0, 2))
-        t.add_row("[bold]step[/]", f"{s['step']}/{s['steps']}", "[bold]reward[/]",
-                  "-" if s["reward"] is None else f"{s['reward']:.3f}", "[bold]version[/]", str(s["version"]))
-        t.add_row("[bold]cells[/]", " ".join(_ROLE_MARK.get(x, x) for x in s["roles"]), "[bold]waterlevel[/]",
-                  f"{s['waterlevel']}/{s['capacity']}", "[bold]running/queued[/]", f"{s['running']}/{s['queued']}")
-        t.add_row("[bold]elapsed[/]", f"{s['elapsed_s']:.0f}s", "[bold]eta[/]",
-                  "-" if s["eta_s"] is None else f"{s['eta_s']:.0f}s", "", "")
+        t.add_row(
+            "[bold]step[/]",
+            f"{s['step']}/{s['steps']}",
+            "[bold]reward[/]",
+            "-" if s["reward"] is None else f"{s['reward']:.3f}",
+            "[bold]version[/]",
+            str(s["version"]),
+        )
+        t.add_row(
+            "[bold]cells[/]",
+            " ".join(_ROLE_MARK.get(x, x) for x in s["roles"]),
+            "[bold]waterlevel[/]",
+            f"{s['waterlevel']}/{s['capacity']}",
+            "[bold]running/queued[/]",
+            f"{s['running']}/{s['queued']}",
+        )
+        t.add_row(
+            "[bold]elapsed[/]",
+            f"{s['elapsed_s']:.0f}s",
+            "[bold]eta[/]",
+            "-" if s["eta_s"] is None else f"{s['eta_s']:.0f}s",
+            "",
+            "",
+        )
         return t

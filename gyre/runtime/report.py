@@ -40,7 +40,9 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
     rows = rundir.read_jsonl("metrics.jsonl")
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     first, last = _quarters(rewards)
-    sw = {d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")}
+    sw = {
+        d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")
+    }
     ex = world.execs
     return {
         "placement": world.cfg.policy.placement.value,
@@ -52,14 +54,27 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         "reward_last_quarter": last,
         "executions": {"finished": ex.finished, "failed": ex.failed, "missing": ex.missing},
         "interrupted_executions": ex.failed + int(counters.get("errors_5xx", 0)),
-        "proxy": {"answered": counters.get("answered", 0), "errors_5xx": counters.get("errors_5xx", 0),
-                  "moved_calls": pool.get("moved", 0), "engine_errors": pool.get("engine_errors", 0),
-                  **trace_reroutes(rundir.traces)},
-        "switches": {d: {"count": len(v), "mean_s": statistics.fmean(v) if v else None,
-                         "max_s": max(v) if v else None} for d, v in sw.items()},
-        "publications": {"count": len(world.publications),
-                         "mean_s": statistics.fmean([p["seconds"] for p in world.publications])
-                         if world.publications else None},
+        "proxy": {
+            "answered": counters.get("answered", 0),
+            "errors_5xx": counters.get("errors_5xx", 0),
+            "moved_calls": pool.get("moved", 0),
+            "engine_errors": pool.get("engine_errors", 0),
+            **trace_reroutes(rundir.traces),
+        },
+        "switches": {
+            d: {
+                "count": len(v),
+                "mean_s": statistics.fmean(v) if v else None,
+                "max_s": max(v) if v else None,
+            }
+            for d, v in sw.items()
+        },
+        "publications": {
+            "count": len(world.publications),
+            "mean_s": statistics.fmean([p["seconds"] for p in world.publications])
+            if world.publications
+            else None,
+        },
         "role_shares": world.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": world.cluster.placement,
@@ -88,12 +103,24 @@ def write_timeline(world, rundir, summary: dict[str, Any]) -> Path:
     rows = rundir.read_jsonl("metrics.jsonl")
     stale = [r["batch/staleness_mean"] for r in rows]
     tl = Timeline(
-        makespan_h=end, training_share=[s.get("training", 0.0) for s in world.role_shares()],
-        lower_bound_h=0.0, efficiency=float("nan"), mean_staleness=statistics.fmean(stale) if stale else 0.0,
+        makespan_h=end,
+        training_share=[s.get("training", 0.0) for s in world.role_shares()],
+        lower_bound_h=0.0,
+        efficiency=float("nan"),
+        mean_staleness=statistics.fmean(stale) if stale else 0.0,
         interrupted_executions=summary["interrupted_executions"],
-        timeline={"segments": world.segments, "busy": world.busy, "steps": world.steps,
-                  "publications": [p["time"] for p in world.publications]})
+        timeline={
+            "segments": world.segments,
+            "busy": world.busy,
+            "steps": world.steps,
+            "publications": [p["time"] for p in world.publications],
+        },
+    )
     path = rundir.path / "timeline.png"
-    plot_gantt({f"{summary['placement']} (real run, seconds)": tl}, path,
-               title=f"gyre run: {summary['steps']} steps, makespan {end:.0f} s", unit="s")
+    plot_gantt(
+        {f"{summary['placement']} (real run, seconds)": tl},
+        path,
+        title=f"gyre run: {summary['steps']} steps, makespan {end:.0f} s",
+        unit="s",
+    )
     return path

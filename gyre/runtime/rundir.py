@@ -57,7 +57,9 @@ def to_toml(data: dict[str, Any]) -> str:
 
 class RunDir:
     def __init__(self, path: str | Path):
-        self.path = Path(path).resolve()  # cells (other processes, maybe other nodes) get absolute paths
+        self.path = Path(
+            path
+        ).resolve()  # cells (other processes, maybe other nodes) get absolute paths
         self.traces = self.path / "traces"
         self.workspaces = self.path / "workspaces"
         self.checkpoints = self.path / "checkpoints"
@@ -67,8 +69,15 @@ class RunDir:
         self._tb = None
         self.step_rows: list[dict[str, Any]] = []
 
-    def create(self) -> "RunDir":
-        for p in (self.path, self.traces, self.workspaces, self.checkpoints, self.weights, Path(self.snapshots)):
+    def create(self) -> RunDir:
+        for p in (
+            self.path,
+            self.traces,
+            self.workspaces,
+            self.checkpoints,
+            self.weights,
+            Path(self.snapshots),
+        ):
             p.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -110,25 +119,37 @@ class RunDir:
         dt = world.steps[-1][1] - world.steps[-1][0]
         now = world.now()
         row: dict[str, Any] = {
-            "step": rec.step, "version": rec.version + 1, "time": round(now, 3),
+            "step": rec.step,
+            "version": rec.version + 1,
+            "time": round(now, 3),
             "reward/mean": p.get("reward_sum", 0.0) / scored if scored else None,
             "reward/pass_rate": p.get("passed", 0) / scored if scored else None,
-            "batch/groups": len(rec.groups), "batch/executions_scored": scored,
-            "batch/executions_missing": p.get("missing", 0), "batch/groups_all_equal": p.get("groups_all_equal", 0),
-            "batch/executions_trained": p.get("executions_trained", 0), "batch/unreadable_traces":
-                p.get("unreadable_traces", 0),
+            "batch/groups": len(rec.groups),
+            "batch/executions_scored": scored,
+            "batch/executions_missing": p.get("missing", 0),
+            "batch/groups_all_equal": p.get("groups_all_equal", 0),
+            "batch/executions_trained": p.get("executions_trained", 0),
+            "batch/unreadable_traces": p.get("unreadable_traces", 0),
             "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
             "batch/staleness_max": max(stale) if stale else 0,
-            "train/tokens": p.get("tokens", 0), "train/target_tokens": p.get("targets", 0),
+            "train/tokens": p.get("tokens", 0),
+            "train/target_tokens": p.get("targets", 0),
             "train/micro_steps": p.get("micro_steps", 0),
             "train/tokens_per_s": p.get("tokens", 0) / dt if dt > 0 else 0.0,
             "train/claims": {str(c): n for c, n in sorted(rec.claims.items())},
-            "timing/step": dt, **metrics,
+            "timing/step": dt,
+            **metrics,
             "groups": [f"g{g}" for g, _ in rec.groups],
         }
         status = world.sched_status()
-        row.update({"sched/waterlevel": status.get("waterlevel"), "sched/capacity": status.get("capacity"),
-                    "sched/running": status.get("running"), "sched/queued": status.get("queued")})
+        row.update(
+            {
+                "sched/waterlevel": status.get("waterlevel"),
+                "sched/capacity": status.get("capacity"),
+                "sched/running": status.get("running"),
+                "sched/queued": status.get("queued"),
+            }
+        )
         for c, share in enumerate(world.role_shares()):
             for role, s in share.items():
                 row[f"cells/{c}/{role}_share"] = s
@@ -139,8 +160,11 @@ class RunDir:
 
     def write_eval(self, row: dict[str, Any]) -> None:
         self._append("evals.jsonl", row)
-        self._scalars("eval/", {k: v for k, v in row.items() if k in ("reward_mean", "pass_rate") and v is not None},
-                      row["version"])
+        self._scalars(
+            "eval/",
+            {k: v for k, v in row.items() if k in ("reward_mean", "pass_rate") and v is not None},
+            row["version"],
+        )
 
     def write_cells(self, placement: list[dict[str, Any]]) -> None:
         """Where each cell (and standalone engine) runs: pid and Ray node, for operators and fault tests."""

@@ -38,8 +38,10 @@ class TaskStream:
     def check_batch(self, batch_groups: int) -> None:
         """A batch holds B different queries: B larger than the split would repeat one inside a batch."""
         if batch_groups > len(self.train):
-            raise TaskSetError(f"policy.batch_groups={batch_groups} needs at least {batch_groups} training tasks "
-                               f"for one batch without repetition; the split has {len(self.train)}")
+            raise TaskSetError(
+                f"policy.batch_groups={batch_groups} needs at least {batch_groups} training tasks "
+                f"for one batch without repetition; the split has {len(self.train)}"
+            )
 
     def task(self, group_id: int) -> Task:
         n = len(self.train)

@@ -13,14 +13,29 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gyre.config import GyreConfig
 from gyre.policy import (
-    AssignGroup, CellSwitched, ClaimMicroStep, DispatchGroups, EndRun, Event, ExecutionFinished,
-    ExecutionsLaunched, FinishStep, LaunchExecutions, MicroStepDone, PublishWeights, Role, StartStep, StepDone,
-    SwitchCell, Tick, WakeAt, WeightsPublished,
+    AssignGroup,
+    CellSwitched,
+    ClaimMicroStep,
+    DispatchGroups,
+    EndRun,
+    Event,
+    ExecutionFinished,
+    ExecutionsLaunched,
+    FinishStep,
+    LaunchExecutions,
+    MicroStepDone,
+    PublishWeights,
+    Role,
+    StartStep,
+    StepDone,
+    SwitchCell,
+    Tick,
+    WakeAt,
+    WeightsPublished,
 )
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.executions import Executions
@@ -32,29 +47,33 @@ from gyre.runtime.tasks import TaskStream
 class StepRecord:
     """What the world saw of one optimizer step (metrics are written from this)."""
 
-    step: int                                   # global step index
-    version: int                                # policy version the step's gradients were taken at
+    step: int  # global step index
+    version: int  # policy version the step's gradients were taken at
     start: float
-    groups: list[tuple[int, int]] = field(default_factory=list)   # (group id, dispatch version)
+    groups: list[tuple[int, int]] = field(default_factory=list)  # (group id, dispatch version)
     n_scored: int = 0
     pack: dict[str, float] = field(default_factory=dict)
-    stats: dict[int, list] = field(default_factory=dict)          # cell -> summed ObjectiveStats list
-    claims: dict[int, int] = field(default_factory=dict)          # cell -> policy micro-steps it ran
+    stats: dict[int, list] = field(default_factory=dict)  # cell -> summed ObjectiveStats list
+    claims: dict[int, int] = field(default_factory=dict)  # cell -> policy micro-steps it ran
 
 
 class RealWorld:
     """Carries out actions; ``next_event()`` returns whatever finished first."""
 
-    def __init__(self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, *, resume: dict | None = None):
+    def __init__(
+        self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, *, resume: dict | None = None
+    ):
         self.cfg, self.rundir, self.tasks = cfg, rundir, tasks
         self.K = cfg.policy.cells
         r = resume or {}
-        self.base_step = r.get("step", 0)            # global index of the policy's step 0
-        self.base_gid = r.get("next_group", 0)       # global id of the policy's group 0
-        self.segment = r.get("segment", 0)           # how many times this run was (re)started
+        self.base_step = r.get("step", 0)  # global index of the policy's step 0
+        self.base_gid = r.get("next_group", 0)  # global id of the policy's group 0
+        self.segment = r.get("segment", 0)  # how many times this run was (re)started
         self.t0 = time.monotonic()
         self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.cluster = Cluster(cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step)
+        self.cluster = Cluster(
+            cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
+        )
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
         self.roles: list[Role] = [Role.ROLLOUT] * self.K
         self._since = [0.0] * self.K
@@ -66,13 +85,13 @@ class RealWorld:
         self.step_rec: StepRecord | None = None
         self.finished_steps: list[StepRecord] = []
         self.group_version: dict[int, int] = {}
-        self.shards: dict[int, list[list[int]]] = {}    # group -> policy micro-step -> task indices
+        self.shards: dict[int, list[list[int]]] = {}  # group -> policy micro-step -> task indices
         self.group_tasks: dict[int, list[bytes]] = {}
         self._task_index = 0
         self.makespan: float | None = None
         self._bg: set[asyncio.Task] = set()
         self.errors: list[BaseException] = []
-        self.sched_status = lambda: {}                 # the loop points this at policy.status
+        self.sched_status = lambda: {}  # the loop points this at policy.status
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -153,7 +172,9 @@ class RealWorld:
             rollout = [c for c in range(self.K) if self.roles[c] is Role.ROLLOUT]
             if final > self.cluster.weights_version:
                 await self.cluster.publish(final, rollout)
-            if not rollout:  # every cell trained last (colocate): serve the final weights on the core
+            if (
+                not rollout
+            ):  # every cell trained last (colocate): serve the final weights on the core
                 await self.cluster.to_rollout(0)
                 self._set_role(0, Role.ROLLOUT)
             progress.message(f"final evaluation of version {final}")
@@ -182,7 +203,9 @@ class RealWorld:
                 self._set_role(a.cell, target)
                 self._spawn(self._switch(a.cell, a.role))
             elif t is StartStep:
-                self.step_rec = StepRecord(self.base_step + a.step, self.base_step + a.version, self.now())
+                self.step_rec = StepRecord(
+                    self.base_step + a.step, self.base_step + a.version, self.now()
+                )
             elif t is AssignGroup:
                 self._assign(a)
             elif t is ClaimMicroStep:
@@ -193,7 +216,9 @@ class RealWorld:
                 self._spawn(self._publish(a.version))
             elif t is WakeAt:
                 delay = max(0.0, a.time - self.now())
-                asyncio.get_running_loop().call_later(delay, lambda: self._emit(Tick(max(a.time, self.now()))))
+                asyncio.get_running_loop().call_later(
+                    delay, lambda at=a.time: self._emit(Tick(max(at, self.now())))
+                )
             elif t is EndRun:
                 self.makespan = self.now()
             else:  # pragma: no cover - a new action type must be handled here
@@ -211,7 +236,9 @@ class RealWorld:
             moved = 0
             await self.cluster.to_rollout(cell)
         t1 = self.now()
-        self.switches.append({"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved})
+        self.switches.append(
+            {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
+        )
         self._set_role(cell, role)
         self._emit(CellSwitched(t1, cell, role))
 
@@ -234,7 +261,9 @@ class RealWorld:
         shard = self.shards[a.group_id][a.index]
         t0 = self.now()
         if shard:
-            stats = await self.cluster.compute(a.cell, rec.step, rec.version, self.group_tasks[a.group_id], shard)
+            stats = await self.cluster.compute(
+                a.cell, rec.step, rec.version, self.group_tasks[a.group_id], shard
+            )
             prev = rec.stats.get(a.cell)
             rec.stats[a.cell] = stats if prev is None else [x + y for x, y in zip(prev, stats)]
         rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
@@ -249,7 +278,9 @@ class RealWorld:
         while k < self.K and self.roles[k] is Role.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
         t0 = self.now()
-        metrics = await self.cluster.finish_step(k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups])
+        metrics = await self.cluster.finish_step(
+            k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
+        )
         t1 = self.now()
         self.busy[0].append((t0, t1))
         self.steps.append((rec.start, t1))

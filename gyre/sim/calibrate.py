@@ -9,7 +9,7 @@ Neither fit looks at makespans or speedups.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -17,7 +17,9 @@ from gyre.sim.config import SimConfig
 from gyre.sim.workload import draw_workload, workload_stats
 
 
-def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.2, iters: int = 400) -> np.ndarray:
+def nelder_mead(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.2, iters: int = 400
+) -> np.ndarray:
     """Minimal Nelder-Mead (no scipy dependency)."""
     n = len(x0)
     pts = [np.array(x0, float)] + [np.array(x0, float) + step * np.eye(n)[i] for i in range(n)]
@@ -47,7 +49,11 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 
 
 
 def fit_durations(
-    cfg: SimConfig, targets: dict[str, float], free: list[str], groups: int = 20000, seed: int = 12345
+    cfg: SimConfig,
+    targets: dict[str, float],
+    free: list[str],
+    groups: int = 20000,
+    seed: int = 12345,
 ) -> dict[str, float]:
     """Fit ``free`` workload fields (log-parametrised) so ``workload_stats`` hits ``targets``."""
     base = cfg.workload
@@ -66,14 +72,18 @@ def fit_durations(
     return {k: float(np.exp(v)) for k, v in zip(free, best)}
 
 
-def fit_train_cost(cfg: SimConfig, target_share: float = 0.23, seeds: int = 3, lo: float = 0.01, hi: float = 200.0) -> float:
+def fit_train_cost(
+    cfg: SimConfig, target_share: float = 0.23, seeds: int = 3, lo: float = 0.01, hi: float = 200.0
+) -> float:
     """Bisect ``costs.train_step_cell_h`` so Elastic's mean training share hits ``target_share``."""
     from gyre.sim.run import simulate
 
     def share(tc: float) -> float:
         vals = []
         for s in range(seeds):
-            c = cfg.model_copy(update={"seed": s, "costs": cfg.costs.model_copy(update={"train_step_cell_h": tc})})
+            c = cfg.model_copy(
+                update={"seed": s, "costs": cfg.costs.model_copy(update={"train_step_cell_h": tc})}
+            )
             vals.append(simulate(c, ["elastic"], record=False)["elastic"].mean_training_share)
         return float(np.mean(vals))
 
@@ -89,15 +99,26 @@ def fit_train_cost(cfg: SimConfig, target_share: float = 0.23, seeds: int = 3, l
 
 
 if __name__ == "__main__":  # pragma: no cover - a maintenance script
-    from gyre.sim.presets import NL2REPO_TARGETS, FLAGSHIP_TARGETS, preset
+    from gyre.sim.presets import FLAGSHIP_TARGETS, NL2REPO_TARGETS, preset
 
     for name, targets, free in (
         ("nl2repo-122b", NL2REPO_TARGETS, ["median_h", "tail", "query_sigma"]),
-        ("flagship-2.4t", FLAGSHIP_TARGETS, ["median_h", "tail", "query_sigma", "overall_timeout_h"]),
+        (
+            "flagship-2.4t",
+            FLAGSHIP_TARGETS,
+            ["median_h", "tail", "query_sigma", "overall_timeout_h"],
+        ),
     ):
         cfg = preset(name)
         fit = fit_durations(cfg, targets, free)
         print(name, "durations:", {k: round(v, 4) for k, v in fit.items()})
         cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update=fit)})
-        print(name, "stats:", {k: round(v, 4) for k, v in workload_stats(draw_workload(cfg.workload, 20000, 1)).items()})
+        print(
+            name,
+            "stats:",
+            {
+                k: round(v, 4)
+                for k, v in workload_stats(draw_workload(cfg.workload, 20000, 1)).items()
+            },
+        )
         print(name, "train_step_cell_h:", round(fit_train_cost(cfg), 3))

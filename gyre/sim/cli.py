@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -26,7 +25,7 @@ def _fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _load(preset: str, sets: list[str], seed: Optional[int]):
+def _load(preset: str, sets: list[str], seed: int | None):
     from gyre.sim.config import apply_overrides
     from gyre.sim.presets import preset as get_preset
 
@@ -57,15 +56,28 @@ def _print_table(cfg, results) -> None:
         title_justify="left",
     )
     for col, just in (
-        ("placement", "left"), ("phi,mu", "center"), ("hours", "right"), ("x elastic", "right"),
-        ("paper h (x)", "right"), ("bound", "right"), ("eff.", "right"), ("E\\[d] real/exp", "right"),
-        ("train", "right"), ("idle cell-h", "right"), ("interrupted", "right"),
+        ("placement", "left"),
+        ("phi,mu", "center"),
+        ("hours", "right"),
+        ("x elastic", "right"),
+        ("paper h (x)", "right"),
+        ("bound", "right"),
+        ("eff.", "right"),
+        ("E\\[d] real/exp", "right"),
+        ("train", "right"),
+        ("idle cell-h", "right"),
+        ("interrupted", "right"),
     ):
         t.add_column(col, justify=just, no_wrap=True)
     for name, r in results.items():
         ratio = f"{r.makespan_h / ref.makespan_h:.2f}x" if ref else "-"
         p = pub.get(name)
-        pr = f"{p:.1f}" + (f" ({p / pub['elastic']:.2f}x)" if "elastic" in pub and name != "elastic" else "") if p else "-"
+        pr = (
+            f"{p:.1f}"
+            + (f" ({p / pub['elastic']:.2f}x)" if "elastic" in pub and name != "elastic" else "")
+            if p
+            else "-"
+        )
         t.add_row(
             name,
             f"{r.phi:g},{r.mu}",
@@ -96,13 +108,30 @@ def _print_bursts(results) -> None:
     console = Console(width=None if sys.stdout.isatty() else 150)
     for name, r in results.items():
         t = Table(title=f"{name}: per burst (mu={r.mu})", title_justify="left")
-        for col in ("burst", "start h", "length h", "gather h", "overhang h", "publish h",
-                    "train-idle cell-h", "group wait h", "cells"):
+        for col in (
+            "burst",
+            "start h",
+            "length h",
+            "gather h",
+            "overhang h",
+            "publish h",
+            "train-idle cell-h",
+            "group wait h",
+            "cells",
+        ):
             t.add_column(col, justify="right")
         for b in r.bursts:
-            t.add_row(str(b["burst"]), f"{b['start_h']:.2f}", f"{b['length_h']:.2f}", f"{b['gather_h']:.2f}",
-                      f"{b['overhang_h']:.2f}", f"{b['publish_gap_h']:.2f}", f"{b['train_idle_cell_h']:.2f}",
-                      f"{b['mean_group_wait_h']:.2f}", str(b["max_training_cells"]))
+            t.add_row(
+                str(b["burst"]),
+                f"{b['start_h']:.2f}",
+                f"{b['length_h']:.2f}",
+                f"{b['gather_h']:.2f}",
+                f"{b['overhang_h']:.2f}",
+                f"{b['publish_gap_h']:.2f}",
+                f"{b['train_idle_cell_h']:.2f}",
+                f"{b['mean_group_wait_h']:.2f}",
+                str(b["max_training_cells"]),
+            )
         g = sum(b["gather_h"] for b in r.bursts)
         o = sum(b["overhang_h"] for b in r.bursts)
         t.add_row("sum", "", f"{r.makespan_h:.2f}", f"{g:.2f}", f"{o:.2f}", "", "", "", "")
@@ -116,14 +145,24 @@ def _print_bursts(results) -> None:
 @app.callback()
 def sim(
     ctx: typer.Context,
-    preset: Optional[str] = typer.Option(None, "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"),
-    placement: str = typer.Option("all", "--placement", help="colocate|async|async-streaming|elastic|all"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="workload draw seed (default: the preset's)"),
-    sets: list[str] = typer.Option([], "--set", help="override: name=value (e.g. tail=0.75, costs.optim_h=0.1)"),
+    preset: str | None = typer.Option(
+        None, "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"
+    ),
+    placement: str = typer.Option(
+        "all", "--placement", help="colocate|async|async-streaming|elastic|all"
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="workload draw seed (default: the preset's)"
+    ),
+    sets: list[str] = typer.Option(
+        [], "--set", help="override: name=value (e.g. tail=0.75, costs.optim_h=0.1)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write a Gantt chart PNG here"),
+    plot: Path | None = typer.Option(None, "--plot", help="write a Gantt chart PNG here"),
     bursts: bool = typer.Option(
-        False, "--bursts", help="also print where each burst's time goes (gather vs training overhang)"
+        False,
+        "--bursts",
+        help="also print where each burst's time goes (gather vs training overhang)",
     ),
 ) -> None:
     """Simulate one preset for one or all placements on the same workload draw."""
@@ -166,7 +205,9 @@ def sim(
 @app.command("pairs")
 def pairs(
     target: float = typer.Option(1.5, "--target", help="mean staleness E[d] to hold"),
-    batch_groups: Optional[int] = typer.Option(None, "--batch-groups", "-B", help="require phi*B whole groups"),
+    batch_groups: int | None = typer.Option(
+        None, "--batch-groups", "-B", help="require phi*B whole groups"
+    ),
     max_mu: int = typer.Option(8, "--max-mu"),
 ) -> None:
     """List the (phi, mu) pairs each placement can run at a target E[d] = phi + (mu-1)/2."""
@@ -182,10 +223,14 @@ def pairs(
 @app.command("sweep")
 def sweep(
     preset: str = typer.Option("seed-toy", "--preset", "-p", help="base preset"),
-    study: Optional[str] = typer.Option(
-        None, "--study", help="built-in point set: defaults | observations (the seed's three, on seed-toy) | table1 (on nl2repo-122b)"
+    study: str | None = typer.Option(
+        None,
+        "--study",
+        help="built-in point set: defaults | observations (the seed's three, on seed-toy) | table1 (on nl2repo-122b)",
     ),
-    grid: list[str] = typer.Option([], "--grid", help="name=v1,v2,... (repeat for a cartesian product)"),
+    grid: list[str] = typer.Option(
+        [], "--grid", help="name=v1,v2,... (repeat for a cartesian product)"
+    ),
     seeds: int = typer.Option(20, "--seeds", min=1, help="draws per point"),
     first_seed: int = typer.Option(0, "--first-seed"),
     sets: list[str] = typer.Option([], "--set", help="override applied to every point"),
@@ -214,22 +259,43 @@ def sweep(
         err = Console(stderr=True)
         with Progress(console=err, transient=False) as prog:
             task = prog.add_task("simulating", total=len(points) * seeds)
-            summaries = run_sweep(cfg, points, seeds, names, progress=lambda _l: prog.advance(task), first_seed=first_seed)
+            summaries = run_sweep(
+                cfg,
+                points,
+                seeds,
+                names,
+                progress=lambda _l: prog.advance(task),
+                first_seed=first_seed,
+            )
     except ValueError as e:
         _fail(str(e))
     if as_json:
-        typer.echo(json.dumps({"preset": cfg.name, "seeds": seeds, "points": [s.to_dict() for s in summaries]}))
+        typer.echo(
+            json.dumps(
+                {"preset": cfg.name, "seeds": seeds, "points": [s.to_dict() for s in summaries]}
+            )
+        )
         return
     console = Console(width=None if sys.stdout.isatty() else 120)
     for s in summaries:
         t = Table(title=f"{cfg.name}: {s.label} ({seeds} seeds)", title_justify="left")
-        for col in ("placement", "median h", "p10-p90 h", "median / elastic median", "per-seed ratio median"):
+        for col in (
+            "placement",
+            "median h",
+            "p10-p90 h",
+            "median / elastic median",
+            "per-seed ratio median",
+        ):
             t.add_column(col, justify="right" if col != "placement" else "left")
         d = s.to_dict()["placements"]
         for n, v in d.items():
             t.add_row(
-                n, f"{v['makespan_h_median']:.2f}", f"{v['makespan_h_p10']:.2f}-{v['makespan_h_p90']:.2f}",
-                f"{v['ratio_of_medians_vs_elastic']:.2f}x" if v["ratio_of_medians_vs_elastic"] else "-",
+                n,
+                f"{v['makespan_h_median']:.2f}",
+                f"{v['makespan_h_p10']:.2f}-{v['makespan_h_p90']:.2f}",
+                f"{v['ratio_of_medians_vs_elastic']:.2f}x"
+                if v["ratio_of_medians_vs_elastic"]
+                else "-",
                 f"{v['ratio_vs_elastic_median']:.2f}x" if v["ratio_vs_elastic_median"] else "-",
             )
         console.print(t)

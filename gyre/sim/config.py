@@ -20,7 +20,9 @@ class ClusterConfig(BaseModel):
 
     cells: int = Field(8, ge=1, description="K cells")
     cell_capacity: int = Field(8, ge=1, description="C_e: concurrent executions per rollout cell")
-    standalone_capacity: int = Field(0, ge=0, description="C_s: executions of a standalone rollout pool")
+    standalone_capacity: int = Field(
+        0, ge=0, description="C_s: executions of a standalone rollout pool"
+    )
 
 
 class WorkloadConfig(BaseModel):
@@ -34,12 +36,20 @@ class WorkloadConfig(BaseModel):
     group_size: int = Field(16, ge=1, description="N executions per group")
     batch_groups: int = Field(32, ge=1, description="B groups per optimizer step")
     steps: int = Field(12, ge=1, description="optimizer steps to run")
-    median_h: float = Field(1.5, gt=0, description="median attempt duration before the query factor")
+    median_h: float = Field(
+        1.5, gt=0, description="median attempt duration before the query factor"
+    )
     tail: float = Field(0.5, ge=0, description="sigma of the per-attempt lognormal")
     query_sigma: float = Field(0.3, ge=0, description="sigma of the per-query lognormal factor")
-    harness_timeout_h: float = Field(4.5, gt=0, description="agent time cap; timed-out workspaces are scored")
-    score_mean_h: float = Field(0.0, ge=0, description="mean (exponential) scoring time after the harness exits")
-    overall_timeout_h: float | None = Field(None, gt=0, description="agent + scoring budget; beyond it: missing")
+    harness_timeout_h: float = Field(
+        4.5, gt=0, description="agent time cap; timed-out workspaces are scored"
+    )
+    score_mean_h: float = Field(
+        0.0, ge=0, description="mean (exponential) scoring time after the harness exits"
+    )
+    overall_timeout_h: float | None = Field(
+        None, gt=0, description="agent + scoring budget; beyond it: missing"
+    )
     slowdown: float = Field(
         0.0, ge=0, description="rollout rate = 1 / (1 + slowdown * occupancy); 0 = linear scaling"
     )
@@ -48,11 +58,14 @@ class WorkloadConfig(BaseModel):
 class CostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    train_step_cell_h: float = Field(2.0, ge=0, description="forward/backward of one full step on ONE cell")
+    train_step_cell_h: float = Field(
+        2.0, ge=0, description="forward/backward of one full step on ONE cell"
+    )
     optim_h: float = Field(0.0, ge=0, description="core: reduce, clip, optimizer step")
     publish_h: float = Field(0.0, ge=0, description="core: publish weights to every rollout engine")
     micro_steps_per_execution: int = Field(
-        1, ge=1,
+        1,
+        ge=1,
         description="packing granularity: micro-steps per valid execution; each costs "
         "train_step_cell_h / (B N m). 1 = one indivisible chunk per execution (coarse when an "
         "execution's training is long, as in seed-toy: 15 cell-minutes)",
@@ -101,7 +114,7 @@ class SimConfig(BaseModel):
     placements: dict[str, PlacementSpec] = Field(default_factory=default_placements)
 
     @model_validator(mode="after")
-    def _check(self) -> "SimConfig":
+    def _check(self) -> SimConfig:
         for name in self.placements:
             self.policy_config(name)  # raises a clear error for impossible combinations
         return self
@@ -190,9 +203,13 @@ def apply_overrides(cfg: SimConfig, overrides: list[str] | dict[str, Any]) -> Si
         node = data
         for part in path[:-1]:
             if not isinstance(node, dict) or part not in node:
-                raise ValueError(f"unknown setting {key!r} (no {part!r}); try one of {sorted(ALIASES)}")
+                raise ValueError(
+                    f"unknown setting {key!r} (no {part!r}); try one of {sorted(ALIASES)}"
+                )
             node = node[part]
         if not isinstance(node, dict) or path[-1] not in node:
-            raise ValueError(f"unknown setting {key!r}; try one of {sorted(ALIASES)} or a dotted path")
+            raise ValueError(
+                f"unknown setting {key!r}; try one of {sorted(ALIASES)} or a dotted path"
+            )
         node[path[-1]] = val
     return SimConfig.model_validate(data)

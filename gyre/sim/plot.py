@@ -15,7 +15,9 @@ COLORS = {
 }
 
 
-def plot_gantt(results: dict[str, SimResult], path: str | Path, title: str = "", unit: str = "h") -> Path:
+def plot_gantt(
+    results: dict[str, SimResult], path: str | Path, title: str = "", unit: str = "h"
+) -> Path:
     """Write a PNG: per placement, one row per cell (role colours, compute in red) and a step row.
 
     ``unit`` labels the time axis: the simulator draws hours, ``gyre run`` seconds of a real run
@@ -49,23 +51,35 @@ def plot_gantt(results: dict[str, SimResult], path: str | Path, title: str = "",
                 ax.broken_barh(busy, (y - 0.25, 0.5), facecolors=COLORS["busy"], linewidth=0)
         # step bars
         for i, (s, e) in enumerate(tl["steps"]):
-            ax.broken_barh([(s, max(e - s, horizon * 0.002))], (-0.4, 0.8),
-                           facecolors="#54A24B" if i % 2 == 0 else "#88D27A", linewidth=0)
-        for i, (_, e) in enumerate(tl["steps"]):
+            ax.broken_barh(
+                [(s, max(e - s, horizon * 0.002))],
+                (-0.4, 0.8),
+                facecolors="#54A24B" if i % 2 == 0 else "#88D27A",
+                linewidth=0,
+            )
+        for _, e in tl["steps"]:
             ax.axvline(e, color="#54A24B", lw=0.4, alpha=0.5)
         for t in tl["publications"]:
             ax.plot([t], [-0.9], marker="v", color="k", ms=3)
-        labels = ["steps"] + [("core" if c == 0 else f"cell {c}") for c in range(K - 1, -1, -1)][::-1][::-1]
+        labels = ["steps"] + [("core" if c == 0 else f"cell {c}") for c in range(K - 1, -1, -1)][
+            ::-1
+        ][::-1]
         ax.set_yticks(range(0, K + 1))
-        ax.set_yticklabels(["steps"] + [("cell 0 (core)" if c == 0 else f"cell {c}") for c in range(K - 1, -1, -1)])
+        ax.set_yticklabels(
+            ["steps"] + [("cell 0 (core)" if c == 0 else f"cell {c}") for c in range(K - 1, -1, -1)]
+        )
         del labels
         ax.set_ylim(-1.3, K + 0.7)
-        bound = (f"bound {r.lower_bound_h:.1f} {unit}, efficiency {r.efficiency:.0%}, "
-                 if r.lower_bound_h > 0 else "")
+        bound = (
+            f"bound {r.lower_bound_h:.1f} {unit}, efficiency {r.efficiency:.0%}, "
+            if r.lower_bound_h > 0
+            else ""
+        )
         ax.set_title(
             f"{name}: makespan {r.makespan_h:.1f} {unit}  ({bound}mean staleness {r.mean_staleness:.2f}, "
             f"interrupted {r.interrupted_executions})",
-            fontsize=9, loc="left",
+            fontsize=9,
+            loc="left",
         )
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel({"h": "hours", "s": "seconds"}.get(unit, unit))

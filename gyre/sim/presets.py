@@ -31,7 +31,11 @@ from gyre.sim.config import (
     WorkloadConfig,
 )
 
-NL2REPO_TARGETS = {"mean_execution_h": 1.93, "mean_query_h": 2.96, "frac_queries_ge_threshold": 0.0951}
+NL2REPO_TARGETS = {
+    "mean_execution_h": 1.93,
+    "mean_query_h": 2.96,
+    "frac_queries_ge_threshold": 0.0951,
+}
 FLAGSHIP_TARGETS = {
     "frac_queries_ge_threshold": 0.611,
     "frac_long_queries_slowest_missing": 0.382,
@@ -54,7 +58,13 @@ def _seed_toy() -> SimConfig:
         description="the long seed's toy: 8 cells x 8 executions, 4 groups x 4 attempts, 12 steps",
         cluster=ClusterConfig(cells=8, cell_capacity=8),
         workload=WorkloadConfig(
-            group_size=4, batch_groups=4, steps=12, median_h=1.5, tail=0.5, query_sigma=0.3, harness_timeout_h=4.5
+            group_size=4,
+            batch_groups=4,
+            steps=12,
+            median_h=1.5,
+            tail=0.5,
+            query_sigma=0.3,
+            harness_timeout_h=4.5,
         ),
         # "cuts them into small micro-steps": 16 per execution gives 256 micro-steps per step
         # (the 122B preset has 512), instead of 16 indivisible 15-cell-minute chunks
@@ -106,7 +116,12 @@ def _flagship() -> SimConfig:
 # Frozen outputs of `python -m gyre.sim.calibrate` (see tests/unit/test_sim_presets.py).
 NL2REPO_FIT = {"median_h": 1.8312, "tail": 0.2645, "query_sigma": 0.1878}
 NL2REPO_TRAIN_CELL_H = 1.775
-FLAGSHIP_FIT = {"median_h": 1.3749, "tail": 0.6692, "query_sigma": 0.5621, "overall_timeout_h": 4.4599}
+FLAGSHIP_FIT = {
+    "median_h": 1.3749,
+    "tail": 0.6692,
+    "query_sigma": 0.5621,
+    "overall_timeout_h": 4.4599,
+}
 FLAGSHIP_TRAIN_CELL_H = 1.105
 
 PRESETS = {"seed-toy": _seed_toy, "nl2repo-122b": _nl2repo, "flagship-2.4t": _flagship}

@@ -82,11 +82,19 @@ def burst_breakdown(world) -> list[dict[str, float]]:
         gids = [g for s in range(b * mu, min((b + 1) * mu, len(ends))) for g in by_step.get(s, [])]
         ready = [tr.group_ready[g] for g in gids if g in tr.group_ready]
         last_ready = max(ready) if ready else start
-        waits = [tr.group_assigned[g] - tr.group_ready[g] for g in gids if g in tr.group_ready and g in tr.group_assigned]
+        waits = [
+            tr.group_assigned[g] - tr.group_ready[g]
+            for g in gids
+            if g in tr.group_ready and g in tr.group_assigned
+        ]
         gather = max(0.0, last_ready - start)
         idle = 0.0
         for cell in range(world.K):
-            train_t = sum(max(0.0, min(e, end) - max(s0, start)) for s0, e, r in tr.segments[cell] if r == "training")
+            train_t = sum(
+                max(0.0, min(e, end) - max(s0, start))
+                for s0, e, r in tr.segments[cell]
+                if r == "training"
+            )
             busy_t = sum(max(0.0, min(e, end) - max(s0, start)) for s0, e in tr.busy[cell])
             idle += max(0.0, train_t - busy_t)
         max_cells = 0
@@ -94,18 +102,20 @@ def burst_breakdown(world) -> list[dict[str, float]]:
             if any(r == "training" and s0 < end and e > start for s0, e, r in tr.segments[cell]):
                 max_cells += 1
         nxt = tr.publications[b] if b < len(tr.publications) else end
-        out.append({
-            "burst": b,
-            "start_h": start,
-            "end_h": end,
-            "length_h": end - start,
-            "gather_h": gather,
-            "overhang_h": end - start - gather,
-            "publish_gap_h": max(0.0, nxt - end),
-            "train_idle_cell_h": idle,
-            "mean_group_wait_h": float(np.mean(waits)) if waits else 0.0,
-            "max_training_cells": max_cells,
-        })
+        out.append(
+            {
+                "burst": b,
+                "start_h": start,
+                "end_h": end,
+                "length_h": end - start,
+                "gather_h": gather,
+                "overhang_h": end - start - gather,
+                "publish_gap_h": max(0.0, nxt - end),
+                "train_idle_cell_h": idle,
+                "mean_group_wait_h": float(np.mean(waits)) if waits else 0.0,
+                "max_training_cells": max_cells,
+            }
+        )
     return out
 
 
@@ -134,7 +144,9 @@ class SimResult:
     missing_assessments: int
     groups_trained: int
     sim_wall_s: float
-    gather_h: float | None = None  # sum of the bursts' gather (None unless recorded); see burst_breakdown
+    gather_h: float | None = (
+        None  # sum of the bursts' gather (None unless recorded); see burst_breakdown
+    )
     overhang_h: float | None = None  # sum of the bursts' training overhang
     bursts: list[dict[str, float]] = field(default_factory=list, repr=False)
     timeline: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -156,11 +168,15 @@ def summarise(world, lb: LowerBound) -> SimResult:
     d = [s - v for s, _, v in consumed]
     steady = [s - v for s, _, v in consumed if s >= pc.mu]
     train_share = [
-        (world.role_h[i]["training"] + world.role_h[i]["to_training"]) / makespan if makespan > 0 else 0.0
+        (world.role_h[i]["training"] + world.role_h[i]["to_training"]) / makespan
+        if makespan > 0
+        else 0.0
         for i in range(K)
     ]
     train_idle = sum(max(0.0, world.role_h[i]["training"] - world.busy_h[i]) for i in range(K))
-    switching = sum(world.role_h[i]["to_training"] + world.role_h[i]["to_rollout"] for i in range(K))
+    switching = sum(
+        world.role_h[i]["to_training"] + world.role_h[i]["to_rollout"] for i in range(K)
+    )
     idle = world.idle_slot_h_at_end / world.Ce + train_idle + switching
     ends = [e for _, e in tr.steps]
     starts = [s for s, _ in tr.steps]
@@ -184,7 +200,9 @@ def summarise(world, lb: LowerBound) -> SimResult:
         training_share=train_share,
         mean_training_share=float(np.mean(train_share)),
         idle_cell_hours=idle,
-        idle_share=idle / (makespan * (K + pc.standalone_capacity / pc.cell_capacity)) if makespan > 0 else 0.0,
+        idle_share=idle / (makespan * (K + pc.standalone_capacity / pc.cell_capacity))
+        if makespan > 0
+        else 0.0,
         executions_dispatched=world.dispatched_execs,
         executions_finished=world.finished_execs,
         missing_assessments=world.missing_execs,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,16 +28,25 @@ STUDIES: dict[str, dict[str, dict[str, Any]]] = {
         # same hardware in half as many cells: each cell serves twice as many executions and
         # trains a step in half the time
         "E2: half as many cells (4 x 288)": {
-            "cells": 4, "cell_capacity": 288, "train_cost": NL2REPO_TRAIN_CELL_H / 2,
+            "cells": 4,
+            "cell_capacity": 288,
+            "train_cost": NL2REPO_TRAIN_CELL_H / 2,
         },
         # Colocate ablations C1/C2: a standalone rollout pool carved out of the same 32 nodes
         # (assumed: one cell's worth, 4 nodes = 144 executions; "bigger" = two cells' worth)
-        "C1: colocate on 7 cells + standalone pool of 144": {"cells": 7, "standalone_capacity": 144},
+        "C1: colocate on 7 cells + standalone pool of 144": {
+            "cells": 7,
+            "standalone_capacity": 144,
+        },
         "C2: C1 + streaming": {
-            "cells": 7, "standalone_capacity": 144, "placements.colocate.streaming": True,
+            "cells": 7,
+            "standalone_capacity": 144,
+            "placements.colocate.streaming": True,
         },
         "C2 with a bigger pool (6 cells + 288)": {
-            "cells": 6, "standalone_capacity": 288, "placements.colocate.streaming": True,
+            "cells": 6,
+            "standalone_capacity": 288,
+            "placements.colocate.streaming": True,
         },
         "Async training pool 8 nodes (2 of 8 cells)": {
             "placements.async.async_train_cells": 2,
@@ -61,8 +71,13 @@ class PointSummary:
         return [a / b for a, b in zip(self.makespan[name], self.makespan[ref])]
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"label": self.label, "overrides": self.overrides, "seeds": self.seeds,
-                               "interrupted_executions": self.interrupted, "placements": {}}
+        out: dict[str, Any] = {
+            "label": self.label,
+            "overrides": self.overrides,
+            "seeds": self.seeds,
+            "interrupted_executions": self.interrupted,
+            "placements": {},
+        }
         for name, xs in self.makespan.items():
             arr = np.asarray(xs)
             rat = np.asarray(self.ratio(name)) if "elastic" in self.makespan else None
@@ -71,8 +86,11 @@ class PointSummary:
                 "makespan_h_p10": float(np.percentile(arr, 10)),
                 "makespan_h_p90": float(np.percentile(arr, 90)),
                 "ratio_vs_elastic_median": float(np.median(rat)) if rat is not None else None,
-                "ratio_of_medians_vs_elastic": float(np.median(arr) / np.median(self.makespan["elastic"]))
-                if "elastic" in self.makespan else None,
+                "ratio_of_medians_vs_elastic": float(
+                    np.median(arr) / np.median(self.makespan["elastic"])
+                )
+                if "elastic" in self.makespan
+                else None,
                 "makespan_h": [float(x) for x in arr],
             }
         return out

@@ -40,7 +40,11 @@ def draw_workload(w: WorkloadConfig, groups: int, seed: int) -> Draw:
     raw = w.median_h * np.exp(q + a)
     timed_out = raw >= w.harness_timeout_h
     agent = np.minimum(raw, w.harness_timeout_h)
-    score = rng.exponential(w.score_mean_h, (groups, n)) if w.score_mean_h > 0 else np.zeros((groups, n))
+    score = (
+        rng.exponential(w.score_mean_h, (groups, n))
+        if w.score_mean_h > 0
+        else np.zeros((groups, n))
+    )
     total = agent + score
     if w.overall_timeout_h is not None:
         missing = total > w.overall_timeout_h
@@ -60,7 +64,9 @@ def workload_stats(d: Draw, threshold_h: float = 4.0) -> dict[str, float]:
         "mean_execution_h": float(d.duration_h.mean()),
         "mean_query_h": float(qh.mean()),
         "frac_queries_ge_threshold": float(long_q.mean()),
-        "frac_long_queries_slowest_missing": float(slowest_missing[long_q].mean()) if long_q.any() else 0.0,
+        "frac_long_queries_slowest_missing": float(slowest_missing[long_q].mean())
+        if long_q.any()
+        else 0.0,
         "frac_harness_timeout": float(d.harness_timeout.mean()),
         "frac_missing": float(d.missing.mean()),
     }

@@ -58,12 +58,20 @@ class Trace:
     steps: list[tuple[float, float]] = field(default_factory=list)  # (start, end) per step
     publications: list[float] = field(default_factory=list)
     consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (step, group, version)
-    switch_order: list[tuple[float, int, str]] = field(default_factory=list)  # (time, cell, to-role)
-    utilisation: list[tuple[float, int, int]] = field(default_factory=list)  # (time, running, capacity)
+    switch_order: list[tuple[float, int, str]] = field(
+        default_factory=list
+    )  # (time, cell, to-role)
+    utilisation: list[tuple[float, int, int]] = field(
+        default_factory=list
+    )  # (time, running, capacity)
     finish_count: dict[tuple[int, int], int] = field(default_factory=dict)
-    optimizer_cells: set[int] = field(default_factory=set)  # cells that ran FinishStep / PublishWeights
+    optimizer_cells: set[int] = field(
+        default_factory=set
+    )  # cells that ran FinishStep / PublishWeights
     min_slack: float = math.inf  # min over capacity drops of (capacity after - running)
-    group_ready: dict[int, float] = field(default_factory=dict)  # group -> time its last execution finished
+    group_ready: dict[int, float] = field(
+        default_factory=dict
+    )  # group -> time its last execution finished
     group_assigned: dict[int, float] = field(default_factory=dict)  # group -> time it joined a step
 
 
@@ -71,7 +79,13 @@ class World:
     """Runs one placement of ``cfg`` on ``draw``; ``run()`` returns the raw trace and counters."""
 
     def __init__(
-        self, cfg: SimConfig, placement: str, draw: Draw, *, record: bool = True, drain: bool = False
+        self,
+        cfg: SimConfig,
+        placement: str,
+        draw: Draw,
+        *,
+        record: bool = True,
+        drain: bool = False,
     ) -> None:
         self.cfg = cfg
         self.name = placement
@@ -84,7 +98,9 @@ class World:
         self._groups_drawn = draw.groups
         c = cfg.costs
         w = cfg.workload
-        self._micro_h = c.train_step_cell_h / (w.batch_groups * w.group_size * c.micro_steps_per_execution)
+        self._micro_h = c.train_step_cell_h / (
+            w.batch_groups * w.group_size * c.micro_steps_per_execution
+        )
         self._slow = w.slowdown
         K = self.pcfg.cells
         self.K = K
@@ -109,7 +125,9 @@ class World:
         self.idle_slot_h = 0.0
         self._acct_t = 0.0
         self._role_since = [0.0] * K
-        self.role_h: list[dict[str, float]] = [dict.fromkeys((r.value for r in Role), 0.0) for _ in range(K)]
+        self.role_h: list[dict[str, float]] = [
+            dict.fromkeys((r.value for r in Role), 0.0) for _ in range(K)
+        ]
         self.idle_slot_h_at_end: float | None = None
         self._busy_since: list[float | None] = [None] * K
         self.busy_h = [0.0] * K
@@ -150,7 +168,9 @@ class World:
 
     def _busy_start(self, cell: int) -> None:
         if self.roles[cell] is not Role.TRAINING:
-            self.protocol_errors.append(f"t={self.now:.3f}: cell {cell} asked to compute while {self.roles[cell].value}")
+            self.protocol_errors.append(
+                f"t={self.now:.3f}: cell {cell} asked to compute while {self.roles[cell].value}"
+            )
         self._busy_since[cell] = self.now
 
     def _busy_end(self, cell: int) -> None:
@@ -192,7 +212,9 @@ class World:
                 dur = self._dur
                 for gid, att in a.executions:
                     if gid >= self._groups_drawn:
-                        raise RuntimeError("workload draw too small for this run (pool_groups is wrong)")
+                        raise RuntimeError(
+                            "workload draw too small for this run (pool_groups is wrong)"
+                        )
                     heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
                 self._rerate()
                 self._push(self.now, _LAUNCHED, a.executions)
@@ -210,7 +232,9 @@ class World:
                 if a.role is Role.TRAINING:
                     self._check_order(a.cell)
                     if self.roles[a.cell] is not Role.ROLLOUT:
-                        self.protocol_errors.append(f"cell {a.cell} switched to training from {self.roles[a.cell]}")
+                        self.protocol_errors.append(
+                            f"cell {a.cell} switched to training from {self.roles[a.cell]}"
+                        )
                     self._account()
                     self.capacity -= self.Ce
                     slack = self.capacity - self.running
@@ -219,12 +243,18 @@ class World:
                         self.interrupted += -slack  # these executions lost their model mid-run
                     self._set_role(a.cell, Role.TO_TRAINING)
                     self._rerate()
-                    self._push(self.now + costs.switch_to_training_h, _SWITCHED, a.cell, Role.TRAINING)
+                    self._push(
+                        self.now + costs.switch_to_training_h, _SWITCHED, a.cell, Role.TRAINING
+                    )
                 else:
                     if self.roles[a.cell] is not Role.TRAINING:
-                        self.protocol_errors.append(f"cell {a.cell} switched to rollout from {self.roles[a.cell]}")
+                        self.protocol_errors.append(
+                            f"cell {a.cell} switched to rollout from {self.roles[a.cell]}"
+                        )
                     self._set_role(a.cell, Role.TO_ROLLOUT)
-                    self._push(self.now + costs.switch_to_rollout_h, _SWITCHED, a.cell, Role.ROLLOUT)
+                    self._push(
+                        self.now + costs.switch_to_rollout_h, _SWITCHED, a.cell, Role.ROLLOUT
+                    )
             elif t is StartStep:
                 self._step_start[a.step] = self.now
             elif t is FinishStep:
@@ -245,7 +275,7 @@ class World:
                 raise RuntimeError(f"world cannot carry out {t.__name__}")
 
     # ------------------------------------------------------------------ loop
-    def run(self) -> "World":
+    def run(self) -> World:
         t0 = _time.perf_counter()
         pol = self.policy
         self._rerate()
@@ -313,9 +343,13 @@ class World:
         self.end_time = self.now if self.makespan is None else self.makespan
         # close open role segments at the makespan
         for cell in range(self.K):
-            self.role_h[cell][self.roles[cell].value] += max(0.0, self.end_time - self._role_since[cell])
+            self.role_h[cell][self.roles[cell].value] += max(
+                0.0, self.end_time - self._role_since[cell]
+            )
             if self.record and self.end_time > self._role_since[cell]:
-                self.trace.segments[cell].append((self._role_since[cell], self.end_time, self.roles[cell].value))
+                self.trace.segments[cell].append(
+                    (self._role_since[cell], self.end_time, self.roles[cell].value)
+                )
             s = self._busy_since[cell]
             if s is not None:
                 self.busy_h[cell] += max(0.0, self.end_time - s)

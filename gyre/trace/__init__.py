@@ -3,13 +3,12 @@
 Pure data and algorithms: no torch, no I/O beyond reading/writing trace files.
 """
 
-from .record import TRACE_FORMAT_VERSION, OutputSegment, TraceFormatError, TraceRecord
-from .store import TraceReadResult, TraceWriter, read_trace, trace_path
-
 # Trees, roles, admission and packing (trace helper; additive to the lead's exports).
 from .admission import Admission, AdmittedPath, admit, execution_seed
 from .packing import MicroStep, PackedSequence, PackingError, pack
+from .record import TRACE_FORMAT_VERSION, OutputSegment, TraceFormatError, TraceRecord
 from .roles import ROLE_ORDER, Condition, Role, RoleProfile, RoleRule, default_profile
+from .store import TraceReadResult, TraceWriter, read_trace, trace_path
 from .tree import TrajectoryTree, TreeBuildError, build_tree
 
 __all__ = [

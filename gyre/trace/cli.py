@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Trajectory trees: build from traces, admission stats, rendering.", no_args_is_help=True)
+app = typer.Typer(
+    help="Trajectory trees: build from traces, admission stats, rendering.", no_args_is_help=True
+)
 
 
-def _profile(path: Optional[Path]):
+def _profile(path: Path | None):
     from gyre.trace.roles import RoleProfile, default_profile
 
     if path is None:
@@ -25,7 +26,7 @@ def _profile(path: Optional[Path]):
         raise typer.BadParameter(f"role profile {path}: {e}") from e
 
 
-def _decoder(tokenizer: Optional[Path]):
+def _decoder(tokenizer: Path | None):
     if tokenizer is None:
         return None
     from transformers import AutoTokenizer
@@ -36,15 +37,24 @@ def _decoder(tokenizer: Optional[Path]):
 
 @app.command("stats")
 def stats(
-    traces: list[Path] = typer.Argument(..., help="Trace files (one execution's JSONL each).", exists=True),
-    j_max: Optional[int] = typer.Option(None, "--j-max", help="Admission cap (default: uncapped)."),
+    traces: list[Path] = typer.Argument(
+        ..., help="Trace files (one execution's JSONL each).", exists=True
+    ),
+    j_max: int | None = typer.Option(None, "--j-max", help="Admission cap (default: uncapped)."),
     seed: int = typer.Option(0, help="Admission seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per trace, one per line."),
-    profile: Optional[Path] = typer.Option(None, help="RoleProfile JSON file (default: the built-in profile)."),
-    vocab_size: Optional[int] = typer.Option(None, help="Reject token ids outside this vocabulary."),
-    tokenizer: Optional[Path] = typer.Option(
-        None, help="Tokenizer directory: also count message nodes (occurrences of --message-token)."),
-    message_token: str = typer.Option("<|im_start|>", help="Token that opens a message (with --tokenizer)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print one JSON object per trace, one per line."
+    ),
+    profile: Path | None = typer.Option(
+        None, help="RoleProfile JSON file (default: the built-in profile)."
+    ),
+    vocab_size: int | None = typer.Option(None, help="Reject token ids outside this vocabulary."),
+    tokenizer: Path | None = typer.Option(
+        None, help="Tokenizer directory: also count message nodes (occurrences of --message-token)."
+    ),
+    message_token: str = typer.Option(
+        "<|im_start|>", help="Token that opens a message (with --tokenizer)."
+    ),
 ) -> None:
     """Requests, unique nodes/tokens, paths, expansion, targets by role, and admission for --j-max."""
     from gyre.trace.stats import format_stats, load_tree, tree_stats
@@ -76,21 +86,29 @@ def stats(
             typer.echo(format_stats(s))
     if len(traces) > 1 and not as_json:
         dedup = total["tokens_expanded"] / total["unique_tokens"] if total["unique_tokens"] else 0.0
-        typer.echo(f"\ntotal over {len(traces)} executions: {total['requests']} requests, {total['paths']} paths, "
-                   f"{total['unique_tokens']} unique tokens ({total['tokens_expanded']} expanded, {dedup:.2f}x), "
-                   f"{total['targets']} targets, {total['admitted_targets']} admitted")
+        typer.echo(
+            f"\ntotal over {len(traces)} executions: {total['requests']} requests, {total['paths']} paths, "
+            f"{total['unique_tokens']} unique tokens ({total['tokens_expanded']} expanded, {dedup:.2f}x), "
+            f"{total['targets']} targets, {total['admitted_targets']} admitted"
+        )
 
 
 @app.command("show")
 def show(
     trace: Path = typer.Argument(..., help="One execution's trace file.", exists=True),
-    j_max: Optional[int] = typer.Option(None, "--j-max", help="Mark the paths admitted under this cap."),
+    j_max: int | None = typer.Option(
+        None, "--j-max", help="Mark the paths admitted under this cap."
+    ),
     seed: int = typer.Option(0, help="Admission seed."),
-    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML picture of the tree here."),
-    png_out: Optional[Path] = typer.Option(None, "--png", help="Also write a PNG icicle picture of the tree here."),
-    tokenizer: Optional[Path] = typer.Option(None, help="Tokenizer directory: show node text."),
+    html_out: Path | None = typer.Option(
+        None, "--html", help="Also write an HTML picture of the tree here."
+    ),
+    png_out: Path | None = typer.Option(
+        None, "--png", help="Also write a PNG icicle picture of the tree here."
+    ),
+    tokenizer: Path | None = typer.Option(None, help="Tokenizer directory: show node text."),
     max_nodes: int = typer.Option(400, help="Print at most this many nodes."),
-    profile: Optional[Path] = typer.Option(None, help="RoleProfile JSON file."),
+    profile: Path | None = typer.Option(None, help="RoleProfile JSON file."),
 ) -> None:
     """An indented outline of the tree's radix nodes (leaves with role and admission order)."""
     from gyre.trace.admission import admit
@@ -126,7 +144,9 @@ def synth(
     trace_path(out_dir, execution_id).unlink(missing_ok=True)
     w = TraceWriter(out_dir, fsync=False)
     try:
-        for r in case_study_execution(execution_id, seed=seed, n_requests=requests, n_subagents=subagents):
+        for r in case_study_execution(
+            execution_id, seed=seed, n_requests=requests, n_subagents=subagents
+        ):
             w.append(r)
     finally:
         w.close()

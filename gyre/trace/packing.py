@@ -61,8 +61,15 @@ class PackedSequence:
     def validate(self) -> None:
         """Raise :class:`PackingError` if the row breaks an invariant."""
         n = len(self.input_ids)
-        for name in ("position_ids", "parent", "is_target", "behaviour_logprob", "policy_version",
-                     "execution_index", "token_weight"):
+        for name in (
+            "position_ids",
+            "parent",
+            "is_target",
+            "behaviour_logprob",
+            "policy_version",
+            "execution_index",
+            "token_weight",
+        ):
             if len(getattr(self, name)) != n:
                 raise PackingError(f"{name} has {len(getattr(self, name))} entries for {n} tokens")
         for name in ("tree_index", "path_index"):
@@ -70,15 +77,21 @@ class PackedSequence:
                 raise PackingError(f"{name} has {len(getattr(self, name))} entries for {n} tokens")
         for i, p in enumerate(self.parent):
             if not -1 <= p < i:
-                raise PackingError(f"token {i}: parent {p} is not an earlier token (need -1 <= parent < i)")
+                raise PackingError(
+                    f"token {i}: parent {p} is not an earlier token (need -1 <= parent < i)"
+                )
             want = 0 if p < 0 else self.position_ids[p] + 1
             if self.position_ids[i] != want:
-                raise PackingError(f"token {i}: position {self.position_ids[i]} but depth is {want}")
+                raise PackingError(
+                    f"token {i}: position {self.position_ids[i]} but depth is {want}"
+                )
             if self.is_target[i] and p < 0:
                 raise PackingError(f"token {i}: a target needs a predecessor to be predicted from")
 
     @classmethod
-    def from_chain(cls, input_ids: list[int], is_target: list[bool] | None = None) -> "PackedSequence":
+    def from_chain(
+        cls, input_ids: list[int], is_target: list[bool] | None = None
+    ) -> PackedSequence:
         """A single causal chain (handy in tests and for plain SFT-style rows)."""
         n = len(input_ids)
         tgt = list(is_target) if is_target is not None else [i > 0 for i in range(n)]
@@ -147,7 +160,9 @@ def _path_units(ai: int, adm) -> list[_Unit]:
 
 def _tree_units(ai: int, adm, token_budget: int) -> list[_Unit]:
     """The admitted subtree, DFS pre-order; split into several subtrees if over budget."""
-    paths = sorted(_truncated_paths(adm), key=lambda x: x[1].tolist())  # lexicographic = DFS pre-order
+    paths = sorted(
+        _truncated_paths(adm), key=lambda x: x[1].tolist()
+    )  # lexicographic = DFS pre-order
     n_tree = len(adm.tree)
     # A shared token is emitted with whichever path comes first in DFS order, which need
     # not be the path that admitted it, so targets are looked up across all paths.
@@ -227,7 +242,9 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
         seen.add(adm.execution_id)
         if adm.dropped or adm.n_targets == 0:
             continue
-        units.extend(_path_units(ai, adm) if mode == "paths" else _tree_units(ai, adm, token_budget))
+        units.extend(
+            _path_units(ai, adm) if mode == "paths" else _tree_units(ai, adm, token_budget)
+        )
     order = sorted(range(len(units)), key=lambda u: -len(units[u]))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -246,8 +263,9 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
         b.sort()  # keep admission/path order inside a row
         executions: list[str] = []
         ex_index: dict[int, int] = {}
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in (
-            "ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix")}
+        parts: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix")
+        }
         off = 0
         for u in b:
             unit = units[u]
@@ -270,7 +288,17 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
             parts["pix"].append(unit.owner)
             off += len(t)
         cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
-        row = PackedSequence(cat["ids"], cat["pos"], cat["par"], cat["tgt"], cat["blp"],
-                             cat["ver"], cat["exe"], cat["w"], cat["tix"], cat["pix"])
+        row = PackedSequence(
+            cat["ids"],
+            cat["pos"],
+            cat["par"],
+            cat["tgt"],
+            cat["blp"],
+            cat["ver"],
+            cat["exe"],
+            cat["w"],
+            cat["tix"],
+            cat["pix"],
+        )
         steps.append(MicroStep(mode, [row], executions))
     return steps

@@ -68,7 +68,9 @@ class TraceRecord:
         """Raise TraceFormatError naming this record if it is inconsistent."""
         where = f"record {self.request_id!r} (execution {self.execution_id!r}, seq {self.seq})"
         if self.format != TRACE_FORMAT_VERSION:
-            raise TraceFormatError(f"{where}: trace format {self.format}, reader knows {TRACE_FORMAT_VERSION}")
+            raise TraceFormatError(
+                f"{where}: trace format {self.format}, reader knows {TRACE_FORMAT_VERSION}"
+            )
         if len(self.output_logprobs) != len(self.output_ids):
             raise TraceFormatError(
                 f"{where}: {len(self.output_ids)} output ids but {len(self.output_logprobs)} log-probs"
@@ -86,11 +88,15 @@ class TraceRecord:
                 raise TraceFormatError(f"{where}: output segments do not tile the output")
             pos = s.end
         if self.output_ids and pos != len(self.output_ids):
-            raise TraceFormatError(f"{where}: output segments cover {pos} of {len(self.output_ids)} tokens")
+            raise TraceFormatError(
+                f"{where}: output segments cover {pos} of {len(self.output_ids)} tokens"
+            )
         if vocab_size is not None:
             for tok in (*self.input_suffix, *self.output_ids):
                 if not 0 <= tok < vocab_size:
-                    raise TraceFormatError(f"{where}: token id {tok} outside vocabulary of {vocab_size}")
+                    raise TraceFormatError(
+                        f"{where}: token id {tok} outside vocabulary of {vocab_size}"
+                    )
 
     def to_json(self) -> dict[str, Any]:
         # shallow on purpose: asdict() deep-copies every token id (seconds for a 500K-token input)
@@ -103,7 +109,7 @@ class TraceRecord:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TraceRecord":
+    def from_json(cls, d: dict[str, Any]) -> TraceRecord:
         try:
             return cls(
                 execution_id=str(d["execution_id"]),
@@ -137,12 +143,12 @@ META_KEYS = {
     "last_user_head": "first 2000 characters of the last user message's text",
     "n_messages": "number of messages in the request",
     "headers": "selected request headers, lower-case names (user-agent, anthropic-beta, "
-               "x-claude-code-session-id, x-stainless-retry-count, ...)",
+    "x-claude-code-session-id, x-stainless-retry-count, ...)",
     "key_label": "label of the API key the execution used (never the key itself)",
     "stream": "whether the client asked for streaming",
     # added by the proxy (additive; see docs/trace-format.md)
     "bridge": "how the input was built: continuation (base's input+output + new suffix), resample "
-              "(base's input again), full (whole conversation rendered), template_fallback",
+    "(base's input again), full (whole conversation rendered), template_fallback",
     "fork_at": "index of the first message that differed from a recorded conversation (forked records)",
     "moves": "how often the call was moved between engines (drain/engine failure) before finishing",
     "n_tool_calls": "tool calls parsed out of the output",

@@ -50,10 +50,25 @@ class Role(str, enum.Enum):
         return ROLE_ORDER.index(self)
 
 
-ROLE_ORDER: tuple[Role, ...] = (Role.MAIN, Role.MAIN_SUMMARY, Role.SUB_AGENT, Role.SUB_AGENT_SUMMARY)
+ROLE_ORDER: tuple[Role, ...] = (
+    Role.MAIN,
+    Role.MAIN_SUMMARY,
+    Role.SUB_AGENT,
+    Role.SUB_AGENT_SUMMARY,
+)
 
-Op = Literal["equals", "not_equals", "contains", "startswith", "regex", "exists", "missing",
-             "in", "differs_from_first", "same_as_first"]
+Op = Literal[
+    "equals",
+    "not_equals",
+    "contains",
+    "startswith",
+    "regex",
+    "exists",
+    "missing",
+    "in",
+    "differs_from_first",
+    "same_as_first",
+]
 
 
 def meta_get(meta: dict[str, Any], key: str) -> tuple[bool, Any]:
@@ -105,7 +120,13 @@ class Condition(BaseModel):
         if self.op == "startswith":
             return isinstance(v, str) and v.startswith(str(self.value))
         if self.op == "regex":
-            text = v if isinstance(v, str) else " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+            text = (
+                v
+                if isinstance(v, str)
+                else " ".join(map(str, v))
+                if isinstance(v, (list, tuple))
+                else str(v)
+            )
             return re.search(str(self.value), text) is not None
         raise ValueError(f"unknown op {self.op!r}")  # pragma: no cover (Literal guards it)
 
@@ -146,7 +167,9 @@ def default_profile() -> RoleProfile:
     return RoleProfile(
         name="default",
         rules=(
-            RoleRule(role=Role.SUB_AGENT_SUMMARY, when=(other_system, summary), name="sub-agent summary"),
+            RoleRule(
+                role=Role.SUB_AGENT_SUMMARY, when=(other_system, summary), name="sub-agent summary"
+            ),
             RoleRule(role=Role.MAIN_SUMMARY, when=(summary,), name="main summary"),
             RoleRule(role=Role.SUB_AGENT, when=(other_system,), name="sub-agent"),
         ),
@@ -159,5 +182,14 @@ def all_main_profile() -> RoleProfile:
     return RoleProfile(name="all-main", rules=(), default=Role.MAIN)
 
 
-__all__ = ["Condition", "ROLE_ORDER", "Role", "RoleProfile", "RoleRule", "SUMMARY_REGEX",
-           "all_main_profile", "default_profile", "meta_get"]
+__all__ = [
+    "Condition",
+    "ROLE_ORDER",
+    "Role",
+    "RoleProfile",
+    "RoleRule",
+    "SUMMARY_REGEX",
+    "all_main_profile",
+    "default_profile",
+    "meta_get",
+]

@@ -65,30 +65,55 @@ class _Gen:
         v = int(self.rng.integers(self.versions[0], self.versions[1] + 1))
         if len(out) >= 4 and self.rng.random() < 0.1:
             cut = len(out) // 2
-            segs = (OutputSegment(0, cut, "engine-0", v), OutputSegment(cut, len(out), "engine-1", v + 1))
+            segs = (
+                OutputSegment(0, cut, "engine-0", v),
+                OutputSegment(cut, len(out), "engine-1", v + 1),
+            )
         else:
             segs = (OutputSegment(0, len(out), "engine-0", v),) if out else ()
         rid = f"{self.eid}-r{seq:04d}"
         rec = TraceRecord(
-            execution_id=self.eid, request_id=rid, seq=seq, api="anthropic.messages",
-            base=base.rid if base else None, base_len=base.full_len if base else 0,
-            input_suffix=suffix, output_ids=out, output_logprobs=lps, segments=segs,
-            t_start=float(seq), t_end=float(seq) + 0.5, meta=dict(meta),
+            execution_id=self.eid,
+            request_id=rid,
+            seq=seq,
+            api="anthropic.messages",
+            base=base.rid if base else None,
+            base_len=base.full_len if base else 0,
+            input_suffix=suffix,
+            output_ids=out,
+            output_logprobs=lps,
+            segments=segs,
+            t_start=float(seq),
+            t_end=float(seq) + 0.5,
+            meta=dict(meta),
         )
         self.records.append(rec)
         return _Req(rid, (base.full_len if base else 0) + len(suffix) + len(out))
 
 
 def _meta(system: str, last_user: str) -> dict:
-    return {"system_sha1": system, "system_head": f"{system} system prompt", "last_user_head": last_user,
-            "tools": ["Bash", "Read", "Write", "Task"] if system == "main" else ["Bash", "Read"]}
+    return {
+        "system_sha1": system,
+        "system_head": f"{system} system prompt",
+        "last_user_head": last_user,
+        "tools": ["Bash", "Read", "Write", "Task"] if system == "main" else ["Bash", "Read"],
+    }
 
 
-def case_study_execution(execution_id: str = "case-study", *, seed: int = 0, n_requests: int = 636,
-                         n_subagents: int = 5, system_len: int = 1500, task_len: int = 300,
-                         out_len: tuple[int, int] = (100, 400), tool_len: tuple[int, int] = (200, 850),
-                         summary_len: tuple[int, int] = (300, 600), vocab: int = 2048,
-                         versions: tuple[int, int] = (3, 4)) -> list[TraceRecord]:
+def case_study_execution(
+    execution_id: str = "case-study",
+    *,
+    seed: int = 0,
+    n_requests: int = 636,
+    n_subagents: int = 5,
+    system_len: int = 1500,
+    task_len: int = 300,
+    out_len: tuple[int, int] = (100, 400),
+    tool_len: tuple[int, int] = (200, 850),
+    summary_len: tuple[int, int] = (300, 600),
+    vocab: int = 2048,
+    versions: tuple[int, int] = (3, 4),
+) -> list[TraceRecord]:
     """Records of one synthetic execution (see module docstring for its shape)."""
     if n_subagents < 1:
         raise ValueError("need at least one sub-agent (sub-agent 0 compacts)")
@@ -100,11 +125,15 @@ def case_study_execution(execution_id: str = "case-study", *, seed: int = 0, n_r
     sys_sub = g.toks(system_len // 2)
     # request budget: ~40% to sub-agents, the rest to the two main phases
     n_sub_total = max(2 * n_subagents + 1, int(0.4 * n_requests))
-    n_main = n_requests - 1 - n_sub_total  # minus the main summary (the sub-agent one is in n_sub_total)
+    n_main = (
+        n_requests - 1 - n_sub_total
+    )  # minus the main summary (the sub-agent one is in n_sub_total)
     m1 = max(2, n_main // 2)
     m2 = n_main - m1
-    per_sub = [n_sub_total // n_subagents + (1 if i < n_sub_total % n_subagents else 0)
-               for i in range(n_subagents)]
+    per_sub = [
+        n_sub_total // n_subagents + (1 if i < n_sub_total % n_subagents else 0)
+        for i in range(n_subagents)
+    ]
     spawn_at = {}  # main turn index (over m1 + m2) -> sub-agent index
     for i in range(n_subagents):
         spawn_at[int((i + 0.5) * (m1 + m2) / n_subagents)] = i
@@ -128,10 +157,14 @@ def case_study_execution(execution_id: str = "case-study", *, seed: int = 0, n_r
             summ_base = history[-2]
             instr = g.toks(20)
             summ_out_len = g.n(summary_len)
-            g.request(summ_base, g.toks(g.n(tool_len)) + instr, summ_out_len, _meta("sub", SUMMARY_PROMPT))
+            g.request(
+                summ_base, g.toks(g.n(tool_len)) + instr, summ_out_len, _meta("sub", SUMMARY_PROMPT)
+            )
             summary = g.records[-1].output_ids
             done += 1
-            prev = g.request(None, sys_sub + sub_task + summary, g.n(out_len), _meta("sub", "continue"))
+            prev = g.request(
+                None, sys_sub + sub_task + summary, g.n(out_len), _meta("sub", "continue")
+            )
             done += 1
         while done < turns:
             prev = g.request(prev, g.toks(g.n(tool_len)), g.n(out_len), meta)
@@ -152,7 +185,12 @@ def case_study_execution(execution_id: str = "case-study", *, seed: int = 0, n_r
         history.append(prev)
         turn += 1
     # main compaction off the second-to-last phase-1 turn
-    g.request(history[-2], g.toks(g.n(tool_len)) + g.toks(20), g.n(summary_len), _meta("main", SUMMARY_PROMPT))
+    g.request(
+        history[-2],
+        g.toks(g.n(tool_len)) + g.toks(20),
+        g.n(summary_len),
+        _meta("main", SUMMARY_PROMPT),
+    )
     summary = g.records[-1].output_ids
     prev = g.request(None, sys_main + task + summary, g.n(out_len), _meta("main", "continue"))
     for t in range(m1 + 1, m1 + m2):
@@ -168,8 +206,19 @@ def case_study_execution(execution_id: str = "case-study", *, seed: int = 0, n_r
     return g.records
 
 
-def small_execution(execution_id: str = "small", *, seed: int = 0, vocab: int = 2048) -> list[TraceRecord]:
+def small_execution(
+    execution_id: str = "small", *, seed: int = 0, vocab: int = 2048
+) -> list[TraceRecord]:
     """A ~24-request version with short sequences (for exactness tests on the tiny model)."""
-    return case_study_execution(execution_id, seed=seed, n_requests=24, n_subagents=2, system_len=24,
-                                task_len=6, out_len=(2, 6), tool_len=(2, 6), summary_len=(3, 6),
-                                vocab=vocab)
+    return case_study_execution(
+        execution_id,
+        seed=seed,
+        n_requests=24,
+        n_subagents=2,
+        system_len=24,
+        task_len=6,
+        out_len=(2, 6),
+        tool_len=(2, 6),
+        summary_len=(3, 6),
+        vocab=vocab,
+    )

@@ -31,8 +31,8 @@ Pure python + numpy; no torch.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
@@ -81,7 +81,9 @@ class Node:
     length: int
     n_targets: int
     children: list[int] = field(default_factory=list)
-    requests: list[int] = field(default_factory=list)  # request indices whose sequence ends in this node
+    requests: list[int] = field(
+        default_factory=list
+    )  # request indices whose sequence ends in this node
 
     def token_indices(self) -> np.ndarray:
         return np.concatenate([np.arange(a, b) for a, b in self.ranges])
@@ -89,12 +91,12 @@ class Node:
 
 def _common_prefix(a: list[int], ai: int, b: list[int], bi: int, n: int) -> int:
     """Length of the common prefix of a[ai:ai+n] and b[bi:bi+n] (C-speed slice compares)."""
-    if a[ai:ai + n] == b[bi:bi + n]:
+    if a[ai : ai + n] == b[bi : bi + n]:
         return n
     m, step = 0, 256
     while m < n:
         s = min(step, n - m)
-        if a[ai + m:ai + m + s] == b[bi + m:bi + m + s]:
+        if a[ai + m : ai + m + s] == b[bi + m : bi + m + s]:
             m += s
             continue
         while a[ai + m] == b[bi + m]:
@@ -114,17 +116,23 @@ class TrajectoryTree:
         self.is_target = bytearray()
         self.logprob: list[float] = []
         self.version: list[int] = []
-        self.source: list[int] = []  # request that sampled a target / first introduced a context token
+        self.source: list[
+            int
+        ] = []  # request that sampled a target / first introduced a context token
         self.requests: list[RequestInfo] = []
         self.by_id: dict[str, int] = {}
         self.errors: list[str] = []  # one line per record that was skipped or is suspect
-        self._extra: dict[int, dict[int, int]] = {}  # non-contiguous children: parent -> {token: index}
+        self._extra: dict[
+            int, dict[int, int]
+        ] = {}  # non-contiguous children: parent -> {token: index}
         self._run_starts: list[int] = []  # indices j with parent[j] != j - 1 (sorted)
         self.nodes: list[Node] = []
         self.roots: list[int] = []
         self.leaves: list[int] = []
         self.node_of: np.ndarray = np.zeros(0, dtype=np.int64)
-        self.leaf_request: dict[int, int] = {}  # leaf node -> request index (last request on its path)
+        self.leaf_request: dict[
+            int, int
+        ] = {}  # leaf node -> request index (last request on its path)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -135,8 +143,17 @@ class TrajectoryTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def _append(self, g: int, seq: list[int], i: int, out_from: int, lps, vers, src: int,
-                pieces: list[tuple[int, int, int]]) -> int:
+    def _append(
+        self,
+        g: int,
+        seq: list[int],
+        i: int,
+        out_from: int,
+        lps,
+        vers,
+        src: int,
+        pieces: list[tuple[int, int, int]],
+    ) -> int:
         """Append seq[i:] as new tokens under tree index g; returns the last index."""
         n0 = len(self.tokens)
         d = self.depth[g] + 1 if g >= 0 else 0
@@ -177,8 +194,16 @@ class TrajectoryTree:
                 self.version[t] = vers[j - out_from]
                 self.source[t] = src
 
-    def insert(self, start: int, seq: list[int], out_from: int, lps, vers, src: int,
-               pieces: list[tuple[int, int, int]]) -> int:
+    def insert(
+        self,
+        start: int,
+        seq: list[int],
+        out_from: int,
+        lps,
+        vers,
+        src: int,
+        pieces: list[tuple[int, int, int]],
+    ) -> int:
         """Walk/extend the tree from tree index ``start`` (-1 = root) along ``seq``.
 
         ``seq[out_from:]`` are output tokens (targets) with log-probs ``lps`` and
@@ -217,13 +242,16 @@ class TrajectoryTree:
             i += 1
         return g
 
-    def add_record(self, rec: TraceRecord, role: Role, vocab_size: int | None = None) -> RequestInfo:
+    def add_record(
+        self, rec: TraceRecord, role: Role, vocab_size: int | None = None
+    ) -> RequestInfo:
         """Place one record; raises TreeBuildError/TraceFormatError naming it."""
         where = f"record {rec.request_id!r} (execution {rec.execution_id!r}, seq {rec.seq})"
         rec.validate(vocab_size)
         if rec.execution_id != self.execution_id:
-            raise TreeBuildError(f"{where}: belongs to execution {rec.execution_id!r}, "
-                                 f"tree is {self.execution_id!r}")
+            raise TreeBuildError(
+                f"{where}: belongs to execution {rec.execution_id!r}, tree is {self.execution_id!r}"
+            )
         if rec.request_id in self.by_id:
             raise TreeBuildError(f"{where}: duplicate request id")
         pieces: list[tuple[int, int, int]] = []
@@ -231,12 +259,16 @@ class TrajectoryTree:
         if rec.base is not None:
             bi = self.by_id.get(rec.base)
             if bi is None:
-                raise TreeBuildError(f"{where}: base {rec.base!r} is missing (not in this trace, "
-                                     f"unusable, or not earlier)")
+                raise TreeBuildError(
+                    f"{where}: base {rec.base!r} is missing (not in this trace, "
+                    f"unusable, or not earlier)"
+                )
             b = self.requests[bi]
             if rec.base_len > b.length:
-                raise TreeBuildError(f"{where}: base_len {rec.base_len} exceeds base {rec.base!r}'s "
-                                     f"{b.length} tokens")
+                raise TreeBuildError(
+                    f"{where}: base_len {rec.base_len} exceeds base {rec.base!r}'s "
+                    f"{b.length} tokens"
+                )
             if rec.base_len:
                 start = b.index_at_depth(rec.base_len - 1)
                 for d0, g0, ln in b.pieces:
@@ -248,12 +280,14 @@ class TrajectoryTree:
             raise TreeBuildError(f"{where}: output without any input (nothing to condition on)")
         vers = [0] * len(rec.output_ids)
         for s in rec.segments:
-            vers[s.start:s.end] = [s.weights_version] * (s.end - s.start)
+            vers[s.start : s.end] = [s.weights_version] * (s.end - s.start)
         seq = list(rec.input_suffix) + list(rec.output_ids)
         idx = len(self.requests)
         end = start
         if seq:
-            end = self.insert(start, seq, len(rec.input_suffix), list(rec.output_logprobs), vers, idx, pieces)
+            end = self.insert(
+                start, seq, len(rec.input_suffix), list(rec.output_logprobs), vers, idx, pieces
+            )
         info = RequestInfo(rec.request_id, rec.seq, role, n_input, len(rec.output_ids), end, pieces)
         self.requests.append(info)
         self.by_id[rec.request_id] = idx
@@ -262,7 +296,7 @@ class TrajectoryTree:
         return info
 
     # ------------------------------------------------------------------ derived structure
-    def finalize(self) -> "TrajectoryTree":
+    def finalize(self) -> TrajectoryTree:
         """Derive radix nodes, leaves and leaf roles from the flat arrays."""
         N = len(self.tokens)
         P = np.asarray(self.parent, dtype=np.int64) if N else np.zeros(0, dtype=np.int64)
@@ -274,11 +308,17 @@ class TrajectoryTree:
         if N > 1:
             cont[:-1] = (P[1:] == np.arange(N - 1)) & (nch[:-1] == 1)
         breaks = np.nonzero(~cont)[0]  # a run starting at j ends at the first break >= j
-        tgt = np.frombuffer(bytes(self.is_target), dtype=np.uint8).astype(bool) if N else np.zeros(0, bool)
+        tgt = (
+            np.frombuffer(bytes(self.is_target), dtype=np.uint8).astype(bool)
+            if N
+            else np.zeros(0, bool)
+        )
         tcum = np.concatenate(([0], np.cumsum(tgt)))
         node_of = np.full(N, -1, dtype=np.int64)
         children_of_tok: dict[int, list[int]] = {}
-        branchy = np.nonzero(has & (nch[np.clip(P, 0, None)] > 1))[0] if N else np.zeros(0, np.int64)
+        branchy = (
+            np.nonzero(has & (nch[np.clip(P, 0, None)] > 1))[0] if N else np.zeros(0, np.int64)
+        )
         for j in branchy.tolist():
             children_of_tok.setdefault(self.parent[j], []).append(j)
         nodes: list[Node] = []
@@ -347,7 +387,7 @@ class TrajectoryTree:
         r = self.requests[ri]
         out: list[int] = []
         for _d0, g0, ln in r.pieces:
-            out.extend(self.tokens[g0:g0 + ln])
+            out.extend(self.tokens[g0 : g0 + ln])
         return out
 
     @property
@@ -355,13 +395,20 @@ class TrajectoryTree:
         return int(sum(self.is_target))
 
     def __repr__(self) -> str:
-        return (f"TrajectoryTree({self.execution_id!r}, requests={len(self.requests)}, tokens={len(self)}, "
-                f"nodes={len(self.nodes)}, leaves={len(self.leaves)}, errors={len(self.errors)})")
+        return (
+            f"TrajectoryTree({self.execution_id!r}, requests={len(self.requests)}, tokens={len(self)}, "
+            f"nodes={len(self.nodes)}, leaves={len(self.leaves)}, errors={len(self.errors)})"
+        )
 
 
-def build_tree(records: Iterable[TraceRecord], role_profile: RoleProfile | None = None, *,
-               vocab_size: int | None = None, strict: bool = False,
-               execution_id: str | None = None) -> TrajectoryTree:
+def build_tree(
+    records: Iterable[TraceRecord],
+    role_profile: RoleProfile | None = None,
+    *,
+    vocab_size: int | None = None,
+    strict: bool = False,
+    execution_id: str | None = None,
+) -> TrajectoryTree:
     """Build one execution's tree from its records (any arrival order).
 
     Records are placed in ``seq`` order (so a base always precedes the records

@@ -27,8 +27,8 @@ once, and a step's groups become consumed when the core commits that step.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from gyre.trace.packing import MicroStep, PackedSequence
 from gyre.train.config import ObjectiveConfig, StreamConfig
@@ -41,18 +41,29 @@ class ReadyGroup:
 
     group_id: str
     rewards: dict[str, Reward]
-    rows: dict[str, list[PackedSequence]] = field(default_factory=dict)  # execution id -> its packed rows
-    admissions: dict[str, object] = field(default_factory=dict)  # execution id -> gyre.trace Admission
-    policy_version: int | None = None            # oldest version that sampled its targets (derived if None)
+    rows: dict[str, list[PackedSequence]] = field(
+        default_factory=dict
+    )  # execution id -> its packed rows
+    admissions: dict[str, object] = field(
+        default_factory=dict
+    )  # execution id -> gyre.trace Admission
+    policy_version: int | None = None  # oldest version that sampled its targets (derived if None)
 
     def version(self) -> int:
         if self.policy_version is not None:
             return self.policy_version
-        vs = [v for rows in self.rows.values() for r in rows for v, t in zip(r.policy_version, r.is_target)
-              if t and v >= 0]
+        vs = [
+            v
+            for rows in self.rows.values()
+            for r in rows
+            for v, t in zip(r.policy_version, r.is_target)
+            if t and v >= 0
+        ]
         for adm in self.admissions.values():
             for p in adm.paths:
-                vs.extend(int(adm.tree.version[t]) for t in p.targets if int(adm.tree.version[t]) >= 0)
+                vs.extend(
+                    int(adm.tree.version[t]) for t in p.targets if int(adm.tree.version[t]) >= 0
+                )
         return min(vs) if vs else 0
 
 
@@ -68,7 +79,7 @@ class PackStats:
     targets: int = 0
     micro_steps: int = 0
 
-    def add(self, o: "PackStats") -> None:
+    def add(self, o: PackStats) -> None:
         for k in self.__dataclass_fields__:
             setattr(self, k, getattr(self, k) + getattr(o, k))
 
@@ -83,11 +94,14 @@ def _normalise_weights(eid: str, rows: list[PackedSequence]) -> None:
         for r in rows:
             r.token_weight = [1.0 / n if t else 0.0 for t in r.is_target]
     elif abs(tot - 1.0) > 1e-6:
-        raise ValueError(f"execution {eid!r}: target token weights sum to {tot}, expected 1 (= |T_e| * 1/|T_e|)")
+        raise ValueError(
+            f"execution {eid!r}: target token weights sum to {tot}, expected 1 (= |T_e| * 1/|T_e|)"
+        )
 
 
-def pack_rows(executions: list[tuple[str, list[PackedSequence]]], token_budget: int,
-              mode: str = "paths") -> list[MicroStep]:
+def pack_rows(
+    executions: list[tuple[str, list[PackedSequence]]], token_budget: int, mode: str = "paths"
+) -> list[MicroStep]:
     """Greedy packing of whole rows; an execution stays in one micro-step when it fits.
 
     Rows are not modified except ``execution_index``, which is remapped to the
@@ -139,8 +153,13 @@ class PackedChunk:
     groups: list[str]
 
 
-def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig, objective: ObjectiveConfig,
-                packer: Packer = pack_rows) -> PackedChunk:
+def pack_groups(
+    groups: list[ReadyGroup],
+    start_index: int,
+    stream: StreamConfig,
+    objective: ObjectiveConfig,
+    packer: Packer = pack_rows,
+) -> PackedChunk:
     """Advantages + packing for groups that landed together -> tasks numbered from ``start_index``."""
     from gyre.train.tasks import MicroStepTask
 
@@ -152,7 +171,9 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
         ga = group_advantages(g.rewards, eps=objective.adv_eps, std=objective.adv_std)
         unknown = (set(g.rows) | set(g.admissions)) - set(g.rewards)
         if unknown:
-            raise ValueError(f"group {g.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}")
+            raise ValueError(
+                f"group {g.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}"
+            )
         stats.groups += 1
         stats.groups_all_equal += int(ga.all_equal and ga.n_scored > 0)
         stats.executions_scored += ga.n_scored
@@ -175,7 +196,9 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
                 r.validate()
                 tids = {x for x, t in zip(r.execution_index, r.is_target) if t}
                 if len(tids) > 1:
-                    raise ValueError(f"execution {eid!r}: a row holds targets of {len(tids)} executions")
+                    raise ValueError(
+                        f"execution {eid!r}: a row holds targets of {len(tids)} executions"
+                    )
             _normalise_weights(eid, rows)
             if eid in adv_of:
                 raise ValueError(f"execution id {eid!r} appears twice in one batch")
@@ -198,10 +221,16 @@ def pack_groups(groups: list[ReadyGroup], start_index: int, stream: StreamConfig
     spans = {e: w for e, w in where.items() if len(w) > 1}
     stats.executions_split = len(spans)
     stats.micro_steps = len(micro)
-    tasks = [MicroStepTask(start_index + k, ms, [adv_of[e] for e in ms.executions],
-                           {e: spans[e] for e in ms.executions if e in spans},
-                           [g.group_id for g in groups])
-             for k, ms in enumerate(micro)]
+    tasks = [
+        MicroStepTask(
+            start_index + k,
+            ms,
+            [adv_of[e] for e in ms.executions],
+            {e: spans[e] for e in ms.executions if e in spans},
+            [g.group_id for g in groups],
+        )
+        for k, ms in enumerate(micro)
+    ]
     return PackedChunk(tasks, stats, [g.group_id for g in groups])
 
 
@@ -216,10 +245,14 @@ def validate_group(group: ReadyGroup) -> None:
     group_advantages(group.rewards)  # bad scores raise here
     unknown = (set(group.rows) | set(group.admissions)) - set(group.rewards)
     if unknown:
-        raise ValueError(f"group {group.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}")
+        raise ValueError(
+            f"group {group.group_id!r}: rows for executions without a reward: {sorted(unknown)[:3]}"
+        )
     both = set(group.rows) & set(group.admissions)
     if both:
-        raise ValueError(f"group {group.group_id!r}: executions with both rows and an admission: {sorted(both)[:3]}")
+        raise ValueError(
+            f"group {group.group_id!r}: executions with both rows and an admission: {sorted(both)[:3]}"
+        )
     for eid, rows in group.rows.items():
         for r in rows:
             try:
@@ -227,13 +260,17 @@ def validate_group(group: ReadyGroup) -> None:
             except ValueError as e:
                 raise ValueError(f"group {group.group_id!r}, execution {eid!r}: {e}") from e
             if len({x for x, t in zip(r.execution_index, r.is_target) if t}) > 1:
-                raise ValueError(f"group {group.group_id!r}, execution {eid!r}: a row holds targets of "
-                                 "several executions")
+                raise ValueError(
+                    f"group {group.group_id!r}, execution {eid!r}: a row holds targets of "
+                    "several executions"
+                )
         n = sum(r.n_targets for r in rows)
         tot = sum(w for r in rows for w, t in zip(r.token_weight, r.is_target) if t)
         if n and tot != 0.0 and abs(tot - 1.0) > 1e-6:
-            raise ValueError(f"group {group.group_id!r}, execution {eid!r}: target token weights sum to {tot}, "
-                             "expected 1 (= |T_e| * 1/|T_e|)")
+            raise ValueError(
+                f"group {group.group_id!r}, execution {eid!r}: target token weights sum to {tot}, "
+                "expected 1 (= |T_e| * 1/|T_e|)"
+            )
 
 
 class PackingBuffer:
@@ -315,7 +352,9 @@ class StepFeeder:
         groups = self.buffer.take(need)
         if groups:
             try:
-                chunk = pack_groups(groups, self.next_index, self.stream, self.objective, self.packer)
+                chunk = pack_groups(
+                    groups, self.next_index, self.stream, self.objective, self.packer
+                )
             except Exception:
                 self.buffer.give_back(groups)  # lose nothing: the groups stay ready
                 raise
@@ -326,5 +365,8 @@ class StepFeeder:
             self.taken.extend(groups)
         if len(self.taken) >= self.stream.batch_groups:
             self.closed = True
-            self.coordinator.close(self.step, self.stats.executions_scored,
-                                   {"groups": [g.group_id for g in self.taken], "pack": self.stats.__dict__})
+            self.coordinator.close(
+                self.step,
+                self.stats.executions_scored,
+                {"groups": [g.group_id for g in self.taken], "pack": self.stats.__dict__},
+            )

@@ -15,8 +15,17 @@ from gyre.train.config import TrainerConfig
 
 
 class TrainCell:
-    def __init__(self, rank: int, world: int, *, dist_port: int, store_port: int, host: str = "127.0.0.1",
-                 backend: str = "gloo", timeout_s: float = 120.0):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        *,
+        dist_port: int,
+        store_port: int,
+        host: str = "127.0.0.1",
+        backend: str = "gloo",
+        timeout_s: float = 120.0,
+    ):
         self.rank, self.world, self.host, self.backend = rank, world, host, backend
         self.dist_port, self.store_port, self.timeout_s = dist_port, store_port, timeout_s
         self.comm = None
@@ -35,16 +44,32 @@ class TrainCell:
 
         from gyre.train.comm import init_cell_process
 
-        self.comm = init_cell_process(self.rank, self.world, self.dist_port, backend=self.backend, host=self.host,
-                                      timeout_s=self.timeout_s)
-        self.store = dist.TCPStore(self.host, self.store_port, self.world, self.is_core, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=self.timeout_s))
+        self.comm = init_cell_process(
+            self.rank,
+            self.world,
+            self.dist_port,
+            backend=self.backend,
+            host=self.host,
+            timeout_s=self.timeout_s,
+        )
+        self.store = dist.TCPStore(
+            self.host,
+            self.store_port,
+            self.world,
+            self.is_core,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=self.timeout_s),
+        )
 
     def coordinator(self, namespace: str, cfg: TrainerConfig):
         from gyre.train.coordinator import StoreCoordinator
 
-        return StoreCoordinator(self.store, namespace, poll_s=cfg.stream.poll_s,
-                                stall_timeout_s=cfg.stream.stall_timeout_s)
+        return StoreCoordinator(
+            self.store,
+            namespace,
+            poll_s=cfg.stream.poll_s,
+            stall_timeout_s=cfg.stream.stall_timeout_s,
+        )
 
     def core(self, cfg: TrainerConfig, namespace: str, weights):
         """The core replica of this cell (cell 0 only); call ``start()`` on it."""

@@ -24,14 +24,21 @@ from pathlib import Path
 
 import torch
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "vocab.json", "merges.txt", "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
 @dataclass
 class TrainerState:
-    step: int = 0                  # batches committed
-    policy_version: int = 0        # optimizer steps applied to the initial weights
+    step: int = 0  # batches committed
+    policy_version: int = 0  # optimizer steps applied to the initial weights
     consumed_groups: list[str] = field(default_factory=list)
     model_source: str = ""
 
@@ -47,8 +54,14 @@ def write_hf(model: torch.nn.Module, model_source: str | Path | None, out: Path)
                 shutil.copy2(src / name, out / name)
 
 
-def save_checkpoint(root: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainerState, *, keep: int = 2) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    *,
+    keep: int = 2,
+) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step}"
@@ -62,7 +75,9 @@ def save_checkpoint(root: str | Path, model: torch.nn.Module, optimizer: torch.o
     latest_tmp = root / f".latest.{os.getpid()}"
     latest_tmp.write_text(final.name)
     os.replace(latest_tmp, root / "latest")
-    steps = sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
+    steps = sorted(
+        (p for p in root.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1])
+    )
     for old in steps[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

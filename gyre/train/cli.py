@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Trainer: local elastic cells on synthetic groups, checkpoints.", no_args_is_help=True)
+app = typer.Typer(
+    help="Trainer: local elastic cells on synthetic groups, checkpoints.", no_args_is_help=True
+)
 
 
 @app.command("demo")
@@ -22,10 +23,14 @@ def demo(
     groups: int = typer.Option(4, min=1, help="B: groups per step."),
     group_size: int = typer.Option(4, min=1, help="N: executions per group."),
     budget: int = typer.Option(64, min=1, help="Token budget per micro-step."),
-    join_after: int = typer.Option(1, min=0, help="Satellite k joins after k*JOIN_AFTER micro-steps are done."),
-    model_dir: Optional[Path] = typer.Option(None, help="HF causal LM dir (default: build the tiny model)."),
-    out: Optional[Path] = typer.Option(None, help="Output dir (default: a temp dir)."),
-    checkpoint_dir: Optional[Path] = typer.Option(None, help="Write/resume checkpoints here."),
+    join_after: int = typer.Option(
+        1, min=0, help="Satellite k joins after k*JOIN_AFTER micro-steps are done."
+    ),
+    model_dir: Path | None = typer.Option(
+        None, help="HF causal LM dir (default: build the tiny model)."
+    ),
+    out: Path | None = typer.Option(None, help="Output dir (default: a temp dir)."),
+    checkpoint_dir: Path | None = typer.Option(None, help="Write/resume checkpoints here."),
 ) -> None:
     """Train on synthetic groups with K local cells; satellites join each step late, in order."""
     from gyre.train.config import CheckpointConfig, StreamConfig, TrainerConfig
@@ -36,23 +41,34 @@ def demo(
         from gyre.models.tiny import build_tiny_model
 
         model_dir = build_tiny_model(out / "tiny-model")
-    cfg = TrainerConfig(model_dir=str(model_dir),
-                        stream=StreamConfig(batch_groups=groups, token_budget=budget, stall_timeout_s=120),
-                        checkpoint=CheckpointConfig(dir=str(checkpoint_dir) if checkpoint_dir else None))
-    run = LocalRun(name="demo", cfg=cfg, steps=steps, resume=checkpoint_dir is not None,
-                   data=SyntheticData(n_groups=groups * steps, group_size=group_size),
-                   joins={k: JoinPlan(after_done=k * join_after) for k in range(1, cells)})
+    cfg = TrainerConfig(
+        model_dir=str(model_dir),
+        stream=StreamConfig(batch_groups=groups, token_budget=budget, stall_timeout_s=120),
+        checkpoint=CheckpointConfig(dir=str(checkpoint_dir) if checkpoint_dir else None),
+    )
+    run = LocalRun(
+        name="demo",
+        cfg=cfg,
+        steps=steps,
+        resume=checkpoint_dir is not None,
+        data=SyntheticData(n_groups=groups * steps, group_size=group_size),
+        joins={k: JoinPlan(after_done=k * join_after) for k in range(1, cells)},
+    )
     run_local(cells, [run], out)
     for line in (out / "demo" / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
-        typer.echo(f"step {m['step']}: version {m['version']} cells {m['train/participants']} "
-                   f"claims {m['claims']} loss {m['actor/loss']:+.4f} grad_norm {m['actor/grad_norm']:.3f} "
-                   f"clipfrac {m['actor/pg_clipfrac']:.3f} tokens/s {m['train/tokens_per_s']:.0f}")
+        typer.echo(
+            f"step {m['step']}: version {m['version']} cells {m['train/participants']} "
+            f"claims {m['claims']} loss {m['actor/loss']:+.4f} grad_norm {m['actor/grad_norm']:.3f} "
+            f"clipfrac {m['actor/pg_clipfrac']:.3f} tokens/s {m['train/tokens_per_s']:.0f}"
+        )
     typer.echo(f"weights: {out / 'demo' / 'final.safetensors'}")
 
 
 @app.command("checkpoint")
-def checkpoint(root: Path = typer.Argument(..., help="Checkpoint root (holds 'latest' and step-N dirs).")) -> None:
+def checkpoint(
+    root: Path = typer.Argument(..., help="Checkpoint root (holds 'latest' and step-N dirs)."),
+) -> None:
     """Print the latest checkpoint's trainer state (step, policy version, data cursor)."""
     from gyre.train.checkpoint import latest_checkpoint, load_state
 
@@ -61,5 +77,14 @@ def checkpoint(root: Path = typer.Argument(..., help="Checkpoint root (holds 'la
         typer.echo(f"no complete checkpoint under {root}", err=True)
         raise typer.Exit(1)
     st = load_state(ck)
-    typer.echo(json.dumps({"path": str(ck), "step": st.step, "policy_version": st.policy_version,
-                           "consumed_groups": len(st.consumed_groups), "model_source": st.model_source}))
+    typer.echo(
+        json.dumps(
+            {
+                "path": str(ck),
+                "step": st.step,
+                "policy_version": st.policy_version,
+                "consumed_groups": len(st.consumed_groups),
+                "model_source": st.model_source,
+            }
+        )
+    )

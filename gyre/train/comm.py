@@ -18,7 +18,9 @@ class PrefixCommunicators:
 
     def __init__(self, world_size: int, rank: int):
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed must be initialised before building prefix communicators")
+            raise RuntimeError(
+                "torch.distributed must be initialised before building prefix communicators"
+            )
         self.world_size, self.rank = world_size, rank
         self.groups: dict[int, object] = {}
         for k in range(2, world_size + 1):  # same order on every rank
@@ -35,26 +37,40 @@ class PrefixCommunicators:
         return tensor
 
 
-def init_cell_process(rank: int, world_size: int, port: int, *, backend: str = "gloo",
-                      host: str = "127.0.0.1", timeout_s: float = 120.0) -> PrefixCommunicators:
+def init_cell_process(
+    rank: int,
+    world_size: int,
+    port: int,
+    *,
+    backend: str = "gloo",
+    host: str = "127.0.0.1",
+    timeout_s: float = 120.0,
+) -> PrefixCommunicators:
     """Join the cells' process group over TCP on ``host:port`` and build the prefix groups."""
     import datetime
 
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     return PrefixCommunicators(world_size, rank)
 
 
 def flat_grads(params: list[torch.Tensor]) -> torch.Tensor:
     """All gradients in one contiguous vector (zeros where a parameter got none)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    )
 
 
 def unflatten_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
     off = 0
     for p in params:
         n = p.numel()
-        g = flat[off:off + n].view_as(p)
+        g = flat[off : off + n].view_as(p)
         if p.grad is None:
             p.grad = g.clone()
         else:

@@ -17,16 +17,24 @@ class ObjectiveConfig(BaseModel):
     See :mod:`gyre.train.objective` for the formula.
     """
 
-    token_cap: float = Field(5.0, gt=0, description="cap on the stop-gradient token ratio w_t = min(sg(r_t), cap)")
-    clip_low: float = Field(0.995, gt=0, description="executions with A_e < 0 and s_e < clip_low give no gradient")
-    clip_high: float = Field(1.005, gt=0, description="executions with A_e > 0 and s_e > clip_high give no gradient")
+    token_cap: float = Field(
+        5.0, gt=0, description="cap on the stop-gradient token ratio w_t = min(sg(r_t), cap)"
+    )
+    clip_low: float = Field(
+        0.995, gt=0, description="executions with A_e < 0 and s_e < clip_low give no gradient"
+    )
+    clip_high: float = Field(
+        1.005, gt=0, description="executions with A_e > 0 and s_e > clip_high give no gradient"
+    )
     ratio_reference: Literal["behaviour", "proximal"] = Field(
         "behaviour",
         description="reference log-prob in r_t and s_e: the engine's behaviour log-prob b_t, or the proximal "
         "log-prob of the step's starting weights (recomputed by the trainer)",
     )
     adv_eps: float = Field(1e-6, gt=0, description="eps in A_e = (R_e - mean) / (std + eps)")
-    adv_std: Literal["population", "sample"] = Field("population", description="std over the group's scores")
+    adv_std: Literal["population", "sample"] = Field(
+        "population", description="std over the group's scores"
+    )
     execution_split: Literal["prepass", "forbid"] = Field(
         "prepass",
         description="an execution whose admitted paths span several micro-steps: 'prepass' computes its s_e "
@@ -34,9 +42,11 @@ class ObjectiveConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check_range(self) -> "ObjectiveConfig":
+    def _check_range(self) -> ObjectiveConfig:
         if not self.clip_low <= 1.0 <= self.clip_high:
-            raise ValueError(f"clip range must contain 1.0, got [{self.clip_low}, {self.clip_high}]")
+            raise ValueError(
+                f"clip range must contain 1.0, got [{self.clip_low}, {self.clip_high}]"
+            )
         return self
 
 
@@ -57,8 +67,12 @@ class StreamConfig(BaseModel):
     batch_groups: int = Field(32, ge=1, description="B: groups per optimizer step")
     token_budget: int = Field(8192, ge=1, description="max tokens in one micro-step")
     pack_mode: Literal["paths", "tree"] = "paths"
-    poll_s: float = Field(0.005, gt=0, description="sleep between polls of the claim queue when it is empty")
-    stall_timeout_s: float = Field(600.0, gt=0, description="raise if a step makes no progress this long")
+    poll_s: float = Field(
+        0.005, gt=0, description="sleep between polls of the claim queue when it is empty"
+    )
+    stall_timeout_s: float = Field(
+        600.0, gt=0, description="raise if a step makes no progress this long"
+    )
 
 
 class CheckpointConfig(BaseModel):
@@ -74,7 +88,9 @@ class TrainerConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     device: str = "cpu"
     seed: int = 0
-    j_max: int | None = Field(5, ge=1, description="admission: at most this many paths per execution (None: all)")
+    j_max: int | None = Field(
+        5, ge=1, description="admission: at most this many paths per execution (None: all)"
+    )
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig()
     stream: StreamConfig = StreamConfig()

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from gyre.train.tasks import MicroStepTask
 
@@ -42,9 +43,9 @@ class StepSeal:
 
     step: int
     policy_version: int
-    participants: int                 # k: cells 0..k-1 took part
+    participants: int  # k: cells 0..k-1 took part
     n_items: int
-    n_scored: int                     # E: scored executions of the batch (1/E scales the gradient)
+    n_scored: int  # E: scored executions of the batch (1/E scales the gradient)
     meta: dict = field(default_factory=dict)
     claims: dict[int, int] = field(default_factory=dict)  # cell -> micro-steps it processed
 
@@ -78,7 +79,9 @@ class _Stall:
         if progress != self.last:
             self.last, self.t = progress, now
         elif now - self.t > self.timeout:
-            raise StepStalled(f"no progress for {self.timeout:.0f}s while {self.what} (state {progress})")
+            raise StepStalled(
+                f"no progress for {self.timeout:.0f}s while {self.what} (state {progress})"
+            )
 
 
 class _Backoff:
@@ -103,9 +106,20 @@ class StoreCoordinator:
     live under ``namespace`` so several runs can share one store.
     """
 
-    def __init__(self, store, namespace: str = "gyre", *, poll_s: float = 0.005,
-                 stall_timeout_s: float = 600.0):
-        self.store, self.ns, self.poll_s, self.stall_timeout_s = store, namespace, poll_s, stall_timeout_s
+    def __init__(
+        self,
+        store,
+        namespace: str = "gyre",
+        *,
+        poll_s: float = 0.005,
+        stall_timeout_s: float = 600.0,
+    ):
+        self.store, self.ns, self.poll_s, self.stall_timeout_s = (
+            store,
+            namespace,
+            poll_s,
+            stall_timeout_s,
+        )
         self._n_put: dict[int, int] = {}
 
     def _k(self, step: int, name: str) -> str:
@@ -120,7 +134,7 @@ class StoreCoordinator:
     # producer -------------------------------------------------------------------------
     def open_step(self, step: int, policy_version: int) -> None:
         self._forget(step - 2)  # everyone is done with it: step - 1 was sealed after it
-        self._reset(step)       # an abandoned earlier attempt at this step leaves no stale counters
+        self._reset(step)  # an abandoned earlier attempt at this step leaves no stale counters
         self.store.set(self._k(step, "members"), "1")  # the core is cell 0
         self.store.set(self._k(step, "version"), str(policy_version))
         self._n_put[step] = 0
@@ -140,8 +154,11 @@ class StoreCoordinator:
             return
         k = int(self.store.get(key).decode().split(":")[-1])
         n = self._int(self._k(step, "n_put"))
-        for name in ["closed", "seal", "ticket", "n_put", "n_done", "version"] + [f"claims/{c}" for c in range(k)] \
-                + [f"item/{i}" for i in range(n)]:
+        for name in (
+            ["closed", "seal", "ticket", "n_put", "n_done", "version"]
+            + [f"claims/{c}" for c in range(k)]
+            + [f"item/{i}" for i in range(n)]
+        ):
             self.store.delete_key(self._k(step, name))
 
     def put(self, step: int, task: MicroStepTask) -> None:
@@ -153,8 +170,10 @@ class StoreCoordinator:
         self._n_put[step] = i + 1
 
     def close(self, step: int, n_scored: int, meta: dict | None = None) -> None:
-        self.store.set(self._k(step, "closed"), json.dumps({"total": self._n_put[step], "n_scored": n_scored,
-                                                             "meta": meta or {}}))
+        self.store.set(
+            self._k(step, "closed"),
+            json.dumps({"total": self._n_put[step], "n_scored": n_scored, "meta": meta or {}}),
+        )
 
     # participants ---------------------------------------------------------------------
     def current_step(self) -> tuple[int, int] | None:
@@ -231,9 +250,15 @@ class StoreCoordinator:
             if self.store.compare_set(key, k, f"sealed:{k}").decode() == f"sealed:{k}":
                 break
         k = int(k)
-        seal = StepSeal(step, int(self.store.get(self._k(step, "version"))), k, closed["total"],
-                        closed["n_scored"], closed["meta"],
-                        {c: self._int(self._k(step, f"claims/{c}")) for c in range(k)})
+        seal = StepSeal(
+            step,
+            int(self.store.get(self._k(step, "version"))),
+            k,
+            closed["total"],
+            closed["n_scored"],
+            closed["meta"],
+            {c: self._int(self._k(step, f"claims/{c}")) for c in range(k)},
+        )
         self.store.set(self._k(step, "seal"), json.dumps(asdict(seal)))
         return seal
 
@@ -263,15 +288,25 @@ class LocalCoordinator:
 
     def open_step(self, step: int, policy_version: int) -> None:
         with self._lock:
-            self._steps[step] = {"items": [], "ticket": 0, "closed": None, "members": 1, "sealed": None,
-                                 "done": 0, "claims": {}, "version": policy_version}
+            self._steps[step] = {
+                "items": [],
+                "ticket": 0,
+                "closed": None,
+                "members": 1,
+                "sealed": None,
+                "done": 0,
+                "claims": {},
+                "version": policy_version,
+            }
             self._current = (step, policy_version)
 
     def put(self, step: int, task: MicroStepTask) -> None:
         with self._lock:
             s = self._steps[step]
             if task.index != len(s["items"]):
-                raise ValueError(f"micro-step index {task.index} put out of order (expected {len(s['items'])})")
+                raise ValueError(
+                    f"micro-step index {task.index} put out of order (expected {len(s['items'])})"
+                )
             s["items"].append(task.to_bytes())
 
     def close(self, step: int, n_scored: int, meta: dict | None = None) -> None:
@@ -341,8 +376,15 @@ class LocalCoordinator:
                 c = s["closed"]
                 if c is not None and s["done"] >= c["total"]:
                     k = s["members"]
-                    s["sealed"] = StepSeal(step, s["version"], k, c["total"], c["n_scored"], c["meta"],
-                                           {i: s["claims"].get(i, 0) for i in range(k)})
+                    s["sealed"] = StepSeal(
+                        step,
+                        s["version"],
+                        k,
+                        c["total"],
+                        c["n_scored"],
+                        c["meta"],
+                        {i: s["claims"].get(i, 0) for i in range(k)},
+                    )
                     return s["sealed"]
                 progress = (s["done"], c is not None)
             if idle is not None and c is None:

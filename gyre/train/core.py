@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from gyre.train.buffer import PackingBuffer, Packer, ReadyGroup, StepFeeder, pack_rows
-from gyre.train.checkpoint import (TrainerState, latest_checkpoint, load_optimizer, load_state,
-                                   save_checkpoint)
+from gyre.train.buffer import Packer, PackingBuffer, ReadyGroup, StepFeeder, pack_rows
+from gyre.train.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_optimizer,
+    load_state,
+    save_checkpoint,
+)
 from gyre.train.comm import PrefixCommunicators, flat_grads, unflatten_grads
 from gyre.train.config import TrainerConfig
 from gyre.train.coordinator import StepCoordinator, StepSeal
@@ -34,20 +39,28 @@ from gyre.train.weights import WeightChannel, named_params
 @dataclass
 class StepResult:
     step: int
-    policy_version: int            # after the step
+    policy_version: int  # after the step
     seal: StepSeal
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
     if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(
+            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
     return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def claim_microsteps(coord: StepCoordinator, worker: ReplicaWorker, cell: int, step: int,
-                     max_claims: int | None, on_microstep: Callable[[int], None] | None,
-                     pump: Callable[[], None] | None = None) -> tuple[ObjectiveStats, int, float]:
+def claim_microsteps(
+    coord: StepCoordinator,
+    worker: ReplicaWorker,
+    cell: int,
+    step: int,
+    max_claims: int | None,
+    on_microstep: Callable[[int], None] | None,
+    pump: Callable[[], None] | None = None,
+) -> tuple[ObjectiveStats, int, float]:
     """The claim loop every participant of a step runs (core and satellites alike).
 
     Returns the summed objective stats, the number of micro-steps done and the
@@ -71,8 +84,9 @@ def claim_microsteps(coord: StepCoordinator, worker: ReplicaWorker, cell: int, s
     return stats, n, t_compute
 
 
-def reduce_step(worker: ReplicaWorker, comm: PrefixCommunicators | None, k: int,
-                stats: ObjectiveStats) -> ObjectiveStats:
+def reduce_step(
+    worker: ReplicaWorker, comm: PrefixCommunicators | None, k: int, stats: ObjectiveStats
+) -> ObjectiveStats:
     """Sum gradients and objective counters over cells 0..k-1 (result on the core)."""
     if k > 1:
         if comm is None:
@@ -93,8 +107,13 @@ class Core:
 
     cell = 0
 
-    def __init__(self, cfg: TrainerConfig, coordinator: StepCoordinator, weights: WeightChannel | None = None,
-                 comm: PrefixCommunicators | None = None):
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        coordinator: StepCoordinator,
+        weights: WeightChannel | None = None,
+        comm: PrefixCommunicators | None = None,
+    ):
         self.cfg, self.coord, self.weights, self.comm = cfg, coordinator, weights, comm
         self.worker = ReplicaWorker(cfg)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -129,9 +148,15 @@ class Core:
         return sum(self.buffer.add(g) for g in groups)
 
     # the step -----------------------------------------------------------------------------
-    def run_step(self, *, source: Callable[[], list[ReadyGroup]] | None = None, whole_batch: bool = False,
-                 max_claims: int | None = None, packer: Packer = pack_rows,
-                 on_microstep: Callable[[int], None] | None = None) -> StepResult:
+    def run_step(
+        self,
+        *,
+        source: Callable[[], list[ReadyGroup]] | None = None,
+        whole_batch: bool = False,
+        max_claims: int | None = None,
+        packer: Packer = pack_rows,
+        on_microstep: Callable[[int], None] | None = None,
+    ) -> StepResult:
         """Run one batch to its optimizer step.
 
         ``source`` is polled for newly landed groups (streaming); ``whole_batch`` waits for
@@ -141,15 +166,25 @@ class Core:
         """
         B = self.cfg.stream.batch_groups
         if source is None and len(self.buffer) < B:
-            raise ValueError(f"a step needs {B} ready groups and {len(self.buffer)} are in the buffer; add more "
-                             "with add_groups() or pass source= to stream groups as they land")
+            raise ValueError(
+                f"a step needs {B} ready groups and {len(self.buffer)} are in the buffer; add more "
+                "with add_groups() or pass source= to stream groups as they land"
+            )
         t0, c0 = time.perf_counter(), time.process_time()
         step, version = self.state.step, self.state.policy_version
         if self.weights is not None:
             self.weights.publish(version, named_params(self.model))
         self.coord.open_step(step, version)
-        feeder = StepFeeder(self.buffer, self.coord, step, self.cfg.stream, self.cfg.objective, source,
-                            packer, whole_batch)
+        feeder = StepFeeder(
+            self.buffer,
+            self.coord,
+            step,
+            self.cfg.stream,
+            self.cfg.objective,
+            source,
+            packer,
+            whole_batch,
+        )
         self.worker.zero_grad()
         self.worker.new_step()
         try:
@@ -172,25 +207,34 @@ class Core:
             save_checkpoint(ck.dir, self.model, self.optimizer, self.state, keep=ck.keep)
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
-        metrics.update({
-            "timing/step": dt, "timing/step_cpu": time.process_time() - c0, "timing/reduce": t_reduce,
-            "timing/core_compute": t_compute,
-            "train/participants": seal.participants, "train/micro_steps": seal.n_items,
-            "train/core_micro_steps": n, "train/tokens": float(pack.get("tokens", 0)),
-            "train/tokens_per_s": float(pack.get("tokens", 0)) / dt if dt > 0 else 0.0,
-            "batch/groups": pack.get("groups", 0), "batch/groups_all_equal": pack.get("groups_all_equal", 0),
-            "batch/executions_scored": seal.n_scored, "batch/executions_missing": pack.get("executions_missing", 0),
-            "batch/executions_split": pack.get("executions_split", 0),
-            "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
-            "batch/staleness_max": float(max(stale)) if stale else 0.0,
-        })
+        metrics.update(
+            {
+                "timing/step": dt,
+                "timing/step_cpu": time.process_time() - c0,
+                "timing/reduce": t_reduce,
+                "timing/core_compute": t_compute,
+                "train/participants": seal.participants,
+                "train/micro_steps": seal.n_items,
+                "train/core_micro_steps": n,
+                "train/tokens": float(pack.get("tokens", 0)),
+                "train/tokens_per_s": float(pack.get("tokens", 0)) / dt if dt > 0 else 0.0,
+                "batch/groups": pack.get("groups", 0),
+                "batch/groups_all_equal": pack.get("groups_all_equal", 0),
+                "batch/executions_scored": seal.n_scored,
+                "batch/executions_missing": pack.get("executions_missing", 0),
+                "batch/executions_split": pack.get("executions_split", 0),
+                "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+                "batch/staleness_max": float(max(stale)) if stale else 0.0,
+            }
+        )
         return StepResult(step, self.state.policy_version, seal, metrics)
 
     def _accumulate(self, step, feeder, max_claims, on_microstep):
         """Claim and compute micro-steps until the queue is closed and empty (or the cap); seal."""
         feeder.pump()
-        stats, n, t_compute = claim_microsteps(self.coord, self.worker, self.cell, step, max_claims, on_microstep,
-                                               pump=feeder.pump)
+        stats, n, t_compute = claim_microsteps(
+            self.coord, self.worker, self.cell, step, max_claims, on_microstep, pump=feeder.pump
+        )
         seal = self.coord.seal(step, idle=feeder.pump)
         return seal, stats, n, t_compute
 
@@ -200,7 +244,9 @@ class Core:
         m: dict[str, float] = {
             "actor/loss": total.loss_sum / E if E else 0.0,
             "actor/token_capfrac": total.tokens_capped / total.tokens if total.tokens else 0.0,
-            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight if total.exec_weight else 0.0,
+            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight
+            if total.exec_weight
+            else 0.0,
             "actor/executions_clipped": total.exec_clipped_weight,
             "actor/target_tokens": float(total.tokens),
         }

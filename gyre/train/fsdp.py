@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class CellLayout:
-    cells: int        # K
-    per_cell: int     # G devices per cell
+    cells: int  # K
+    per_cell: int  # G devices per cell
 
     def cell_of(self, rank: int) -> int:
         return rank // self.per_cell
@@ -48,8 +48,8 @@ class CellLayout:
 class ShardedGroups:
     layout: CellLayout
     rank: int
-    mesh: object                   # this cell's DeviceMesh
-    prefix: dict[int, object]      # k -> process group of this rank's shard position
+    mesh: object  # this cell's DeviceMesh
+    prefix: dict[int, object]  # k -> process group of this rank's shard position
 
 
 def build_groups(layout: CellLayout, rank: int, device_type: str = "cuda") -> ShardedGroups:

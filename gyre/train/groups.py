@@ -9,9 +9,9 @@ trace makes the execution *missing*, never a zero.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from gyre.train.buffer import ReadyGroup
 from gyre.train.rewards import Missing, Reward
@@ -22,12 +22,20 @@ class GroupReport:
     """What happened while building a group (for logs and metrics)."""
 
     trace_errors: dict[str, list[str]] = field(default_factory=dict)
-    unreadable: dict[str, str] = field(default_factory=dict)   # execution -> reason (made missing)
+    unreadable: dict[str, str] = field(default_factory=dict)  # execution -> reason (made missing)
 
 
-def group_from_traces(group_id: str, traces: Mapping[str, str | Path], rewards: Mapping[str, Reward | None], *,
-                      role_profile=None, j_max: int | None = 5, seed: int = 0, step: int = 0,
-                      vocab_size: int | None = None) -> tuple[ReadyGroup, GroupReport]:
+def group_from_traces(
+    group_id: str,
+    traces: Mapping[str, str | Path],
+    rewards: Mapping[str, Reward | None],
+    *,
+    role_profile=None,
+    j_max: int | None = 5,
+    seed: int = 0,
+    step: int = 0,
+    vocab_size: int | None = None,
+) -> tuple[ReadyGroup, GroupReport]:
     """A :class:`ReadyGroup` from execution id -> trace file and execution id -> reward.
 
     Every execution needs a reward entry (score, or ``Missing``/``None``); a trace

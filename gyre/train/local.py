@@ -27,7 +27,9 @@ from gyre.train.config import TrainerConfig
 
 class JoinPlan(BaseModel):
     join: bool = True
-    after_done: int = Field(0, ge=0, description="join once this many micro-steps of the step are done")
+    after_done: int = Field(
+        0, ge=0, description="join once this many micro-steps of the step are done"
+    )
     max_claims: int | None = None
 
 
@@ -53,11 +55,16 @@ class LocalRun(BaseModel):
     cfg: TrainerConfig
     steps: int = 1
     data: SyntheticData = SyntheticData()
-    source: str = Field("all", description="'all': every group ready at start; 'one_per_pump': groups land "
-                                           "one at a time (streaming)")
+    source: str = Field(
+        "all",
+        description="'all': every group ready at start; 'one_per_pump': groups land "
+        "one at a time (streaming)",
+    )
     whole_batch: bool = False
     core_max_claims: int | None = None
-    joins: dict[int, JoinPlan] = Field(default_factory=dict, description="satellite cell -> plan (absent: no join)")
+    joins: dict[int, JoinPlan] = Field(
+        default_factory=dict, description="satellite cell -> plan (absent: no join)"
+    )
     kill: KillPlan | None = None
     resume: bool = False
     fresh_store_namespace: str = ""
@@ -69,7 +76,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cell_main(rank: int, world: int, dist_port: int, store_port: int, runs_json: str, out_dir: str) -> None:
+def _cell_main(
+    rank: int, world: int, dist_port: int, store_port: int, runs_json: str, out_dir: str
+) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -104,6 +113,7 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
             k = run.kill
             if k is not None and k.cell == rank and k.step == step and n >= k.after_micro_steps:
                 os.kill(os.getpid(), signal.SIGKILL)
+
         return hook
 
     if rank == 0:
@@ -115,9 +125,17 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
 
         d = run.data
         gen_model = load_causal_lm(run.cfg.model_dir, run.cfg.dtype)
-        groups = synthetic_groups(gen_model, d.n_groups, d.group_size, seed=d.seed, context_len=d.context_len,
-                                  target_len=d.target_len, noise=d.noise, missing_every=d.missing_every,
-                                  branches=d.branches)
+        groups = synthetic_groups(
+            gen_model,
+            d.n_groups,
+            d.group_size,
+            seed=d.seed,
+            context_len=d.context_len,
+            target_len=d.target_len,
+            noise=d.noise,
+            missing_every=d.missing_every,
+            branches=d.branches,
+        )
         del gen_model
         core = cell.core(run.cfg, ns, weights)
         core.start(resume=run.resume)
@@ -130,12 +148,24 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
             core.add_groups(groups)
         with (rdir / "metrics.jsonl").open("a") as f:
             for s in range(first, run.steps):
-                res = core.run_step(source=one_per_pump if run.source != "all" else None,
-                                    whole_batch=run.whole_batch, max_claims=run.core_max_claims,
-                                    on_microstep=killer(s))
-                f.write(json.dumps({"step": s, "version": res.policy_version, **res.metrics,
-                                    "claims": res.seal.claims,
-                                    "groups": res.seal.meta.get("groups", [])}) + "\n")
+                res = core.run_step(
+                    source=one_per_pump if run.source != "all" else None,
+                    whole_batch=run.whole_batch,
+                    max_claims=run.core_max_claims,
+                    on_microstep=killer(s),
+                )
+                f.write(
+                    json.dumps(
+                        {
+                            "step": s,
+                            "version": res.policy_version,
+                            **res.metrics,
+                            "claims": res.seal.claims,
+                            "groups": res.seal.meta.get("groups", []),
+                        }
+                    )
+                    + "\n"
+                )
                 f.flush()
         save_file(named_params(core.model), str(rdir / "final.safetensors"))
         core.stop()
@@ -152,19 +182,33 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
             while coord.n_done(s) < plan.after_done and not coord.is_sealed(s):
                 time.sleep(run.cfg.stream.poll_s)
             res = sat.join_step(s, max_claims=plan.max_claims, on_microstep=killer(s))
-            log.append({"step": s, "joined": res is not None, "micro_steps": res.micro_steps if res else 0,
-                        "compute_s": res.compute_s if res else 0.0, "cpu_s": res.cpu_s if res else 0.0})
+            log.append(
+                {
+                    "step": s,
+                    "joined": res is not None,
+                    "micro_steps": res.micro_steps if res else 0,
+                    "compute_s": res.compute_s if res else 0.0,
+                    "cpu_s": res.cpu_s if res else 0.0,
+                }
+            )
         (rdir / f"cell{rank}.json").write_text(json.dumps(log))
         sat.stop()
 
 
-def run_local(world: int, runs: list[LocalRun], out_dir: str | Path, *, timeout_s: float = 600.0) -> None:
+def run_local(
+    world: int, runs: list[LocalRun], out_dir: str | Path, *, timeout_s: float = 600.0
+) -> None:
     """Spawn ``world`` cell processes, run ``runs`` in order, wait. Raises if any cell fails."""
     import torch.multiprocessing as mp
 
     payload = json.dumps([r.model_dump(mode="json") for r in runs])
-    ctx = mp.start_processes(_cell_main, args=(world, free_port(), free_port(), payload, str(out_dir)),
-                             nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _cell_main,
+        args=(world, free_port(), free_port(), payload, str(out_dir)),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
     t0 = time.monotonic()
     while not ctx.join(timeout=1.0):
         if time.monotonic() - t0 > timeout_s:

@@ -45,13 +45,15 @@ import torch
 class ObjectiveStats:
     """Counters that reduce by summation across micro-steps and replicas."""
 
-    loss_sum: float = 0.0            # sum of loss_e parts (divide by E for the batch loss)
-    tokens: int = 0                  # target tokens
-    tokens_capped: int = 0           # targets with sg(r_t) > cap
-    exec_weight: float = 0.0         # sum of token_weight (= executions seen, split ones counted once in total)
-    exec_clipped_weight: float = 0.0 # same, for clipped executions
+    loss_sum: float = 0.0  # sum of loss_e parts (divide by E for the batch loss)
+    tokens: int = 0  # target tokens
+    tokens_capped: int = 0  # targets with sg(r_t) > cap
+    exec_weight: float = (
+        0.0  # sum of token_weight (= executions seen, split ones counted once in total)
+    )
+    exec_clipped_weight: float = 0.0  # same, for clipped executions
 
-    def add(self, other: "ObjectiveStats") -> None:
+    def add(self, other: ObjectiveStats) -> None:
         self.loss_sum += other.loss_sum
         self.tokens += other.tokens
         self.tokens_capped += other.tokens_capped
@@ -59,16 +61,28 @@ class ObjectiveStats:
         self.exec_clipped_weight += other.exec_clipped_weight
 
     def as_list(self) -> list[float]:
-        return [self.loss_sum, float(self.tokens), float(self.tokens_capped), self.exec_weight,
-                self.exec_clipped_weight]
+        return [
+            self.loss_sum,
+            float(self.tokens),
+            float(self.tokens_capped),
+            self.exec_weight,
+            self.exec_clipped_weight,
+        ]
 
     @classmethod
-    def from_list(cls, xs) -> "ObjectiveStats":
-        return cls(float(xs[0]), int(round(float(xs[1]))), int(round(float(xs[2]))), float(xs[3]), float(xs[4]))
+    def from_list(cls, xs) -> ObjectiveStats:
+        return cls(
+            float(xs[0]),
+            int(round(float(xs[1]))),
+            int(round(float(xs[2]))),
+            float(xs[3]),
+            float(xs[4]),
+        )
 
 
-def execution_log_ratio(diff: torch.Tensor, exec_index: torch.Tensor, token_weight: torch.Tensor,
-                        n_exec: int) -> tuple[torch.Tensor, torch.Tensor]:
+def execution_log_ratio(
+    diff: torch.Tensor, exec_index: torch.Tensor, token_weight: torch.Tensor, n_exec: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-execution sum of ``token_weight * (l - b)`` and of ``token_weight`` (no grad).
 
     With token_weight = 1/|T_e| and all of T_e present, the first is log s_e and the
@@ -117,8 +131,12 @@ def gspo_loss(
     ref = logp.detach() if ref_logp is None else ref_logp.to(logp.dtype)
     diff = logp - ref
     if seq_log_ratio is None:
-        num, den = execution_log_ratio(diff, exec_index,
-                                       token_weight if token_weight_exact is None else token_weight_exact, n_exec)
+        num, den = execution_log_ratio(
+            diff,
+            exec_index,
+            token_weight if token_weight_exact is None else token_weight_exact,
+            n_exec,
+        )
         present = den > 0
         if check_complete and bool(present.any()):
             bad = present & ((den - 1.0).abs() > 1e-4)
@@ -127,16 +145,21 @@ def gspo_loss(
                 raise ValueError(
                     f"execution #{i} has token weights summing to {float(den[i]):.6f} != 1 in this micro-step: "
                     "its target set is split across micro-steps, so s_e needs a pre-pass "
-                    "(objective.execution_split='prepass')")
+                    "(objective.execution_split='prepass')"
+                )
         log_s = num
     else:
         log_s = seq_log_ratio.to(torch.float64)
     adv64 = advantages.to(torch.float64)
-    clipped = ((adv64 > 0) & (log_s > math.log(clip_high))) | ((adv64 < 0) & (log_s < math.log(clip_low)))
+    clipped = ((adv64 > 0) & (log_s > math.log(clip_high))) | (
+        (adv64 < 0) & (log_s < math.log(clip_low))
+    )
     keep = (~clipped).to(logp.dtype)
     r = torch.exp(diff.detach())
     w = torch.clamp(r, max=token_cap)
-    coef = keep[exec_index] * token_weight.to(logp.dtype) * w * advantages.to(logp.dtype)[exec_index]
+    coef = (
+        keep[exec_index] * token_weight.to(logp.dtype) * w * advantages.to(logp.dtype)[exec_index]
+    )
     loss = -(coef * logp).sum()
     tw = token_weight.detach().to(torch.float64)
     if token_weight_exact is not None:

@@ -94,7 +94,7 @@ def plan_segments(parent: list[int], device: torch.device | None = None) -> Segm
                 raise ValueError(f"token {i}: parent {p} must be -1 or an earlier token")
             seg_of[i] = len(bounds)
     ctx: list[torch.Tensor | None] = []
-    for s, (a, _b) in enumerate(bounds):
+    for _s, (a, _b) in enumerate(bounds):
         p = parent[a]
         if p < 0:
             ranges.append([])
@@ -112,7 +112,9 @@ def _modules(model):
     head = model.get_output_embeddings()
     cfg = model.config
     if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
-        raise NotImplementedError("sliding-window attention layers are not supported by packed forward")
+        raise NotImplementedError(
+            "sliding-window attention layers are not supported by packed forward"
+        )
     return base, head, cfg
 
 
@@ -122,9 +124,19 @@ def supports_segments(model) -> bool:
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         layer = base.layers[0]
         attn = layer.self_attn
-        ok = all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
-        ok = ok and all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp"))
-        ok = ok and hasattr(base, "rotary_emb") and hasattr(base, "embed_tokens") and hasattr(base, "norm")
+        ok = all(
+            hasattr(attn, n)
+            for n in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+        )
+        ok = ok and all(
+            hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")
+        )
+        ok = (
+            ok
+            and hasattr(base, "rotary_emb")
+            and hasattr(base, "embed_tokens")
+            and hasattr(base, "norm")
+        )
         layer_types = getattr(model.config, "layer_types", None) or []
         return bool(ok) and "sliding_attention" not in layer_types
     except (AttributeError, IndexError, TypeError):
@@ -176,10 +188,17 @@ def _segment_attention(parent: list[int], device):
     has_ctx = any(c is not None for c in plan.ctx)
     kv_idx, kv_sizes = None, sizes
     if has_ctx:
-        kv_idx = torch.cat([torch.arange(s, e, device=device) if c is None
-                            else torch.cat((c, torch.arange(s, e, device=device)))
-                            for (s, e), c in zip(plan.bounds, plan.ctx)])
-        kv_sizes = [(0 if c is None else c.numel()) + (e - s) for (s, e), c in zip(plan.bounds, plan.ctx)]
+        kv_idx = torch.cat(
+            [
+                torch.arange(s, e, device=device)
+                if c is None
+                else torch.cat((c, torch.arange(s, e, device=device)))
+                for (s, e), c in zip(plan.bounds, plan.ctx)
+            ]
+        )
+        kv_sizes = [
+            (0 if c is None else c.numel()) + (e - s) for (s, e), c in zip(plan.bounds, plan.ctx)
+        ]
     masks: dict[tuple[int, int], torch.Tensor] = {}
     for (s, e), c in zip(plan.bounds, plan.ctx):
         if c is not None and (e - s) * (c.numel() + e - s) > MAX_MASK_ELEMENTS:
@@ -200,18 +219,27 @@ def _segment_attention(parent: list[int], device):
         outs = []
         for qs, ks, vs, c in zip(qs_all, ks_all, vs_all, plan.ctx):
             if c is None:
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
+                )
             elif (qs.shape[2], c.numel()) in masks:
-                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=masks[(qs.shape[2], c.numel())],
-                                                   scale=scale, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(
+                    qs,
+                    ks,
+                    vs,
+                    attn_mask=masks[(qs.shape[2], c.numel())],
+                    scale=scale,
+                    enable_gqa=gqa,
+                )
             else:
                 # Mask too big to materialise: prepend nc zero queries so that plain
                 # (top-left) causal attention over [ctx; segment] is exactly "all of ctx
                 # + causal over the segment" for the real queries; drop the padding rows.
                 nc = c.numel()
                 pad = qs.new_zeros(qs.shape[0], qs.shape[1], nc, qs.shape[3])
-                o = F.scaled_dot_product_attention(torch.cat((pad, qs), dim=2), ks, vs, is_causal=True,
-                                                   scale=scale, enable_gqa=gqa)[:, :, nc:]
+                o = F.scaled_dot_product_attention(
+                    torch.cat((pad, qs), dim=2), ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
+                )[:, :, nc:]
             outs.append(o)
         return torch.cat(outs, dim=2)
 
@@ -231,7 +259,9 @@ def subtree_end(parent: list[int]) -> list[int]:
         while stack and stack[-1] != p:
             stack.pop()
         if p >= 0 and not stack:
-            raise ValueError(f"token {i}: row is not in depth-first pre-order (parent {p} already closed)")
+            raise ValueError(
+                f"token {i}: row is not in depth-first pre-order (parent {p} already closed)"
+            )
         stack.append(i)
     end = list(range(1, n + 1))
     for i in range(n - 1, -1, -1):
@@ -288,8 +318,14 @@ def _wide(logits: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def _gather_logprobs(model, hidden: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor,
-                     parents: torch.Tensor, L: int) -> torch.Tensor:
+def _gather_logprobs(
+    model,
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    parents: torch.Tensor,
+    L: int,
+) -> torch.Tensor:
     head = model.get_output_embeddings()
     logits = _wide(head(hidden.index_select(0, parents)))
     lp = torch.log_softmax(logits, dim=-1).gather(1, ids.index_select(0, targets)[:, None])[:, 0]
@@ -314,22 +350,30 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
     if L == 0 or not tgt_list:
         # Keep the graph connected so callers can still .backward() a zero loss.
         wdt = torch.promote_types(next(model.parameters()).dtype, torch.float32)
-        return torch.zeros(L, device=dev, dtype=wdt) + 0.0 * sum(p.sum() for p in model.parameters() if p.requires_grad)
+        return torch.zeros(L, device=dev, dtype=wdt) + 0.0 * sum(
+            p.sum() for p in model.parameters() if p.requires_grad
+        )
     targets = torch.tensor(tgt_list, dtype=torch.long, device=dev)
     parents = torch.tensor([seq.parent[i] for i in tgt_list], dtype=torch.long, device=dev)
     if impl == "auto":
         impl = "segments" if supports_segments(model) else "dense"
     if impl in ("segments", "flex"):
         if not supports_segments(model):
-            raise NotImplementedError(f"impl={impl!r} needs a Qwen2/Qwen3/Llama-shaped model; use impl='dense'")
+            raise NotImplementedError(
+                f"impl={impl!r} needs a Qwen2/Qwen3/Llama-shaped model; use impl='dense'"
+            )
         attend = (_segment_attention if impl == "segments" else _flex_attention)(seq.parent, dev)
         hidden = _layer_loop(model, ids, pos, attend)
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
     if impl == "dense":
         mask = ancestor_mask(seq.parent, device=dev)
         if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
-            mask = torch.zeros(L, L, device=dev, dtype=next(model.parameters()).dtype).masked_fill(~mask, float("-inf"))
-        out = model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None])
+            mask = torch.zeros(L, L, device=dev, dtype=next(model.parameters()).dtype).masked_fill(
+                ~mask, float("-inf")
+            )
+        out = model.model(
+            input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None]
+        )
         hidden = out.last_hidden_state[0]
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
     # expand: one plain forward per root-to-leaf chain
@@ -337,7 +381,9 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
     for p in seq.parent:
         if p >= 0:
             has_child[p] = True
-    out = torch.zeros(L, device=dev, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
+    out = torch.zeros(
+        L, device=dev, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32)
+    )
     done = [False] * L
     pieces_idx: list[torch.Tensor] = []
     pieces_val: list[torch.Tensor] = []

@@ -9,7 +9,7 @@ micro-steps a replica processes; the step's reduce sums them over participants.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -48,7 +48,9 @@ class ReplicaWorker:
         self._prepass_cache: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
 
     def start(self, model_dir: str | None = None) -> None:
-        self.model = load_causal_lm(model_dir or self.cfg.model_dir, self.cfg.dtype, self.cfg.device)
+        self.model = load_causal_lm(
+            model_dir or self.cfg.model_dir, self.cfg.dtype, self.cfg.device
+        )
 
     def stop(self) -> None:
         self.model = None
@@ -80,13 +82,29 @@ class ReplicaWorker:
                 lp = self._logprob_fn(self.model, seq)
                 it = torch.tensor(idx, dtype=torch.long, device=dev)
                 logps.append(lp.index_select(0, it))
-                refs.append(torch.tensor([seq.behaviour_logprob[i] for i in idx], dtype=torch.float64, device=dev))
-                exs.append(torch.tensor([seq.execution_index[i] for i in idx], dtype=torch.long, device=dev))
-                tws.append(torch.tensor([seq.token_weight[i] for i in idx], dtype=torch.float64, device=dev))
+                refs.append(
+                    torch.tensor(
+                        [seq.behaviour_logprob[i] for i in idx], dtype=torch.float64, device=dev
+                    )
+                )
+                exs.append(
+                    torch.tensor(
+                        [seq.execution_index[i] for i in idx], dtype=torch.long, device=dev
+                    )
+                )
+                tws.append(
+                    torch.tensor(
+                        [seq.token_weight[i] for i in idx], dtype=torch.float64, device=dev
+                    )
+                )
         if not logps:
             return None
         logp = torch.cat(logps)
-        ref = None if self.cfg.objective.ratio_reference == "proximal" else torch.cat(refs).to(logp.dtype)
+        ref = (
+            None
+            if self.cfg.objective.ratio_reference == "proximal"
+            else torch.cat(refs).to(logp.dtype)
+        )
         tw64 = torch.cat(tws)
         return logp, ref, torch.cat(exs), tw64.to(logp.dtype), tw64
 
@@ -106,8 +124,13 @@ class ReplicaWorker:
             self._prepass_cache[key] = out
         return self._prepass_cache[key]
 
-    def compute(self, task: MicroStepTask, *, step: int = 0,
-                get_task: Callable[[int], MicroStepTask] | None = None) -> ObjectiveStats:
+    def compute(
+        self,
+        task: MicroStepTask,
+        *,
+        step: int = 0,
+        get_task: Callable[[int], MicroStepTask] | None = None,
+    ) -> ObjectiveStats:
         """Forward + backward of one micro-step; gradients accumulate into ``param.grad``.
 
         Executions listed in ``task.spans`` have targets in other micro-steps too: their
@@ -123,15 +146,20 @@ class ReplicaWorker:
         execs = task.micro_step.executions
         adv = torch.tensor(task.advantages, dtype=logp.dtype, device=logp.device)
         if len(task.advantages) != len(execs):
-            raise ValueError(f"micro-step {task.index}: {len(task.advantages)} advantages for {len(execs)} executions")
+            raise ValueError(
+                f"micro-step {task.index}: {len(task.advantages)} advantages for {len(execs)} executions"
+            )
         seq_log_ratio = None
         if task.spans:
             if ocfg.execution_split == "forbid":
                 raise ValueError(
                     f"micro-step {task.index}: executions {sorted(task.spans)} span several micro-steps; "
-                    "objective.execution_split='forbid' requires each execution's targets in one micro-step")
+                    "objective.execution_split='forbid' requires each execution's targets in one micro-step"
+                )
             if get_task is None:
-                raise ValueError("a micro-step with split executions needs get_task for the s_e pre-pass")
+                raise ValueError(
+                    "a micro-step with split executions needs get_task for the s_e pre-pass"
+                )
             diff = logp.detach() - (logp.detach() if ref is None else ref)
             num, den = execution_log_ratio(diff, ex, tw64, len(execs))
             for e, where in task.spans.items():
@@ -142,12 +170,27 @@ class ReplicaWorker:
                     n, d = self._partials(step, get_task(j)).get(e, (0.0, 0.0))
                     num[i] += n
                     den[i] += d
-            bad = [(execs[i], float(den[i])) for i in range(len(execs)) if abs(float(den[i]) - 1.0) > 1e-4]
+            bad = [
+                (execs[i], float(den[i]))
+                for i in range(len(execs))
+                if abs(float(den[i]) - 1.0) > 1e-4
+            ]
             if bad:
-                raise ValueError(f"micro-step {task.index}: token weights of executions do not sum to 1: {bad[:3]}")
+                raise ValueError(
+                    f"micro-step {task.index}: token weights of executions do not sum to 1: {bad[:3]}"
+                )
             seq_log_ratio = num
-        loss, stats = gspo_loss(logp, ref, ex, tw, adv, token_cap=ocfg.token_cap, clip_low=ocfg.clip_low,
-                                clip_high=ocfg.clip_high, seq_log_ratio=seq_log_ratio,
-                                token_weight_exact=tw64)
+        loss, stats = gspo_loss(
+            logp,
+            ref,
+            ex,
+            tw,
+            adv,
+            token_cap=ocfg.token_cap,
+            clip_low=ocfg.clip_low,
+            clip_high=ocfg.clip_high,
+            seq_log_ratio=seq_log_ratio,
+            token_weight_exact=tw64,
+        )
         loss.backward()
         return stats

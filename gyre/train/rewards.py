@@ -16,8 +16,8 @@ count them (``batch/groups_all_equal``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Union
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Missing:
     reason: str = ""
 
 
-Reward = Union[float, Missing]
+Reward = float | Missing
 
 
 def is_missing(r: object) -> bool:
@@ -51,8 +51,9 @@ class GroupAdvantages:
         return len(self.scored)
 
 
-def group_advantages(rewards: Mapping[str, Reward | None], *, eps: float = 1e-6,
-                     std: str = "population") -> GroupAdvantages:
+def group_advantages(
+    rewards: Mapping[str, Reward | None], *, eps: float = 1e-6, std: str = "population"
+) -> GroupAdvantages:
     """A_e = (R_e - mean of the group's scores) / (std + eps) over scored executions only.
 
     ``rewards`` maps execution id -> score (float/int) or :class:`Missing` (``None``
@@ -66,7 +67,9 @@ def group_advantages(rewards: Mapping[str, Reward | None], *, eps: float = 1e-6,
             missing.append(eid)
             continue
         if isinstance(r, bool) or not isinstance(r, (int, float)):
-            raise ValueError(f"reward of execution {eid!r} must be a number or Missing, got {type(r).__name__}")
+            raise ValueError(
+                f"reward of execution {eid!r} must be a number or Missing, got {type(r).__name__}"
+            )
         if not math.isfinite(r):
             raise ValueError(f"reward of execution {eid!r} is not finite: {r!r}")
         scored[eid] = float(r)

@@ -10,8 +10,8 @@ then take part in the reduce over the prefix communicator of the k participants.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from gyre.train.comm import PrefixCommunicators
 from gyre.train.config import TrainerConfig
@@ -27,15 +27,27 @@ class JoinResult:
     micro_steps: int
     seal: StepSeal
     compute_s: float
-    cpu_s: float = 0.0      # process CPU time from joining to the end of the reduce
+    cpu_s: float = 0.0  # process CPU time from joining to the end of the reduce
 
 
 class Satellite:
-    def __init__(self, cell: int, cfg: TrainerConfig, coordinator: StepCoordinator, weights: WeightChannel,
-                 comm: PrefixCommunicators | None):
+    def __init__(
+        self,
+        cell: int,
+        cfg: TrainerConfig,
+        coordinator: StepCoordinator,
+        weights: WeightChannel,
+        comm: PrefixCommunicators | None,
+    ):
         if cell < 1:
             raise ValueError("satellites are cells 1..K-1 (cell 0 is the core)")
-        self.cell, self.cfg, self.coord, self.weights, self.comm = cell, cfg, coordinator, weights, comm
+        self.cell, self.cfg, self.coord, self.weights, self.comm = (
+            cell,
+            cfg,
+            coordinator,
+            weights,
+            comm,
+        )
         self.worker = ReplicaWorker(cfg)
         self._version: int | None = None  # policy version of the weights this satellite holds
 
@@ -60,8 +72,13 @@ class Satellite:
                 raise TimeoutError(f"step {step} did not open within {timeout_s}s")
             time.sleep(self.cfg.stream.poll_s)
 
-    def join_step(self, step: int, *, max_claims: int | None = None,
-                  on_microstep: Callable[[int], None] | None = None) -> JoinResult | None:
+    def join_step(
+        self,
+        step: int,
+        *,
+        max_claims: int | None = None,
+        on_microstep: Callable[[int], None] | None = None,
+    ) -> JoinResult | None:
         """Join ``step`` (blocks until it is open and it is this cell's turn); ``None`` if it sealed first."""
         version = self.wait_for_step(step)
         if version is None or not self.coord.join(step, self.cell):
@@ -72,7 +89,9 @@ class Satellite:
             self._version = version
         self.worker.zero_grad()
         self.worker.new_step()
-        stats, n, tc = claim_microsteps(self.coord, self.worker, self.cell, step, max_claims, on_microstep)
+        stats, n, tc = claim_microsteps(
+            self.coord, self.worker, self.cell, step, max_claims, on_microstep
+        )
         seal = self.coord.wait_seal(step)
         reduce_step(self.worker, self.comm, seal.participants, stats)
         self.worker.zero_grad()

@@ -16,14 +16,21 @@ from gyre.trace.packing import PackedSequence
 from gyre.train.buffer import ReadyGroup
 
 
-def chain_row(context: list[int], targets: list[int], behaviour: list[float], version: int = 0) -> PackedSequence:
+def chain_row(
+    context: list[int], targets: list[int], behaviour: list[float], version: int = 0
+) -> PackedSequence:
     ids = list(context) + list(targets)
     n, nc = len(ids), len(context)
     tgt = [i >= nc for i in range(n)]
     return PackedSequence(
-        input_ids=ids, position_ids=list(range(n)), parent=[i - 1 for i in range(n)], is_target=tgt,
-        behaviour_logprob=[0.0] * nc + list(behaviour), policy_version=[-1] * nc + [version] * len(targets),
-        execution_index=[-1] * nc + [0] * len(targets), token_weight=[0.0] * nc + [1.0 / len(targets)] * len(targets),
+        input_ids=ids,
+        position_ids=list(range(n)),
+        parent=[i - 1 for i in range(n)],
+        is_target=tgt,
+        behaviour_logprob=[0.0] * nc + list(behaviour),
+        policy_version=[-1] * nc + [version] * len(targets),
+        execution_index=[-1] * nc + [0] * len(targets),
+        token_weight=[0.0] * nc + [1.0 / len(targets)] * len(targets),
     )
 
 
@@ -35,19 +42,37 @@ def _deal(row: PackedSequence, nc: int, branches: int) -> list[PackedSequence]:
         if not keep:
             continue
         n = len(row.input_ids)
-        out.append(PackedSequence(
-            input_ids=list(row.input_ids), position_ids=list(row.position_ids), parent=list(row.parent),
-            is_target=[i in keep for i in range(n)],
-            behaviour_logprob=[row.behaviour_logprob[i] if i in keep else 0.0 for i in range(n)],
-            policy_version=[row.policy_version[i] if i in keep else -1 for i in range(n)],
-            execution_index=[0 if i in keep else -1 for i in range(n)],
-            token_weight=[1.0 / n_t if i in keep else 0.0 for i in range(n)]))
+        out.append(
+            PackedSequence(
+                input_ids=list(row.input_ids),
+                position_ids=list(row.position_ids),
+                parent=list(row.parent),
+                is_target=[i in keep for i in range(n)],
+                behaviour_logprob=[
+                    row.behaviour_logprob[i] if i in keep else 0.0 for i in range(n)
+                ],
+                policy_version=[row.policy_version[i] if i in keep else -1 for i in range(n)],
+                execution_index=[0 if i in keep else -1 for i in range(n)],
+                token_weight=[1.0 / n_t if i in keep else 0.0 for i in range(n)],
+            )
+        )
     return out
 
 
-def synthetic_groups(model, n_groups: int, group_size: int, *, seed: int = 0, context_len: tuple[int, int] = (8, 24),
-                     target_len: tuple[int, int] = (8, 24), noise: float = 0.02, vocab: int | None = None,
-                     missing_every: int = 0, prefix: str = "g", branches: int = 1) -> list[ReadyGroup]:
+def synthetic_groups(
+    model,
+    n_groups: int,
+    group_size: int,
+    *,
+    seed: int = 0,
+    context_len: tuple[int, int] = (8, 24),
+    target_len: tuple[int, int] = (8, 24),
+    noise: float = 0.02,
+    vocab: int | None = None,
+    missing_every: int = 0,
+    prefix: str = "g",
+    branches: int = 1,
+) -> list[ReadyGroup]:
     """``n_groups`` groups of ``group_size`` executions with 0/1-ish rewards.
 
     With ``branches > 1`` an execution is that many copies of its row with its targets
@@ -69,7 +94,9 @@ def synthetic_groups(model, n_groups: int, group_size: int, *, seed: int = 0, co
             with torch.no_grad():
                 lp = token_logprobs(model, row)
             nc = len(ctx)
-            row.behaviour_logprob = [0.0] * nc + [float(lp[nc + i]) + rng.gauss(0.0, noise) for i in range(len(tg))]
+            row.behaviour_logprob = [0.0] * nc + [
+                float(lp[nc + i]) + rng.gauss(0.0, noise) for i in range(len(tg))
+            ]
             rows[eid] = [row] if branches <= 1 else _deal(row, nc, branches)
             rewards[eid] = float(rng.random() < 0.5) + 0.1 * rng.random()
         if missing_every and g % missing_every == 0:

@@ -42,7 +42,9 @@ class MicroStepTask:
             "executions": self.micro_step.executions,
             # PackedSequence holds flat lists of scalars: a shallow dict serialises the same;
             # dataclasses.asdict deep-copies every token (~0.1 s per group on the controller's loop)
-            "sequences": [{f.name: getattr(s, f.name) for f in fields(s)} for s in self.micro_step.sequences],
+            "sequences": [
+                {f.name: getattr(s, f.name) for f in fields(s)} for s in self.micro_step.sequences
+            ],
             "advantages": self.advantages,
             "spans": self.spans,
             "groups": self.groups,
@@ -50,11 +52,18 @@ class MicroStepTask:
         return json.dumps(d, separators=(",", ":"), default=_plain).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes | str) -> "MicroStepTask":
+    def from_bytes(cls, raw: bytes | str) -> MicroStepTask:
         d = json.loads(raw)
-        ms = MicroStep(d["mode"], [PackedSequence(**s) for s in d["sequences"]], list(d["executions"]))
-        return cls(int(d["index"]), ms, [float(a) for a in d["advantages"]],
-                   {k: [int(i) for i in v] for k, v in d["spans"].items()}, list(d["groups"]))
+        ms = MicroStep(
+            d["mode"], [PackedSequence(**s) for s in d["sequences"]], list(d["executions"])
+        )
+        return cls(
+            int(d["index"]),
+            ms,
+            [float(a) for a in d["advantages"]],
+            {k: [int(i) for i in v] for k, v in d["spans"].items()},
+            list(d["groups"]),
+        )
 
     @property
     def n_tokens(self) -> int:

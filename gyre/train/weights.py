@@ -36,7 +36,9 @@ def load_params(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None
     own = dict(model.named_parameters())
     if set(own) != set(params):
         missing, extra = sorted(set(own) - set(params)), sorted(set(params) - set(own))
-        raise ValueError(f"weight snapshot does not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise ValueError(
+            f"weight snapshot does not match the model: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     with torch.no_grad():
         for n, p in own.items():
             p.copy_(params[n].to(p.device, p.dtype))
@@ -45,7 +47,9 @@ def load_params(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None
 class FileWeightChannel:
     """One ``v{version}.safetensors`` per published version in ``root``; keeps the last ``keep``."""
 
-    def __init__(self, root: str | Path, *, keep: int = 2, poll_s: float = 0.01, timeout_s: float = 600.0):
+    def __init__(
+        self, root: str | Path, *, keep: int = 2, poll_s: float = 0.01, timeout_s: float = 600.0
+    ):
         self.root, self.keep, self.poll_s, self.timeout_s = Path(root), keep, poll_s, timeout_s
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -68,7 +72,9 @@ class FileWeightChannel:
         path, t0 = self._path(version), time.monotonic()
         while not path.exists():
             if time.monotonic() - t0 > self.timeout_s:
-                raise TimeoutError(f"weights of policy version {version} never appeared in {self.root}")
+                raise TimeoutError(
+                    f"weights of policy version {version} never appeared in {self.root}"
+                )
             time.sleep(self.poll_s)
         return load_file(str(path))
 

@@ -34,7 +34,9 @@ def hf_model(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), max_batch=8, engine_id="emb-test"))
+    engine = EmbeddedEngine(
+        EmbeddedEngineConfig(model_dir=str(tiny_model_dir), max_batch=8, engine_id="emb-test")
+    )
     runner = ServerRunner(create_app(engine)).start()
     runner.engine = engine
     yield runner
@@ -48,12 +50,19 @@ async def client(server):
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
-def hf_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
+def hf_logprobs(
+    model, prompt: list[int], output: list[int], temperature: float = 1.0
+) -> list[float]:
     with torch.no_grad():
         logits = model(torch.tensor([prompt + output])).logits[0].float()
     lp = torch.log_softmax(logits / temperature, -1)
@@ -74,10 +83,12 @@ async def test_concurrent_requests_are_batched_and_match_sequential(client, serv
     seq = [await client.generate(p, {"max_new_tokens": 16, **GREEDY}) for p in PROMPTS]
     before = server.engine.max_rows_seen
     server.engine.max_rows_seen = 0
-    conc = await asyncio.gather(*[client.generate(p, {"max_new_tokens": 16, **GREEDY}) for p in PROMPTS])
+    conc = await asyncio.gather(
+        *[client.generate(p, {"max_new_tokens": 16, **GREEDY}) for p in PROMPTS]
+    )
     assert server.engine.max_rows_seen > 1, "concurrent requests never shared a decode step"
     server.engine.max_rows_seen = max(before, server.engine.max_rows_seen)
-    for s, c, p in zip(seq, conc, PROMPTS):
+    for s, c, _p in zip(seq, conc, PROMPTS):
         assert c.output_ids == s.output_ids
         assert c.logprobs == pytest.approx(s.logprobs, abs=1e-4)
     assert conc[-1].output_ids == hf_greedy(hf_model, PROMPTS[-1], 16)
@@ -87,14 +98,23 @@ async def test_stop_at_eos_and_stop_token_ids(client, hf_model):
     prompt = PROMPTS[0]
     ref = hf_greedy(hf_model, prompt, 12)
     stop_at = ref[5]
-    r = await client.generate(prompt, {"max_new_tokens": 12, "temperature": 0.0, "stop_token_ids": [stop_at]})
+    r = await client.generate(
+        prompt, {"max_new_tokens": 12, "temperature": 0.0, "stop_token_ids": [stop_at]}
+    )
     k = ref.index(stop_at)
     assert r.output_ids == ref[: k + 1]  # the stop token is the last output token
     assert r.meta_info.finish_reason.type == "stop" and r.meta_info.finish_reason.matched == stop_at
 
 
 async def test_seeded_sampling_reproducible_and_batch_independent(client):
-    sp = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 1234, "ignore_eos": True}
+    sp = {
+        "max_new_tokens": 12,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 50,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     a = await client.generate(PROMPTS[1], sp)
     others = [client.generate(p, {**sp, "seed": 7 + i}) for i, p in enumerate(PROMPTS[2:5])]
     b, *_ = await asyncio.gather(client.generate(PROMPTS[1], sp), *others)
@@ -106,7 +126,9 @@ async def test_seeded_sampling_reproducible_and_batch_independent(client):
 async def test_stream_is_cumulative_and_abort_returns_partial(client, server):
     rid = "abort-me"
     chunks, aborted = [], False
-    async for chunk in client.generate_stream(PROMPTS[0], {"max_new_tokens": 5000, **GREEDY}, rid=rid):
+    async for chunk in client.generate_stream(
+        PROMPTS[0], {"max_new_tokens": 5000, **GREEDY}, rid=rid
+    ):
         chunks.append(chunk)
         if not aborted and len(chunk.output_ids) >= 3:
             async with EngineClient(server.url) as other:
@@ -126,7 +148,9 @@ async def test_pause_holds_inflight_and_queued_requests_then_resume(client, serv
     eng = server.engine
     await client.pause()
     assert (await client.model_info()).paused is True
-    queued = asyncio.create_task(client.generate(PROMPTS[2], {"max_new_tokens": 6, **GREEDY}, rid="queued"))
+    queued = asyncio.create_task(
+        client.generate(PROMPTS[2], {"max_new_tokens": 6, **GREEDY}, rid="queued")
+    )
     await asyncio.sleep(0.4)
     assert not queued.done()
     st = eng._requests["queued"]
@@ -158,8 +182,9 @@ async def test_pause_holds_inflight_and_queued_requests_then_resume(client, serv
     assert last.meta_info.finish_reason.type == "abort"
 
 
-async def test_update_weights_bumps_version_and_changes_outputs(client, server, tiny_model_dir, hf_model,
-                                                                tmp_path_factory):
+async def test_update_weights_bumps_version_and_changes_outputs(
+    client, server, tiny_model_dir, hf_model, tmp_path_factory
+):
     from gyre.models.tiny import build_tiny_model
 
     other_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-seed1"), seed=1)
@@ -178,7 +203,9 @@ async def test_update_weights_bumps_version_and_changes_outputs(client, server, 
     assert after.output_ids == hf_greedy(other, prompt, 10)
     # the random tiny models both tend to echo the prompt, so compare the distributions they report
     assert after.logprobs == pytest.approx(hf_logprobs(other, prompt, after.output_ids), abs=1e-4)
-    assert after.logprobs != pytest.approx(hf_logprobs(hf_model, prompt, after.output_ids), abs=1e-3)
+    assert after.logprobs != pytest.approx(
+        hf_logprobs(hf_model, prompt, after.output_ids), abs=1e-3
+    )
     # a directory that is not a compatible model: refused, version and weights unchanged
     bad_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-wide"), hidden=64)
     with pytest.raises(EngineRequestError, match="weights not loaded"):
@@ -193,20 +220,38 @@ async def test_update_weights_bumps_version_and_changes_outputs(client, server, 
     assert again.logprobs == pytest.approx(before.logprobs, abs=1e-5)
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"input_ids": [], "sampling_params": {"max_new_tokens": 4}}, "input_ids must not be empty"),
-    ({"input_ids": [1, 2048], "sampling_params": {"max_new_tokens": 4}}, "outside the model's vocabulary"),
-    ({"input_ids": [1, -3], "sampling_params": {"max_new_tokens": 4}}, "non-negative"),
-    ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 65535}}, "exceeds the context limit 65536"),
-    ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
-    ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
-    ({"input_ids": [1], "sampling_params": {"stop_token_ids": [99999]}}, "stop_token_ids"),
-    ({"input_ids": "hello"}, "input_ids"),
-    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}}, "repetition_penalty=1.2 is not supported"),
-    ({"input_ids": [1], "sampling_params": {"stop": ["\n"]}}, "sampling_params.stop is not supported"),
-    (None, "Invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (
+            {"input_ids": [], "sampling_params": {"max_new_tokens": 4}},
+            "input_ids must not be empty",
+        ),
+        (
+            {"input_ids": [1, 2048], "sampling_params": {"max_new_tokens": 4}},
+            "outside the model's vocabulary",
+        ),
+        ({"input_ids": [1, -3], "sampling_params": {"max_new_tokens": 4}}, "non-negative"),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        (
+            {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 65535}},
+            "exceeds the context limit 65536",
+        ),
+        ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"input_ids": [1], "sampling_params": {"stop_token_ids": [99999]}}, "stop_token_ids"),
+        ({"input_ids": "hello"}, "input_ids"),
+        (
+            {"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}},
+            "repetition_penalty=1.2 is not supported",
+        ),
+        (
+            {"input_ids": [1], "sampling_params": {"stop": ["\n"]}},
+            "sampling_params.stop is not supported",
+        ),
+        (None, "Invalid JSON"),
+    ],
+)
 async def test_bad_input_is_a_clear_400(server, body, needle):
     async with httpx.AsyncClient(base_url=server.url) as http:
         if body is None:
@@ -230,7 +275,9 @@ async def test_zero_max_new_tokens_and_client_side_validation(client):
 async def test_client_disconnect_aborts_engine_request(server):
     eng = server.engine
     async with EngineClient(server.url) as c:
-        stream = c.generate_stream(PROMPTS[0], {"max_new_tokens": 5000, **GREEDY}, rid="gone-stream")
+        stream = c.generate_stream(
+            PROMPTS[0], {"max_new_tokens": 5000, **GREEDY}, rid="gone-stream"
+        )
         await stream.__anext__()
         await stream.aclose()
     # non-streaming client that times out
@@ -264,8 +311,12 @@ async def test_connection_error_is_distinct():
 async def test_three_engines_in_one_process_and_logprob_modes(tiny_model_dir, hf_model):
     """No global state: three in-process engines, one per log-prob mode, same seeded tokens."""
     raw = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="a"))
-    proc = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="b", logprob_mode="processed"))
-    temp = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="c", logprob_mode="tempered"))
+    proc = EmbeddedEngine(
+        EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="b", logprob_mode="processed")
+    )
+    temp = EmbeddedEngine(
+        EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="c", logprob_mode="tempered")
+    )
     await raw.start()
     await proc.start()
     await temp.start()
@@ -274,9 +325,17 @@ async def test_three_engines_in_one_process_and_logprob_modes(tiny_model_dir, hf
         req = GenerateRequest(input_ids=PROMPTS[0], sampling_params=sp)
         a, b, c = await asyncio.gather(raw.generate(req), proc.generate(req), temp.generate(req))
         assert a.output_ids == b.output_ids == c.output_ids
-        assert (a.meta_info.engine_id, b.meta_info.engine_id, c.meta_info.engine_id) == ("a", "b", "c")
-        assert a.logprobs == pytest.approx(hf_logprobs(hf_model, PROMPTS[0], a.output_ids), abs=1e-4)
-        assert c.logprobs == pytest.approx(hf_logprobs(hf_model, PROMPTS[0], c.output_ids, 0.7), abs=1e-4)
+        assert (a.meta_info.engine_id, b.meta_info.engine_id, c.meta_info.engine_id) == (
+            "a",
+            "b",
+            "c",
+        )
+        assert a.logprobs == pytest.approx(
+            hf_logprobs(hf_model, PROMPTS[0], a.output_ids), abs=1e-4
+        )
+        assert c.logprobs == pytest.approx(
+            hf_logprobs(hf_model, PROMPTS[0], c.output_ids, 0.7), abs=1e-4
+        )
         # processed: tempered and cut to the top 40, renormalised
         with torch.no_grad():
             logits = hf_model(torch.tensor([PROMPTS[0] + b.output_ids])).logits[0].float() / 0.7
@@ -287,7 +346,9 @@ async def test_three_engines_in_one_process_and_logprob_modes(tiny_model_dir, hf
             kth = torch.topk(row, 40).values[-1]
             ref.append(torch.log_softmax(row.masked_fill(row < kth, float("-inf")), -1)[t].item())
         assert b.logprobs == pytest.approx(ref, abs=1e-4)
-        g = await proc.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, **GREEDY}))
+        g = await proc.generate(
+            GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 4, **GREEDY})
+        )
         assert g.logprobs == [0.0] * 4  # greedy samples from a point mass
     finally:
         await raw.stop()
@@ -323,13 +384,19 @@ async def test_prefix_cache_reuses_a_conversations_kv_exactly(client, hf_model, 
     assert r1.meta_info.cached_tokens == 0
     turn2 = prompt + r1.output_ids + list(range(200, 230))
     r2 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
-    assert r2.meta_info.cached_tokens == len(prompt) + len(r1.output_ids) - 1  # the last sampled token was never fed
+    assert (
+        r2.meta_info.cached_tokens == len(prompt) + len(r1.output_ids) - 1
+    )  # the last sampled token was never fed
     assert r2.output_ids == hf_greedy(hf_model, turn2, 20)
     assert r2.logprobs == pytest.approx(hf_logprobs(hf_model, turn2, r2.output_ids), abs=1e-4)
     r3 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
     assert r3.meta_info.cached_tokens == len(turn2) - 1 and r3.output_ids == r2.output_ids
     stats = await client.server_info()
-    assert stats["prefix_cache_hits"] >= 2 and stats["prefix_cache_entries"] >= 1 and stats["live_requests"] == 0
+    assert (
+        stats["prefix_cache_hits"] >= 2
+        and stats["prefix_cache_entries"] >= 1
+        and stats["live_requests"] == 0
+    )
     # new weights: cached K/V are stale and must not be reused
     await client.update_weights_from_disk(str(tiny_model_dir))
     r4 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
@@ -337,21 +404,31 @@ async def test_prefix_cache_reuses_a_conversations_kv_exactly(client, hf_model, 
 
 
 async def test_chunked_prefill_is_exact_and_interleaves_with_decoding(tiny_model_dir, hf_model):
-    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), prefill_chunk_tokens=8,
-                                              prefix_cache_mb=0))
+    eng = EmbeddedEngine(
+        EmbeddedEngineConfig(
+            model_dir=str(tiny_model_dir), prefill_chunk_tokens=8, prefix_cache_mb=0
+        )
+    )
     await eng.start()
     try:
         long_prompt = [(7 * i) % 1900 + 20 for i in range(200)]  # 25 chunks of 8
-        runner = await eng.submit(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 3000,
-                                                                                         **GREEDY}))
+        runner = await eng.submit(
+            GenerateRequest(
+                input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 3000, **GREEDY}
+            )
+        )
         updates = runner.updates()
         await updates.__anext__()
         n_before = len(runner.state.output_ids)
-        r = await eng.generate(GenerateRequest(input_ids=long_prompt, sampling_params={"max_new_tokens": 8, **GREEDY}))
+        r = await eng.generate(
+            GenerateRequest(input_ids=long_prompt, sampling_params={"max_new_tokens": 8, **GREEDY})
+        )
         n_after = len(runner.state.output_ids)
         assert n_after - n_before >= 25, "the live request stalled during the chunked prefill"
         assert r.output_ids == hf_greedy(hf_model, long_prompt, 8)
-        assert r.logprobs == pytest.approx(hf_logprobs(hf_model, long_prompt, r.output_ids), abs=1e-4)
+        assert r.logprobs == pytest.approx(
+            hf_logprobs(hf_model, long_prompt, r.output_ids), abs=1e-4
+        )
         await eng.abort(runner.rid)
         async for _ in updates:
             pass
@@ -365,17 +442,25 @@ async def test_scheduler_churn_joins_leaves_aborts_stay_exact(tiny_model_dir, hf
     import random
 
     rng = random.Random(0)
-    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), max_batch=3, prefill_chunk_tokens=16,
-                                              prefix_cache_mb=0))
+    eng = EmbeddedEngine(
+        EmbeddedEngineConfig(
+            model_dir=str(tiny_model_dir), max_batch=3, prefill_chunk_tokens=16, prefix_cache_mb=0
+        )
+    )
     await eng.start()
     try:
         reqs = []
         for i in range(10):
             prompt = [rng.randrange(10, 2000) for _ in range(rng.randrange(2, 40))]
             reqs.append((f"churn-{i}", prompt, rng.randrange(3, 30)))
-        handles = [await eng.submit(GenerateRequest(rid=rid, input_ids=p,
-                                                    sampling_params={"max_new_tokens": n, **GREEDY}))
-                   for rid, p, n in reqs]
+        handles = [
+            await eng.submit(
+                GenerateRequest(
+                    rid=rid, input_ids=p, sampling_params={"max_new_tokens": n, **GREEDY}
+                )
+            )
+            for rid, p, n in reqs
+        ]
         to_abort = {"churn-2", "churn-5", "churn-8"}
 
         async def aborter():
@@ -404,8 +489,12 @@ async def test_sliding_window_models_are_refused_clearly(tmp_path):
 
     from gyre.models.tiny import tiny_config_kwargs
 
-    cfg = Qwen3Config(**tiny_config_kwargs(256, layers=2, hidden=64), use_sliding_window=True, sliding_window=8,
-                      max_window_layers=1)
+    cfg = Qwen3Config(
+        **tiny_config_kwargs(256, layers=2, hidden=64),
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=1,
+    )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="full-attention decoder models only"):
@@ -427,11 +516,25 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(tiny_mod
 
         eng._batch.step = flaky_step.__get__(eng._batch)
         r = await asyncio.wait_for(
-            eng.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 50, **GREEDY})), 30)
-        assert r.meta_info.finish_reason.type == "abort" and "injected failure" in r.meta_info.finish_reason.message
+            eng.generate(
+                GenerateRequest(
+                    input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 50, **GREEDY}
+                )
+            ),
+            30,
+        )
+        assert (
+            r.meta_info.finish_reason.type == "abort"
+            and "injected failure" in r.meta_info.finish_reason.message
+        )
         assert 0 < len(r.output_ids) < 50  # partial output kept
-        ok = await eng.generate(GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 5, **GREEDY}))
-        assert ok.meta_info.finish_reason.type == "length" and ok.output_ids[: len(r.output_ids)] == r.output_ids[:5]
+        ok = await eng.generate(
+            GenerateRequest(input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 5, **GREEDY})
+        )
+        assert (
+            ok.meta_info.finish_reason.type == "length"
+            and ok.output_ids[: len(r.output_ids)] == r.output_ids[:5]
+        )
     finally:
         await eng.stop()
 
@@ -441,14 +544,20 @@ async def test_engine_restarts_cleanly_and_stop_aborts_inflight(tiny_model_dir):
     for _ in range(2):
         await eng.start()
         assert eng.healthy()
-        inflight = await eng.submit(GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5000,
-                                                                                            **GREEDY}))
-        r = await eng.generate(GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, **GREEDY}))
+        inflight = await eng.submit(
+            GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5000, **GREEDY})
+        )
+        r = await eng.generate(
+            GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4, **GREEDY})
+        )
         assert len(r.output_ids) == 4
         await eng.stop()
         assert not eng.healthy()
         final = await inflight.result()
-        assert final.meta_info.finish_reason.type == "abort" and final.meta_info.finish_reason.message == "engine stopped"
+        assert (
+            final.meta_info.finish_reason.type == "abort"
+            and final.meta_info.finish_reason.message == "engine stopped"
+        )
 
 
 async def test_resume_on_another_engine_continues_the_same_greedy_output(tiny_model_dir, hf_model):
@@ -459,7 +568,9 @@ async def test_resume_on_another_engine_continues_the_same_greedy_output(tiny_mo
     await b.start()
     try:
         prompt, n = PROMPTS[3], 40
-        handle = await a.submit(GenerateRequest(input_ids=prompt, sampling_params={"max_new_tokens": n, **GREEDY}))
+        handle = await a.submit(
+            GenerateRequest(input_ids=prompt, sampling_params={"max_new_tokens": n, **GREEDY})
+        )
         updates = handle.updates()
         first = await updates.__anext__()
         await a.abort(handle.rid)
@@ -468,11 +579,17 @@ async def test_resume_on_another_engine_continues_the_same_greedy_output(tiny_mo
             pass
         assert part.meta_info.finish_reason.type == "abort" and 0 < len(part.output_ids) < n
         k = len(part.output_ids)
-        rest = await b.generate(GenerateRequest(input_ids=prompt + part.output_ids,
-                                                sampling_params={"max_new_tokens": n - k, **GREEDY}))
+        rest = await b.generate(
+            GenerateRequest(
+                input_ids=prompt + part.output_ids,
+                sampling_params={"max_new_tokens": n - k, **GREEDY},
+            )
+        )
         full = part.output_ids + rest.output_ids
         assert full == hf_greedy(hf_model, prompt, n)
-        assert part.logprobs + rest.logprobs == pytest.approx(hf_logprobs(hf_model, prompt, full), abs=1e-4)
+        assert part.logprobs + rest.logprobs == pytest.approx(
+            hf_logprobs(hf_model, prompt, full), abs=1e-4
+        )
     finally:
         await a.stop()
         await b.stop()

@@ -22,11 +22,18 @@ from gyre.engine.server import create_app
 
 
 async def test_scripted_engine_over_http_streams_tool_calls(tiny_model_dir, tiny_tokenizer):
-    turn = ScriptedTurn(text="Running it.", tool_calls=[ScriptedToolCall("bash", {"command": "echo hi"})])
-    engine = ScriptedEngine(ScriptedEngineConfig(tokenizer_dir=str(tiny_model_dir), tokens_per_chunk=2,
-                                                 engine_id="scripted-1"), ScriptBook.single([turn]))
-    prompt = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True,
-                                                tokenize=True)["input_ids"]
+    turn = ScriptedTurn(
+        text="Running it.", tool_calls=[ScriptedToolCall("bash", {"command": "echo hi"})]
+    )
+    engine = ScriptedEngine(
+        ScriptedEngineConfig(
+            tokenizer_dir=str(tiny_model_dir), tokens_per_chunk=2, engine_id="scripted-1"
+        ),
+        ScriptBook.single([turn]),
+    )
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
     async with ServerRunner(create_app(engine)) as srv, EngineClient(srv.url) as c:
         info = await c.model_info()
         assert info.engine_kind == "scripted" and info.engine_id == "scripted-1"
@@ -42,29 +49,66 @@ async def test_null_engine_server_and_runner_restart():
     await runner.astart()
     url = runner.url
     async with EngineClient(url) as c:
-        results = await asyncio.gather(*[c.generate([1, 2, 3], {"max_new_tokens": 32}) for _ in range(20)])
+        results = await asyncio.gather(
+            *[c.generate([1, 2, 3], {"max_new_tokens": 32}) for _ in range(20)]
+        )
         assert all(len(r.output_ids) == 8 for r in results)
         assert len({r.meta_info.id for r in results}) == 20
         with pytest.raises(EngineRequestError, match="must not be empty"):
-            await c._request("POST", "/generate", {"input_ids": []})  # raw body: the server's own 400
+            await c._request(
+                "POST", "/generate", {"input_ids": []}
+            )  # raw body: the server's own 400
     await runner.astop()
     assert not runner.running
     async with EngineClient(url, connect_timeout=1) as c:
         assert await c.health() is False
     # a fresh runner (new engine, new port) in the same process
     with ServerRunner(create_app(NullEngine(num_tokens=2))) as again:
-        r = httpx.post(again.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 5}})
+        r = httpx.post(
+            again.url + "/generate",
+            json={"input_ids": [1], "sampling_params": {"max_new_tokens": 5}},
+        )
         assert r.status_code == 200 and len(r.json()["output_ids"]) == 2
 
 
 def test_gyre_engine_cli_serves_and_refuses_bad_arguments(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    bad = subprocess.run([sys.executable, "-m", "gyre.cli", "engine", "--kind", "embedded", "--model",
-                          str(tmp_path / "missing")], capture_output=True, text=True, timeout=120, env=env)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gyre.cli",
+            "engine",
+            "--kind",
+            "embedded",
+            "--model",
+            str(tmp_path / "missing"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert bad.returncode == 2 and "--model must be an existing model directory" in bad.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "gyre.cli", "engine", "--kind", "null", "--port", "0",
-                             "--engine-id", "cli-null", "--null-tokens", "3"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gyre.cli",
+            "engine",
+            "--kind",
+            "null",
+            "--port",
+            "0",
+            "--engine-id",
+            "cli-null",
+            "--null-tokens",
+            "3",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stderr.readline()
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
@@ -81,7 +125,9 @@ def test_gyre_engine_cli_serves_and_refuses_bad_arguments(tmp_path):
             time.sleep(0.2)
         info = httpx.get(url + "/get_model_info").json()
         assert info["engine_id"] == "cli-null" and info["engine_kind"] == "null"
-        r = httpx.post(url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 9}})
+        r = httpx.post(
+            url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 9}}
+        )
         assert len(r.json()["output_ids"]) == 3
     finally:
         proc.terminate()
@@ -98,18 +144,28 @@ async def test_stream_interval_and_incremental_output():
         sizes = [len(ch.output_ids) for ch in chunks]
         assert all(b - a >= 10 for a, b in zip([0] + sizes[:-2], sizes[:-1])) and sizes[-1] == 41
         assert chunks[-1].finished and len(chunks) <= 5
-    async with ServerRunner(app(incremental_streaming_output=True)) as srv, EngineClient(srv.url) as c:
+    async with (
+        ServerRunner(app(incremental_streaming_output=True)) as srv,
+        EngineClient(srv.url) as c,
+    ):
         chunks = [ch async for ch in c.generate_stream([1], sp)]
         assert len(chunks) > 2
         ids = [t for ch in chunks for t in ch.output_ids]
         lps = [lp for ch in chunks for lp in ch.logprobs]
         assert ids == ([100, 101, 102, 103] * 10 + [7]) and len(lps) == 41
         assert chunks[-1].meta_info.completion_tokens == 41  # counts stay cumulative
-    async with ServerRunner(app(incremental_streaming_output=True)) as srv, \
-            EngineClient(srv.url, incremental_stream=True) as c:
+    async with (
+        ServerRunner(app(incremental_streaming_output=True)) as srv,
+        EngineClient(srv.url, incremental_stream=True) as c,
+    ):
         chunks = [ch async for ch in c.generate_stream([1], sp)]
-        assert chunks[-1].output_ids == [100, 101, 102, 103] * 10 + [7] and len(chunks[-1].logprobs) == 41
-        assert all(a.output_ids == b.output_ids[: len(a.output_ids)] for a, b in zip(chunks, chunks[1:]))
+        assert (
+            chunks[-1].output_ids == [100, 101, 102, 103] * 10 + [7]
+            and len(chunks[-1].logprobs) == 41
+        )
+        assert all(
+            a.output_ids == b.output_ids[: len(a.output_ids)] for a, b in zip(chunks, chunks[1:])
+        )
     with pytest.raises(ValueError):
         create_app(NullEngine(), stream_interval=0)
 
@@ -145,8 +201,12 @@ async def test_engine_bug_is_a_500_in_protocol_shape():
 
 async def test_long_cumulative_streams_are_coalesced_by_default():
     engine = NullEngine(num_tokens=1500, token_delay_s=0.0005)
-    async with ServerRunner(create_app(engine, stream_coalesce_after=100, stream_min_interval_s=0.05)) as srv, \
-            EngineClient(srv.url) as c:
+    async with (
+        ServerRunner(
+            create_app(engine, stream_coalesce_after=100, stream_min_interval_s=0.05)
+        ) as srv,
+        EngineClient(srv.url) as c,
+    ):
         t0 = time.monotonic()
         chunks = [ch async for ch in c.generate_stream([1], {"max_new_tokens": 1500})]
         elapsed = time.monotonic() - t0

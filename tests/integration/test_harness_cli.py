@@ -14,22 +14,62 @@ runner = CliRunner()
 
 def test_run_oracle_json_and_text(tmp_path):
     task = builtin_tasksets_dir() / "pyfix" / "rle"
-    r = runner.invoke(app, ["run", str(task), "--profile", "oracle", "--base-url", "http://127.0.0.1:9",
-                            "--workspace-root", str(tmp_path), "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            str(task),
+            "--profile",
+            "oracle",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--workspace-root",
+            str(tmp_path),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["assessment"]["kind"] == "scored" and out["assessment"]["reward"] == 1.0
     assert out["harness"]["stop"] == "exited" and out["workspace"].startswith(str(tmp_path))
-    r = runner.invoke(app, ["run", str(task), "--profile", "synthetic", "--base-url", "http://127.0.0.1:9",
-                            "--workspace-root", str(tmp_path), "--arg=--calls", "--arg=0", "--arg=--mean-s", "--arg=1"])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            str(task),
+            "--profile",
+            "synthetic",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--workspace-root",
+            str(tmp_path),
+            "--arg=--calls",
+            "--arg=0",
+            "--arg=--mean-s",
+            "--arg=1",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "reward     0.25 (1/4 tests)  [fraction]" in r.output and "workspace" in r.output
 
 
 def test_run_reports_missing_and_bad_input(tmp_path):
     task = builtin_tasksets_dir() / "pyfix" / "rle"
-    r = runner.invoke(app, ["run", str(task), "--profile", "oracle", "--base-url", "http://x", "--workspace-root",
-                            str(tmp_path), "--overall-timeout", "0.001"])
+    r = runner.invoke(
+        app,
+        [
+            "run",
+            str(task),
+            "--profile",
+            "oracle",
+            "--base-url",
+            "http://x",
+            "--workspace-root",
+            str(tmp_path),
+            "--overall-timeout",
+            "0.001",
+        ],
+    )
     assert r.exit_code == 1 and "MISSING" in r.output
     r = runner.invoke(app, ["run", str(tmp_path / "nope"), "--base-url", "http://x"])
     assert r.exit_code == 2 and "does not exist" in r.output

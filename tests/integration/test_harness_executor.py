@@ -20,18 +20,29 @@ from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task
 
 sys.path.insert(0, str(Path(__file__).parent))  # robust to import modes / package layouts
-from test_harness_util import live_pids_with, make_task, shell_profile  # noqa: E402
+from test_harness_util import live_pids_with, make_task, shell_profile
 
-needs_bwrap = pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
+needs_bwrap = pytest.mark.skipif(
+    bwrap_available() is None, reason="bubblewrap (bwrap) is not installed"
+)
 
 
 def spec(eid: str, task, profile: HarnessProfile, **kw) -> ExecutionSpec:
-    return ExecutionSpec(execution_id=eid, task=task, profile=profile, base_url="http://127.0.0.1:9", api_key="k", **kw)
+    return ExecutionSpec(
+        execution_id=eid,
+        task=task,
+        profile=profile,
+        base_url="http://127.0.0.1:9",
+        api_key="k",
+        **kw,
+    )
 
 
 @pytest.fixture
 async def executor(tmp_path):
-    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8))
+    ex = HarnessExecutor(
+        ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8)
+    )
     await ex.start()
     yield ex
     await ex.stop()
@@ -39,10 +50,12 @@ async def executor(tmp_path):
 
 async def test_solved_scores_one_untouched_scores_zero(executor, tmp_path):
     task = load_task(make_task(tmp_path))
-    good, none = await executor.run_many([
-        spec("good", task, shell_profile("echo 42 > answer.txt")),
-        spec("none", task, shell_profile("true")),
-    ])
+    good, none = await executor.run_many(
+        [
+            spec("good", task, shell_profile("echo 42 > answer.txt")),
+            spec("none", task, shell_profile("true")),
+        ]
+    )
     assert isinstance(good.assessment, Scored) and good.assessment.reward == 1.0
     assert isinstance(none.assessment, Scored) and none.assessment.reward == 0.0
     assert good.workspace != none.workspace
@@ -52,10 +65,12 @@ async def test_solved_scores_one_untouched_scores_zero(executor, tmp_path):
 
 async def test_timeout_after_correct_file_scores_one_and_nothing_scores_zero(executor, tmp_path):
     task = load_task(make_task(tmp_path, agent_timeout=1.0))
-    wrote, idle = await executor.run_many([
-        spec("wrote", task, shell_profile("echo 42 > answer.txt; sleep 60")),
-        spec("idle", task, shell_profile("sleep 60")),
-    ])
+    wrote, idle = await executor.run_many(
+        [
+            spec("wrote", task, shell_profile("echo 42 > answer.txt; sleep 60")),
+            spec("idle", task, shell_profile("sleep 60")),
+        ]
+    )
     for r in (wrote, idle):
         assert r.harness.stop == "harness_timeout" and r.harness.exit_code is None
         assert r.timings.harness_s < 10
@@ -69,20 +84,32 @@ async def test_timeout_after_correct_file_scores_one_and_nothing_scores_zero(exe
 async def test_evaluator_crash_and_hang_are_missing_never_zero(executor, tmp_path):
     crash = load_task(make_task(tmp_path, "crash", test_sh="echo boom >&2; exit 3\n"))
     hang = load_task(make_task(tmp_path, "hang", test_sh="sleep 60\n", verifier_timeout=1.0))
-    garbage = load_task(make_task(tmp_path, "garbage", test_sh='echo "not a number" > "$GYRE_REWARD_DIR/reward.txt"\n'))
+    garbage = load_task(
+        make_task(
+            tmp_path, "garbage", test_sh='echo "not a number" > "$GYRE_REWARD_DIR/reward.txt"\n'
+        )
+    )
     ok = load_task(make_task(tmp_path, "ok"))
-    results = await executor.run_many([
-        spec("c", crash, shell_profile("echo 42 > answer.txt")),
-        spec("h", hang, shell_profile("echo 42 > answer.txt")),
-        spec("g", garbage, shell_profile("echo 42 > answer.txt")),
-        spec("ok1", ok, shell_profile("echo 42 > answer.txt")),
-        spec("ok0", ok, shell_profile("true")),
-    ])
+    results = await executor.run_many(
+        [
+            spec("c", crash, shell_profile("echo 42 > answer.txt")),
+            spec("h", hang, shell_profile("echo 42 > answer.txt")),
+            spec("g", garbage, shell_profile("echo 42 > answer.txt")),
+            spec("ok1", ok, shell_profile("echo 42 > answer.txt")),
+            spec("ok0", ok, shell_profile("true")),
+        ]
+    )
     c, h, g, ok1, ok0 = results
-    assert isinstance(c.assessment, Missing) and c.assessment.reason == MissingReason.evaluator_error
+    assert (
+        isinstance(c.assessment, Missing) and c.assessment.reason == MissingReason.evaluator_error
+    )
     assert "boom" in c.assessment.detail and "status 3" in c.assessment.detail
-    assert isinstance(h.assessment, Missing) and h.assessment.reason == MissingReason.evaluator_timeout
-    assert isinstance(g.assessment, Missing) and g.assessment.reason == MissingReason.evaluator_error
+    assert (
+        isinstance(h.assessment, Missing) and h.assessment.reason == MissingReason.evaluator_timeout
+    )
+    assert (
+        isinstance(g.assessment, Missing) and g.assessment.reason == MissingReason.evaluator_error
+    )
     for r in (c, h, g):
         assert r.reward is None and not hasattr(r.assessment, "reward")
     # Missing is excluded from the mean, not averaged as 0: mean of {1, 0} only.
@@ -92,20 +119,38 @@ async def test_evaluator_crash_and_hang_are_missing_never_zero(executor, tmp_pat
 
 async def test_overall_budget_exhausted_is_missing(executor, tmp_path):
     task = load_task(make_task(tmp_path, agent_timeout=30.0, overall=40.0))
-    r = await executor.run(spec("o", task, shell_profile("echo 42 > answer.txt; sleep 60"), overall_timeout_s=1.0))
+    r = await executor.run(
+        spec("o", task, shell_profile("echo 42 > answer.txt; sleep 60"), overall_timeout_s=1.0)
+    )
     assert r.harness.stop == "overall_timeout"
-    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.overall_timeout
+    assert (
+        isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.overall_timeout
+    )
     # A caller's absolute deadline works the same way.
-    r2 = await executor.run(spec("d", task, shell_profile("sleep 60"), deadline=time.monotonic() + 1.0))
-    assert isinstance(r2.assessment, Missing) and r2.assessment.reason == MissingReason.overall_timeout
+    r2 = await executor.run(
+        spec("d", task, shell_profile("sleep 60"), deadline=time.monotonic() + 1.0)
+    )
+    assert (
+        isinstance(r2.assessment, Missing) and r2.assessment.reason == MissingReason.overall_timeout
+    )
 
 
 async def test_budget_running_out_during_scoring_is_missing(executor, tmp_path):
-    slow = load_task(make_task(tmp_path, "slowverifier", test_sh="sleep 30; echo 1 > \"$GYRE_REWARD_DIR/reward.txt\"\n",
-                               verifier_timeout=60.0))
-    r = await executor.run(spec("sv", slow, shell_profile("echo 42 > answer.txt"), overall_timeout_s=1.5))
+    slow = load_task(
+        make_task(
+            tmp_path,
+            "slowverifier",
+            test_sh='sleep 30; echo 1 > "$GYRE_REWARD_DIR/reward.txt"\n',
+            verifier_timeout=60.0,
+        )
+    )
+    r = await executor.run(
+        spec("sv", slow, shell_profile("echo 42 > answer.txt"), overall_timeout_s=1.5)
+    )
     assert r.harness.stop == "exited"
-    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.overall_timeout
+    assert (
+        isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.overall_timeout
+    )
     assert r.timings.scoring_s < 10
 
 
@@ -113,9 +158,13 @@ async def test_budget_running_out_during_scoring_is_missing(executor, tmp_path):
 async def test_no_orphans_after_timeout(tmp_path, sandbox):
     marker = f"{random.randint(100000, 999999)}"
     # Background child, a child that ignores SIGTERM, and one that left the process group (setsid).
-    script = (f"sleep 900.{marker}1 & (trap '' TERM; sleep 900.{marker}2) & setsid sleep 900.{marker}3 & "
-              f"echo started; sleep 900.{marker}4")
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, sandbox=SandboxConfig(enabled=sandbox))
+    script = (
+        f"sleep 900.{marker}1 & (trap '' TERM; sleep 900.{marker}2) & setsid sleep 900.{marker}3 & "
+        f"echo started; sleep 900.{marker}4"
+    )
+    cfg = ExecutorConfig(
+        workspace_root=tmp_path / "runs", kill_grace_s=0.5, sandbox=SandboxConfig(enabled=sandbox)
+    )
     task = load_task(make_task(tmp_path, agent_timeout=1.5))
     async with HarnessExecutor(cfg) as ex:
         r = await ex.run(spec("orphans", task, shell_profile(script)))
@@ -132,7 +181,9 @@ async def test_stop_kills_running_executions(tmp_path):
     marker = f"{random.randint(100000, 999999)}"
     task = load_task(make_task(tmp_path))
     # One slot: one execution runs, the other waits in the queue.
-    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1))
+    ex = HarnessExecutor(
+        ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1)
+    )
     await ex.start()
     t = asyncio.create_task(ex.run(spec("s", task, shell_profile(f"sleep 900.{marker}"))))
     queued = asyncio.create_task(ex.run(spec("q", task, shell_profile("echo never"))))
@@ -143,13 +194,18 @@ async def test_stop_kills_running_executions(tmp_path):
     assert ex.running == 2
     await ex.stop()
     q = await queued
-    assert isinstance(q.assessment, Missing) and q.assessment.detail == "executor stopped before launch"
+    assert (
+        isinstance(q.assessment, Missing)
+        and q.assessment.detail == "executor stopped before launch"
+    )
     r = await t  # the caller gets a recorded result, not an exception
     assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.cancelled
     assert (Path(r.execution_dir) / "result.json").exists() and Path(r.workspace).is_dir()
     assert live_pids_with(f"900.{marker}") == []
     # Cancelling the caller cancels its execution too (and kills its process group).
-    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2", kill_grace_s=0.5)) as ex2:
+    async with HarnessExecutor(
+        ExecutorConfig(workspace_root=tmp_path / "runs2", kill_grace_s=0.5)
+    ) as ex2:
         t2 = asyncio.create_task(ex2.run(spec("s2", task, shell_profile(f"sleep 901.{marker}"))))
         for _ in range(100):
             if live_pids_with(f"901.{marker}"):
@@ -164,15 +220,27 @@ async def test_stop_kills_running_executions(tmp_path):
 
 async def test_bad_input_recorded_while_others_are_served(tmp_path):
     task = load_task(make_task(tmp_path, agent_timeout=20.0))
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024)
+    cfg = ExecutorConfig(
+        workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024
+    )
     async with HarnessExecutor(cfg) as ex:
-        results = await ex.run_many([
-            spec("missing-cmd", task, HarnessProfile(name="nope", command=["/nonexistent/harness-xyz", "--go"])),
-            spec("bad-template", task, HarnessProfile(name="tmpl", command=["echo", "{no_such_var}"])),
-            spec("exits", task, shell_profile("exit 1")),
-            spec("flood", task, shell_profile("echo 42 > answer.txt; yes flood-flood-flood")),
-            spec("good", task, shell_profile("sleep 0.5; echo 42 > answer.txt")),
-        ])
+        results = await ex.run_many(
+            [
+                spec(
+                    "missing-cmd",
+                    task,
+                    HarnessProfile(name="nope", command=["/nonexistent/harness-xyz", "--go"]),
+                ),
+                spec(
+                    "bad-template",
+                    task,
+                    HarnessProfile(name="tmpl", command=["echo", "{no_such_var}"]),
+                ),
+                spec("exits", task, shell_profile("exit 1")),
+                spec("flood", task, shell_profile("echo 42 > answer.txt; yes flood-flood-flood")),
+                spec("good", task, shell_profile("sleep 0.5; echo 42 > answer.txt")),
+            ]
+        )
     by = {r.execution_id: r for r in results}
     m = by["missing-cmd"]
     assert m.harness.stop == "launch_failed" and "/nonexistent/harness-xyz" in m.harness.error
@@ -209,7 +277,11 @@ async def test_caller_errors(tmp_path):
         with pytest.raises(ExecutionError, match="already used"):
             await ex.run(spec("x", task, shell_profile("true")))
         # No key and no register hook: a launch failure, recorded.
-        r = await ex.run(ExecutionSpec(execution_id="nokey", task=task, profile=shell_profile("true"), base_url="http://x"))
+        r = await ex.run(
+            ExecutionSpec(
+                execution_id="nokey", task=task, profile=shell_profile("true"), base_url="http://x"
+            )
+        )
         assert isinstance(r.assessment, Missing) and "register hook" in r.assessment.detail
     # A stale folder with the same id (another executor instance): Missing, and the old record is left alone.
     (tmp_path / "runs" / "x" / "result.json").write_text("old")
@@ -221,8 +293,14 @@ async def test_caller_errors(tmp_path):
     async def failing_register(eid: str, label: str) -> str:
         raise ConnectionError("proxy down")
 
-    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs3"), register=failing_register) as ex:
-        r = await ex.run(ExecutionSpec(execution_id="k", task=task, profile=shell_profile("true"), base_url="http://x"))
+    async with HarnessExecutor(
+        ExecutorConfig(workspace_root=tmp_path / "runs3"), register=failing_register
+    ) as ex:
+        r = await ex.run(
+            ExecutionSpec(
+                execution_id="k", task=task, profile=shell_profile("true"), base_url="http://x"
+            )
+        )
     assert r.harness.stop == "launch_failed" and "proxy down" in r.assessment.detail
 
 
@@ -235,9 +313,16 @@ async def test_concurrency_limit_and_register_hook(tmp_path):
         return f"key-{eid}"
 
     cfg = ExecutorConfig(workspace_root=tmp_path / "runs", max_concurrency=2)
-    prof = shell_profile('echo "$OPENAI_API_KEY $ANTHROPIC_API_KEY $OPENAI_BASE_URL $ANTHROPIC_BASE_URL"; sleep 0.6')
+    prof = shell_profile(
+        'echo "$OPENAI_API_KEY $ANTHROPIC_API_KEY $OPENAI_BASE_URL $ANTHROPIC_BASE_URL"; sleep 0.6'
+    )
     async with HarnessExecutor(cfg, register=register) as ex:
-        specs = [ExecutionSpec(execution_id=f"e{i}", task=task, profile=prof, base_url="http://127.0.0.1:5/v1") for i in range(4)]
+        specs = [
+            ExecutionSpec(
+                execution_id=f"e{i}", task=task, profile=prof, base_url="http://127.0.0.1:5/v1"
+            )
+            for i in range(4)
+        ]
         rs = await ex.run_many(specs)
     assert sorted(seen) == [(f"e{i}", "t42/shell") for i in range(4)]
     out = Path(rs[0].harness.stdout_path).read_text().split()
@@ -259,15 +344,19 @@ async def test_sandbox_isolates_workspaces_and_hidden_tests(tmp_path):
         f"touch /usr/gyre-probe 2>&1; echo HOME=$HOME; echo 42 > answer.txt"
     )
     async with HarnessExecutor(cfg) as ex:
-        r, other = await ex.run_many([
-            spec("probe", task, shell_profile(probe)),
-            spec("other", task, shell_profile("echo secret-of-other > mine.txt; sleep 1.5")),
-        ])
+        r, other = await ex.run_many(
+            [
+                spec("probe", task, shell_profile(probe)),
+                spec("other", task, shell_profile("echo secret-of-other > mine.txt; sleep 1.5")),
+            ]
+        )
     out = Path(r.harness.stdout_path).read_text() + Path(r.harness.stderr_path).read_text()
     assert "secret-of-other" not in out and "TOP-SECRET" not in out
     assert "No such file or directory" in out and "Read-only file system" in out
     assert "HOME=/tmp/gyre-home" in out
-    assert r.reward == 1.0 and other.reward == 0.0  # the sandboxed harness still wrote its own workspace
+    assert (
+        r.reward == 1.0 and other.reward == 0.0
+    )  # the sandboxed harness still wrote its own workspace
     # Without the sandbox the same probe does see the hidden file (what the sandbox prevents).
     async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
         r2 = await ex.run(spec("probe2", task, shell_profile(f"cat {task_dir}/tests/secret.txt")))
@@ -284,7 +373,13 @@ async def test_proxy_only_network_reaches_the_proxy_and_nothing_else(tmp_path):
     async def app(scope, receive, send):  # a minimal ASGI endpoint standing in for the proxy
         if scope["type"] != "http":
             return
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain")],
+            }
+        )
         await send({"type": "http.response.body", "body": b"proxy-says-hi"})
 
     other = socket.socket()  # another host service on loopback the harness must not reach
@@ -293,21 +388,32 @@ async def test_proxy_only_network_reaches_the_proxy_and_nothing_else(tmp_path):
     srv = ServerRunner(app).start()
     try:
         task = load_task(make_task(tmp_path))
-        probe = ("python - <<'EOF'\n"
-                 "import os, socket, urllib.request\n"
-                 "print(urllib.request.urlopen(os.environ['OPENAI_BASE_URL'] + '/models', timeout=10).read().decode())\n"
-                 "try:\n"
-                 f"    socket.create_connection(('127.0.0.1', {other.getsockname()[1]}), timeout=2); print('OTHER-REACHED')\n"
-                 "except OSError as e:\n"
-                 "    print('other unreachable', type(e).__name__)\n"
-                 "EOF\n"
-                 "echo 42 > answer.txt")
+        probe = (
+            "python - <<'EOF'\n"
+            "import os, socket, urllib.request\n"
+            "print(urllib.request.urlopen(os.environ['OPENAI_BASE_URL'] + '/models', timeout=10).read().decode())\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {other.getsockname()[1]}), timeout=2); print('OTHER-REACHED')\n"
+            "except OSError as e:\n"
+            "    print('other unreachable', type(e).__name__)\n"
+            "EOF\n"
+            "echo 42 > answer.txt"
+        )
         for network in ("proxy-only", "shared"):
-            cfg = ExecutorConfig(workspace_root=tmp_path / f"runs-{network}",
-                                 sandbox=SandboxConfig(enabled=True, network=network))
+            cfg = ExecutorConfig(
+                workspace_root=tmp_path / f"runs-{network}",
+                sandbox=SandboxConfig(enabled=True, network=network),
+            )
             async with HarnessExecutor(cfg) as ex:
-                r = await ex.run(ExecutionSpec(execution_id="p", task=task, profile=shell_profile(probe),
-                                               base_url=srv.url, api_key="k"))
+                r = await ex.run(
+                    ExecutionSpec(
+                        execution_id="p",
+                        task=task,
+                        profile=shell_profile(probe),
+                        base_url=srv.url,
+                        api_key="k",
+                    )
+                )
             out = Path(r.harness.stdout_path).read_text() + Path(r.harness.stderr_path).read_text()
             assert "proxy-says-hi" in out and r.reward == 1.0, out
             if network == "proxy-only":
@@ -339,10 +445,16 @@ async def test_harbor_style_verifier_paths_with_sandbox(tmp_path):
     task = load_task(make_task(tmp_path, "harbor", test_sh=HARBOR_TEST_SH))
     cfg = ExecutorConfig(workspace_root=tmp_path / "runs", sandbox=SandboxConfig(enabled=True))
     async with HarnessExecutor(cfg) as ex:
-        good, bad = await ex.run_many([spec("h1", task, shell_profile("echo 42 > answer.txt")),
-                                       spec("h0", task, shell_profile("echo 41 > answer.txt"))])
+        good, bad = await ex.run_many(
+            [
+                spec("h1", task, shell_profile("echo 42 > answer.txt")),
+                spec("h0", task, shell_profile("echo 41 > answer.txt")),
+            ]
+        )
     assert good.reward == 1.0 and bad.reward == 0.0, (good.assessment, bad.assessment)
     # Without the sandbox those absolute paths do not exist: a missing assessment, not a zero.
     async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
         r = await ex.run(spec("h2", task, shell_profile("echo 42 > answer.txt")))
-    assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.evaluator_error
+    assert (
+        isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.evaluator_error
+    )

@@ -15,8 +15,17 @@ from gyre.harness.task import load_taskset
 async def test_shipped_tasks_oracle_scores_one_untouched_below_one(tmp_path):
     tasks = load_taskset("pyfix") + load_taskset("quickstart")
     oracle, noop = load_profile("oracle"), HarnessProfile(name="untouched", command=["true"])
-    specs = [ExecutionSpec(execution_id=f"{t.root.parent.name}-{t.name}-{p.name}", task=t, profile=p,
-                           base_url="http://127.0.0.1:9", api_key="k") for t in tasks for p in (oracle, noop)]
+    specs = [
+        ExecutionSpec(
+            execution_id=f"{t.root.parent.name}-{t.name}-{p.name}",
+            task=t,
+            profile=p,
+            base_url="http://127.0.0.1:9",
+            api_key="k",
+        )
+        for t in tasks
+        for p in (oracle, noop)
+    ]
     cfg = ExecutorConfig(workspace_root=tmp_path / "runs", keep_workspaces=False)
     cfg.scorer.max_concurrency = 2
     async with HarnessExecutor(cfg) as ex:
@@ -25,7 +34,11 @@ async def test_shipped_tasks_oracle_scores_one_untouched_below_one(tmp_path):
     for r in results:
         want_one = r.profile == "oracle"
         rule = next(t.reward_rule for t in tasks if t.name == r.task)
-        ok = r.reward == 1.0 if want_one else (r.reward is not None and r.reward < 1.0 and (rule != "binary" or r.reward == 0.0))
+        ok = (
+            r.reward == 1.0
+            if want_one
+            else (r.reward is not None and r.reward < 1.0 and (rule != "binary" or r.reward == 0.0))
+        )
         if not ok:
             bad.append(f"{r.execution_id}: {r.assessment}")
     assert not bad, "\n".join(bad)

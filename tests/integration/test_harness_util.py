@@ -14,9 +14,17 @@ if [ "$(cat "$GYRE_WORKSPACE/answer.txt" 2>/dev/null)" = "42" ]; then echo 1 > "
 """
 
 
-def make_task(root: Path, name: str = "t42", *, test_sh: str = CHECK_42, agent_timeout: float = 30.0,
-              verifier_timeout: float = 20.0, overall: float | None = None, rule: str = "binary",
-              secret: str | None = None) -> Path:
+def make_task(
+    root: Path,
+    name: str = "t42",
+    *,
+    test_sh: str = CHECK_42,
+    agent_timeout: float = 30.0,
+    verifier_timeout: float = 20.0,
+    overall: float | None = None,
+    rule: str = "binary",
+    secret: str | None = None,
+) -> Path:
     d = root / name
     (d / "environment" / "repo").mkdir(parents=True)
     (d / "environment" / "repo" / "README.md").write_text("write 42 into answer.txt\n")
@@ -26,7 +34,8 @@ def make_task(root: Path, name: str = "t42", *, test_sh: str = CHECK_42, agent_t
         (d / "tests" / "secret.txt").write_text(secret)
     (d / "instruction.md").write_text("Write 42 into answer.txt.\n")
     extra = f"overall_timeout_sec = {overall}\n" if overall is not None else ""
-    (d / "task.toml").write_text(textwrap.dedent(f"""\
+    (d / "task.toml").write_text(
+        textwrap.dedent(f"""\
         version = "1.0"
         [agent]
         timeout_sec = {agent_timeout}
@@ -34,7 +43,9 @@ def make_task(root: Path, name: str = "t42", *, test_sh: str = CHECK_42, agent_t
         timeout_sec = {verifier_timeout}
         [gyre]
         reward = "{rule}"
-        """) + extra)
+        """)
+        + extra
+    )
     return d
 
 

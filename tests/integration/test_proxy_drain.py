@@ -12,33 +12,81 @@ from gyre.trace.store import read_trace
 openai = pytest.importorskip("openai")
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
-TURNS = [{"text": LONG, "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]}, {"text": "Done. " + LONG}]
+TURNS = [
+    {"text": LONG, "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+    {"text": "Done. " + LONG},
+]
 
 
 @pytest.mark.slow
 async def test_drain_moves_every_inflight_request(tiny_model_dir, tiny_tokenizer, tmp_path):
     n_exec = 24
-    with running_engine("scripted", tiny_model_dir, turns=TURNS, engine_id="A", token_delay_s=0.01, tokens_per_chunk=2) as a, \
-            running_engine("scripted", tiny_model_dir, turns=TURNS, engine_id="B", token_delay_s=0.01, tokens_per_chunk=2) as b, \
-            running_proxy(tiny_model_dir, [a.url, b.url], tmp_path, tiny_tokenizer, fsync=False) as px:
+    with (
+        running_engine(
+            "scripted",
+            tiny_model_dir,
+            turns=TURNS,
+            engine_id="A",
+            token_delay_s=0.01,
+            tokens_per_chunk=2,
+        ) as a,
+        running_engine(
+            "scripted",
+            tiny_model_dir,
+            turns=TURNS,
+            engine_id="B",
+            token_delay_s=0.01,
+            tokens_per_chunk=2,
+        ) as b,
+        running_proxy(tiny_model_dir, [a.url, b.url], tmp_path, tiny_tokenizer, fsync=False) as px,
+    ):
         pool = px.service.pool
-        tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+        tools = [
+            {"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}
+        ]
 
         async def execution(i: int) -> list[str]:
-            c = openai.AsyncOpenAI(base_url=px.url + "/v1", api_key=f"drain-{i}", max_retries=0, timeout=120)
+            c = openai.AsyncOpenAI(
+                base_url=px.url + "/v1", api_key=f"drain-{i}", max_retries=0, timeout=120
+            )
             msgs = [{"role": "user", "content": f"task {i}"}]
             got = []
-            for turn in range(2):
+            for _turn in range(2):
                 if i % 2:
-                    chunks = [ch async for ch in await c.chat.completions.create(
-                        model="m", messages=msgs, tools=tools, stream=True)]
+                    chunks = [
+                        ch
+                        async for ch in await c.chat.completions.create(
+                            model="m", messages=msgs, tools=tools, stream=True
+                        )
+                    ]
                     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-                    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-                    msg = {"role": "assistant", "content": text,
-                           "tool_calls": [{"id": t.id, "type": "function", "function": {
-                               "name": t.function.name, "arguments": t.function.arguments}} for t in calls]}
+                    calls = [
+                        tc
+                        for ch in chunks
+                        if ch.choices
+                        for tc in (ch.choices[0].delta.tool_calls or [])
+                    ]
+                    msg = {
+                        "role": "assistant",
+                        "content": text,
+                        "tool_calls": [
+                            {
+                                "id": t.id,
+                                "type": "function",
+                                "function": {
+                                    "name": t.function.name,
+                                    "arguments": t.function.arguments,
+                                },
+                            }
+                            for t in calls
+                        ],
+                    }
                 else:
-                    m = (await c.chat.completions.create(model="m", messages=msgs, tools=tools)).choices[0].message
+                    m = (
+                        (await c.chat.completions.create(model="m", messages=msgs, tools=tools))
+                        .choices[0]
+                        .message
+                    )
                     text = m.content
                     msg = m.model_dump(exclude_none=True)
                 got.append(text)
@@ -76,9 +124,15 @@ async def test_drain_moves_every_inflight_request(tiny_model_dir, tiny_tokenizer
     spanning = 0
     for r in records:
         turn = 0 if r.base is None else 1
-        expect = tiny_tokenizer.encode(book.scripts[0].turn(turn).render(), add_special_tokens=False) + [eos]
-        assert list(r.output_ids) == expect  # exactly the turn, no token lost or repeated across the move
-        assert list(r.output_logprobs) == pytest.approx([plausible_logprob("default", turn, i) for i in range(len(expect))])
+        expect = tiny_tokenizer.encode(
+            book.scripts[0].turn(turn).render(), add_special_tokens=False
+        ) + [eos]
+        assert (
+            list(r.output_ids) == expect
+        )  # exactly the turn, no token lost or repeated across the move
+        assert list(r.output_logprobs) == pytest.approx(
+            [plausible_logprob("default", turn, i) for i in range(len(expect))]
+        )
         engines = [s.engine_id for s in r.segments]
         if len(set(engines)) > 1:
             spanning += 1
@@ -87,14 +141,25 @@ async def test_drain_moves_every_inflight_request(tiny_model_dir, tiny_tokenizer
 
 
 @pytest.mark.slow
-async def test_drain_resumes_greedy_embedded_generation_exactly(tiny_model_dir, tiny_tokenizer, tmp_path):
+async def test_drain_resumes_greedy_embedded_generation_exactly(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
     """Real model, greedy: the resumed output equals an undisturbed run's output."""
-    with running_engine("embedded", tiny_model_dir, engine_id="E1") as e1, \
-            running_engine("embedded", tiny_model_dir, engine_id="E2") as e2, \
-            running_proxy(tiny_model_dir, [e1.url, e2.url], tmp_path, tiny_tokenizer, fsync=False) as px:
+    with (
+        running_engine("embedded", tiny_model_dir, engine_id="E1") as e1,
+        running_engine("embedded", tiny_model_dir, engine_id="E2") as e2,
+        running_proxy(
+            tiny_model_dir, [e1.url, e2.url], tmp_path, tiny_tokenizer, fsync=False
+        ) as px,
+    ):
         c = openai.AsyncOpenAI(base_url=px.url + "/v1", api_key="greedy", max_retries=0)
-        kw = dict(model="m", messages=[{"role": "user", "content": "def main():"}], max_tokens=160, temperature=0.0,
-                  extra_body={"ignore_eos": True})
+        kw = dict(
+            model="m",
+            messages=[{"role": "user", "content": "def main():"}],
+            max_tokens=160,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
         ref = await c.chat.completions.create(**kw)
         pool = px.service.pool
         task = asyncio.create_task(c.chat.completions.create(**kw))

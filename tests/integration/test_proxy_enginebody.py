@@ -20,17 +20,32 @@ async def test_pieces_arrive_as_one_exact_json_body():
         raw = await request.body()
         assert int(request.headers["content-length"]) == len(raw)
         seen.append(json.loads(raw))
-        return JSONResponse({"output_ids": [3, 4], "meta_info": {
-            "finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.5, 3, None], [-0.25, 4, None]]}})
+        return JSONResponse(
+            {
+                "output_ids": [3, 4],
+                "meta_info": {
+                    "finish_reason": {"type": "length"},
+                    "output_token_logprobs": [[-0.5, 3, None], [-0.25, 4, None]],
+                },
+            }
+        )
 
-    server = ServerRunner(Starlette(routes=[Route("/generate", generate, methods=["POST"])])).start()
+    server = ServerRunner(
+        Starlette(routes=[Route("/generate", generate, methods=["POST"])])
+    ).start()
     pool = EnginePool([server.url])
     try:
         await pool.start()
         prefix = list(range(200000))  # ~1.3 MB of JSON, several socket buffers
-        parts = [jsonfast.ids_json(prefix[:150000]), jsonfast.ids_json(prefix[150000:]), jsonfast.ids_json([9, 9])]
+        parts = [
+            jsonfast.ids_json(prefix[:150000]),
+            jsonfast.ids_json(prefix[150000:]),
+            jsonfast.ids_json([9, 9]),
+        ]
         out = None
-        async for item in pool.generate("exec-1", parts, 200002, {"max_new_tokens": 2}, stream=False):
+        async for item in pool.generate(
+            "exec-1", parts, 200002, {"max_new_tokens": 2}, stream=False
+        ):
             if isinstance(item, GenResult):
                 out = item
         assert out is not None and out.output_ids == [3, 4] and out.logprobs == [-0.5, -0.25]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-N, B = 4, 2                    # group size, groups per step
+N, B = 4, 2  # group size, groups per step
 STEPS = 4
 
 # The quickstart's settings at a smaller scale, written out here so the test does not move with it:
@@ -84,8 +84,13 @@ def _env() -> dict[str, str]:
 
 
 def _sets(model_dir: Path, out_dir: Path, name: str, steps: int, *extra: str) -> list[str]:
-    return [f"model_dir={model_dir}", f"policy.total_steps={steps}", f"run.out_dir={out_dir}", f"run.name={name}",
-            *extra]
+    return [
+        f"model_dir={model_dir}",
+        f"policy.total_steps={steps}",
+        f"run.out_dir={out_dir}",
+        f"run.name={name}",
+        *extra,
+    ]
 
 
 def _args(model_dir: Path, out_dir: Path, name: str, steps: int, *extra: str) -> list[str]:
@@ -101,14 +106,22 @@ def _gyre(argv: list[str], log: Path, timeout: float = 600) -> subprocess.Comple
     """Run ``gyre run ...`` to its end; its output goes to ``log`` (and into assertion messages)."""
     for attempt in range(2):
         with open(log, "w") as f:
-            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=log.parent,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                argv,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                cwd=log.parent,
+                start_new_session=True,
+            )
             try:
                 rc = p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-                raise AssertionError(f"gyre run did not finish in {timeout}s:\n{log.read_text()[-4000:]}")
+                raise AssertionError(
+                    f"gyre run did not finish in {timeout}s:\n{log.read_text()[-4000:]}"
+                )
         text = log.read_text()
         if rc != 0 and RAY_START_FAILED in text and attempt == 0:
             continue
@@ -142,17 +155,27 @@ def run(tiny_model_dir, tmp_path_factory):
     t0 = time.monotonic()
     extra = ("run.eval_interval=2", "run.eval_attempts=1")
     r = _gyre(_args(tiny_model_dir, out, "main", STEPS, *extra), out / "main.log")
-    return {"rc": r.returncode, "log": r.stdout, "dir": out / "main", "model": Path(tiny_model_dir),
-            "seconds": time.monotonic() - t0, "sets": _sets(tiny_model_dir, out, "main", STEPS, *extra),
-            "config": out / "config.toml"}
+    return {
+        "rc": r.returncode,
+        "log": r.stdout,
+        "dir": out / "main",
+        "model": Path(tiny_model_dir),
+        "seconds": time.monotonic() - t0,
+        "sets": _sets(tiny_model_dir, out, "main", STEPS, *extra),
+        "config": out / "config.toml",
+    }
 
 
 @pytest.fixture(scope="module")
 def done(run):
     assert run["rc"] == 0, run["log"][-6000:]
     rd = run["dir"]
-    return {**run, "summary": json.loads((rd / "summary.json").read_text()), "metrics": _jsonl(rd / "metrics.jsonl"),
-            "executions": _jsonl(rd / "executions.jsonl")}
+    return {
+        **run,
+        "summary": json.loads((rd / "summary.json").read_text()),
+        "metrics": _jsonl(rd / "metrics.jsonl"),
+        "executions": _jsonl(rd / "executions.jsonl"),
+    }
 
 
 def test_run_exits_0_and_summary(done):
@@ -187,7 +210,9 @@ def test_metrics_one_line_per_step(done):
         assert r["train/participants"] >= 1
         assert r["actor/grad_norm"] >= 0
         if r["batch/executions_trained"]:
-            assert r["train/tokens"] > 0 and r["actor/target_tokens"] > 0 and r["actor/grad_norm"] > 0
+            assert (
+                r["train/tokens"] > 0 and r["actor/target_tokens"] > 0 and r["actor/grad_norm"] > 0
+            )
         # staleness per step: dispatch version <= the step's version, within the policy's bound
         assert isinstance(r["batch/staleness_mean"], (int, float))
         assert 0 <= r["batch/staleness_mean"] <= r["batch/staleness_max"] <= 3 + 1
@@ -244,7 +269,11 @@ def test_outputs_timeline_tensorboard_config(done):
     from gyre.config import load_config
 
     cfg = load_config(rd / "config.toml")
-    assert cfg.policy.total_steps == STEPS and cfg.policy.group_size == N and cfg.policy.batch_groups == B
+    assert (
+        cfg.policy.total_steps == STEPS
+        and cfg.policy.group_size == N
+        and cfg.policy.batch_groups == B
+    )
     assert cfg == load_config(done["config"], done["sets"])
 
 
@@ -255,9 +284,11 @@ def test_switches_and_publications(done):
     assert s["publications"]["count"] >= 1
     shares = s["role_shares"]
     assert any(sh.get("training", 0) > 0 for sh in shares[1:])  # a satellite trained
-    assert all(sh.get("rollout", 0) > 0 for sh in shares)       # every cell served rollouts
+    assert all(sh.get("rollout", 0) > 0 for sh in shares)  # every cell served rollouts
     # published weights are pruned (the newest two stay)
-    assert len([p for p in (done["dir"] / "weights").glob("v*") if not p.name.endswith(".tmp")]) <= 2
+    assert (
+        len([p for p in (done["dir"] / "weights").glob("v*") if not p.name.endswith(".tmp")]) <= 2
+    )
 
 
 def test_evaluations(done):
@@ -302,14 +333,21 @@ def _step_groups(rd: Path, cfg, metrics: dict, executions: list[dict], step: int
         assert len(rows) == N
         traces = {e["execution"]: trace_path(rd / "traces", e["execution"]) for e in rows}
         rewards = {e["execution"]: e["reward"] for e in rows}
-        grp, rep = group_from_traces(g, traces, rewards, role_profile=role_profile("reference"), j_max=tc.j_max,
-                                     seed=tc.seed, step=step)
+        grp, rep = group_from_traces(
+            g,
+            traces,
+            rewards,
+            role_profile=role_profile("reference"),
+            j_max=tc.j_max,
+            seed=tc.seed,
+            step=step,
+        )
         assert not rep.unreadable
         out.append(grp)
     return out
 
 
-ADAM_WELL_CONDITIONED = 1e-7   # sqrt(v_hat) at 10x Adam's eps
+ADAM_WELL_CONDITIONED = 1e-7  # sqrt(v_hat) at 10x Adam's eps
 
 
 def _adam_scale(core) -> dict:
@@ -322,7 +360,7 @@ def _adam_scale(core) -> dict:
         st = core.optimizer.state.get(p)
         if st and "exp_avg_sq" in st:
             t = float(st["step"])
-            out[name] = torch.sqrt(st["exp_avg_sq"] / (1 - beta2 ** t))
+            out[name] = torch.sqrt(st["exp_avg_sq"] / (1 - beta2**t))
     return out
 
 
@@ -355,8 +393,13 @@ def test_runtime_steps_match_a_local_core(done, tmp_path):
         if s:
             shutil.copytree(ck / f"step-{s}", root / f"step-{s}")
             (root / "latest").write_text(f"step-{s}")
-        tc = cfg.trainer.model_copy(update={"checkpoint": cfg.trainer.checkpoint.model_copy(
-            update={"dir": str(root) if s else None, "every_steps": 10 ** 6})})
+        tc = cfg.trainer.model_copy(
+            update={
+                "checkpoint": cfg.trainer.checkpoint.model_copy(
+                    update={"dir": str(root) if s else None, "every_steps": 10**6}
+                )
+            }
+        )
         core = Core(tc, LocalCoordinator())
         core.start(resume=bool(s))
         assert core.state.step == s
@@ -372,7 +415,7 @@ def test_runtime_steps_match_a_local_core(done, tmp_path):
         assert res.metrics["actor/grad_norm"] == pytest.approx(m["actor/grad_norm"], rel=1e-5)
         assert res.metrics["actor/loss"] == pytest.approx(m["actor/loss"], rel=1e-4, abs=1e-6)
         moved = max(float((after[k] - before[k]).abs().max()) for k in after)
-        assert moved > 1e-4, (s, moved)          # the step did change the weights
+        assert moved > 1e-4, (s, moved)  # the step did change the weights
         # Adam divides by sqrt(v_hat) + eps: where every gradient so far is ~1e-10 (float32 round-off
         # of sums of O(1) terms, taken in another order on the cells), the update is round-off / eps
         # and differs by up to ~1e-4. Everywhere else the weights must agree to float32 precision.
@@ -380,7 +423,11 @@ def test_runtime_steps_match_a_local_core(done, tmp_path):
         worst_noisy = 0.0
         for k in after:
             d = (after[k] - mine[k]).abs()
-            ok = scale[k] >= ADAM_WELL_CONDITIONED if k in scale else torch.ones_like(d, dtype=torch.bool)
+            ok = (
+                scale[k] >= ADAM_WELL_CONDITIONED
+                if k in scale
+                else torch.ones_like(d, dtype=torch.bool)
+            )
             diff = max(diff, float(d[ok].max()) if ok.any() else 0.0)
             noisy += int((~ok).sum())
             total += d.numel()
@@ -402,8 +449,14 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     argv = _args(tiny_model_dir, tmp_path, "killed", steps, "run.eval_interval=0")
     for attempt in range(2):
         with open(tmp_path / "first.log", "w") as f:
-            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                argv,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                cwd=tmp_path,
+                start_new_session=True,
+            )
         t0 = time.monotonic()
         lines = 0
         while p.poll() is None and time.monotonic() - t0 < 600:
@@ -425,8 +478,10 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     assert not (rd / "summary.json").exists()
     first = _jsonl(rd / "executions.jsonl")
 
-    r = _gyre([sys.executable, "-m", "gyre.cli", "run", "--resume", str(rd), "--log-format", "plain"],
-              tmp_path / "resume.log")
+    r = _gyre(
+        [sys.executable, "-m", "gyre.cli", "run", "--resume", str(rd), "--log-format", "plain"],
+        tmp_path / "resume.log",
+    )
     assert r.returncode == 0, r.stdout[-6000:]
     assert re.search(r"resuming .* at step [1-9]", r.stdout)
     assert f"step {steps}/{steps}" in r.stdout
@@ -442,7 +497,7 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     ex = _jsonl(rd / "executions.jsonl")
     ids = [e["execution"] for e in ex]
     assert len(ids) == len(set(ids))
-    later = ex[len(first):]
+    later = ex[len(first) :]
     assert later and all(e["segment"] == 1 and e["execution"].startswith("r1-") for e in later)
     # groups of the resumed segment are fresh: above every group id the first segment used
     assert min(e["group"] for e in later) > max(e["group"] for e in first)
@@ -468,8 +523,14 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
     victim = None
     for attempt in range(2):
         with open(log, "w") as f:
-            p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                argv,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+                cwd=tmp_path,
+                start_new_session=True,
+            )
         t0 = time.monotonic()
         while victim is None and p.poll() is None and time.monotonic() - t0 < 600:
             for proc in Path("/proc").iterdir():
@@ -479,7 +540,9 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
                     cmd = (proc / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if b"gyre.harness.reference_agent" in cmd and any(str(rd).encode() in c for c in cmd):
+                if b"gyre.harness.reference_agent" in cmd and any(
+                    str(rd).encode() in c for c in cmd
+                ):
                     ws = Path(cmd[cmd.index(b"--workspace") + 1].decode())
                     try:
                         os.kill(int(proc.name), signal.SIGKILL)

@@ -56,10 +56,23 @@ def test_killed_standalone_engine_costs_no_execution(tmp_path: Path, tiny_model_
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'model_dir = "{tiny_model_dir}"\n' + CONFIG)
     run_dir = tmp_path / "runs" / "kill-engine"
-    cmd = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain",
-           "--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "run.name=kill-engine"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gyre.cli",
+        "run",
+        str(cfg),
+        "--log-format",
+        "plain",
+        "--set",
+        f"run.out_dir={tmp_path / 'runs'}",
+        "--set",
+        "run.name=kill-engine",
+    ]
     log = open(tmp_path / "run.log", "w")
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    p = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     try:
         deadline = time.monotonic() + 300
         cells = run_dir / "cells.json"

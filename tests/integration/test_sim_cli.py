@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from typer.testing import CliRunner
 
 from gyre.cli import app
@@ -21,7 +20,9 @@ def test_sim_all_placements_prints_comparison_table():
 
 
 def test_sim_json_all_has_required_fields():
-    r = runner.invoke(app, ["sim", "--preset", "seed-toy", "--placement", "all", "--seed", "3", "--json"])
+    r = runner.invoke(
+        app, ["sim", "--preset", "seed-toy", "--placement", "all", "--seed", "3", "--json"]
+    )
     assert r.exit_code == 0, r.output
     obj = json.loads(r.output)
     assert set(obj) == {"colocate", "async", "async-streaming", "elastic"}
@@ -34,8 +35,21 @@ def test_sim_json_all_has_required_fields():
 
 def test_sim_single_placement_json_with_override_and_plot(tmp_path):
     png = tmp_path / "g.png"
-    r = runner.invoke(app, ["sim", "--preset", "seed-toy", "--placement", "elastic", "--set", "tail=0.2",
-                            "--json", "--plot", str(png)])
+    r = runner.invoke(
+        app,
+        [
+            "sim",
+            "--preset",
+            "seed-toy",
+            "--placement",
+            "elastic",
+            "--set",
+            "tail=0.2",
+            "--json",
+            "--plot",
+            str(png),
+        ],
+    )
     assert r.exit_code == 0, r.output
     obj = json.loads(r.output)
     assert obj["placement"] == "elastic" and obj["makespan_h"] > 0
@@ -52,11 +66,23 @@ def test_sim_bad_input_gives_clear_errors():
 
 
 def test_sim_sweep_json():
-    r = runner.invoke(app, ["sim", "sweep", "--preset", "seed-toy", "--seeds", "2", "--grid", "tail=0.2,0.75",
-                            "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "sim",
+            "sweep",
+            "--preset",
+            "seed-toy",
+            "--seeds",
+            "2",
+            "--grid",
+            "tail=0.2,0.75",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = r.stdout if hasattr(r, "stdout") else r.output
-    obj = json.loads(out[out.index("{"):])
+    obj = json.loads(out[out.index("{") :])
     assert len(obj["points"]) == 2
     assert obj["points"][0]["placements"]["elastic"]["makespan_h_median"] > 0
 
@@ -66,8 +92,12 @@ def test_quickstart_command_runs_as_a_process():
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "gyre.cli", "sim", "--preset", "seed-toy", "--placement", "all"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "gyre.cli", "sim", "--preset", "seed-toy", "--placement", "all"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert any(line.startswith("│ elastic") for line in lines)

@@ -22,9 +22,13 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg(model_dir, **kw):
-    return TrainerConfig(model_dir=str(model_dir), dtype="float64",
-                         stream=kw.pop("stream", StreamConfig(batch_groups=4, token_budget=64, stall_timeout_s=60)),
-                         optim=OptimConfig(lr=1e-3), **kw)
+    return TrainerConfig(
+        model_dir=str(model_dir),
+        dtype="float64",
+        stream=kw.pop("stream", StreamConfig(batch_groups=4, token_budget=64, stall_timeout_s=60)),
+        optim=OptimConfig(lr=1e-3),
+        **kw,
+    )
 
 
 def _diff(a, b):
@@ -39,7 +43,9 @@ def _lines(path):
 STREAM_KILL = StreamConfig(batch_groups=2, token_budget=64, stall_timeout_s=60)
 KILL_DATA = SyntheticData(n_groups=6, group_size=3, seed=11)
 KILL_JOINS = {1: JoinPlan(after_done=1)}
-KILL_CORE_CLAIMS = 1  # the core takes one micro-step per step, so satellite 1 always joins and works
+KILL_CORE_CLAIMS = (
+    1  # the core takes one micro-step per step, so satellite 1 always joins and works
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,30 +53,71 @@ def cells_run(tiny_model_dir, tmp_path_factory):
     """One spawn of 3 cells runs every scenario; the last one kills satellite 1 mid-step,
     which ends the spawn (that is the point). Returns (out dir, the spawn's error)."""
     out = tmp_path_factory.mktemp("cells")
-    cfg = _cfg(tiny_model_dir, stream=StreamConfig(batch_groups=6, token_budget=64, stall_timeout_s=60))
-    data = SyntheticData(n_groups=6, group_size=3, seed=1)  # packs into 12 micro-steps (asserted below)
+    cfg = _cfg(
+        tiny_model_dir, stream=StreamConfig(batch_groups=6, token_budget=64, stall_timeout_s=60)
+    )
+    data = SyntheticData(
+        n_groups=6, group_size=3, seed=1
+    )  # packs into 12 micro-steps (asserted below)
     ck = CheckpointConfig(dir=str(out / "ck"))
-    split_cfg = _cfg(tiny_model_dir, stream=StreamConfig(batch_groups=3, token_budget=96, stall_timeout_s=60))
-    split_data = SyntheticData(n_groups=3, group_size=3, seed=1, branches=3)  # 12 micro-steps, 4 split
+    split_cfg = _cfg(
+        tiny_model_dir, stream=StreamConfig(batch_groups=3, token_budget=96, stall_timeout_s=60)
+    )
+    split_data = SyntheticData(
+        n_groups=3, group_size=3, seed=1, branches=3
+    )  # 12 micro-steps, 4 split
     runs = [
         LocalRun(name="core_alone", cfg=cfg, data=data),
-        LocalRun(name="even", cfg=cfg, data=data, core_max_claims=4,
-                 joins={1: JoinPlan(max_claims=4), 2: JoinPlan(max_claims=4)}),
+        LocalRun(
+            name="even",
+            cfg=cfg,
+            data=data,
+            core_max_claims=4,
+            joins={1: JoinPlan(max_claims=4), 2: JoinPlan(max_claims=4)},
+        ),
         # claim caps make sure every late joiner gets work (else the core could finish alone)
-        LocalRun(name="late", cfg=cfg, data=data, core_max_claims=5,
-                 joins={1: JoinPlan(after_done=2, max_claims=4), 2: JoinPlan(after_done=4)}),
-        LocalRun(name="streamed_late", cfg=cfg, data=data, source="one_per_pump", core_max_claims=2,
-                 joins={1: JoinPlan(after_done=1, max_claims=6), 2: JoinPlan(after_done=2)}),
+        LocalRun(
+            name="late",
+            cfg=cfg,
+            data=data,
+            core_max_claims=5,
+            joins={1: JoinPlan(after_done=2, max_claims=4), 2: JoinPlan(after_done=4)},
+        ),
+        LocalRun(
+            name="streamed_late",
+            cfg=cfg,
+            data=data,
+            source="one_per_pump",
+            core_max_claims=2,
+            joins={1: JoinPlan(after_done=1, max_claims=6), 2: JoinPlan(after_done=2)},
+        ),
         # executions of 3 branches over a 96-token budget: 4 of them span several micro-steps, whose
         # s_e pre-pass reads the other micro-steps from the store, whichever cell claimed them
         LocalRun(name="split_alone", cfg=split_cfg, data=split_data),
-        LocalRun(name="split_even", cfg=split_cfg, data=split_data, core_max_claims=4,
-                 joins={1: JoinPlan(max_claims=4), 2: JoinPlan(max_claims=4)}),
-        LocalRun(name="full", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL), data=KILL_DATA, steps=3,
-                 joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS),
-        LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
-                 steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS,
-                 kill=KillPlan(cell=1, step=2, after_micro_steps=1)),
+        LocalRun(
+            name="split_even",
+            cfg=split_cfg,
+            data=split_data,
+            core_max_claims=4,
+            joins={1: JoinPlan(max_claims=4), 2: JoinPlan(max_claims=4)},
+        ),
+        LocalRun(
+            name="full",
+            cfg=_cfg(tiny_model_dir, stream=STREAM_KILL),
+            data=KILL_DATA,
+            steps=3,
+            joins=KILL_JOINS,
+            core_max_claims=KILL_CORE_CLAIMS,
+        ),
+        LocalRun(
+            name="killed",
+            cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck),
+            data=KILL_DATA,
+            steps=3,
+            joins=KILL_JOINS,
+            core_max_claims=KILL_CORE_CLAIMS,
+            kill=KillPlan(cell=1, step=2, after_micro_steps=1),
+        ),
     ]
     err = None
     try:
@@ -98,8 +145,12 @@ def test_one_vs_three_cells_vs_late_joiners(cells_run, tiny_model_dir):
     assert moved > 5e-4  # the step changed the weights (AdamW first step ~ lr)
     for name in ("even", "late", "streamed_late"):
         assert _diff(final["core_alone"], final[name]) < 1e-9, name
-        assert m[name]["actor/grad_norm"] == pytest.approx(m["core_alone"]["actor/grad_norm"], rel=1e-9)
-        assert m[name]["actor/loss"] == pytest.approx(m["core_alone"]["actor/loss"], rel=1e-6)  # float32 l_t sums
+        assert m[name]["actor/grad_norm"] == pytest.approx(
+            m["core_alone"]["actor/grad_norm"], rel=1e-9
+        )
+        assert m[name]["actor/loss"] == pytest.approx(
+            m["core_alone"]["actor/loss"], rel=1e-6
+        )  # float32 l_t sums
 
 
 def test_split_executions_across_cells(cells_run):
@@ -134,18 +185,39 @@ def test_kill_a_replica_mid_step_and_resume(cells_run, tiny_model_dir, tmp_path)
     assert all(d["train/participants"] == 2 for d in done)
     # resume with a different number of cells (2): the checkpoint holds only core state.
     # The same spawn then runs the schedule again and SIGKILLs the *core* mid-step 1.
-    resumed = LocalRun(name="killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck), data=KILL_DATA,
-                       steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS, resume=True,
-                       fresh_store_namespace="-resume")
+    resumed = LocalRun(
+        name="killed",
+        cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck),
+        data=KILL_DATA,
+        steps=3,
+        joins=KILL_JOINS,
+        core_max_claims=KILL_CORE_CLAIMS,
+        resume=True,
+        fresh_store_namespace="-resume",
+    )
     ck2 = CheckpointConfig(dir=str(out / "ck2"))
-    core_killed = LocalRun(name="core_killed", cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck2),
-                           data=KILL_DATA, steps=3, joins=KILL_JOINS, core_max_claims=KILL_CORE_CLAIMS,
-                           kill=KillPlan(cell=0, step=1, after_micro_steps=1))
+    core_killed = LocalRun(
+        name="core_killed",
+        cfg=_cfg(tiny_model_dir, stream=STREAM_KILL, checkpoint=ck2),
+        data=KILL_DATA,
+        steps=3,
+        joins=KILL_JOINS,
+        core_max_claims=KILL_CORE_CLAIMS,
+        kill=KillPlan(cell=0, step=1, after_micro_steps=1),
+    )
     with pytest.raises(Exception, match="SIGKILL|signal"):
         run_local(2, [resumed, core_killed], out, timeout_s=240)
     after = _same_as_full(out, "killed")
     assert after[2]["train/participants"] == 2
     assert [d["step"] for d in _lines(out / "core_killed" / "metrics.jsonl")] == [0]
-    run_local(2, [core_killed.model_copy(update={"kill": None, "resume": True, "fresh_store_namespace": "-r"})],
-              out, timeout_s=240)
+    run_local(
+        2,
+        [
+            core_killed.model_copy(
+                update={"kill": None, "resume": True, "fresh_store_namespace": "-r"}
+            )
+        ],
+        out,
+        timeout_s=240,
+    )
     _same_as_full(out, "core_killed")

@@ -26,21 +26,42 @@ def trace_file(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
     from gyre.proxy.testing import running_engine, running_proxy
 
     traces = tmp_path_factory.mktemp("tree-traces")
-    with running_engine("embedded", tiny_model_dir) as eng, \
-            running_proxy(tiny_model_dir, [eng.url], traces, tiny_tokenizer, fsync=False) as px:
+    with (
+        running_engine("embedded", tiny_model_dir) as eng,
+        running_proxy(tiny_model_dir, [eng.url], traces, tiny_tokenizer, fsync=False) as px,
+    ):
         c = openai.OpenAI(base_url=px.url + "/v1", api_key="tree-test", max_retries=0)
 
         def ask(messages):
-            return c.chat.completions.create(model="m", messages=messages, max_tokens=10).choices[0].message.content or ""
+            return (
+                c.chat.completions.create(model="m", messages=messages, max_tokens=10)
+                .choices[0]
+                .message.content
+                or ""
+            )
 
-        msgs = [{"role": "system", "content": "You are the main agent."},
-                {"role": "user", "content": "Fix the bug in a.py"}]
+        msgs = [
+            {"role": "system", "content": "You are the main agent."},
+            {"role": "user", "content": "Fix the bug in a.py"},
+        ]
         for k in range(3):
-            msgs += [{"role": "assistant", "content": ask(msgs)}, {"role": "user", "content": f"tool output {k}"}]
-        ask(msgs[:4] + [{"role": "user", "content": "that failed, try another way"}])  # a retry: branch
+            msgs += [
+                {"role": "assistant", "content": ask(msgs)},
+                {"role": "user", "content": f"tool output {k}"},
+            ]
+        ask(
+            msgs[:4] + [{"role": "user", "content": "that failed, try another way"}]
+        )  # a retry: branch
         summary = ask(msgs + [{"role": "user", "content": "Summarize the conversation so far."}])
-        ask(msgs[:2] + [{"role": "user", "content": "Continue. Earlier work: " + summary}])  # restart
-        ask([{"role": "system", "content": "You are a sub-agent."}, {"role": "user", "content": "Read b.py"}])
+        ask(
+            msgs[:2] + [{"role": "user", "content": "Continue. Earlier work: " + summary}]
+        )  # restart
+        ask(
+            [
+                {"role": "system", "content": "You are a sub-agent."},
+                {"role": "user", "content": "Read b.py"},
+            ]
+        )
     (path,) = list(traces.glob("*.jsonl"))
     return path
 
@@ -61,7 +82,9 @@ def test_tree_from_real_trace(trace_file, tiny_model_dir):
         full[r.request_id] = inp + list(r.output_ids)
         ri = tree.by_id[r.request_id]
         assert tree.request_sequence(ri) == full[r.request_id]
-    assert tree.n_targets == sum(len(r.output_ids) for r in res.records)  # no output re-sampled in place
+    assert tree.n_targets == sum(
+        len(r.output_ids) for r in res.records
+    )  # no output re-sampled in place
     roles = Counter(tree.leaf_role(lf).value for lf in tree.leaves)
     # The summary request extends the chain's last turn, so the chain is not a leaf of its
     # own: leaves are the retry and the restart (main), the summary, and the sub-agent.

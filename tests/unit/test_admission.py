@@ -40,8 +40,12 @@ def test_walkthrough_jmax3_summary_contributes_only_its_own_tokens(case_tree):
     recs, tree = case_tree
     adm = admit(tree, 3, seed=0)
     assert [p.role for p in adm.paths] == [Role.MAIN, Role.MAIN, Role.MAIN_SUMMARY]
-    summ = next(r for r in recs if r.meta["system_sha1"] == "main" and "Summarize" in r.meta["last_user_head"])
-    own = _indices(tree, summ.request_id)[-len(summ.output_ids):]
+    summ = next(
+        r
+        for r in recs
+        if r.meta["system_sha1"] == "main" and "Summarize" in r.meta["last_user_head"]
+    )
+    own = _indices(tree, summ.request_id)[-len(summ.output_ids) :]
     s_path = adm.paths[2]
     assert s_path.targets.tolist() == own  # exactly the summary's own output
     # ...although its root-to-leaf path carries far more targets (the shared main-1 prefix)
@@ -69,21 +73,36 @@ def test_seeded_and_reproducible(case_tree):
 
 
 def _rec(rid, seq, inp, out, role=None, base=None, base_len=0):
-    return TraceRecord("e", rid, seq, "openai.chat", base, base_len, tuple(inp), tuple(out),
-                       tuple(-0.5 for _ in out), (OutputSegment(0, len(out), "e0", 1),) if out else (),
-                       meta={"r": role} if role else {})
+    return TraceRecord(
+        "e",
+        rid,
+        seq,
+        "openai.chat",
+        base,
+        base_len,
+        tuple(inp),
+        tuple(out),
+        tuple(-0.5 for _ in out),
+        (OutputSegment(0, len(out), "e0", 1),) if out else (),
+        meta={"r": role} if role else {},
+    )
 
 
-ROLE_PROFILE = RoleProfile(rules=tuple(
-    RoleRule(role=r, when=(Condition(key="r", op="equals", value=r.value),)) for r in Role))
+ROLE_PROFILE = RoleProfile(
+    rules=tuple(
+        RoleRule(role=r, when=(Condition(key="r", op="equals", value=r.value),)) for r in Role
+    )
+)
 
 
 def test_draw_is_proportional_to_unmasked_targets():
     # two sub-agent leaves from the root with 30 and 10 target tokens
     recs = [_rec("a", 0, [1], [2] * 30, "sub-agent"), _rec("b", 1, [3], [4] * 10, "sub-agent")]
     tree = build_tree(recs, ROLE_PROFILE)
-    first = Counter(tree.requests[tree.leaf_request[admit(tree, 1, seed=s).paths[0].leaf]].request_id
-                    for s in range(2000))
+    first = Counter(
+        tree.requests[tree.leaf_request[admit(tree, 1, seed=s).paths[0].leaf]].request_id
+        for s in range(2000)
+    )
     assert 0.70 < first["a"] / 2000 < 0.80
 
 
@@ -146,6 +165,7 @@ def test_admission_properties(recs, j_max, seed):
 @given(executions(), st.randoms(use_true_random=False))
 def test_tree_is_independent_of_arrival_order(recs, rnd):
     """Records with full inputs (no base) can arrive in any order: same tree."""
+
     def canonical(tree):
         out = {}
         for g in range(len(tree)):

@@ -6,7 +6,9 @@ from gyre.config import GyreConfig, apply_overrides, load_config
 
 def test_model_dir_is_shared_unless_a_section_names_its_own(tmp_path):
     f = tmp_path / "run.toml"
-    f.write_text('model_dir = "/m"\n[proxy]\nmodel_dir = "/tok"\nport = 9000\n[policy]\nplacement = "colocate"\nmu = 4\n')
+    f.write_text(
+        'model_dir = "/m"\n[proxy]\nmodel_dir = "/tok"\nport = 9000\n[policy]\nplacement = "colocate"\nmu = 4\n'
+    )
     cfg = load_config(f)
     assert cfg.engine.model_dir == "/m" and cfg.trainer.model_dir == "/m"
     assert cfg.proxy.model_dir == "/tok" and cfg.proxy.port == 9000
@@ -14,8 +16,15 @@ def test_model_dir_is_shared_unless_a_section_names_its_own(tmp_path):
 
 
 def test_overrides_parse_json_values_and_reach_nested_sections():
-    cfg = load_config(model_dir="/m", overrides=["policy.cells=4", "trainer.objective.token_cap=3.5",
-                                                 "proxy.mode=managed", "proxy.admin_token=secret"])
+    cfg = load_config(
+        model_dir="/m",
+        overrides=[
+            "policy.cells=4",
+            "trainer.objective.token_cap=3.5",
+            "proxy.mode=managed",
+            "proxy.admin_token=secret",
+        ],
+    )
     assert cfg.policy.cells == 4
     assert cfg.trainer.objective.token_cap == 3.5
     assert cfg.proxy.mode == "managed"

@@ -25,8 +25,11 @@ def test_tools_under_tmp_are_bound_back_and_hidden_trees_inside_stay_hidden(tmp_
     elsewhere.mkdir()
 
     # The executable sits behind a wrapper (the network bridge), as in proxy-only mode.
-    argv = bwrap_argv([sys.executable, "-m", "wrapper", "--", str(exe)], workspace=tmp_path / "ws",
-                      hide=[secret, elsewhere])
+    argv = bwrap_argv(
+        [sys.executable, "-m", "wrapper", "--", str(exe)],
+        workspace=tmp_path / "ws",
+        hide=[secret, elsewhere],
+    )
     ro = _pairs(argv, "--ro-bind")
     assert (str(venv), str(venv)) in ro
     assert (str(tmp_path / "h" / "node_modules"),) * 2 in ro
@@ -37,8 +40,14 @@ def test_tools_under_tmp_are_bound_back_and_hidden_trees_inside_stay_hidden(tmp_
     # A hidden tree under /tmp that nothing re-exposed is already gone with /tmp.
     assert str(elsewhere) not in tmpfs
 
-    v = harbor_verifier_argv(["bash", "/tests/test.sh"], workspace_copy=tmp_path, tests=tmp_path,
-                             reward_dir=tmp_path, hide=[secret], home="/tmp/h")
+    v = harbor_verifier_argv(
+        ["bash", "/tests/test.sh"],
+        workspace_copy=tmp_path,
+        tests=tmp_path,
+        reward_dir=tmp_path,
+        hide=[secret],
+        home="/tmp/h",
+    )
     assert (str(venv), str(venv)) in _pairs(v, "--ro-bind")
     assert str(secret) in [v[i + 1] for i, a in enumerate(v) if a == "--tmpfs"]
 

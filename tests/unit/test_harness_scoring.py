@@ -7,13 +7,24 @@ import json
 import pytest
 from pydantic import TypeAdapter
 
-from gyre.harness.assessment import Assessment, Missing, MissingReason, Scored, mean_reward, summarize
+from gyre.harness.assessment import (
+    Assessment,
+    Missing,
+    MissingReason,
+    Scored,
+    mean_reward,
+    summarize,
+)
 from gyre.harness.scorer import _read_result, _ResultError, apply_rule
 
 
 def test_missing_is_never_a_zero():
-    a = [Scored(reward=1.0, rule="binary"), Missing(reason=MissingReason.evaluator_timeout),
-         Scored(reward=0.0, rule="binary"), Missing(reason=MissingReason.overall_timeout)]
+    a = [
+        Scored(reward=1.0, rule="binary"),
+        Missing(reason=MissingReason.evaluator_timeout),
+        Scored(reward=0.0, rule="binary"),
+        Missing(reason=MissingReason.overall_timeout),
+    ]
     assert mean_reward(a) == 0.5  # (1 + 0) / 2, not / 4
     assert mean_reward([Missing(reason=MissingReason.evaluator_error)]) is None
     assert mean_reward([]) is None
@@ -24,17 +35,29 @@ def test_missing_is_never_a_zero():
 
 def test_assessment_round_trips_as_a_tagged_union():
     ta = TypeAdapter(Assessment)
-    for a in (Scored(reward=0.25, rule="fraction", passed=1, total=4), Missing(reason=MissingReason.launch_failed, detail="x")):
+    for a in (
+        Scored(reward=0.25, rule="fraction", passed=1, total=4),
+        Missing(reason=MissingReason.launch_failed, detail="x"),
+    ):
         back = ta.validate_json(ta.dump_json(a))
         assert back == a and type(back) is type(a)
 
 
-@pytest.mark.parametrize("rule, reward, passed, total, want", [
-    ("binary", None, 4, 4, 1.0), ("binary", None, 3, 4, 0.0), ("binary", None, 0, 0, 0.0),
-    ("fraction", None, 3, 4, 0.75), ("fraction", None, 0, 0, 0.0),
-    ("binary", 1.0, None, None, 1.0), ("binary", 0.99, None, None, 0.0),
-    ("fraction", 0.4, None, None, 0.4), ("fraction", 7.0, None, None, 1.0), ("fraction", -1.0, None, None, 0.0),
-])
+@pytest.mark.parametrize(
+    "rule, reward, passed, total, want",
+    [
+        ("binary", None, 4, 4, 1.0),
+        ("binary", None, 3, 4, 0.0),
+        ("binary", None, 0, 0, 0.0),
+        ("fraction", None, 3, 4, 0.75),
+        ("fraction", None, 0, 0, 0.0),
+        ("binary", 1.0, None, None, 1.0),
+        ("binary", 0.99, None, None, 0.0),
+        ("fraction", 0.4, None, None, 0.4),
+        ("fraction", 7.0, None, None, 1.0),
+        ("fraction", -1.0, None, None, 0.0),
+    ],
+)
 def test_reward_rules(rule, reward, passed, total, want):
     assert apply_rule(rule, reward, passed, total) == want
 
@@ -42,7 +65,8 @@ def test_reward_rules(rule, reward, passed, total, want):
 def test_result_files(tmp_path):
     assert _read_result(tmp_path) is None  # nothing written -> caller makes it Missing
     (tmp_path / "junit.xml").write_text(
-        '<testsuites><testsuite name="a" tests="5" failures="1" errors="1" skipped="1"/></testsuites>')
+        '<testsuites><testsuite name="a" tests="5" failures="1" errors="1" skipped="1"/></testsuites>'
+    )
     assert _read_result(tmp_path) == (None, 2, 4, "junit.xml")
     (tmp_path / "reward.txt").write_text("0.5\n")
     assert _read_result(tmp_path) == (0.5, None, None, "reward.txt")
@@ -50,11 +74,18 @@ def test_result_files(tmp_path):
     assert _read_result(tmp_path) == (None, 3, 4, "reward.json")
 
 
-@pytest.mark.parametrize("name, content", [
-    ("reward.json", "{not json"), ("reward.json", "[1]"), ("reward.json", '{"score": 1}'),
-    ("reward.json", '{"passed": 5, "total": 4}'), ("reward.txt", "nan"), ("reward.txt", "one"),
-    ("junit.xml", "<testsuite"),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("reward.json", "{not json"),
+        ("reward.json", "[1]"),
+        ("reward.json", '{"score": 1}'),
+        ("reward.json", '{"passed": 5, "total": 4}'),
+        ("reward.txt", "nan"),
+        ("reward.txt", "one"),
+        ("junit.xml", "<testsuite"),
+    ],
+)
 def test_unreadable_results_raise(tmp_path, name, content):
     (tmp_path / name).write_text(content)
     with pytest.raises(_ResultError):

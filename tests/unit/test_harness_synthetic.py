@@ -29,21 +29,68 @@ def test_clipping_and_errors():
 
 def test_offline_run_writes_files(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["--calls", "0", "--dist", "fixed", "--mean-s", "10", "--time-scale", "0.001", "--write", "a.txt=4\\n2"]) == 0
+    assert (
+        main(
+            [
+                "--calls",
+                "0",
+                "--dist",
+                "fixed",
+                "--mean-s",
+                "10",
+                "--time-scale",
+                "0.001",
+                "--write",
+                "a.txt=4\\n2",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["virtual_s"] == 10.0 and out["calls"] == 0
     assert (tmp_path / "a.txt").read_text() == "4\n2"
     # Unreachable endpoint: every call fails -> exit status 1, failures on stderr.
-    assert main(["--calls", "2", "--mean-s", "1", "--time-scale", "0", "--base-url", "http://127.0.0.1:9/v1",
-                 "--request-timeout", "2"]) == 1
+    assert (
+        main(
+            [
+                "--calls",
+                "2",
+                "--mean-s",
+                "1",
+                "--time-scale",
+                "0",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--request-timeout",
+                "2",
+            ]
+        )
+        == 1
+    )
 
 
 def test_query_factor_is_shared_within_a_query(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def run(query: str, seed: int) -> dict:
-        main(["--calls", "0", "--dist", "fixed", "--mean-s", "100", "--time-scale", "0", "--query-sigma", "1.0",
-              "--query-id", query, "--seed", str(seed)])
+        main(
+            [
+                "--calls",
+                "0",
+                "--dist",
+                "fixed",
+                "--mean-s",
+                "100",
+                "--time-scale",
+                "0",
+                "--query-sigma",
+                "1.0",
+                "--query-id",
+                query,
+                "--seed",
+                str(seed),
+            ]
+        )
         return json.loads(capsys.readouterr().out)
 
     a1, a2, b = run("q-a", 1), run("q-a", 2), run("q-b", 1)

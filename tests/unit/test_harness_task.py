@@ -11,14 +11,23 @@ import pytest
 from gyre.harness.task import TaskError, list_builtin_tasksets, load_task, load_taskset
 
 
-def write_task(root: Path, toml: str | None = None, *, repo: str = "environment/repo", instruction: str = "Do it.\n") -> Path:
+def write_task(
+    root: Path,
+    toml: str | None = None,
+    *,
+    repo: str = "environment/repo",
+    instruction: str = "Do it.\n",
+) -> Path:
     d = root / "task"
     (d / repo).mkdir(parents=True)
     (d / repo / "main.py").write_text("x = 1\n")
     (d / "tests").mkdir()
     (d / "tests" / "test.sh").write_text("exit 0\n")
     (d / "instruction.md").write_text(instruction)
-    (d / "task.toml").write_text(toml if toml is not None else textwrap.dedent("""\
+    (d / "task.toml").write_text(
+        toml
+        if toml is not None
+        else textwrap.dedent("""\
         version = "1.0"
         [metadata]
         difficulty = "easy"
@@ -30,14 +39,17 @@ def write_task(root: Path, toml: str | None = None, *, repo: str = "environment/
         [gyre]
         reward = "fraction"
         overall_timeout_sec = 100
-        """))
+        """)
+    )
     return d
 
 
 def test_loads_harbor_layout_with_gyre_extension(tmp_path):
     t = load_task(write_task(tmp_path))
     assert t.name == "task" and t.instruction == "Do it."
-    assert t.harness_timeout_s == 30.0 and t.verifier_timeout_s == 5.0 and t.overall_timeout_s == 100.0
+    assert (
+        t.harness_timeout_s == 30.0 and t.verifier_timeout_s == 5.0 and t.overall_timeout_s == 100.0
+    )
     assert t.reward_rule == "fraction" and t.verifier_env == {"FOO": "bar"}
     assert t.repository.name == "repo" and (t.repository / "main.py").exists()
     assert t.solution_dir is None and t.metadata == {"difficulty": "easy"}
@@ -46,29 +58,52 @@ def test_loads_harbor_layout_with_gyre_extension(tmp_path):
 
 def test_plain_harbor_task_defaults(tmp_path):
     """A Harbor task without [gyre]: binary reward, environment/ itself is the repo minus the Dockerfile."""
-    d = write_task(tmp_path, toml='version = "1.0"\n[agent]\ntimeout_sec = 12\n', repo="environment")
+    d = write_task(
+        tmp_path, toml='version = "1.0"\n[agent]\ntimeout_sec = 12\n', repo="environment"
+    )
     (d / "environment" / "Dockerfile").write_text("FROM python:3.11\n")
     t = load_task(d)
-    assert t.reward_rule == "binary" and t.harness_timeout_s == 12.0 and t.verifier_timeout_s == 120.0
+    assert (
+        t.reward_rule == "binary" and t.harness_timeout_s == 12.0 and t.verifier_timeout_s == 120.0
+    )
     assert t.overall_timeout_s is None
     assert t.repository == d / "environment" and "Dockerfile" in t.skip_files
 
 
-@pytest.mark.parametrize("breakage, message", [
-    (lambda d: (d / "instruction.md").unlink(), "missing instruction.md"),
-    (lambda d: (d / "instruction.md").write_text("  \n"), "instruction.md is empty"),
-    (lambda d: (d / "task.toml").unlink(), "missing task.toml"),
-    (lambda d: (d / "task.toml").write_text("[agent\n"), "not valid TOML"),
-    (lambda d: (d / "task.toml").write_text("[gyre]\nreward = 'best'\n"), "must be 'binary' or 'fraction'"),
-    (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"), "must be > 0"),
-    (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = 'soon'\n"), "must be a number"),
-    (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = 50\n[gyre]\noverall_timeout_sec = 10\n"),
-     "harness timeout must come first"),
-    (lambda d: (d / "task.toml").write_text("[gyre]\nrepository = '../../etc'\n"), "escapes the task folder"),
-    (lambda d: shutil.rmtree(d / "environment"), "starting repository .* is missing"),
-    (lambda d: (d / "tests" / "test.sh").unlink(), "missing tests/test.sh"),
-    (lambda d: (d / "task.toml").write_text("agent = 3\n"), r"\[agent\] in task.toml must be a table"),
-])
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: (d / "instruction.md").unlink(), "missing instruction.md"),
+        (lambda d: (d / "instruction.md").write_text("  \n"), "instruction.md is empty"),
+        (lambda d: (d / "task.toml").unlink(), "missing task.toml"),
+        (lambda d: (d / "task.toml").write_text("[agent\n"), "not valid TOML"),
+        (
+            lambda d: (d / "task.toml").write_text("[gyre]\nreward = 'best'\n"),
+            "must be 'binary' or 'fraction'",
+        ),
+        (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = -1\n"), "must be > 0"),
+        (
+            lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = 'soon'\n"),
+            "must be a number",
+        ),
+        (
+            lambda d: (d / "task.toml").write_text(
+                "[agent]\ntimeout_sec = 50\n[gyre]\noverall_timeout_sec = 10\n"
+            ),
+            "harness timeout must come first",
+        ),
+        (
+            lambda d: (d / "task.toml").write_text("[gyre]\nrepository = '../../etc'\n"),
+            "escapes the task folder",
+        ),
+        (lambda d: shutil.rmtree(d / "environment"), "starting repository .* is missing"),
+        (lambda d: (d / "tests" / "test.sh").unlink(), "missing tests/test.sh"),
+        (
+            lambda d: (d / "task.toml").write_text("agent = 3\n"),
+            r"\[agent\] in task.toml must be a table",
+        ),
+    ],
+)
 def test_bad_task_folders_give_clear_errors(tmp_path, breakage, message):
     d = write_task(tmp_path)
     breakage(d)

@@ -14,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.trace.packing import PackedSequence
-from gyre.train.packed import ancestor_mask, plan_segments, subtree_end, supports_segments, token_logprobs
+from gyre.train.packed import (
+    ancestor_mask,
+    plan_segments,
+    subtree_end,
+    supports_segments,
+    token_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +64,9 @@ def _tree_row(paths: list[list[int]]) -> tuple[PackedSequence, list[list[int]]]:
 
     walk(trie, -1, 0)
     n = len(ids)
-    seq = PackedSequence(ids, pos, parent, [p >= 0 for p in parent], [0.0] * n, [0] * n, [0] * n, [0.0] * n)
+    seq = PackedSequence(
+        ids, pos, parent, [p >= 0 for p in parent], [0.0] * n, [0] * n, [0] * n, [0.0] * n
+    )
     # map each path to its row indices
     index = {}
     for i in range(n):
@@ -78,7 +86,9 @@ def _paths_row(paths):
             ids.append(t)
             pos.append(j)
     n = len(ids)
-    seq = PackedSequence(ids, pos, parent, [p >= 0 for p in parent], [0.0] * n, [0] * n, [0] * n, [0.0] * n)
+    seq = PackedSequence(
+        ids, pos, parent, [p >= 0 for p in parent], [0.0] * n, [0] * n, [0] * n, [0.0] * n
+    )
     rows = [list(range(o, o + len(p))) for o, p in zip(off, paths)]
     return seq, rows
 
@@ -136,7 +146,9 @@ def test_plan_attention_pairs_track_the_tree():
     mask = ancestor_mask(tseq.parent)
     assert plan.attention_pairs == int(mask.sum())
     # expanded paths compute each path's full triangle
-    assert _paths_row(paths)[0] and plan.attention_pairs < sum(len(p) * (len(p) + 1) // 2 for p in paths)
+    assert _paths_row(paths)[0] and plan.attention_pairs < sum(
+        len(p) * (len(p) + 1) // 2 for p in paths
+    )
 
 
 def test_interval_mask_equals_ancestor_walk_and_rejects_non_preorder():
@@ -200,7 +212,9 @@ def test_end_to_end_paths_tree_and_original_requests_agree(model, j_max):
                     lp = token_logprobs(model, row)
                 for i, t in enumerate(row.is_target):
                     if t:
-                        got[(step.executions[row.execution_index[i]], row.tree_index[i])] = lp[i].item()
+                        got[(step.executions[row.execution_index[i]], row.tree_index[i])] = lp[
+                            i
+                        ].item()
         results[(mode, budget)] = got
     keys = {(a.execution_id, g) for a in adms for p in a.paths for g in p.targets.tolist()}
     for got in results.values():
@@ -211,7 +225,6 @@ def test_end_to_end_paths_tree_and_original_requests_agree(model, j_max):
 
 def test_end_to_end_loss_gradients_match_between_modes(model):
     from gyre.trace import admit, build_tree, pack
-
     from gyre.trace.synthetic import small_execution
 
     adm = admit(build_tree(small_execution("g", seed=3, vocab=2000)), None, seed=1)
@@ -234,8 +247,15 @@ def test_qwen2_family_with_biases_is_exact():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(1)
-    cfg = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = Qwen2Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     m = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
         for layer in m.model.layers:  # make the biases matter
@@ -261,7 +281,12 @@ def test_segments_without_materialised_masks_are_exact(model, monkeypatch):
         model.zero_grad()
         lp = token_logprobs(model, seq, impl="segments")
         (lp * w).sum().backward()
-        outs.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        outs.append(
+            (
+                lp.detach(),
+                {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            )
+        )
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
     for n in outs[0][1]:
         torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=1e-5, rtol=1e-4)
@@ -290,7 +315,9 @@ def _random_rows(draw):
     return PackedSequence(ids, depth, parent, tgt, [0.0] * n, [0] * n, [0] * n, [0.0] * n)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(row=_random_rows())
 def test_segments_equal_expand_on_random_trees(model, row):
     with torch.no_grad():
@@ -304,9 +331,16 @@ def test_llama_shaped_model_is_exact():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(2)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
-                      rope_scaling={"rope_type": "linear", "factor": 2.0})
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
     m = LlamaForCausalLM(cfg).eval()
     assert supports_segments(m)
     paths = _paths(seed=6, vocab=300)

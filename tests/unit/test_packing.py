@@ -63,8 +63,17 @@ def test_budget_respected_unless_a_single_path_is_longer(mode):
 
 
 def test_tree_mode_stores_shared_prefixes_once():
-    tree = build_tree(case_study_execution(n_requests=120, n_subagents=3, system_len=300, task_len=50,
-                                           out_len=(20, 60), tool_len=(20, 80), summary_len=(30, 60)))
+    tree = build_tree(
+        case_study_execution(
+            n_requests=120,
+            n_subagents=3,
+            system_len=300,
+            task_len=50,
+            out_len=(20, 60),
+            tool_len=(20, 80),
+            summary_len=(30, 60),
+        )
+    )
     adm = admit(tree, None, 0)
     p = sum(s.n_tokens for s in pack([adm], "paths", 10**7))
     t = sum(s.n_tokens for s in pack([adm], "tree", 10**7))

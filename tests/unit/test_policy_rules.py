@@ -35,8 +35,18 @@ from gyre.policy import (
 
 
 def cfg(placement="elastic", **kw) -> PolicyConfig:
-    base = dict(cells=4, cell_capacity=4, group_size=2, batch_groups=2, phi=0.5, mu=2, total_steps=4,
-                streaming=True, rho_min=0.5, hold_tau=0.0)
+    base = dict(
+        cells=4,
+        cell_capacity=4,
+        group_size=2,
+        batch_groups=2,
+        phi=0.5,
+        mu=2,
+        total_steps=4,
+        streaming=True,
+        rho_min=0.5,
+        hold_tau=0.0,
+    )
     if placement == "colocate":
         base.update(phi=0.0)
     base.update(kw)
@@ -56,7 +66,9 @@ def finish_group(p: SchedulingPolicy, gid: int, t: float, reward=1.0):
 
 # ---------------------------------------------------------------- dispatch and capacity
 def test_boundary_dispatch_fills_queue_depth_and_launches_up_to_capacity():
-    p = SchedulingPolicy(cfg(phi=0.5, mu=2, cell_capacity=1))  # Q_b = 2.5 * 2 = 5 groups, 10 execs, cap 4
+    p = SchedulingPolicy(
+        cfg(phi=0.5, mu=2, cell_capacity=1)
+    )  # Q_b = 2.5 * 2 = 5 groups, 10 execs, cap 4
     acts = p.start(0.0)
     (d,) = of(acts, DispatchGroups)
     assert d.group_ids == (0, 1, 2, 3, 4) and d.version == 0
@@ -94,7 +106,9 @@ def test_waterlevel_rule_blocks_leaving_until_capacity_after_covers_w():
 
 
 def test_waterlevel_rule_holds_back_when_outstanding_work_exceeds_capacity_left():
-    p = SchedulingPolicy(cfg(cell_capacity=3, phi=1.0, mu=2))  # Q_b = 6 groups = 12 executions, cap 12
+    p = SchedulingPolicy(
+        cfg(cell_capacity=3, phi=1.0, mu=2)
+    )  # Q_b = 6 groups = 12 executions, cap 12
     p.start(0.0)
     acts = p.handle(ExecutionFinished(0.5, (0, 0), 1.0))
     acts += p.handle(ExecutionFinished(0.6, (0, 1), 1.0))  # group 0 ready, w = 10 > 12 - 3
@@ -174,7 +188,9 @@ def test_burst_boundary_satellites_return_core_publishes_then_dispatches():
     acts = p.start(0.0)  # Q_b = 3 groups
     acts = finish_group(p, 0, 1.0)
     out, t = drive_training(p, acts, 1.0)  # core joins, trains group 0
-    acts = finish_group(p, 1, t + 1)  # cell 1 joins (supply 1 while core busy?) and the step completes
+    acts = finish_group(
+        p, 1, t + 1
+    )  # cell 1 joins (supply 1 while core busy?) and the step completes
     out2, t = drive_training(p, acts, t + 1)
     every = out + out2
     assert [a for a in every if isinstance(a, FinishStep)] == [FinishStep(0, 0)]
@@ -195,7 +211,9 @@ def test_core_retention_test_keeps_core_when_supply_and_room():
     out, t = drive_training(p, acts, 1.0)
     assert p.steps_done == 1
     assert p.roles[0] is Role.TRAINING  # group 2 is ready (>= rho_min*B = 1) and rollout has room
-    assert not [a for a in out if isinstance(a, SwitchCell) and a.role is Role.ROLLOUT and a.cell == 0]
+    assert not [
+        a for a in out if isinstance(a, SwitchCell) and a.role is Role.ROLLOUT and a.cell == 0
+    ]
 
 
 def test_core_retention_test_returns_core_without_supply():
@@ -209,7 +227,9 @@ def test_core_retention_test_returns_core_without_supply():
 
 # ---------------------------------------------------------------- streaming, micro-steps, core-only optimizer
 def test_streaming_claims_oldest_version_first_and_only_core_steps():
-    p = SchedulingPolicy(cfg(cell_capacity=16, mu=2, phi=0.5, streaming=True, rho_min=0.5, total_steps=2))
+    p = SchedulingPolicy(
+        cfg(cell_capacity=16, mu=2, phi=0.5, streaming=True, rho_min=0.5, total_steps=2)
+    )
     p.start(0.0)
     acts = finish_group(p, 1, 1.0)
     out, t = drive_training(p, acts, 1.0)
@@ -227,7 +247,9 @@ def test_streaming_claims_oldest_version_first_and_only_core_steps():
 def test_missing_assessments_are_dropped_from_their_group():
     p = SchedulingPolicy(cfg(cell_capacity=16, streaming=True, rho_min=0.5))
     p.start(0.0)
-    acts = p.handle(ExecutionFinished(1.0, (0, 0), None)) + p.handle(ExecutionFinished(1.0, (0, 1), 0.0))
+    acts = p.handle(ExecutionFinished(1.0, (0, 0), None)) + p.handle(
+        ExecutionFinished(1.0, (0, 1), 0.0)
+    )
     out, _ = drive_training(p, acts, 1.0)
     (a,) = [x for x in of(out, AssignGroup) if x.group_id == 0]
     assert a.micro_steps == 1  # the valid zero stays, the missing one is dropped
@@ -364,7 +386,9 @@ def test_supply_hold_restarts_when_the_joining_cell_drains_supply():
 def test_packing_granularity_cuts_each_valid_execution_into_m_micro_steps():
     p = SchedulingPolicy(cfg(cell_capacity=16, micro_steps_per_execution=3))
     p.start(0.0)
-    acts = p.handle(ExecutionFinished(1.0, (0, 0), None)) + p.handle(ExecutionFinished(1.0, (0, 1), 0.0))
+    acts = p.handle(ExecutionFinished(1.0, (0, 0), None)) + p.handle(
+        ExecutionFinished(1.0, (0, 1), 0.0)
+    )
     out, _ = drive_training(p, acts, 1.0)
     (a,) = of(out, AssignGroup)
     assert a.micro_steps == 3  # one valid execution x 3

@@ -12,10 +12,19 @@ TEXT = st.text(alphabet=st.sampled_from(list('ab é中"\\\n\t]}[{,:') + ["\u2028
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(TEXT, st.booleans(), st.booleans()), min_size=1, max_size=12), st.booleans(), st.booleans())
+@given(
+    st.lists(st.tuples(TEXT, st.booleans(), st.booleans()), min_size=1, max_size=12),
+    st.booleans(),
+    st.booleans(),
+)
 def test_equals_full_parse_for_growing_conversations(steps, ascii_, indent):
     bp = BodyParser(min_reuse_bytes=0)
-    msgs = [{"role": "system", "content": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]}]
+    msgs = [
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}],
+        }
+    ]
     for text, marker, tool in steps:
         for m in msgs:  # Claude Code moves its cache marker to the newest message
             if isinstance(m["content"], list):
@@ -26,9 +35,18 @@ def test_equals_full_parse_for_growing_conversations(steps, ascii_, indent):
             block["cache_control"] = {"type": "ephemeral"}
         msgs.append({"role": "user", "content": [block]})
         if tool:
-            msgs.append({"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"arguments": "[1]"}}]})
-        body = json.dumps({"model": "m", "messages": msgs, "tools": [{"n": "]}"}], "stream": True},
-                          ensure_ascii=ascii_, indent=2 if indent else None).encode()
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c", "function": {"arguments": "[1]"}}],
+                }
+            )
+        body = json.dumps(
+            {"model": "m", "messages": msgs, "tools": [{"n": "]}"}], "stream": True},
+            ensure_ascii=ascii_,
+            indent=2 if indent else None,
+        ).encode()
         assert bp.parse(body) == json.loads(body)
 
 
@@ -39,7 +57,10 @@ def test_history_objects_are_reused_and_bad_json_still_fails():
     msgs.append({"role": "assistant", "content": "y"})
     second = bp.parse(json.dumps({"messages": msgs, "model": "m"}).encode())
     assert second["messages"][0] is first["messages"][0] and bp.reused_messages == 1
-    for bad in (b'{"messages": [1, 2', b'{"messages": [{"role": "user", "content": "x" * 100}], "model": "m"} trailing'):
+    for bad in (
+        b'{"messages": [1, 2',
+        b'{"messages": [{"role": "user", "content": "x" * 100}], "model": "m"} trailing',
+    ):
         try:
             bp.parse(bad)
         except ValueError:
@@ -54,7 +75,9 @@ def test_common_prefix_matches_naive():
     rng = random.Random(0)
     for _ in range(500):
         a = bytes(rng.choice(b"ab") for _ in range(rng.randint(0, 900)))
-        b = a[: rng.randint(0, len(a))] + bytes(rng.choice(b"ab") for _ in range(rng.randint(0, 900)))
+        b = a[: rng.randint(0, len(a))] + bytes(
+            rng.choice(b"ab") for _ in range(rng.randint(0, 900))
+        )
         k = 0
         while k < min(len(a), len(b)) and a[k] == b[k]:
             k += 1
@@ -82,11 +105,15 @@ def test_one_full_compare_per_call_when_extending_the_newest_body():
 
 def test_an_older_body_that_matches_further_is_still_chosen_and_verified():
     bp = BodyParser(min_reuse_bytes=0)
-    base = [{"role": "system", "content": "s" * 100}] + [{"role": "user", "content": f"u{i} " + "x" * 40}
-                                                          for i in range(5)]
+    base = [{"role": "system", "content": "s" * 100}] + [
+        {"role": "user", "content": f"u{i} " + "x" * 40} for i in range(5)
+    ]
     a = base + [{"role": "assistant", "content": "A-branch " + "a" * 40}]
     first = bp.parse(_body(a))
-    b = base + [{"role": "assistant", "content": "B-branch " + "b" * 40}, {"role": "user", "content": "more"}]
+    b = base + [
+        {"role": "assistant", "content": "B-branch " + "b" * 40},
+        {"role": "user", "content": "more"},
+    ]
     bp.parse(_body(b))  # newer body, diverges from A inside message 6
     n = a + [{"role": "user", "content": "continue A"}]
     reused = bp.reused_messages

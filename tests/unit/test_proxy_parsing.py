@@ -22,7 +22,7 @@ def run(text: str, pieces: list[int] | None = None, reasoning_open: bool = False
     else:
         pos = 0
         for n in pieces:
-            evs += p.feed(text[pos:pos + n])
+            evs += p.feed(text[pos : pos + n])
             pos += n
         evs += p.feed(text[pos:])
     evs += p.finish()
@@ -33,8 +33,10 @@ def run(text: str, pieces: list[int] | None = None, reasoning_open: bool = False
 
 
 def test_tool_calls_and_text():
-    text = 'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n' \
-           '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+    text = (
+        'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+    )
     content, reasoning, calls = run(text)
     assert content == "Let me look."
     assert reasoning == ""
@@ -53,8 +55,11 @@ def test_broken_json_is_text_never_a_crash():
     bad = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>'
     content, _, calls = run("x " + bad)
     assert calls == [] and content == "x " + bad
-    for raw in ['<tool_call>[1,2]</tool_call>', '<tool_call>{"arguments": {}}</tool_call>',
-                '<tool_call>{"name": "a", "arguments": 5}</tool_call>']:
+    for raw in [
+        "<tool_call>[1,2]</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "a", "arguments": 5}</tool_call>',
+    ]:
         content, _, calls = run(raw)
         assert calls == [] and content == raw
     # cut off inside a call (max_tokens): what was written comes back as text
@@ -68,10 +73,28 @@ def test_arguments_given_as_json_string():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(["Hi ", "<think>", "why", "</think>", "\n", "<tool_call>",
-                                 '{"name": "f", "arguments": {"x": 1}}', "</tool_call>", "<", "tool", "{", "é"]),
-                max_size=14),
-       st.lists(st.integers(0, 7), max_size=20))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "Hi ",
+                "<think>",
+                "why",
+                "</think>",
+                "\n",
+                "<tool_call>",
+                '{"name": "f", "arguments": {"x": 1}}',
+                "</tool_call>",
+                "<",
+                "tool",
+                "{",
+                "é",
+            ]
+        ),
+        max_size=14,
+    ),
+    st.lists(st.integers(0, 7), max_size=20),
+)
 def test_streaming_in_any_pieces_equals_one_shot(parts, cuts):
     text = "".join(parts)
     assert run(text, cuts) == run(text)

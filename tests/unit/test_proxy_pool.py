@@ -10,15 +10,28 @@ def test_segments_split_at_weight_version_marks_and_merge_across_attempts():
     assert a == [OutputSegment(0, 3, "A", 3), OutputSegment(3, 5, "A", 4)]
     # attempt 2 (after a drain) on engine B continued at token 5
     b = _segments(5, 9, "B", [(0, 4)])
-    assert _merge(a + b) == [OutputSegment(0, 3, "A", 3), OutputSegment(3, 5, "A", 4), OutputSegment(5, 9, "B", 4)]
+    assert _merge(a + b) == [
+        OutputSegment(0, 3, "A", 3),
+        OutputSegment(3, 5, "A", 4),
+        OutputSegment(5, 9, "B", 4),
+    ]
     assert _segments(0, 2, "C", []) == [OutputSegment(0, 2, "C", -1)]  # engine did not say
-    assert _merge(_segments(0, 2, "A", [(0, 1)]) + _segments(2, 4, "A", [(0, 1)])) == [OutputSegment(0, 4, "A", 1)]
+    assert _merge(_segments(0, 2, "A", [(0, 1)]) + _segments(2, 4, "A", [(0, 1)])) == [
+        OutputSegment(0, 4, "A", 1)
+    ]
 
 
 def test_unpack_sglang_shapes():
-    ids, lps, fin, marks = _unpack({"output_ids": [5, 6], "meta_info": {
-        "finish_reason": {"type": "stop", "matched": 6}, "output_token_logprobs": [[-0.5, 5, None], [-0.1, 6, None]],
-        "weight_version": "default"}})
+    ids, lps, fin, marks = _unpack(
+        {
+            "output_ids": [5, 6],
+            "meta_info": {
+                "finish_reason": {"type": "stop", "matched": 6},
+                "output_token_logprobs": [[-0.5, 5, None], [-0.1, 6, None]],
+                "weight_version": "default",
+            },
+        }
+    )
     assert (ids, lps, fin, marks) == ([5, 6], [-0.5, -0.1], "stop", [(0, -1)])
 
 

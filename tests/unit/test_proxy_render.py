@@ -6,32 +6,63 @@ import pytest
 
 from gyre.proxy.render import Renderer
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _call(i, cmd):
-    return {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": cmd})}}
+    return {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "bash", "arguments": json.dumps({"command": cmd})},
+    }
 
 
 CASES = {
     "tools+system, tool results": (
-        [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix the bug."}],
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [_call(0, "ls"), _call(1, "cat a.py")]},
-        [{"role": "tool", "tool_call_id": "call_0", "content": "a.py\nb.py"},
-         {"role": "tool", "tool_call_id": "call_1", "content": "print(1)"}],
-        TOOLS),
+        [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Fix the bug."},
+        ],
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [_call(0, "ls"), _call(1, "cat a.py")],
+        },
+        [
+            {"role": "tool", "tool_call_id": "call_0", "content": "a.py\nb.py"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "print(1)"},
+        ],
+        TOOLS,
+    ),
     "no system, user follow-up": (
         [{"role": "user", "content": "hi"}],
         {"role": "assistant", "content": "Hello!"},
         [{"role": "user", "content": "and now?"}],
-        None),
+        None,
+    ),
     "system message mid-conversation (Claude Code)": (
-        [{"role": "system", "content": "S"}, {"role": "system", "content": "reminder"}, {"role": "user", "content": "go"}],
+        [
+            {"role": "system", "content": "S"},
+            {"role": "system", "content": "reminder"},
+            {"role": "user", "content": "go"},
+        ],
         {"role": "assistant", "content": "", "tool_calls": [_call(2, "pwd")]},
-        [{"role": "tool", "tool_call_id": "call_2", "content": "/w"}, {"role": "user", "content": "continue"},
-         {"role": "system", "content": "late system note"}],
-        TOOLS),
+        [
+            {"role": "tool", "tool_call_id": "call_2", "content": "/w"},
+            {"role": "user", "content": "continue"},
+            {"role": "system", "content": "late system note"},
+        ],
+        TOOLS,
+    ),
 }
 
 
@@ -43,7 +74,7 @@ def test_continuation_equals_full_render(tiny_tokenizer, name):
     # what the model generated for `assistant`: the template's body of that turn, then EOS
     with_turn = r.text(before + [assistant], tools)
     gen_prompt = r.text(before, tools, add_generation_prompt=True)
-    body = with_turn[len(gen_prompt):-len(r.closing.text)]
+    body = with_turn[len(gen_prompt) : -len(r.closing.text)]
     output = r.encode(body) + [tiny_tokenizer.eos_token_id]
     head = [m for m in before if m["role"] == "system"][:1] if before[0]["role"] == "system" else []
     i = 0
@@ -61,8 +92,13 @@ def test_closing_after_truncated_output(tiny_tokenizer):
     assert r.closing.text == "<|im_end|>\n"
     assert r.closing_rest(tiny_tokenizer.eos_token_id) == "\n"
     assert r.closing_rest(5) == "<|im_end|>\n"
-    suffix = r.continuation([], {"role": "assistant", "content": "abc"}, [{"role": "user", "content": "x"}], None, 5)
-    assert tiny_tokenizer.decode(suffix, skip_special_tokens=False) == "<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    suffix = r.continuation(
+        [], {"role": "assistant", "content": "abc"}, [{"role": "user", "content": "x"}], None, 5
+    )
+    assert (
+        tiny_tokenizer.decode(suffix, skip_special_tokens=False)
+        == "<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_template_without_chat_template_is_refused(tiny_tokenizer):
@@ -107,7 +143,9 @@ def test_continuation_with_a_template_that_needs_a_user_query(tiny_tokenizer):
     assistant = {"role": "assistant", "content": "", "tool_calls": [_call(7, "ls")]}
     new = [{"role": "tool", "tool_call_id": "call_7", "content": "a.py"}]
     prompt = r.full(before, TOOLS)
-    body = r.text(before + [assistant], TOOLS)[len(r.text(before, TOOLS, add_generation_prompt=True)):-len(r.closing.text)]
+    body = r.text(before + [assistant], TOOLS)[
+        len(r.text(before, TOOLS, add_generation_prompt=True)) : -len(r.closing.text)
+    ]
     output = r.encode(body) + [tok.eos_token_id]
     # the anchor (system + assistant) has no user query: the template raises, the renderer adds a neutral one
     suffix = r.continuation(before[:1], assistant, new, TOOLS, output[-1])
@@ -116,4 +154,4 @@ def test_continuation_with_a_template_that_needs_a_user_query(tiny_tokenizer):
     # one-piece tokenization, so compare text and the suffix's own tokens)
     full_text = r.text(before + [assistant] + new, TOOLS, add_generation_prompt=True)
     assert tok.decode(prompt + output + suffix, skip_special_tokens=False) == full_text
-    assert r.full(before + [assistant] + new, TOOLS)[-len(suffix):] == suffix
+    assert r.full(before + [assistant] + new, TOOLS)[-len(suffix) :] == suffix

@@ -7,7 +7,6 @@ with exit code 2 and one line naming the field (never a traceback).
 from __future__ import annotations
 
 import json
-import shutil
 import tomllib
 from pathlib import Path
 
@@ -75,18 +74,21 @@ def _refused(r, *names: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("sets, names", [
-    (["run.taskset=no-such-set"], ["run.taskset", "no-such-set"]),
-    (["run.profile=no-such-profile"], ["run.profile", "no-such-profile"]),
-    (["policy.cells=1"], ["policy.cells"]),
-    # the set has 4 tasks; phi * B must stay whole (phi 0.5), so B = 6 reaches the split check
-    (["policy.batch_groups=6"], ["policy.batch_groups", "4"]),
-    (["policy.batch_groups=5", "policy.phi=1"], ["policy.batch_groups"]),
-    (["policy.cells=abc"], ["policy.cells"]),
-    (["run.train_tasks=[\"nope\"]"], ["run.train_tasks", "nope"]),
-    (["run.no_such_field=1"], ["run.no_such_field"]),
-    (["policy.cell_capacity=1"], ["policy.cell_capacity"]),
-])
+@pytest.mark.parametrize(
+    "sets, names",
+    [
+        (["run.taskset=no-such-set"], ["run.taskset", "no-such-set"]),
+        (["run.profile=no-such-profile"], ["run.profile", "no-such-profile"]),
+        (["policy.cells=1"], ["policy.cells"]),
+        # the set has 4 tasks; phi * B must stay whole (phi 0.5), so B = 6 reaches the split check
+        (["policy.batch_groups=6"], ["policy.batch_groups", "4"]),
+        (["policy.batch_groups=5", "policy.phi=1"], ["policy.batch_groups"]),
+        (["policy.cells=abc"], ["policy.cells"]),
+        (['run.train_tasks=["nope"]'], ["run.train_tasks", "nope"]),
+        (["run.no_such_field=1"], ["run.no_such_field"]),
+        (["policy.cell_capacity=1"], ["policy.cell_capacity"]),
+    ],
+)
 def test_bad_config_is_one_line_naming_the_field(base, model_dir, sets, names):
     args = [str(base), "--set", f"model_dir={model_dir}"]
     for s in sets:
@@ -95,13 +97,17 @@ def test_bad_config_is_one_line_naming_the_field(base, model_dir, sets, names):
 
 
 def test_batch_larger_than_split_names_batch_groups_not_taskset(base, model_dir):
-    line = _refused(_run([str(base), "--set", f"model_dir={model_dir}", "--set", "policy.batch_groups=6"]))
+    line = _refused(
+        _run([str(base), "--set", f"model_dir={model_dir}", "--set", "policy.batch_groups=6"])
+    )
     # the field at fault is the batch size, not the task set
     assert line.startswith("gyre run: policy.batch_groups=6 "), line
 
 
 def test_missing_model_dir(base, tmp_path):
-    _refused(_run([str(base), "--set", f"model_dir={tmp_path / 'nope'}"]), "model_dir", "gyre model tiny")
+    _refused(
+        _run([str(base), "--set", f"model_dir={tmp_path / 'nope'}"]), "model_dir", "gyre model tiny"
+    )
 
 
 def test_config_file_that_does_not_exist(tmp_path):
@@ -123,14 +129,29 @@ def test_no_config_and_no_resume():
 
 
 def test_bad_log_format(base, model_dir):
-    _refused(_run([str(base), "--set", f"model_dir={model_dir}", "--log-format", "xml"]), "--log-format")
+    _refused(
+        _run([str(base), "--set", f"model_dir={model_dir}", "--log-format", "xml"]), "--log-format"
+    )
 
 
 def test_existing_run_is_not_overwritten(base, model_dir, tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "metrics.jsonl").write_text("")
-    _refused(_run([str(base), "--set", f"model_dir={model_dir}", "--set", f"run.out_dir={tmp_path}",
-                   "--set", "run.name=taken"]), "run.name", "--resume")
+    _refused(
+        _run(
+            [
+                str(base),
+                "--set",
+                f"model_dir={model_dir}",
+                "--set",
+                f"run.out_dir={tmp_path}",
+                "--set",
+                "run.name=taken",
+            ]
+        ),
+        "run.name",
+        "--resume",
+    )
 
 
 def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_path):
@@ -142,7 +163,9 @@ def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_
     rd.write_config(cfg)
     ck = rd.checkpoints / "step-2"
     ck.mkdir()
-    (ck / "trainer_state.json").write_text(json.dumps(TrainerState(2, 2, ["g0", "g1", "g2", "g3"], "m").__dict__))
+    (ck / "trainer_state.json").write_text(
+        json.dumps(TrainerState(2, 2, ["g0", "g1", "g2", "g3"], "m").__dict__)
+    )
     (rd.checkpoints / "latest").write_text("step-2")
     r = _run(["--resume", str(rd.path)])
     assert r.exit_code == 0, r.output
@@ -161,11 +184,14 @@ def test_task_stream_is_deterministic_and_covers_each_task_once_per_epoch():
     seq_b = {g: b.task(g).name for g in reversed(range(5 * n))}
     assert seq_a == [seq_b[g] for g in range(5 * n)]
     for e in range(5):
-        assert sorted(seq_a[e * n:(e + 1) * n]) == names, (e, seq_a)
+        assert sorted(seq_a[e * n : (e + 1) * n]) == names, (e, seq_a)
     # epochs are reshuffled (not one order repeated) and the seed matters
-    epochs = {tuple(seq_a[e * n:(e + 1) * n]) for e in range(5)}
+    epochs = {tuple(seq_a[e * n : (e + 1) * n]) for e in range(5)}
     assert len(epochs) > 1
-    others = [[TaskStream("quickstart", [], [], seed=s).task(g).name for g in range(5 * n)] for s in range(4, 8)]
+    others = [
+        [TaskStream("quickstart", [], [], seed=s).task(g).name for g in range(5 * n)]
+        for s in range(4, 8)
+    ]
     assert any(o != seq_a for o in others)
     assert a.eval == a.train and not a.held_out
 
@@ -194,14 +220,23 @@ def test_to_toml_roundtrip_quickstart(model_dir):
 
 
 def test_to_toml_roundtrip_non_defaults(base, model_dir, tmp_path):
-    cfg = load_config(base, [
-        f"model_dir={model_dir}", "seed=7", "policy.placement=colocate", "policy.phi=0", "policy.mu=4",
-        "trainer.optim.betas=[0.8, 0.95]", "trainer.objective.adv_eps=1e-9",
-        'run.harness_args=["--say", "a \\"quoted\\" word", "ünïcode", "back\\\\slash"]',
-        'run.train_tasks=["upper", "digits"]', f"trainer.checkpoint.dir={tmp_path}",
-        # Ray resource names hold ':' and '.', which are not bare TOML keys
-        'run.cell.resources={"node:127.0.0.1": 0.5, "accelerator_type:H100": 1}',
-    ])
+    cfg = load_config(
+        base,
+        [
+            f"model_dir={model_dir}",
+            "seed=7",
+            "policy.placement=colocate",
+            "policy.phi=0",
+            "policy.mu=4",
+            "trainer.optim.betas=[0.8, 0.95]",
+            "trainer.objective.adv_eps=1e-9",
+            'run.harness_args=["--say", "a \\"quoted\\" word", "ünïcode", "back\\\\slash"]',
+            'run.train_tasks=["upper", "digits"]',
+            f"trainer.checkpoint.dir={tmp_path}",
+            # Ray resource names hold ':' and '.', which are not bare TOML keys
+            'run.cell.resources={"node:127.0.0.1": 0.5, "accelerator_type:H100": 1}',
+        ],
+    )
     back = _roundtrip(cfg)
     assert back == cfg
     assert back.run.cell.resources == {"node:127.0.0.1": 0.5, "accelerator_type:H100": 1.0}
@@ -218,8 +253,9 @@ def test_resume_keeps_unset_values_toml_cannot_hold(base, model_dir, tmp_path):
     """TOML has no null: `trainer.j_max=null` (no cap) must not come back as the default 5 on resume."""
     from gyre.runtime.cli import resume_config
 
-    cfg = load_config(base, [f"model_dir={model_dir}", "trainer.j_max=null",
-                                   "trainer.optim.grad_clip=null"])
+    cfg = load_config(
+        base, [f"model_dir={model_dir}", "trainer.j_max=null", "trainer.optim.grad_clip=null"]
+    )
     assert cfg.trainer.j_max is None and cfg.trainer.optim.grad_clip is None
     rd = RunDir(tmp_path / "run").create()
     rd.write_config(cfg)

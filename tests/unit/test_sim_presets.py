@@ -23,8 +23,12 @@ def test_preset_durations_match_reported_statistics(name, targets, tol):
 
 
 def test_nl2repo_training_cost_gives_paper_training_share():
-    shares = [simulate(preset("nl2repo-122b").model_copy(update={"seed": s}), ["elastic"], record=False)
-              ["elastic"].mean_training_share for s in range(2)]
+    shares = [
+        simulate(preset("nl2repo-122b").model_copy(update={"seed": s}), ["elastic"], record=False)[
+            "elastic"
+        ].mean_training_share
+        for s in range(2)
+    ]
     assert 0.19 <= float(np.mean(shares)) <= 0.27
 
 

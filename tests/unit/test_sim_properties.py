@@ -8,7 +8,14 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gyre.sim.config import ClusterConfig, CostConfig, PlacementSpec, SimConfig, SupplyConfig, WorkloadConfig
+from gyre.sim.config import (
+    ClusterConfig,
+    CostConfig,
+    PlacementSpec,
+    SimConfig,
+    SupplyConfig,
+    WorkloadConfig,
+)
 from gyre.sim.report import burst_breakdown, lower_bound
 from gyre.sim.run import make_draw
 from gyre.sim.world import World
@@ -29,25 +36,45 @@ def sim_configs(draw, min_steps=2, max_steps=10):
     overall = draw(st.one_of(st.none(), st.floats(1.0, 6.0)))
     cfg = SimConfig(
         seed=draw(st.integers(0, 10_000)),
-        cluster=ClusterConfig(cells=K, cell_capacity=draw(st.integers(1, 6)),
-                              standalone_capacity=draw(st.integers(0, 4))),
+        cluster=ClusterConfig(
+            cells=K,
+            cell_capacity=draw(st.integers(1, 6)),
+            standalone_capacity=draw(st.integers(0, 4)),
+        ),
         workload=WorkloadConfig(
-            group_size=N, batch_groups=B, steps=draw(st.integers(min_steps, max_steps)),
-            median_h=draw(st.floats(0.2, 3.0)), tail=draw(st.floats(0.0, 1.0)),
-            query_sigma=draw(st.floats(0.0, 0.6)), harness_timeout_h=draw(st.floats(1.0, 6.0)),
-            score_mean_h=draw(st.sampled_from([0.0, 0.1])), overall_timeout_h=overall,
+            group_size=N,
+            batch_groups=B,
+            steps=draw(st.integers(min_steps, max_steps)),
+            median_h=draw(st.floats(0.2, 3.0)),
+            tail=draw(st.floats(0.0, 1.0)),
+            query_sigma=draw(st.floats(0.0, 0.6)),
+            harness_timeout_h=draw(st.floats(1.0, 6.0)),
+            score_mean_h=draw(st.sampled_from([0.0, 0.1])),
+            overall_timeout_h=overall,
             slowdown=draw(st.sampled_from([0.0, 0.5])),
         ),
-        costs=CostConfig(train_step_cell_h=draw(st.floats(0.0, 3.0)), optim_h=draw(st.sampled_from([0.0, 0.05])),
-                         publish_h=draw(st.sampled_from([0.0, 0.02])),
-                         micro_steps_per_execution=draw(st.sampled_from([1, 3]))),
-        supply=SupplyConfig(rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
-                            hold_tau_h=draw(st.sampled_from([0.0, 0.05]))),
+        costs=CostConfig(
+            train_step_cell_h=draw(st.floats(0.0, 3.0)),
+            optim_h=draw(st.sampled_from([0.0, 0.05])),
+            publish_h=draw(st.sampled_from([0.0, 0.02])),
+            micro_steps_per_execution=draw(st.sampled_from([1, 3])),
+        ),
+        supply=SupplyConfig(
+            rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
+            hold_tau_h=draw(st.sampled_from([0.0, 0.05])),
+        ),
         placements={
             "colocate": PlacementSpec(placement="colocate", phi=0.0, mu=mu, streaming=streaming),
-            "async": PlacementSpec(placement="async", phi=phi_groups / B, mu=mu, streaming=streaming,
-                                   async_train_cells=draw(st.integers(1, K - 1))),
-            "elastic": PlacementSpec(placement="elastic", phi=phi_groups / B, mu=mu, streaming=streaming),
+            "async": PlacementSpec(
+                placement="async",
+                phi=phi_groups / B,
+                mu=mu,
+                streaming=streaming,
+                async_train_cells=draw(st.integers(1, K - 1)),
+            ),
+            "elastic": PlacementSpec(
+                placement="elastic", phi=phi_groups / B, mu=mu, streaming=streaming
+            ),
         },
     )
     return cfg

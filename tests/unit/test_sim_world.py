@@ -34,7 +34,9 @@ def test_same_draw_for_every_placement_and_seed_changes_it():
 
 
 def test_timeouts_cap_durations_and_overall_timeout_marks_missing():
-    w = apply_overrides(preset("seed-toy"), ["tail=1.5", "overall_timeout_h=3.0", "workload.score_mean_h=0.2"]).workload
+    w = apply_overrides(
+        preset("seed-toy"), ["tail=1.5", "overall_timeout_h=3.0", "workload.score_mean_h=0.2"]
+    ).workload
     d = draw_workload(w, 2000, seed=0)
     assert d.duration_h.max() <= 3.0 + 1e-12
     assert d.missing.any() and (d.duration_h[d.missing] == 3.0).all()
@@ -42,10 +44,14 @@ def test_timeouts_cap_durations_and_overall_timeout_marks_missing():
 
 
 def test_lower_bound_on_a_hand_built_draw():
-    cfg = apply_overrides(preset("seed-toy"), ["K=2", "C_e=2", "N=2", "B=2", "steps=1", "train_cost=0.0"])
+    cfg = apply_overrides(
+        preset("seed-toy"), ["K=2", "C_e=2", "N=2", "B=2", "steps=1", "train_cost=0.0"]
+    )
     # 4 groups of 2 executions: query times 1, 2, 3, 4 h; each group occupies 2 slot-hours per hour of query
     dur = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])
-    draw = Draw(duration_h=dur, missing=np.zeros_like(dur, bool), harness_timeout=np.zeros_like(dur, bool))
+    draw = Draw(
+        duration_h=dur, missing=np.zeros_like(dur, bool), harness_timeout=np.zeros_like(dur, bool)
+    )
     lb = lower_bound(cfg, draw)
     # work: cheapest 2 groups = (2 + 4) slot-hours / C_e=2 -> 3 cell-hours over K=2 cells = 1.5 h
     assert lb.work_h == pytest.approx(1.5)
@@ -57,7 +63,9 @@ def test_lower_bound_on_a_hand_built_draw():
 def test_slowdown_with_occupancy_makes_rollouts_slower():
     base = preset("seed-toy")
     fast = simulate(base, ["colocate"], record=False)["colocate"].makespan_h
-    slow = simulate(apply_overrides(base, ["slowdown=1.0"]), ["colocate"], record=False)["colocate"].makespan_h
+    slow = simulate(apply_overrides(base, ["slowdown=1.0"]), ["colocate"], record=False)[
+        "colocate"
+    ].makespan_h
     assert slow > fast * 1.2
 
 
@@ -108,8 +116,10 @@ def test_gather_floor_does_not_depend_on_training_when_capacity_never_binds():
     dispatch waits for the satellites' switch back (3.46 s per burst). With training and
     switching free, the makespan is exactly that floor."""
     cfg = preset("seed-toy")
-    free = apply_overrides(cfg, ["train_cost=0", "tau=0", "costs.switch_to_training_h=0",
-                                 "costs.switch_to_rollout_h=0"])
+    free = apply_overrides(
+        cfg,
+        ["train_cost=0", "tau=0", "costs.switch_to_training_h=0", "costs.switch_to_rollout_h=0"],
+    )
     r = simulate(cfg, ["elastic"])["elastic"]
     f = simulate(free, ["elastic"])["elastic"]
     slack = len(r.bursts) * cfg.costs.switch_to_rollout_h

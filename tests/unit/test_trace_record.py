@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from gyre.trace import OutputSegment, TraceFormatError, TraceRecord, TraceWriter, read_trace, trace_path
+from gyre.trace import (
+    OutputSegment,
+    TraceFormatError,
+    TraceRecord,
+    TraceWriter,
+    read_trace,
+    trace_path,
+)
 
 
 def _rec(i: int, **kw) -> TraceRecord:
@@ -39,8 +46,14 @@ def test_bad_records_are_named_and_rest_kept(tmp_path):
     p = tmp_path / "x.jsonl"
     good = json.dumps(_rec(0).to_json())
     mismatched = json.dumps(_rec(1, output_logprobs=(-0.1,)).to_json())
-    oov = json.dumps(_rec(2, output_ids=(4, 99999), output_logprobs=(-0.1, -0.1),
-                          segments=(OutputSegment(0, 2, "e0", 0),)).to_json())
+    oov = json.dumps(
+        _rec(
+            2,
+            output_ids=(4, 99999),
+            output_logprobs=(-0.1, -0.1),
+            segments=(OutputSegment(0, 2, "e0", 0),),
+        ).to_json()
+    )
     p.write_text(good + "\n" + mismatched + "\n" + oov + "\n" + good[: len(good) // 2])
     res = read_trace(p, vocab_size=1000)
     assert [r.request_id for r in res.records] == ["r0"]

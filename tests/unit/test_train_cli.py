@@ -17,6 +17,11 @@ def test_checkpoint_command(tmp_path):
     (tmp_path / "latest").write_text("step-3")
     r = CliRunner().invoke(app, ["checkpoint", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output) == {"path": str(ck), "step": 3, "policy_version": 3, "consumed_groups": 2,
-                                    "model_source": "m"}
+    assert json.loads(r.output) == {
+        "path": str(ck),
+        "step": 3,
+        "policy_version": 3,
+        "consumed_groups": 2,
+        "model_source": "m",
+    }
     assert "demo" in CliRunner().invoke(app, ["--help"]).output

@@ -21,6 +21,7 @@ def make(request):
         st = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
         stores.append(st)
         return StoreCoordinator(st, "t", poll_s=0.001, stall_timeout_s=stall)
+
     yield _make
 
 
@@ -58,6 +59,7 @@ def test_claim_waits_for_the_producer(make):
         calls.append(1)
         if len(calls) == 3:
             c.put(0, task(0))
+
     assert c.claim(0, idle=produce).index == 0 and len(calls) == 3
 
 
@@ -98,7 +100,10 @@ def test_weight_channels(tmp_path):
             ch.publish(v, {k: t + v for k, t in snap.items()})
         got = ch.pull(2)
         assert torch.equal(got["weight"], snap["weight"] + 2)
-    assert sorted(p.name for p in tmp_path.glob("v*.safetensors")) == ["v1.safetensors", "v2.safetensors"]
+    assert sorted(p.name for p in tmp_path.glob("v*.safetensors")) == [
+        "v1.safetensors",
+        "v2.safetensors",
+    ]
     with pytest.raises(TimeoutError):
         FileWeightChannel(tmp_path, timeout_s=0.05).pull(9)
     m2 = torch.nn.Linear(3, 2)
@@ -131,4 +136,7 @@ def test_task_bytes_accept_numpy_scalars():
     t.micro_step.sequences[0].input_ids = [np.int64(5), 6, 7]
     t.micro_step.sequences[0].behaviour_logprob = [0.0, np.float32(-1.5), -2.0]
     u = MicroStepTask.from_bytes(t.to_bytes())
-    assert u.micro_step.sequences[0].input_ids == [5, 6, 7] and u.micro_step.sequences[0].behaviour_logprob[1] == -1.5
+    assert (
+        u.micro_step.sequences[0].input_ids == [5, 6, 7]
+        and u.micro_step.sequences[0].behaviour_logprob[1] == -1.5
+    )

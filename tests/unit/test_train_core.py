@@ -7,7 +7,13 @@ import pytest
 
 from gyre.train.buffer import PackingBuffer, ReadyGroup, pack_groups
 from gyre.train.checkpoint import latest_checkpoint
-from gyre.train.config import CheckpointConfig, ObjectiveConfig, OptimConfig, StreamConfig, TrainerConfig
+from gyre.train.config import (
+    CheckpointConfig,
+    ObjectiveConfig,
+    OptimConfig,
+    StreamConfig,
+    TrainerConfig,
+)
 from gyre.train.coordinator import LocalCoordinator
 from gyre.train.core import Core
 from gyre.train.replica import load_causal_lm
@@ -18,7 +24,9 @@ from gyre.train.synthetic import synthetic_groups
 @pytest.fixture(scope="module")
 def base_groups(tiny_model_dir):
     model = load_causal_lm(str(tiny_model_dir), "float64")
-    return synthetic_groups(model, 4, 3, seed=1, context_len=(6, 12), target_len=(6, 12), noise=0.002)
+    return synthetic_groups(
+        model, 4, 3, seed=1, context_len=(6, 12), target_len=(6, 12), noise=0.002
+    )
 
 
 def cfg_for(model_dir, **kw) -> TrainerConfig:
@@ -26,7 +34,9 @@ def cfg_for(model_dir, **kw) -> TrainerConfig:
     much" is measured directly (Adam's first step is ~lr*sign(g) and would hide a scale error)."""
     stream = kw.pop("stream", StreamConfig(batch_groups=2, token_budget=64, stall_timeout_s=20))
     optim = kw.pop("optim", OptimConfig(name="sgd", lr=1.0, grad_clip=None))
-    return TrainerConfig(model_dir=str(model_dir), dtype="float64", optim=optim, stream=stream, **kw)
+    return TrainerConfig(
+        model_dir=str(model_dir), dtype="float64", optim=optim, stream=stream, **kw
+    )
 
 
 INIT = {}
@@ -34,7 +44,12 @@ INIT = {}
 
 def moved(tiny_model_dir, p):
     if not INIT:
-        INIT.update({n: q.detach() for n, q in load_causal_lm(str(tiny_model_dir), "float64").named_parameters()})
+        INIT.update(
+            {
+                n: q.detach()
+                for n, q in load_causal_lm(str(tiny_model_dir), "float64").named_parameters()
+            }
+        )
     return max_diff(p, INIT)
 
 
@@ -52,8 +67,10 @@ def step_params(cfg, groups, *, steps=1, source_mode="all", resume=False):
         core.add_groups(pending)
         src = None
     else:
+
         def src():
             return [pending.pop(0)] if pending else []
+
     for _ in range(steps):
         results.append(core.run_step(source=src))
     params = {n: p.detach().clone() for n, p in core.model.named_parameters()}
@@ -79,7 +96,9 @@ def branched(group: ReadyGroup, eid: str, n: int, *, naive: bool = False) -> Rea
         w = 1.0 / (n * len(tpos)) if naive else 1.0 / len(tpos)
         r.token_weight = [w if i in keep else 0.0 for i in range(len(r.is_target))]
         r.execution_index = [0 if i in keep else -1 for i in range(len(r.is_target))]
-        r.policy_version = [row.policy_version[i] if i in keep else -1 for i in range(len(r.is_target))]
+        r.policy_version = [
+            row.policy_version[i] if i in keep else -1 for i in range(len(r.is_target))
+        ]
         rows.append(r)
     g.rows[eid] = rows
     return g
@@ -95,7 +114,9 @@ def test_five_branches_move_weights_like_one(tiny_model_dir, base_groups):
     assert m > 1e-3  # the step did move the weights
     assert max_diff(one, five) < TOL * m
     assert max_diff(one, naive) < TOL * m
-    assert r5[0].metrics["train/tokens"] > 3 * r1[0].metrics["train/tokens"] / 2  # 5 rows really were trained
+    assert (
+        r5[0].metrics["train/tokens"] > 3 * r1[0].metrics["train/tokens"] / 2
+    )  # 5 rows really were trained
     # without 1/|T_e| (every branch weighted as its own execution) the update would differ
     flat = [branched(groups[0], "g0/e1", 5, naive=True)] + groups[1:]
     for r in flat[0].rows["g0/e1"]:
@@ -113,8 +134,11 @@ def test_split_execution_prepass_matches_local_and_forbid_refuses(tiny_model_dir
     assert rw[0].metrics["batch/executions_split"] == 0
     assert rs[0].metrics["batch/executions_split"] >= 1 and rs[0].metrics["train/micro_steps"] > 2
     assert max_diff(whole, split) < TOL * moved(tiny_model_dir, whole)
-    forbid = cfg_for(tiny_model_dir, stream=StreamConfig(batch_groups=2, token_budget=48),
-                     objective=ObjectiveConfig(execution_split="forbid"))
+    forbid = cfg_for(
+        tiny_model_dir,
+        stream=StreamConfig(batch_groups=2, token_budget=48),
+        objective=ObjectiveConfig(execution_split="forbid"),
+    )
     with pytest.raises(ValueError, match="span several micro-steps"):
         step_params(forbid, groups)
 
@@ -140,10 +164,13 @@ def test_missing_is_not_zero_in_the_update(tiny_model_dir, base_groups):
     p_gone, _ = step_params(cfg, [gone, g1])
     p_zero, r_zero = step_params(cfg, [zero, g1])
     m = moved(tiny_model_dir, p_miss)
-    assert max_diff(p_miss, p_gone) < TOL * m        # missing == the execution never existed
-    assert max_diff(p_miss, p_zero) > 0.05 * m       # counting it as zero is a different update
+    assert max_diff(p_miss, p_gone) < TOL * m  # missing == the execution never existed
+    assert max_diff(p_miss, p_zero) > 0.05 * m  # counting it as zero is a different update
     assert r_miss[0].metrics["batch/executions_missing"] == 1
-    assert r_miss[0].metrics["batch/executions_scored"] == 5 and r_zero[0].metrics["batch/executions_scored"] == 6
+    assert (
+        r_miss[0].metrics["batch/executions_scored"] == 5
+        and r_zero[0].metrics["batch/executions_scored"] == 6
+    )
 
 
 def test_all_equal_group_gives_no_gradient_but_counts(tiny_model_dir, base_groups):
@@ -154,8 +181,11 @@ def test_all_equal_group_gives_no_gradient_but_counts(tiny_model_dir, base_group
     m = r[0].metrics
     assert m["batch/groups_all_equal"] == 1 and m["batch/executions_scored"] == 6
     # no gradient from eq: the same update as group 1 alone, scaled by E=6 instead of 3 (SGD is linear)
-    alone = cfg_for(tiny_model_dir, stream=StreamConfig(batch_groups=1, token_budget=64),
-                    optim=OptimConfig(name="sgd", lr=0.5, grad_clip=None))
+    alone = cfg_for(
+        tiny_model_dir,
+        stream=StreamConfig(batch_groups=1, token_budget=64),
+        optim=OptimConfig(name="sgd", lr=0.5, grad_clip=None),
+    )
     p_alone, _ = step_params(alone, [base_groups[1]])
     assert max_diff(p, p_alone) < TOL * moved(tiny_model_dir, p)
 
@@ -170,7 +200,9 @@ def test_checkpoint_resume_is_exact_and_hf_loadable(tiny_model_dir, base_groups,
     _, r = step_params(cfg, base_groups, steps=1)
     last = latest_checkpoint(ck.dir)
     state = json.loads((last / "trainer_state.json").read_text())
-    assert state["step"] == 1 and state["policy_version"] == 1 and len(state["consumed_groups"]) == 2
+    assert (
+        state["step"] == 1 and state["policy_version"] == 1 and len(state["consumed_groups"]) == 2
+    )
     assert state["consumed_groups"] == r[0].seal.meta["groups"]
     hf = AutoModelForCausalLM.from_pretrained(last)  # plain HF loading of the core's checkpoint
     assert (last / "tokenizer.json").exists() and hf.config.model_type == "qwen3"
@@ -244,8 +276,11 @@ def test_clear_errors_for_an_unfillable_batch_and_bad_config(tiny_model_dir, bas
 
 def test_a_failed_step_gives_its_groups_back(tiny_model_dir, base_groups):
     groups = [branched(base_groups[0], "g0/e1", 5)] + [copy.deepcopy(base_groups[1])]
-    forbid = cfg_for(tiny_model_dir, stream=StreamConfig(batch_groups=2, token_budget=48),
-                     objective=ObjectiveConfig(execution_split="forbid"))
+    forbid = cfg_for(
+        tiny_model_dir,
+        stream=StreamConfig(batch_groups=2, token_budget=48),
+        objective=ObjectiveConfig(execution_split="forbid"),
+    )
     core = Core(forbid, LocalCoordinator())
     core.start(resume=False)
     core.add_groups(groups)
@@ -261,6 +296,11 @@ def test_a_failed_step_gives_its_groups_back(tiny_model_dir, base_groups):
 
 def test_staleness_metrics(tiny_model_dir, base_groups):
     gs = [copy.deepcopy(g) for g in base_groups[:2]]
-    gs[0].policy_version, gs[1].policy_version = -3, -1  # sampled 3 and 1 versions before the core's version 0
+    gs[0].policy_version, gs[1].policy_version = (
+        -3,
+        -1,
+    )  # sampled 3 and 1 versions before the core's version 0
     _, r = step_params(cfg_for(tiny_model_dir), gs)
-    assert r[0].metrics["batch/staleness_mean"] == 2.0 and r[0].metrics["batch/staleness_max"] == 3.0
+    assert (
+        r[0].metrics["batch/staleness_mean"] == 2.0 and r[0].metrics["batch/staleness_max"] == 3.0
+    )

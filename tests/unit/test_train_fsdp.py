@@ -10,4 +10,3 @@ def test_layout_prefix_groups_cover_exactly_the_participants():
         assert ranks == list(range(2 * k))  # the k cells' ranks, each once
     assert lay.prefix_ranks(3, 1) == [1, 3, 5] and lay.cell_ranks(3) == [6, 7]
     assert [lay.cell_of(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
-

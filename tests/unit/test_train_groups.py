@@ -24,14 +24,21 @@ def test_trace_files_to_a_training_step(tiny_model_dir, tmp_path):
     rewards = {eids[0]: 1.0, eids[1]: 0.0, eids[2]: Missing("evaluator crashed"), eids[3]: 0.5}
     group, report = group_from_traces("q1", traces, rewards, vocab_size=vocab, j_max=4, seed=3)
     assert set(group.admissions) == {eids[0], eids[1]}
-    assert isinstance(group.rewards[eids[2]], Missing) and isinstance(group.rewards[eids[3]], Missing)
+    assert isinstance(group.rewards[eids[2]], Missing) and isinstance(
+        group.rewards[eids[3]], Missing
+    )
     assert eids[3] in report.unreadable and len(report.trace_errors[eids[1]]) == 1
     again, _ = group_from_traces("q1", traces, rewards, vocab_size=vocab, j_max=4, seed=3)
-    assert [p.leaf for p in again.admissions[eids[0]].paths] == [p.leaf for p in group.admissions[eids[0]].paths]
+    assert [p.leaf for p in again.admissions[eids[0]].paths] == [
+        p.leaf for p in group.admissions[eids[0]].paths
+    ]
 
-    cfg = TrainerConfig(model_dir=str(tiny_model_dir), optim=OptimConfig(name="sgd", lr=1.0, grad_clip=None),
-                        objective=ObjectiveConfig(ratio_reference="proximal"),
-                        stream=StreamConfig(batch_groups=1, token_budget=4096, pack_mode="tree"))
+    cfg = TrainerConfig(
+        model_dir=str(tiny_model_dir),
+        optim=OptimConfig(name="sgd", lr=1.0, grad_clip=None),
+        objective=ObjectiveConfig(ratio_reference="proximal"),
+        stream=StreamConfig(batch_groups=1, token_budget=4096, pack_mode="tree"),
+    )
     core = Core(cfg, LocalCoordinator(stall_timeout_s=30))
     core.start(resume=False)
     core.add_groups([group])

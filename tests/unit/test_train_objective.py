@@ -10,8 +10,14 @@ from gyre.train.objective import gspo_loss
 
 def _grad(logp_vals, b, ex, tw, adv, **kw):
     l = torch.tensor(logp_vals, dtype=torch.float64, requires_grad=True)
-    loss, stats = gspo_loss(l, torch.tensor(b, dtype=torch.float64), torch.tensor(ex), torch.tensor(tw, dtype=torch.float64),
-                            torch.tensor(adv, dtype=torch.float64), **kw)
+    loss, stats = gspo_loss(
+        l,
+        torch.tensor(b, dtype=torch.float64),
+        torch.tensor(ex),
+        torch.tensor(tw, dtype=torch.float64),
+        torch.tensor(adv, dtype=torch.float64),
+        **kw,
+    )
     loss.backward()
     return float(loss.detach()), l.grad.tolist(), stats
 
@@ -21,7 +27,9 @@ def test_hand_computed_on_policy():
     # e1: A=-0.5, one token, l == b: loss_e1 = -(1)(-0.5) l2
     l = [math.log(0.5), math.log(0.25), math.log(0.8)]
     loss, g, st = _grad(l, l, [0, 0, 1], [0.5, 0.5, 1.0], [1.0, -0.5])
-    assert loss == pytest.approx(-(0.5 * math.log(0.5) + 0.5 * math.log(0.25)) + 0.5 * math.log(0.8), abs=1e-12)
+    assert loss == pytest.approx(
+        -(0.5 * math.log(0.5) + 0.5 * math.log(0.25)) + 0.5 * math.log(0.8), abs=1e-12
+    )
     assert g == pytest.approx([-0.5, -0.5, 0.5], abs=1e-12)
     assert st.tokens == 3 and st.tokens_capped == 0 and st.exec_clipped_weight == 0.0
 
@@ -40,14 +48,17 @@ def test_cap_bites():
     assert g2[0] == pytest.approx(-0.5 * 10 * 2, rel=1e-9) and st2.tokens_capped == 0
 
 
-@pytest.mark.parametrize("adv,delta,clipped", [
-    (1.0, 0.006, True),     # A > 0, s = e^0.006 > 1.005: clipped
-    (1.0, 0.004, False),    # A > 0, s = e^0.004 < 1.005
-    (1.0, -0.5, False),     # A > 0, s << 1: the lower bound does not apply to positive advantages
-    (-1.0, -0.006, True),   # A < 0, s = e^-0.006 < 0.995: clipped
-    (-1.0, -0.004, False),
-    (-1.0, 0.5, False),     # A < 0, s >> 1: not clipped
-])
+@pytest.mark.parametrize(
+    "adv,delta,clipped",
+    [
+        (1.0, 0.006, True),  # A > 0, s = e^0.006 > 1.005: clipped
+        (1.0, 0.004, False),  # A > 0, s = e^0.004 < 1.005
+        (1.0, -0.5, False),  # A > 0, s << 1: the lower bound does not apply to positive advantages
+        (-1.0, -0.006, True),  # A < 0, s = e^-0.006 < 0.995: clipped
+        (-1.0, -0.004, False),
+        (-1.0, 0.5, False),  # A < 0, s >> 1: not clipped
+    ],
+)
 def test_sequence_clip_bites(adv, delta, clipped):
     # two tokens, each with l - b = delta -> log s_e = delta
     l = [math.log(0.3), math.log(0.6)]
@@ -104,8 +115,13 @@ def test_matches_independent_float64_formula():
 
 def test_proximal_reference_is_on_policy():
     l = torch.tensor([math.log(0.5), math.log(0.1)], dtype=torch.float64, requires_grad=True)
-    loss, st = gspo_loss(l, None, torch.tensor([0, 0]), torch.tensor([0.5, 0.5], dtype=torch.float64),
-                         torch.tensor([3.0], dtype=torch.float64))
+    loss, st = gspo_loss(
+        l,
+        None,
+        torch.tensor([0, 0]),
+        torch.tensor([0.5, 0.5], dtype=torch.float64),
+        torch.tensor([3.0], dtype=torch.float64),
+    )
     loss.backward()
     assert l.grad.tolist() == pytest.approx([-1.5, -1.5]) and st.exec_clipped_weight == 0
 
@@ -116,7 +132,7 @@ def test_split_execution_needs_prepass_both_sides():
     n = 10
     l0 = torch.log(torch.rand(n, generator=g, dtype=torch.float64) * 0.8 + 0.1)
     b = l0.clone()
-    b[:5] -= 0.02   # first half: l - b = +0.02
+    b[:5] -= 0.02  # first half: l - b = +0.02
     b[5:] += 0.019  # second half: l - b = -0.019 -> whole execution log s = 0.0005 (not clipped)
     ex = torch.zeros(n, dtype=torch.long)
     tw = torch.full((n,), 0.1, dtype=torch.float64)

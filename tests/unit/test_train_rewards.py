@@ -15,7 +15,7 @@ def test_missing_leaves_the_group():
     assert with_missing.advantages == pytest.approx(only_scored.advantages)
     assert "d" not in with_missing.advantages
     # hand check: mean 0.5, population std sqrt(1/6)
-    sd = math.sqrt(((0.5) ** 2 + 0.5 ** 2 + 0) / 3)
+    sd = math.sqrt(((0.5) ** 2 + 0.5**2 + 0) / 3)
     assert with_missing.advantages["a"] == pytest.approx(0.5 / (sd + 1e-6))
 
 

@@ -1,6 +1,5 @@
 """Real trajectory trees from gyre.trace (build_tree -> admit -> pack) through the trainer."""
 
-
 from gyre.trace.admission import admit
 from gyre.trace.synthetic import small_execution
 from gyre.trace.tree import build_tree
@@ -23,10 +22,15 @@ def _group(vocab):
 
 
 def _step(model_dir, mode, budget, vocab):
-    cfg = TrainerConfig(model_dir=str(model_dir), dtype="float64",
-                        optim=OptimConfig(name="sgd", lr=1.0, grad_clip=None),
-                        objective=ObjectiveConfig(ratio_reference="proximal"),
-                        stream=StreamConfig(batch_groups=1, token_budget=budget, pack_mode=mode, stall_timeout_s=30))
+    cfg = TrainerConfig(
+        model_dir=str(model_dir),
+        dtype="float64",
+        optim=OptimConfig(name="sgd", lr=1.0, grad_clip=None),
+        objective=ObjectiveConfig(ratio_reference="proximal"),
+        stream=StreamConfig(
+            batch_groups=1, token_budget=budget, pack_mode=mode, stall_timeout_s=30
+        ),
+    )
     core = Core(cfg, LocalCoordinator())
     core.start(resume=False)
     core.add_groups([_group(vocab)])
@@ -37,11 +41,17 @@ def _step(model_dir, mode, budget, vocab):
 
 def test_paths_and_tree_packing_train_identically(tiny_model_dir):
     vocab = load_causal_lm(str(tiny_model_dir)).config.vocab_size
-    init = {n: p.detach() for n, p in load_causal_lm(str(tiny_model_dir), "float64").named_parameters()}
+    init = {
+        n: p.detach() for n, p in load_causal_lm(str(tiny_model_dir), "float64").named_parameters()
+    }
     p_paths, m_paths = _step(tiny_model_dir, "paths", 100_000, vocab)
     p_tree, m_tree = _step(tiny_model_dir, "tree", 100_000, vocab)
-    p_split, m_split = _step(tiny_model_dir, "paths", 200, vocab)  # executions split across micro-steps
-    p_tsplit, m_tsplit = _step(tiny_model_dir, "tree", 200, vocab)  # subtrees split across micro-steps
+    p_split, m_split = _step(
+        tiny_model_dir, "paths", 200, vocab
+    )  # executions split across micro-steps
+    p_tsplit, m_tsplit = _step(
+        tiny_model_dir, "tree", 200, vocab
+    )  # subtrees split across micro-steps
     moved = max(float((p_paths[k] - init[k]).abs().max()) for k in init)
     assert moved > 1e-3
     assert m_paths["batch/executions_missing"] == 1 and m_paths["batch/executions_scored"] == 3
@@ -49,6 +59,10 @@ def test_paths_and_tree_packing_train_identically(tiny_model_dir):
     assert m_split["batch/executions_split"] >= 1 and m_tsplit["batch/executions_split"] >= 1
     for other in (p_tree, p_split, p_tsplit):
         assert max(float((p_paths[k] - other[k]).abs().max()) for k in init) < 1e-5 * moved
-    assert m_paths["actor/target_tokens"] == m_tree["actor/target_tokens"] == m_split["actor/target_tokens"] \
+    assert (
+        m_paths["actor/target_tokens"]
+        == m_tree["actor/target_tokens"]
+        == m_split["actor/target_tokens"]
         == m_tsplit["actor/target_tokens"]
+    )
     assert m_paths["actor/pg_clipfrac"] == 0.0  # proximal reference: r = s = 1

@@ -15,10 +15,20 @@ from gyre.trace.tree import TreeBuildError
 def rec(rid, seq, inp, out, base=None, base_len=0, eid="e", meta=None, lps=None, segs=None):
     out = tuple(out)
     return TraceRecord(
-        execution_id=eid, request_id=rid, seq=seq, api="openai.chat", base=base, base_len=base_len,
-        input_suffix=tuple(inp), output_ids=out,
-        output_logprobs=tuple(lps) if lps is not None else tuple(-0.1 * (k + 1) for k in range(len(out))),
-        segments=segs if segs is not None else ((OutputSegment(0, len(out), "e0", 7),) if out else ()),
+        execution_id=eid,
+        request_id=rid,
+        seq=seq,
+        api="openai.chat",
+        base=base,
+        base_len=base_len,
+        input_suffix=tuple(inp),
+        output_ids=out,
+        output_logprobs=tuple(lps)
+        if lps is not None
+        else tuple(-0.1 * (k + 1) for k in range(len(out))),
+        segments=segs
+        if segs is not None
+        else ((OutputSegment(0, len(out), "e0", 7),) if out else ()),
         meta=meta or {},
     )
 
@@ -65,31 +75,37 @@ def test_every_request_reconstructs_and_targets_are_outputs(case):
         assert tree.request_sequence(ri) == inp + out
         idx = request_indices(tree, ri)
         # every sampled token is a target at its position, with its behaviour log-prob
-        assert all(tree.is_target[g] for g in idx[len(inp):])
+        assert all(tree.is_target[g] for g in idx[len(inp) :])
         assert tree.depth[idx[-1]] == len(inp) + len(out) - 1
 
 
 def test_pasted_summary_is_context_where_pasted(case):
     recs, tree = case
-    summ = next(r for r in recs if "Summarize" in r.meta.get("last_user_head", "") and r.meta["system_sha1"] == "main")
+    summ = next(
+        r
+        for r in recs
+        if "Summarize" in r.meta.get("last_user_head", "") and r.meta["system_sha1"] == "main"
+    )
     restart = recs[summ.seq + 1]  # phase 2 starts with system + task + summary
     assert restart.base is None
     ri = tree.by_id[restart.request_id]
     idx = request_indices(tree, ri)
     n_in = len(restart.input_suffix)
-    pasted = idx[n_in - len(summ.output_ids): n_in]
+    pasted = idx[n_in - len(summ.output_ids) : n_in]
     assert [tree.tokens[g] for g in pasted] == list(summ.output_ids)
     assert not any(tree.is_target[g] for g in pasted)
     # while the summary's own output is a target in its original context
     sidx = request_indices(tree, tree.by_id[summ.request_id])
-    assert all(tree.is_target[g] for g in sidx[-len(summ.output_ids):])
+    assert all(tree.is_target[g] for g in sidx[-len(summ.output_ids) :])
 
 
 def test_branching_and_sharing():
     r0 = rec("a", 0, [1, 2, 3], [4, 5])
     r1 = rec("b", 1, [6], [7], base="a", base_len=5)  # extends a
     r2 = rec("c", 2, [9], [8], base="a", base_len=3)  # diverges after a's input (a retry)
-    r3 = rec("d", 3, [1, 2, 3, 4, 5, 6], [7, 2])  # full render that re-joins b's path, then continues
+    r3 = rec(
+        "d", 3, [1, 2, 3, 4, 5, 6], [7, 2]
+    )  # full render that re-joins b's path, then continues
     tree = build_tree([r3, r1, r0, r2])
     assert not tree.errors
     assert len(tree) == 3 + 2 + 2 + 2 + 1  # 1 2 3 | 4 5 6 7 | 9 8 | 2
@@ -106,17 +122,32 @@ def test_branching_and_sharing():
 
 
 def test_versions_come_from_segments():
-    r0 = rec("a", 0, [1, 2], [3, 4, 5, 6], segs=(OutputSegment(0, 1, "e0", 3), OutputSegment(1, 4, "e1", 4)))
+    r0 = rec(
+        "a",
+        0,
+        [1, 2],
+        [3, 4, 5, 6],
+        segs=(OutputSegment(0, 1, "e0", 3), OutputSegment(1, 4, "e1", 4)),
+    )
     tree = build_tree([r0])
     g = request_indices(tree, 0)
     assert [tree.version[x] for x in g] == [-1, -1, 3, 4, 4, 4]
 
 
 def test_roles_from_profile_and_leaf_takes_last_request_role():
-    prof = RoleProfile(name="t", rules=(
-        RoleRule(role=Role.SUB_AGENT, when=(Condition(key="headers.x-agent", op="equals", value="sub"),)),
-        RoleRule(role=Role.MAIN_SUMMARY, when=(Condition(key="tools", op="contains", value="Summarize"),)),
-    ))
+    prof = RoleProfile(
+        name="t",
+        rules=(
+            RoleRule(
+                role=Role.SUB_AGENT,
+                when=(Condition(key="headers.x-agent", op="equals", value="sub"),),
+            ),
+            RoleRule(
+                role=Role.MAIN_SUMMARY,
+                when=(Condition(key="tools", op="contains", value="Summarize"),),
+            ),
+        ),
+    )
     r0 = rec("a", 0, [1, 2], [3], meta={"headers": {"x-agent": "main"}})
     r1 = rec("b", 1, [4], [5], base="a", base_len=3, meta={"tools": ["Summarize"]})
     r2 = rec("c", 2, [9, 9], [8], meta={"headers": {"x-agent": "sub"}})

@@ -10,13 +10,29 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from gyre.proxy import jsonfast
-from gyre.proxy.adapters.common import check, opt_bool, opt_int, opt_number, parse_arguments, require
+from gyre.proxy.adapters.common import (
+    check,
+    opt_bool,
+    opt_int,
+    opt_number,
+    parse_arguments,
+    require,
+)
 from gyre.proxy.errors import bad_request
 from gyre.proxy.types import (
-    AssistantTurn, Finished, Message, ParsedCall, ReasoningDelta, Restore, Sampling, StreamEvent, TextDelta,
+    AssistantTurn,
+    Finished,
+    Message,
+    ParsedCall,
+    ReasoningDelta,
+    Restore,
+    Sampling,
+    StreamEvent,
+    TextDelta,
     ToolCallEvent,
 )
 
@@ -96,14 +112,18 @@ def normalize_item(m: Any, restore: Restore) -> list[Message]:
         elif t == "tool_use":
             cid, name = b.get("id"), b.get("name")
             if not isinstance(cid, str) or not isinstance(name, str):
-                raise bad_request(f"messages.assistant.content[{i}]: tool_use needs string id and name")
+                raise bad_request(
+                    f"messages.assistant.content[{i}]: tool_use needs string id and name"
+                )
             cached = restore(cid)
             if cached is not None and cached[0] == name:
                 args = cached[1]
             else:
                 inp = b.get("input", {})
                 args = jsonfast.dumps_str(inp if inp is not None else {})
-            calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
+            calls.append(
+                {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            )
         # redacted_thinking, server tool blocks: nothing the template can show
     msg["content"] = "".join(texts)
     if reasoning:
@@ -127,9 +147,20 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
             raise bad_request(f"tools[{i}].name: expected a non-empty string")
         schema = t.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, dict):
-            schema = {"type": "object", "properties": {}}  # server tools (web_search, ...) have none
-        out.append({"type": "function", "function": {"name": name, "description": t.get("description") or "",
-                                                     "parameters": schema}})
+            schema = {
+                "type": "object",
+                "properties": {},
+            }  # server tools (web_search, ...) have none
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": t.get("description") or "",
+                    "parameters": schema,
+                },
+            }
+        )
     return out or None
 
 
@@ -161,8 +192,15 @@ def parse_request(body: Any) -> ParsedCall:
     if tc is not None and not isinstance(tc, dict):
         raise bad_request("tool_choice: expected an object")
     return ParsedCall(
-        api=API, model=model, raw_items=items, normalize_item=normalize_item, tools=_tools(body),
-        tools_raw=body.get("tools"), stream=opt_bool(body, "stream"), sampling=sampling, tool_choice=tc,
+        api=API,
+        model=model,
+        raw_items=items,
+        normalize_item=normalize_item,
+        tools=_tools(body),
+        tools_raw=body.get("tools"),
+        stream=opt_bool(body, "stream"),
+        sampling=sampling,
+        tool_choice=tc,
     )
 
 
@@ -180,35 +218,75 @@ def _tool_input(args: str) -> dict[str, Any]:
 
 
 def _usage(turn: AssistantTurn) -> dict[str, int]:
-    return {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {
+        "input_tokens": turn.prompt_tokens,
+        "output_tokens": turn.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
 def response(call: ParsedCall, turn: AssistantTurn, tokenizer: Any = None) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if turn.reasoning:
-        content.append({"type": "thinking", "thinking": turn.reasoning, "signature": _signature(turn.reasoning)})
+        content.append(
+            {
+                "type": "thinking",
+                "thinking": turn.reasoning,
+                "signature": _signature(turn.reasoning),
+            }
+        )
     if turn.content or not turn.tool_calls:
         content.append({"type": "text", "text": turn.content})
     for tc in turn.tool_calls:
-        content.append({"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc.arguments)})
-    return {"id": f"msg_{turn.request_id}", "type": "message", "role": "assistant", "model": call.model,
-            "content": content, "stop_reason": _STOP.get(turn.finish, "end_turn"), "stop_sequence": None,
-            "usage": _usage(turn)}
+        content.append(
+            {"type": "tool_use", "id": tc.id, "name": tc.name, "input": _tool_input(tc.arguments)}
+        )
+    return {
+        "id": f"msg_{turn.request_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": call.model,
+        "content": content,
+        "stop_reason": _STOP.get(turn.finish, "end_turn"),
+        "stop_sequence": None,
+        "usage": _usage(turn),
+    }
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + jsonfast.dumps(data) + b"\n\n"
 
 
-async def stream(call: ParsedCall, request_id: str, events: AsyncIterator[StreamEvent], prompt_tokens: int,
-                 tokenizer: Any = None) -> AsyncIterator[bytes]:
+async def stream(
+    call: ParsedCall,
+    request_id: str,
+    events: AsyncIterator[StreamEvent],
+    prompt_tokens: int,
+    tokenizer: Any = None,
+) -> AsyncIterator[bytes]:
     """The standard SSE sequence: message_start, content blocks (start/delta/stop), message_delta, message_stop."""
-    yield _event("message_start", {"type": "message_start", "message": {
-        "id": f"msg_{request_id}", "type": "message", "role": "assistant", "model": call.model, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": prompt_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                  "cache_read_input_tokens": 0}}})
+    yield _event(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": f"msg_{request_id}",
+                "type": "message",
+                "role": "assistant",
+                "model": call.model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": prompt_tokens,
+                    "output_tokens": 0,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                },
+            },
+        },
+    )
     index = -1
     open_kind: str | None = None
     reasoning: list[str] = []
@@ -223,53 +301,138 @@ async def stream(call: ParsedCall, request_id: str, events: AsyncIterator[Stream
                     yield close()
                 index += 1
                 open_kind = "thinking"
-                yield _event("content_block_start", {"type": "content_block_start", "index": index,
-                                                     "content_block": {"type": "thinking", "thinking": ""}})
+                yield _event(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "thinking", "thinking": ""},
+                    },
+                )
             reasoning.append(ev.text)
-            yield _event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                 "delta": {"type": "thinking_delta", "thinking": ev.text}})
+            yield _event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": ev.text},
+                },
+            )
         elif isinstance(ev, TextDelta) and ev.text:
             if open_kind != "text":
                 if open_kind == "thinking":
-                    yield _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-                        "type": "signature_delta", "signature": _signature("".join(reasoning).strip())}})
+                    yield _event(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {
+                                "type": "signature_delta",
+                                "signature": _signature("".join(reasoning).strip()),
+                            },
+                        },
+                    )
                 if open_kind is not None:
                     yield close()
                 index += 1
                 open_kind = "text"
-                yield _event("content_block_start", {"type": "content_block_start", "index": index,
-                                                     "content_block": {"type": "text", "text": ""}})
-            yield _event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                 "delta": {"type": "text_delta", "text": ev.text}})
+                yield _event(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
+            yield _event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": ev.text},
+                },
+            )
         elif isinstance(ev, ToolCallEvent):
             if open_kind == "thinking":
-                yield _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-                    "type": "signature_delta", "signature": _signature("".join(reasoning).strip())}})
+                yield _event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {
+                            "type": "signature_delta",
+                            "signature": _signature("".join(reasoning).strip()),
+                        },
+                    },
+                )
             if open_kind is not None:
                 yield close()
             index += 1
             open_kind = None
             tc = ev.call
-            yield _event("content_block_start", {"type": "content_block_start", "index": index, "content_block": {
-                "type": "tool_use", "id": tc.id, "name": tc.name, "input": {}}})
-            yield _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-                "type": "input_json_delta", "partial_json": jsonfast.dumps_str(_tool_input(tc.arguments))}})
+            yield _event(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": {
+                        "type": "tool_use",
+                        "id": tc.id,
+                        "name": tc.name,
+                        "input": {},
+                    },
+                },
+            )
+            yield _event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": jsonfast.dumps_str(_tool_input(tc.arguments)),
+                    },
+                },
+            )
             yield close()
         elif isinstance(ev, Finished):
             turn = ev.turn
             if open_kind == "thinking":
-                yield _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-                    "type": "signature_delta", "signature": _signature("".join(reasoning).strip())}})
+                yield _event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {
+                            "type": "signature_delta",
+                            "signature": _signature("".join(reasoning).strip()),
+                        },
+                    },
+                )
             if open_kind is None and index == -1:  # empty answer: still one (empty) text block
                 index += 1
                 open_kind = "text"
-                yield _event("content_block_start", {"type": "content_block_start", "index": index,
-                                                     "content_block": {"type": "text", "text": ""}})
+                yield _event(
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "text", "text": ""},
+                    },
+                )
             if open_kind is not None:
                 yield close()
-            yield _event("message_delta", {"type": "message_delta", "delta": {
-                "stop_reason": _STOP.get(turn.finish, "end_turn"), "stop_sequence": None},
-                "usage": {"output_tokens": turn.completion_tokens}})
+            yield _event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": _STOP.get(turn.finish, "end_turn"),
+                        "stop_sequence": None,
+                    },
+                    "usage": {"output_tokens": turn.completion_tokens},
+                },
+            )
             yield _event("message_stop", {"type": "message_stop"})
 
 

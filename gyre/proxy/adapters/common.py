@@ -22,7 +22,9 @@ def check(value: Any, types: type | tuple[type, ...], name: str, what: str) -> A
     return value
 
 
-def opt_number(body: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> float | None:
+def opt_number(
+    body: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None
+) -> float | None:
     v = body.get(key)
     if v is None:
         return None

@@ -7,13 +7,22 @@ refused: each call is one branch of one execution's trace.
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from gyre.proxy import jsonfast
 from gyre.proxy.adapters.common import check, opt_bool, opt_int, opt_number, require
 from gyre.proxy.errors import bad_request
 from gyre.proxy.types import (
-    AssistantTurn, Finished, Message, ParsedCall, ReasoningDelta, Restore, Sampling, StreamEvent, TextDelta,
+    AssistantTurn,
+    Finished,
+    Message,
+    ParsedCall,
+    ReasoningDelta,
+    Restore,
+    Sampling,
+    StreamEvent,
+    TextDelta,
     ToolCallEvent,
 )
 
@@ -36,12 +45,16 @@ def _text(content: Any, where: str) -> str:
             if kind == "text":
                 t = part.get("text")
                 if not isinstance(t, str):
-                    raise bad_request(f"{where}.content[{i}].text: expected a string", param="messages")
+                    raise bad_request(
+                        f"{where}.content[{i}].text: expected a string", param="messages"
+                    )
                 out.append(t)
             else:
                 out.append(f"[{kind} omitted: text-only model]")
         return "\n".join(out)
-    raise bad_request(f"{where}.content: expected a string, null or a list of parts", param="messages")
+    raise bad_request(
+        f"{where}.content: expected a string, null or a list of parts", param="messages"
+    )
 
 
 def normalize_item(m: Any, restore: Restore) -> list[Message]:
@@ -58,7 +71,9 @@ def normalize_item(m: Any, restore: Restore) -> list[Message]:
     if role == "tool":
         tid = m.get("tool_call_id")
         if not isinstance(tid, str):
-            raise bad_request("messages: a tool message needs a string tool_call_id", param="messages")
+            raise bad_request(
+                "messages: a tool message needs a string tool_call_id", param="messages"
+            )
         return [{"role": "tool", "tool_call_id": tid, "content": _text(m.get("content"), role)}]
     out: Message = {"role": "assistant", "content": _text(m.get("content"), role)}
     rc = m.get("reasoning_content", m.get("reasoning"))
@@ -80,7 +95,9 @@ def normalize_item(m: Any, restore: Restore) -> list[Message]:
             cached = restore(cid) if cid else None
             if cached is not None and cached[0] == fn["name"]:
                 args = cached[1]
-            calls.append({"id": cid, "type": "function", "function": {"name": fn["name"], "arguments": args}})
+            calls.append(
+                {"id": cid, "type": "function", "function": {"name": fn["name"], "arguments": args}}
+            )
         out["tool_calls"] = calls
     return [out]
 
@@ -92,11 +109,19 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     check(tools, list, "tools", "a list")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
-            raise bad_request(f"tools[{i}]: expected {{type: function, function: {{...}}}}", param="tools")
+        if (
+            not isinstance(t, dict)
+            or t.get("type", "function") != "function"
+            or not isinstance(t.get("function"), dict)
+        ):
+            raise bad_request(
+                f"tools[{i}]: expected {{type: function, function: {{...}}}}", param="tools"
+            )
         fn = t["function"]
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"tools[{i}].function.name: expected a non-empty string", param="tools")
+            raise bad_request(
+                f"tools[{i}].function.name: expected a non-empty string", param="tools"
+            )
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise bad_request(f"tools[{i}].function.parameters: expected an object", param="tools")
@@ -114,7 +139,9 @@ def parse_request(body: Any) -> ParsedCall:
         raise bad_request("messages: must contain at least one message", param="messages")
     n = opt_int(body, "n", lo=1)
     if n is not None and n > 1:
-        raise bad_request("n: only n=1 is supported (each call is one branch of an execution's trace)", param="n")
+        raise bad_request(
+            "n: only n=1 is supported (each call is one branch of an execution's trace)", param="n"
+        )
     max_tokens = opt_int(body, "max_completion_tokens", lo=1)
     if max_tokens is None:
         max_tokens = opt_int(body, "max_tokens", lo=1)
@@ -129,13 +156,23 @@ def parse_request(body: Any) -> ParsedCall:
         sampling.top_p = None
     tc = body.get("tool_choice")
     if tc is not None and not (tc in ("none", "auto", "required") or isinstance(tc, dict)):
-        raise bad_request("tool_choice: expected none, auto, required or an object", param="tool_choice")
+        raise bad_request(
+            "tool_choice: expected none, auto, required or an object", param="tool_choice"
+        )
     so = body.get("stream_options")
     include_usage = isinstance(so, dict) and so.get("include_usage") is True
     return ParsedCall(
-        api=API, model=model, raw_items=messages, normalize_item=normalize_item, tools=_tools(body),
-        tools_raw=body.get("tools"), stream=opt_bool(body, "stream"), sampling=sampling, tool_choice=tc,
-        include_usage=include_usage, want_logprobs=opt_bool(body, "logprobs"),
+        api=API,
+        model=model,
+        raw_items=messages,
+        normalize_item=normalize_item,
+        tools=_tools(body),
+        tools_raw=body.get("tools"),
+        stream=opt_bool(body, "stream"),
+        sampling=sampling,
+        tool_choice=tc,
+        include_usage=include_usage,
+        want_logprobs=opt_bool(body, "logprobs"),
     )
 
 
@@ -144,27 +181,49 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abor
 
 
 def _logprobs(turn: AssistantTurn, tokenizer: Any) -> dict[str, Any]:
-    toks = tokenizer.convert_ids_to_tokens(turn.output_ids) if tokenizer is not None else [""] * len(turn.output_ids)
-    return {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
-                        for t, lp in zip(toks, turn.output_logprobs)]}
+    toks = (
+        tokenizer.convert_ids_to_tokens(turn.output_ids)
+        if tokenizer is not None
+        else [""] * len(turn.output_ids)
+    )
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(toks, turn.output_logprobs)
+        ]
+    }
 
 
 def _usage(turn: AssistantTurn) -> dict[str, int]:
-    return {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
-            "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+    return {
+        "prompt_tokens": turn.prompt_tokens,
+        "completion_tokens": turn.completion_tokens,
+        "total_tokens": turn.prompt_tokens + turn.completion_tokens,
+    }
 
 
 def response(call: ParsedCall, turn: AssistantTurn, tokenizer: Any = None) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": turn.content if (turn.content or not turn.tool_calls) else None}
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": turn.content if (turn.content or not turn.tool_calls) else None,
+    }
     if turn.tool_calls:
         msg["tool_calls"] = [tc.as_openai() for tc in turn.tool_calls]
     if turn.reasoning:
         msg["reasoning_content"] = turn.reasoning
     return {
-        "id": f"chatcmpl-{turn.request_id}", "object": "chat.completion", "created": int(time.time()),
+        "id": f"chatcmpl-{turn.request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": call.model,
-        "choices": [{"index": 0, "message": msg, "finish_reason": _FINISH.get(turn.finish, "stop"),
-                     "logprobs": _logprobs(turn, tokenizer) if call.want_logprobs else None}],
+        "choices": [
+            {
+                "index": 0,
+                "message": msg,
+                "finish_reason": _FINISH.get(turn.finish, "stop"),
+                "logprobs": _logprobs(turn, tokenizer) if call.want_logprobs else None,
+            }
+        ],
         "usage": _usage(turn),
     }
 
@@ -173,15 +232,26 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + jsonfast.dumps(obj) + b"\n\n"
 
 
-async def stream(call: ParsedCall, request_id: str, events: AsyncIterator[StreamEvent],
-                 tokenizer: Any = None) -> AsyncIterator[bytes]:
+async def stream(
+    call: ParsedCall, request_id: str, events: AsyncIterator[StreamEvent], tokenizer: Any = None
+) -> AsyncIterator[bytes]:
     """SSE chunks in OpenAI's order: role, content/reasoning/tool-call deltas, finish, [usage], [DONE]."""
-    base = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": call.model}
+    base = {
+        "id": f"chatcmpl-{request_id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": call.model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None,
-                                          **extra}]})
+        return _sse(
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
+                ],
+            }
+        )
 
     yield chunk({"role": "assistant", "content": ""})
     n_tools = 0
@@ -194,8 +264,18 @@ async def stream(call: ParsedCall, request_id: str, events: AsyncIterator[Stream
                 yield chunk({"reasoning_content": ev.text})
         elif isinstance(ev, ToolCallEvent):
             tc = ev.call
-            yield chunk({"tool_calls": [{"index": n_tools, "id": tc.id, "type": "function",
-                                         "function": {"name": tc.name, "arguments": tc.arguments}}]})
+            yield chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": n_tools,
+                            "id": tc.id,
+                            "type": "function",
+                            "function": {"name": tc.name, "arguments": tc.arguments},
+                        }
+                    ]
+                }
+            )
             n_tools += 1
         elif isinstance(ev, Finished):
             turn = ev.turn

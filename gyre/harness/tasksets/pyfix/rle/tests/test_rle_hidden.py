@@ -1,5 +1,6 @@
 from rle import encode
 
+
 def test_basic():
     assert encode("aaab") == "a3b1"
 

@@ -1,5 +1,6 @@
 from slugify import slugify
 
+
 def test_basic():
     assert slugify("Hello, World!") == "hello-world"
 

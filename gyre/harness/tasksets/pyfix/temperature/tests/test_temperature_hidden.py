@@ -1,6 +1,7 @@
 import pytest
 from temperature import c_to_f, f_to_c
 
+
 def test_boiling():
     assert c_to_f(100) == 212
 

@@ -1,4 +1,5 @@
 from dedupe import dedupe
 
+
 def test_order():
     assert dedupe([3, 1, 3, 2, 1]) == [3, 1, 2]

@@ -1,5 +1,6 @@
 from fizzbuzz import fizzbuzz
 
+
 def test_length():
     assert len(fizzbuzz(5)) == 5
 

@@ -1,4 +1,5 @@
 from palindrome import is_palindrome
 
+
 def test_case():
     assert is_palindrome("Level")

@@ -1,5 +1,6 @@
 from roman import to_roman
 
+
 def test_simple():
     assert to_roman(3) == "III"
 

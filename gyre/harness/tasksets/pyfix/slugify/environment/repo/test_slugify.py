@@ -1,4 +1,5 @@
 from slugify import slugify
 
+
 def test_basic():
     assert slugify("Hello, World!") == "hello-world"

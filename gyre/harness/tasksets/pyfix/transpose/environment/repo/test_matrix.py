@@ -1,4 +1,5 @@
 from matrix import transpose
 
+
 def test_wide():
     assert transpose([[1, 2, 3]]) == [[1], [2], [3]]

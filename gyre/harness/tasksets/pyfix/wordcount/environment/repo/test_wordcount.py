@@ -1,4 +1,5 @@
 from wordcount import word_counts
 
+
 def test_case():
     assert word_counts("The the") == {"the": 2}
