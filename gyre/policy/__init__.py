@@ -19,7 +19,6 @@ from gyre.policy.actions import (
     WakeAt,
 )
 from gyre.policy.config import Placement, PolicyConfig
-from gyre.policy.engine import CORE, PolicyError, SchedulingPolicy
 from gyre.policy.events import (
     CellSwitched,
     Event,
@@ -32,6 +31,7 @@ from gyre.policy.events import (
     WeightsPublished,
 )
 from gyre.policy.roles import Role
+from gyre.policy.scheduling import CORE, PolicyError, SchedulingPolicy
 from gyre.policy.staleness import expected_staleness, staleness_pairs
 
 
