@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .assessment import Assessment, Missing, MissingReason, Scored
 from .config import ExecutorConfig
-from .netbridge import UnixForwarder
+from .forwarder import UnixForwarder
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_claude
 from .sandbox import SANDBOX_HOME, bwrap_argv, bwrap_available
