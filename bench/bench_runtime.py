@@ -229,7 +229,7 @@ async def wait_inflight(proxy, url: str, n: int, timeout: float = 15.0) -> int:
 async def bench_cluster(cfg, tmp: Path, a) -> dict:
     import ray
 
-    from gyre.policy import Role
+    from gyre.policy import CellRole
     from gyre.runtime.cell import Cell
     from gyre.runtime.cluster import Cluster
     from gyre.runtime.rundir import RunDir
@@ -243,7 +243,7 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
     rundir = RunDir(tmp / "cluster-bench").create()
     cluster = Cluster(cfg, rundir)
     t0 = time.perf_counter()
-    await cluster.start([Role.TRAINING, Role.ROLLOUT, Role.ROLLOUT])
+    await cluster.start([CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT])
     out["cluster_start_s"] = time.perf_counter() - t0
     rec = Timed()
     wrap_proxy(cluster.proxy, rec)

@@ -18,6 +18,7 @@ from gyre.policy.actions import (
     SwitchCell,
     WakeAt,
 )
+from gyre.policy.cell_roles import CellRole
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.policy.events import (
     CellSwitched,
@@ -30,7 +31,6 @@ from gyre.policy.events import (
     Tick,
     WeightsPublished,
 )
-from gyre.policy.roles import Role
 from gyre.policy.scheduling import CORE, PolicyError, SchedulingPolicy
 from gyre.policy.staleness import expected_staleness, staleness_pairs
 
@@ -59,7 +59,7 @@ __all__ = [
     "PolicyConfig",
     "PolicyError",
     "PublishWeights",
-    "Role",
+    "CellRole",
     "SchedulingPolicy",
     "StartStep",
     "StepDone",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gyre.policy.cell_roles import CellRole
 from gyre.policy.events import ExecutionId
-from gyre.policy.roles import Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class SwitchCell(Action):
     """
 
     cell: int
-    role: Role
+    role: CellRole
 
 
 @dataclass(frozen=True, slots=True)

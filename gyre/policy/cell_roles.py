@@ -1,11 +1,15 @@
-"""Cell roles."""
+"""Cell roles (rollout, training and the switches between): what a cell is doing.
+
+Named ``CellRole`` so it is never confused with a request's role
+(:class:`gyre.trace.roles.Role`: main, main-summary, sub-agent, sub-agent-summary).
+"""
 
 from __future__ import annotations
 
 from enum import Enum
 
 
-class Role(str, Enum):
+class CellRole(str, Enum):
     """What a cell is doing. A cell serves rollouts only in ROLLOUT."""
 
     ROLLOUT = "rollout"

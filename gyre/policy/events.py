@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gyre.policy.roles import Role
+from gyre.policy.cell_roles import CellRole
 
 ExecutionId = tuple[int, int]  # (group_id, attempt index 0..N-1)
 
@@ -49,7 +49,7 @@ class CellSwitched(Event):
     """Cell ``cell`` finished moving and now has ``role`` (ROLLOUT or TRAINING)."""
 
     cell: int
-    role: Role
+    role: CellRole
 
 
 @dataclass(frozen=True, slots=True)

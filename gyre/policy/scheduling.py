@@ -38,6 +38,7 @@ from gyre.policy.actions import (
     SwitchCell,
     WakeAt,
 )
+from gyre.policy.cell_roles import CellRole
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.policy.events import (
     CellSwitched,
@@ -50,7 +51,6 @@ from gyre.policy.events import (
     Tick,
     WeightsPublished,
 )
-from gyre.policy.roles import Role
 
 CORE = 0
 
@@ -82,11 +82,11 @@ class SchedulingPolicy:
         self._supply_groups = c.supply_groups  # derived config values, cached off the hot path
         self._mu = c.mu
         self._steps = c.total_steps
-        self.roles: list[Role] = [Role.ROLLOUT] * c.cells
+        self.roles: list[CellRole] = [CellRole.ROLLOUT] * c.cells
         if c.placement is Placement.ASYNC:
             for i in range(c.train_cells):
-                self.roles[i] = Role.TRAINING
-        self.capacity = c.standalone_capacity + c.cell_capacity * self.roles.count(Role.ROLLOUT)
+                self.roles[i] = CellRole.TRAINING
+        self.capacity = c.standalone_capacity + c.cell_capacity * self.roles.count(CellRole.ROLLOUT)
         # counters (executions)
         self.dispatched = 0
         self.launched = 0
@@ -140,7 +140,7 @@ class SchedulingPolicy:
         return self._step_active
 
     def training_cells(self) -> list[int]:
-        return [i for i, r in enumerate(self.roles) if r is Role.TRAINING]
+        return [i for i, r in enumerate(self.roles) if r is CellRole.TRAINING]
 
     def status(self) -> dict[str, object]:
         """A JSON-friendly snapshot for logs and metrics (``sched/*`` in the runtime)."""
@@ -257,7 +257,7 @@ class SchedulingPolicy:
         if self.placement is Placement.ASYNC:
             self._core_stays = True
         else:
-            satellites = [i for i in range(1, self._K) if self.roles[i] is Role.TRAINING]
+            satellites = [i for i in range(1, self._K) if self.roles[i] is CellRole.TRAINING]
             if self.placement is Placement.COLOCATE:
                 cap_without_core = c.standalone_capacity  # the pool moves as one gang
             else:
@@ -269,8 +269,8 @@ class SchedulingPolicy:
             # colocate moves as one gang: if the pool stays, every cell stays
             if not (self.placement is Placement.COLOCATE and self._core_stays):
                 for i in satellites:
-                    self.roles[i] = Role.TO_ROLLOUT
-                    acts.append(SwitchCell(i, Role.ROLLOUT))
+                    self.roles[i] = CellRole.TO_ROLLOUT
+                    acts.append(SwitchCell(i, CellRole.ROLLOUT))
         self._busy[CORE] = True
         acts.append(PublishWeights(self.steps_done, CORE))
 
@@ -282,15 +282,15 @@ class SchedulingPolicy:
         self._busy[CORE] = False
         self._dispatch(acts)
         if not self._core_stays:
-            self.roles[CORE] = Role.TO_ROLLOUT
-            acts.append(SwitchCell(CORE, Role.ROLLOUT))
+            self.roles[CORE] = CellRole.TO_ROLLOUT
+            acts.append(SwitchCell(CORE, CellRole.ROLLOUT))
 
     def _on_switched(self, ev: CellSwitched) -> None:
         cur = self.roles[ev.cell]
-        if ev.role is Role.TRAINING and cur is Role.TO_TRAINING:
-            self.roles[ev.cell] = Role.TRAINING
-        elif ev.role is Role.ROLLOUT and cur is Role.TO_ROLLOUT:
-            self.roles[ev.cell] = Role.ROLLOUT
+        if ev.role is CellRole.TRAINING and cur is CellRole.TO_TRAINING:
+            self.roles[ev.cell] = CellRole.TRAINING
+        elif ev.role is CellRole.ROLLOUT and cur is CellRole.TO_ROLLOUT:
+            self.roles[ev.cell] = CellRole.ROLLOUT
             self.capacity += self._Ce
         else:
             raise PolicyError(f"cell {ev.cell} reported {ev.role.value} while {cur.value}")
@@ -361,22 +361,22 @@ class SchedulingPolicy:
             return
         roles = self.roles
         if self.placement is Placement.COLOCATE:
-            if any(r is not Role.ROLLOUT for r in roles):
+            if any(r is not CellRole.ROLLOUT for r in roles):
                 return
             leaving = list(range(self._K))
         else:
             nxt = 0
-            while nxt < self._K and roles[nxt] is Role.TRAINING:
+            while nxt < self._K and roles[nxt] is CellRole.TRAINING:
                 nxt += 1
-            if nxt >= self._K or roles[nxt] is not Role.ROLLOUT:
+            if nxt >= self._K or roles[nxt] is not CellRole.ROLLOUT:
                 return  # all cells training, or the next one is mid-switch: one at a time, in order
             leaving = [nxt]
         cap_after = self.capacity - self._Ce * len(leaving)
         if cap_after < self.waterlevel:
             return  # waterlevel rule: what stays must cover every queued or running execution
         for i in leaving:
-            roles[i] = Role.TO_TRAINING
-            acts.append(SwitchCell(i, Role.TRAINING))
+            roles[i] = CellRole.TO_TRAINING
+            acts.append(SwitchCell(i, CellRole.TRAINING))
         self.capacity = cap_after
         # The hold window is NOT restarted here: the rule is "supply >= rho_min B continuously
         # for tau". If the joining cell drains supply below that, _update_supply restarts the
@@ -384,7 +384,7 @@ class SchedulingPolicy:
 
     def _train(self, acts: list[Action]) -> None:
         c = self.config
-        if self.roles[CORE] is not Role.TRAINING or self._boundary:
+        if self.roles[CORE] is not CellRole.TRAINING or self._boundary:
             return
         if not self._step_active:
             if self.steps_done >= c.total_steps:
@@ -400,7 +400,7 @@ class SchedulingPolicy:
         step = self.steps_done
         micro = self._micro
         for cell in range(self._K):
-            if self.roles[cell] is not Role.TRAINING or self._busy[cell]:
+            if self.roles[cell] is not CellRole.TRAINING or self._busy[cell]:
                 continue
             while not micro and self._step_groups < self._B and self._ready:
                 self._assign(acts)  # streaming: pull the oldest-version ready group into the step

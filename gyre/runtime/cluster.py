@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import GyreConfig
-from gyre.policy import Role
+from gyre.policy import CellRole
 from gyre.runtime.rundir import RunDir
 
 
@@ -91,7 +91,7 @@ class Cluster:
         self.dead_engines: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, roles: list[Role]) -> None:
+    async def start(self, roles: list[CellRole]) -> None:
         import ray
 
         from gyre.proxy.config import ProxyConfig
@@ -117,7 +117,7 @@ class Cluster:
             {"cell": i, "pid": p, "node": n} for i, (p, n) in enumerate(zip(pids, nodes))
         ]
         # initial roles: training cells load replicas (core first), rollout cells start engines
-        for i in [i for i in range(self.K) if roles[i] is Role.TRAINING]:
+        for i in [i for i in range(self.K) if roles[i] is CellRole.TRAINING]:
             await self.cells[i].load_replica.remote(
                 self.trainer_version, self.rundir.snapshots, self.resume_from
             )
@@ -125,12 +125,12 @@ class Cluster:
             *[
                 self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
                 for i in range(self.K)
-                if roles[i] is Role.ROLLOUT
+                if roles[i] is CellRole.ROLLOUT
             ]
         )
         it = iter(urls)
         for i in range(self.K):
-            if roles[i] is Role.ROLLOUT:
+            if roles[i] is CellRole.ROLLOUT:
                 self.urls[i] = next(it)
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
             from gyre.runtime.cell import StandaloneEngine

@@ -18,6 +18,7 @@ from typing import Any
 from gyre.config import GyreConfig
 from gyre.policy import (
     AssignGroup,
+    CellRole,
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
@@ -29,7 +30,6 @@ from gyre.policy import (
     LaunchExecutions,
     MicroStepDone,
     PublishWeights,
-    Role,
     StartStep,
     StepDone,
     SwitchCell,
@@ -75,7 +75,7 @@ class RealWorld:
             cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
         )
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
-        self.roles: list[Role] = [Role.ROLLOUT] * self.K
+        self.roles: list[CellRole] = [CellRole.ROLLOUT] * self.K
         self._since = [0.0] * self.K
         self.segments: list[list[tuple[float, float, str]]] = [[] for _ in range(self.K)]
         self.busy: list[list[tuple[float, float]]] = [[] for _ in range(self.K)]
@@ -131,7 +131,7 @@ class RealWorld:
         t.add_done_callback(self._bg.discard)
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, initial_roles: list[Role]) -> None:
+    async def start(self, initial_roles: list[CellRole]) -> None:
         self._last_event = 0.0
         await self.cluster.start(initial_roles)
         self.roles = list(initial_roles)
@@ -146,7 +146,7 @@ class RealWorld:
         await self.execs.stop()
         await self.cluster.stop()
 
-    def _set_role(self, cell: int, role: Role) -> None:
+    def _set_role(self, cell: int, role: CellRole) -> None:
         now = self.now()
         if now > self._since[cell]:
             self.segments[cell].append((self._since[cell], now, self.roles[cell].value))
@@ -169,14 +169,13 @@ class RealWorld:
         """After EndRun: publish the final weights and evaluate them (outside the makespan)."""
         final = self.base_step + len(self.finished_steps)
         if self.cfg.run.eval_interval and self.finished_steps:
-            rollout = [c for c in range(self.K) if self.roles[c] is Role.ROLLOUT]
+            rollout = [c for c in range(self.K) if self.roles[c] is CellRole.ROLLOUT]
             if final > self.cluster.weights_version:
                 await self.cluster.publish(final, rollout)
-            if (
-                not rollout
-            ):  # every cell trained last (colocate): serve the final weights on the core
+            # every cell trained last (colocate): serve the final weights on the core
+            if not rollout:
                 await self.cluster.to_rollout(0)
-                self._set_role(0, Role.ROLLOUT)
+                self._set_role(0, CellRole.ROLLOUT)
             progress.message(f"final evaluation of version {final}")
             self.execs.start_eval(final)
         await self.execs.wait_evals()
@@ -199,7 +198,9 @@ class RealWorld:
                 for gid in a.group_ids:
                     self.group_version[gid] = self.base_step + a.version
             elif t is SwitchCell:
-                target = Role.TO_TRAINING if a.role is Role.TRAINING else Role.TO_ROLLOUT
+                target = (
+                    CellRole.TO_TRAINING if a.role is CellRole.TRAINING else CellRole.TO_ROLLOUT
+                )
                 self._set_role(a.cell, target)
                 self._spawn(self._switch(a.cell, a.role))
             elif t is StartStep:
@@ -228,9 +229,9 @@ class RealWorld:
         reward = await self.execs.run(self.base_gid + gid, att)
         self._emit(ExecutionFinished(self.now(), (gid, att), reward))
 
-    async def _switch(self, cell: int, role: Role) -> None:
+    async def _switch(self, cell: int, role: CellRole) -> None:
         t0 = self.now()
-        if role is Role.TRAINING:
+        if role is CellRole.TRAINING:
             moved = await self.cluster.to_training(cell)
         else:
             moved = 0
@@ -275,7 +276,7 @@ class RealWorld:
     async def _finish(self, step: int) -> None:
         rec = self.step_rec
         k = 0
-        while k < self.K and self.roles[k] is Role.TRAINING:
+        while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
         t0 = self.now()
         metrics = await self.cluster.finish_step(
@@ -296,7 +297,7 @@ class RealWorld:
     async def _publish(self, version: int) -> None:
         t0 = self.now()
         gv = self.base_step + version
-        rollout = [c for c in range(self.K) if self.roles[c] is Role.ROLLOUT]
+        rollout = [c for c in range(self.K) if self.roles[c] is CellRole.ROLLOUT]
         info = await self.cluster.publish(gv, rollout)
         t1 = self.now()
         self.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gyre.policy import (
     AssignGroup,
+    CellRole,
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
@@ -32,7 +33,6 @@ from gyre.policy import (
     LaunchExecutions,
     MicroStepDone,
     PublishWeights,
-    Role,
     SchedulingPolicy,
     StartStep,
     StepDone,
@@ -105,8 +105,8 @@ class World:
         K = self.pcfg.cells
         self.K = K
         self.Ce = self.pcfg.cell_capacity
-        self.roles: list[Role] = list(self.policy.roles)
-        self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(Role.ROLLOUT)
+        self.roles: list[CellRole] = list(self.policy.roles)
+        self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(CellRole.ROLLOUT)
         self.running = 0
         self.now = 0.0
         self._heap: list[tuple] = []
@@ -126,7 +126,7 @@ class World:
         self._acct_t = 0.0
         self._role_since = [0.0] * K
         self.role_h: list[dict[str, float]] = [
-            dict.fromkeys((r.value for r in Role), 0.0) for _ in range(K)
+            dict.fromkeys((r.value for r in CellRole), 0.0) for _ in range(K)
         ]
         self.idle_slot_h_at_end: float | None = None
         self._busy_since: list[float | None] = [None] * K
@@ -158,7 +158,7 @@ class World:
         if self.record:
             self.trace.utilisation.append((self.now, self.running, self.capacity))
 
-    def _set_role(self, cell: int, role: Role) -> None:
+    def _set_role(self, cell: int, role: CellRole) -> None:
         old = self.roles[cell]
         self.role_h[cell][old.value] += self.now - self._role_since[cell]
         if self.record and self.now > self._role_since[cell]:
@@ -167,7 +167,7 @@ class World:
         self.roles[cell] = role
 
     def _busy_start(self, cell: int) -> None:
-        if self.roles[cell] is not Role.TRAINING:
+        if self.roles[cell] is not CellRole.TRAINING:
             self.protocol_errors.append(
                 f"t={self.now:.3f}: cell {cell} asked to compute while {self.roles[cell].value}"
             )
@@ -192,9 +192,9 @@ class World:
         gang = self.pcfg.placement.value == "colocate"
         for j in range(self.K):
             r = self.roles[j]
-            if j < cell and not (r is Role.TRAINING or (gang and r is Role.TO_TRAINING)):
+            if j < cell and not (r is CellRole.TRAINING or (gang and r is CellRole.TO_TRAINING)):
                 self.order_violations += 1
-            if j != cell and r is Role.TO_TRAINING and not gang:
+            if j != cell and r is CellRole.TO_TRAINING and not gang:
                 self.order_violations += 1
 
     # ------------------------------------------------------------------ actions
@@ -229,9 +229,9 @@ class World:
                 self._push(self.now + self._micro_h, _MICRO, a.cell, a.step, a.group_id, a.index)
             elif t is SwitchCell:
                 self.trace.switch_order.append((self.now, a.cell, a.role.value))
-                if a.role is Role.TRAINING:
+                if a.role is CellRole.TRAINING:
                     self._check_order(a.cell)
-                    if self.roles[a.cell] is not Role.ROLLOUT:
+                    if self.roles[a.cell] is not CellRole.ROLLOUT:
                         self.protocol_errors.append(
                             f"cell {a.cell} switched to training from {self.roles[a.cell]}"
                         )
@@ -241,19 +241,19 @@ class World:
                     self.trace.min_slack = min(self.trace.min_slack, slack)
                     if slack < 0:
                         self.interrupted += -slack  # these executions lost their model mid-run
-                    self._set_role(a.cell, Role.TO_TRAINING)
+                    self._set_role(a.cell, CellRole.TO_TRAINING)
                     self._rerate()
                     self._push(
-                        self.now + costs.switch_to_training_h, _SWITCHED, a.cell, Role.TRAINING
+                        self.now + costs.switch_to_training_h, _SWITCHED, a.cell, CellRole.TRAINING
                     )
                 else:
-                    if self.roles[a.cell] is not Role.TRAINING:
+                    if self.roles[a.cell] is not CellRole.TRAINING:
                         self.protocol_errors.append(
                             f"cell {a.cell} switched to rollout from {self.roles[a.cell]}"
                         )
-                    self._set_role(a.cell, Role.TO_ROLLOUT)
+                    self._set_role(a.cell, CellRole.TO_ROLLOUT)
                     self._push(
-                        self.now + costs.switch_to_rollout_h, _SWITCHED, a.cell, Role.ROLLOUT
+                        self.now + costs.switch_to_rollout_h, _SWITCHED, a.cell, CellRole.ROLLOUT
                     )
             elif t is StartStep:
                 self._step_start[a.step] = self.now
@@ -323,7 +323,7 @@ class World:
                 elif kind == _SWITCHED:
                     self._account()
                     self._set_role(a, b)
-                    if b is Role.ROLLOUT:
+                    if b is CellRole.ROLLOUT:
                         self.capacity += self.Ce
                     self._rerate()
                     ev = CellSwitched(t, a, b)

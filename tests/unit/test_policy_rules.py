@@ -8,6 +8,7 @@ import pytest
 
 from gyre.policy import (
     AssignGroup,
+    CellRole,
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
@@ -21,7 +22,6 @@ from gyre.policy import (
     PolicyConfig,
     PolicyError,
     PublishWeights,
-    Role,
     SchedulingPolicy,
     StartStep,
     StepDone,
@@ -101,7 +101,7 @@ def test_waterlevel_rule_blocks_leaving_until_capacity_after_covers_w():
     assert p.waterlevel == 10
     acts = finish_group(p, 0, 1.0)  # w = 8, one group ready (supply 1 >= rho_min*B = 1)
     sw = of(acts, SwitchCell)
-    assert sw == [SwitchCell(0, Role.TRAINING)]  # 12 - 3 = 9 >= 8
+    assert sw == [SwitchCell(0, CellRole.TRAINING)]  # 12 - 3 = 9 >= 8
     assert p.capacity == 9
 
 
@@ -114,7 +114,7 @@ def test_waterlevel_rule_holds_back_when_outstanding_work_exceeds_capacity_left(
     acts += p.handle(ExecutionFinished(0.6, (0, 1), 1.0))  # group 0 ready, w = 10 > 12 - 3
     assert not of(acts, SwitchCell)
     acts = p.handle(ExecutionFinished(0.7, (1, 0), 1.0))  # w = 9 <= 9
-    assert of(acts, SwitchCell) == [SwitchCell(0, Role.TRAINING)]
+    assert of(acts, SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
 
 
 # ---------------------------------------------------------------- supply check
@@ -127,7 +127,7 @@ def test_supply_check_needs_rho_min_b_ready_for_hold_tau():
     assert of(acts, WakeAt) == [WakeAt(1.1 + 0.25)]
     assert not of(acts, SwitchCell)
     assert not of(p.handle(Tick(1.2)), SwitchCell)  # hold not over yet
-    assert of(p.handle(Tick(1.35)), SwitchCell) == [SwitchCell(0, Role.TRAINING)]
+    assert of(p.handle(Tick(1.35)), SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
 
 
 def test_supply_hold_resets_when_condition_breaks():
@@ -139,9 +139,9 @@ def test_supply_hold_resets_when_condition_breaks():
     acts = p.handle(Tick(1.5))
     assert not of(acts, SwitchCell)
     acts = p.handle(Tick(2.0))
-    assert of(acts, SwitchCell) == [SwitchCell(0, Role.TRAINING)]
+    assert of(acts, SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
     # after a switch the next cell needs its own hold
-    acts = p.handle(CellSwitched(2.01, 0, Role.TRAINING))
+    acts = p.handle(CellSwitched(2.01, 0, CellRole.TRAINING))
     assert not of(acts, SwitchCell)
 
 
@@ -150,15 +150,15 @@ def test_cells_switch_in_order_one_at_a_time_core_first():
     p = SchedulingPolicy(cfg(cell_capacity=8, streaming=False, rho_min=0.5))
     p.start(0.0)
     acts = finish_group(p, 0, 1.0)
-    assert of(acts, SwitchCell) == [SwitchCell(0, Role.TRAINING)]
+    assert of(acts, SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
     acts = finish_group(p, 1, 1.001)
     assert not of(acts, SwitchCell)  # cell 0 is still switching: one at a time
-    acts = p.handle(CellSwitched(1.01, 0, Role.TRAINING))
+    acts = p.handle(CellSwitched(1.01, 0, CellRole.TRAINING))
     # core trains (non-streaming: two ready groups = a batch), supply gone -> no further switch
     assert of(acts, StartStep) and not of(acts, SwitchCell)
     acts = finish_group(p, 2, 1.02)  # one more ready group -> next cell in order is 1
-    assert of(acts, SwitchCell) == [SwitchCell(1, Role.TRAINING)]
-    assert p.roles == [Role.TRAINING, Role.TO_TRAINING, Role.ROLLOUT, Role.ROLLOUT]
+    assert of(acts, SwitchCell) == [SwitchCell(1, CellRole.TRAINING)]
+    assert p.roles == [CellRole.TRAINING, CellRole.TO_TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT]
 
 
 def drive_training(p: SchedulingPolicy, acts: list, t: float) -> tuple[list, float]:
@@ -199,7 +199,7 @@ def test_burst_boundary_satellites_return_core_publishes_then_dispatches():
     # satellites went back; the dispatch after publication carries version 1
     disp = of(every, DispatchGroups)
     assert disp and disp[-1].version == 1 and disp[-1].group_ids == (3, 4)
-    assert all(r in (Role.ROLLOUT,) for r in p.roles[1:])
+    assert all(r in (CellRole.ROLLOUT,) for r in p.roles[1:])
     assert p.version == 1 and p.steps_done == 1
 
 
@@ -210,9 +210,11 @@ def test_core_retention_test_keeps_core_when_supply_and_room():
     acts = finish_group(p, 0, 1.0) + finish_group(p, 1, 1.0) + finish_group(p, 2, 1.0)
     out, t = drive_training(p, acts, 1.0)
     assert p.steps_done == 1
-    assert p.roles[0] is Role.TRAINING  # group 2 is ready (>= rho_min*B = 1) and rollout has room
+    assert (
+        p.roles[0] is CellRole.TRAINING
+    )  # group 2 is ready (>= rho_min*B = 1) and rollout has room
     assert not [
-        a for a in out if isinstance(a, SwitchCell) and a.role is Role.ROLLOUT and a.cell == 0
+        a for a in out if isinstance(a, SwitchCell) and a.role is CellRole.ROLLOUT and a.cell == 0
     ]
 
 
@@ -221,8 +223,8 @@ def test_core_retention_test_returns_core_without_supply():
     p.start(0.0)  # Q_b = 2 groups: nothing left over at the boundary
     acts = finish_group(p, 0, 1.0) + finish_group(p, 1, 1.0)
     out, t = drive_training(p, acts, 1.0)
-    assert SwitchCell(0, Role.ROLLOUT) in out
-    assert p.roles[0] is Role.ROLLOUT
+    assert SwitchCell(0, CellRole.ROLLOUT) in out
+    assert p.roles[0] is CellRole.ROLLOUT
 
 
 # ---------------------------------------------------------------- streaming, micro-steps, core-only optimizer
@@ -264,7 +266,7 @@ def test_colocate_moves_the_whole_pool_only_when_every_execution_finished():
         acts += finish_group(p, g, 1.0 + g)
     assert not of(acts, SwitchCell)  # w > 0 -> nobody leaves
     acts = finish_group(p, 3, 5.0)
-    assert of(acts, SwitchCell) == [SwitchCell(i, Role.TRAINING) for i in range(4)]
+    assert of(acts, SwitchCell) == [SwitchCell(i, CellRole.TRAINING) for i in range(4)]
 
 
 def test_colocate_rejects_extra_dispatch():
@@ -274,7 +276,7 @@ def test_colocate_rejects_extra_dispatch():
 
 def test_async_fixed_split_non_streaming_waits_for_full_batch():
     p = SchedulingPolicy(cfg("async", cells=4, phi=0.5, mu=1, streaming=False))
-    assert p.roles == [Role.TRAINING, Role.TRAINING, Role.ROLLOUT, Role.ROLLOUT]
+    assert p.roles == [CellRole.TRAINING, CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT]
     assert p.capacity == 8
     p.start(0.0)
     acts = finish_group(p, 0, 1.0)
@@ -317,7 +319,7 @@ def test_bad_events_raise_clear_errors_and_keep_state():
     with pytest.raises(PolicyError, match="unexpected step"):
         p.handle(StepDone(1.0, 0))
     with pytest.raises(PolicyError, match="reported"):
-        p.handle(CellSwitched(1.0, 2, Role.TRAINING))
+        p.handle(CellSwitched(1.0, 2, CellRole.TRAINING))
     with pytest.raises(PolicyError, match="cells are 0..3"):
         p.handle(MicroStepDone(1.0, 9, 0, 0, 0))
     with pytest.raises(PolicyError, match="unknown event"):
@@ -364,23 +366,23 @@ def test_supply_hold_is_not_restarted_by_a_switch_when_supply_stayed_up():
     p.start(0.0)  # Q_b = 5 groups = 10 executions, capacity 16
     for g in (0, 1, 2):
         finish_group(p, g, 1.0)  # supply 3 from t = 1.0
-    assert of(p.handle(Tick(2.0)), SwitchCell) == [SwitchCell(0, Role.TRAINING)]
-    acts = p.handle(CellSwitched(2.01, 0, Role.TRAINING))
+    assert of(p.handle(Tick(2.0)), SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
+    acts = p.handle(CellSwitched(2.01, 0, CellRole.TRAINING))
     assert of(acts, AssignGroup)  # the core claims a group; two stay unclaimed
-    assert of(acts, SwitchCell) == [SwitchCell(1, Role.TRAINING)]
+    assert of(acts, SwitchCell) == [SwitchCell(1, CellRole.TRAINING)]
 
 
 def test_supply_hold_restarts_when_the_joining_cell_drains_supply():
     p = SchedulingPolicy(cfg(rho_min=0.5, hold_tau=1.0))
     p.start(0.0)
     finish_group(p, 0, 1.0)
-    assert of(p.handle(Tick(2.0)), SwitchCell) == [SwitchCell(0, Role.TRAINING)]
-    acts = p.handle(CellSwitched(2.01, 0, Role.TRAINING))  # the core takes the only ready group
+    assert of(p.handle(Tick(2.0)), SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
+    acts = p.handle(CellSwitched(2.01, 0, CellRole.TRAINING))  # the core takes the only ready group
     assert not of(acts, SwitchCell)
     acts = finish_group(p, 1, 2.5)  # supply is back: a fresh hold from 2.5
     assert of(acts, WakeAt) == [WakeAt(3.5)] and not of(acts, SwitchCell)
     assert not of(p.handle(Tick(3.0)), SwitchCell)
-    assert of(p.handle(Tick(3.5)), SwitchCell) == [SwitchCell(1, Role.TRAINING)]
+    assert of(p.handle(Tick(3.5)), SwitchCell) == [SwitchCell(1, CellRole.TRAINING)]
 
 
 def test_packing_granularity_cuts_each_valid_execution_into_m_micro_steps():
