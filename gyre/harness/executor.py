@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import netbridge
 from .assessment import Assessment, Missing, MissingReason, Scored
 from .config import ExecutorConfig
 from .forwarder import UnixForwarder
@@ -347,10 +348,13 @@ class HarnessExecutor:
                     tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp")
                 )  # short: AF_UNIX paths <= 107 bytes
                 forwarder = UnixForwarder(sock_dir / "p.sock", bridge[0], bridge[1])
+                # By file, isolated and without site: it is stdlib only, and it starts
+                # before every proxy-only harness.
                 argv = [
                     sys.executable,
-                    "-m",
-                    "gyre.harness.netbridge",
+                    "-S",
+                    "-I",
+                    netbridge.__file__,
                     "--listen",
                     f"127.0.0.1:{bridge[1]}",
                     "--unix",
