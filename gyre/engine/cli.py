@@ -138,8 +138,7 @@ def build_engine(
         )
     if kind == "scripted":
         from gyre.engine.config import ScriptedEngineConfig
-        from gyre.engine.script import ScriptBook
-        from gyre.engine.scripted import ScriptedEngine
+        from gyre.engine.scripted import ScriptBook, ScriptedEngine
 
         if script is None:
             raise ValueError("--kind scripted needs --script FILE (a ScriptBook JSON)")

@@ -27,7 +27,7 @@ class NullEngineConfig(BaseModel):
 
 class ScriptedEngineConfig(BaseModel):
     """Scripted engine (a test double, named as such): replays fixed assistant turns
-    through a real tokenizer. The script itself is a :class:`gyre.engine.script.ScriptBook`."""
+    through a real tokenizer. The script itself is a :class:`gyre.engine.scripted.ScriptBook`."""
 
     engine_id: str | None = None
     tokenizer_dir: str = Field(description="HF tokenizer directory (the served model's).")

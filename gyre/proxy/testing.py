@@ -31,8 +31,7 @@ def make_engine(
         )
     if kind == "scripted":
         from gyre.engine.config import ScriptedEngineConfig
-        from gyre.engine.script import ScriptBook
-        from gyre.engine.scripted import ScriptedEngine
+        from gyre.engine.scripted import ScriptBook, ScriptedEngine
 
         return ScriptedEngine(
             ScriptedEngineConfig(tokenizer_dir=str(model_dir), engine_id=engine_id, **kw),

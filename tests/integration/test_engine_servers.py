@@ -16,8 +16,7 @@ from gyre.engine.client import EngineClient, EngineRequestError, EngineServerErr
 from gyre.engine.config import ScriptedEngineConfig
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.script import ScriptBook, ScriptedToolCall, ScriptedTurn
-from gyre.engine.scripted import ScriptedEngine
+from gyre.engine.scripted import ScriptBook, ScriptedEngine, ScriptedToolCall, ScriptedTurn
 from gyre.engine.server import create_app
 
 

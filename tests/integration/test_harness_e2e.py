@@ -171,8 +171,7 @@ def stack(tiny_model_dir, tmp_path_factory):
     """Scripted engine + managed proxy on 127.0.0.1; yields (proxy_url, register, trace_dir)."""
     from gyre.engine.config import ScriptedEngineConfig
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.script import ScriptBook
-    from gyre.engine.scripted import ScriptedEngine
+    from gyre.engine.scripted import ScriptBook, ScriptedEngine
     from gyre.engine.server import create_app
     from gyre.proxy.admin import ProxyAdminClient
     from gyre.proxy.config import ProxyConfig

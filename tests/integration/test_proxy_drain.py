@@ -117,7 +117,7 @@ async def test_drain_moves_every_inflight_request(tiny_model_dir, tiny_tokenizer
         assert res.errors == []
         records += res.records
     assert len(records) == 2 * n_exec
-    from gyre.engine.script import ScriptBook
+    from gyre.engine.scripted import ScriptBook
 
     book = ScriptBook.from_json(TURNS)
     eos = tiny_tokenizer.eos_token_id

@@ -11,8 +11,7 @@ from gyre.engine.base import EngineInputError
 from gyre.engine.config import NullEngineConfig, ScriptedEngineConfig
 from gyre.engine.null import NullEngine
 from gyre.engine.protocol import GenerateRequest, UpdateWeightsFromDiskRequest
-from gyre.engine.script import Script, ScriptBook, ScriptedToolCall, ScriptedTurn
-from gyre.engine.scripted import ScriptedEngine
+from gyre.engine.scripted import Script, ScriptBook, ScriptedEngine, ScriptedToolCall, ScriptedTurn
 
 TOOLS = [
     {
