@@ -1,7 +1,8 @@
 """Executor benchmark: executions started per second and executor overhead per execution,
 with N (default 200) synthetic harnesses running concurrently.
 
-    python bench/bench_executor.py [--n 200] [--harness-s 3] [--no-sandbox]
+    python bench/bench_executor.py [--n 200] [--harness-s 3] [--rounds R] [--no-sandbox]
+    python bench/bench_executor.py --n 1 --rounds 15 --harness-s 0.5   # one at a time: no contention
 
 Each synthetic harness (``gyre.harness.synthetic``, stdlib only) sleeps a fixed
 real duration and writes one file; the task's verifier is a one-line shell
@@ -171,40 +172,62 @@ def p95(xs: list[float]) -> float:
     return sorted(xs)[int(0.95 * (len(xs) - 1))]
 
 
+def merge(runs: list[dict]) -> dict:
+    """Rounds of one row pooled: per-execution lists joined, rates and CPU averaged."""
+    out: dict = {}
+    for k in runs[0]:
+        vs = [r[k] for r in runs]
+        out[k] = sum(vs, []) if isinstance(vs[0], list) else statistics.mean(vs)
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--n", type=int, default=200, help="concurrent executions per round")
     ap.add_argument("--harness-s", type=float, default=3.0)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds, each running every row once in turn (rows interleaved, so a drift in the "
+        "machine's load hits all rows alike); `--n 1 --rounds 15` measures one execution at a "
+        "time, without contention among the children",
+    )
     ap.add_argument("--no-sandbox", action="store_true")
     ap.add_argument(
         "--keep", action="store_true", help="keep the execution folders (default: removed)"
     )
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))
-    rows = []
-    # Baseline before and after the executor runs: the machine is shared, load drifts.
-    base = await baseline(a.n, a.harness_s, root / "b1")
-    rows.append(("bare subprocess (baseline, before)", base))
-    ex = await executor_run(a.n, a.harness_s, root / "plain", sandbox=False)
-    rows.append(("executor", ex))
-    if not a.no_sandbox and bwrap_available():
-        exs = await executor_run(
-            a.n, a.harness_s, root / "sandboxed", sandbox=True, network="shared"
-        )
-        rows.append(("executor + bwrap (shared net)", exs))
-        exp = await executor_run(
-            a.n, a.harness_s, root / "sandboxed-po", sandbox=True, network="proxy-only"
-        )
-        rows.append(("executor + bwrap (proxy-only net)", exp))
-    base2 = await baseline(a.n, a.harness_s, root / "b2")
-    rows.append(("bare subprocess (baseline, after)", base2))
-    b_over = (med(base["overhead_s"]) + med(base2["overhead_s"])) / 2
+    names = ["bare subprocess (baseline: a floor, no workspace/scoring)", "executor"]
+    sandboxed = not a.no_sandbox and bwrap_available()
+    if sandboxed:
+        names += ["executor + bwrap (shared net)", "executor + bwrap (proxy-only net)"]
+    per: dict[str, list[dict]] = {n: [] for n in names}
+    for k in range(a.rounds):
+        per[names[0]].append(await baseline(a.n, a.harness_s, root / f"b{k}"))
+        per[names[1]].append(await executor_run(a.n, a.harness_s, root / f"p{k}", sandbox=False))
+        if sandboxed:
+            per[names[2]].append(
+                await executor_run(a.n, a.harness_s, root / f"s{k}", sandbox=True, network="shared")
+            )
+            per[names[3]].append(
+                await executor_run(
+                    a.n, a.harness_s, root / f"o{k}", sandbox=True, network="proxy-only"
+                )
+            )
+    rows = [(n, merge(per[n])) for n in names]
+    b_over = med(rows[0][1]["overhead_s"])
     print(
-        f"\n{a.n} concurrent synthetic harnesses, each running {a.harness_s:.1f}s (contended 2-core machine: noisy)\n"
+        f"\n{a.n} concurrent synthetic harnesses x {a.rounds} rounds, each harness running "
+        f"{a.harness_s:.1f}s (medians over every execution; a shared 2-core machine is noisy)\n"
     )
-    print("overhead vs baseline: divided by the mean of the two baseline medians\n")
     print(
-        "| run | starts/s | launcher CPU/exec (ms) | children CPU/exec (ms) | wall overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall (s) | wall overhead vs baseline |"
+        "Baseline: the same harness command started with asyncio.create_subprocess_exec, no "
+        "workspace, key, sandbox or scoring -- a floor any executor pays, not a peer.\n"
+    )
+    print(
+        "| run | starts/s | launcher CPU/exec (ms) | children CPU/exec (ms) | wall overhead/exec median (s) | p95 (s) | excl. scoring median (s) | scoring median (s) | wall/round (s) | wall overhead vs floor |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
