@@ -1,4 +1,4 @@
-"""Start real engines and a proxy on 127.0.0.1 in-process (tests, benchmarks, examples).
+"""Start real engines and a proxy on 127.0.0.1 in-process (test-only; not part of the package).
 
     with running_engine("scripted", model_dir, turns=[...]) as eng, \\
          running_proxy(model_dir, [eng.url], trace_dir) as proxy:

@@ -4,9 +4,9 @@ import asyncio
 import time
 
 import pytest
+from helpers.servers import running_engine, running_proxy
 
 from gyre.engine.scripted import plausible_logprob
-from gyre.proxy.testing import running_engine, running_proxy
 from gyre.trace.store import read_trace
 
 openai = pytest.importorskip("openai")

@@ -6,11 +6,11 @@ import time
 
 import httpx
 import pytest
+from helpers.servers import running_engine, running_proxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.proxy import ProxyAdminClient
-from gyre.proxy.testing import running_engine, running_proxy
 from gyre.trace.store import read_trace, trace_path
 
 TURNS = [{"text": "Hello there, this is a scripted answer that takes a while to stream out. " * 10}]
@@ -35,7 +35,7 @@ def env(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
             max_context_tokens=4096,
         ) as px,
     ):
-        admin = ProxyAdminClient(px.url, "admin-secret")
+        admin = ProxyAdminClient(px.admin_socket, "admin-secret")
         keys = {name: admin.register(f"exec-{name}", label=name) for name in ("a", "b", "c", "d")}
         yield px, traces, keys, admin, eng
 
@@ -154,15 +154,16 @@ def test_each_key_writes_only_its_own_execution(env):
     admin.revoke("exec-d")
     _check_openai_error(post(px, "/v1/chat/completions", OA, keys["d"]), 401)
     assert "exec-d" not in admin.executions()
-    # admin routes need the admin token
-    assert (
-        httpx.post(
+    # admin routes are not on the API port at all, even with the admin token
+    for auth in (keys["a"], "admin-secret"):
+        r = httpx.post(
             px.url + "/admin/executions",
             json={"execution_id": "x"},
-            headers={"authorization": f"Bearer {keys['a']}"},
-        ).status_code
-        == 401
-    )
+            headers={"authorization": f"Bearer {auth}"},
+        )
+        assert r.status_code == 404
+    # on the admin socket they still need the admin token
+    assert ProxyAdminClient(px.admin_socket, keys["a"])._http.get("/admin/stats").status_code == 401
 
 
 def test_sdk_retry_is_replayed_or_coalesced_not_resampled(env):

@@ -9,9 +9,9 @@ recorded prefix of turn k+1 must be turn k's input plus output, token for token.
 import json
 
 import pytest
+from helpers.servers import running_engine, running_proxy
 
 from gyre.proxy.render import Renderer
-from gyre.proxy.testing import running_engine, running_proxy
 from gyre.trace.store import read_trace, trace_path
 
 openai = pytest.importorskip("openai")

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.servers import running_engine, running_proxy
 
 from gyre.proxy import ProxyAdminClient
-from gyre.proxy.testing import running_engine, running_proxy
 from gyre.trace.store import read_trace, trace_path
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
@@ -70,7 +70,7 @@ def test_mini_swe_agent_end_to_end(tiny_model_dir, tiny_tokenizer, tmp_path):
             admin_token="adm",
         ) as px,
     ):
-        key = ProxyAdminClient(px.url, "adm").register("mini-1", label="main")
+        key = ProxyAdminClient(px.admin_socket, "adm").register("mini-1", label="main")
         env = {
             **os.environ,
             "MSWEA_CONFIGURED": "true",
@@ -154,7 +154,7 @@ def test_claude_code_end_to_end(tiny_model_dir, tiny_tokenizer, tmp_path):
             admin_token="adm",
         ) as px,
     ):
-        key = ProxyAdminClient(px.url, "adm").register("cc-1", label="main")
+        key = ProxyAdminClient(px.admin_socket, "adm").register("cc-1", label="main")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "CLAUDE"))}
         env.update(
             {

@@ -1,8 +1,8 @@
 """The official openai and anthropic SDKs against the proxy + the embedded engine (real tiny model)."""
 
 import pytest
+from helpers.servers import running_engine, running_proxy
 
-from gyre.proxy.testing import running_engine, running_proxy
 from gyre.trace.store import read_trace
 
 openai = pytest.importorskip("openai")

@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def trace_file(tiny_model_dir, tiny_tokenizer, tmp_path_factory):
-    from gyre.proxy.testing import running_engine, running_proxy
+    from helpers.servers import running_engine, running_proxy
 
     traces = tmp_path_factory.mktemp("tree-traces")
     with (
