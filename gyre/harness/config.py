@@ -17,9 +17,11 @@ from pydantic import BaseModel, Field
 class SandboxConfig(BaseModel):
     """Bubblewrap settings.
 
-    Read-only root, private /tmp and HOME (tmpfs), private pid/ipc/uts
-    namespaces, every other execution's workspace and the task's hidden files
-    covered by empty tmpfs mounts. Network: ``--unshare-net`` alone would cut
+    Only the system directories and the tools it needs, read-only; private /tmp
+    and HOME (sized tmpfs); private user/pid/ipc/uts namespaces, no capability,
+    an unprivileged uid; the task's hidden files and other workspaces absent or
+    covered by empty tmpfs mounts; bounded processes and disk (see
+    ``gyre.harness.sandbox`` for the whole model). Network: ``--unshare-net`` alone would cut
     the harness off from the proxy (a new namespace has its own loopback), so by
     default ("proxy-only") the proxy's port is bridged into the sandbox's
     loopback through a unix socket and nothing else is reachable; "shared" keeps
@@ -38,6 +40,20 @@ class SandboxConfig(BaseModel):
     ro_binds: list[Path] = Field(default_factory=list)
     # The scorer needs no network at all, so it can run with --unshare-net.
     scorer_unshare_net: bool = True
+    # The harness's (and verifier's) uid/gid inside the sandbox, and on the host when root
+    # launches Gyre (an ordinary user's own uid is mapped onto it instead). Never 0.
+    uid: int = Field(default=65534, gt=0)
+    gid: int = Field(default=65534, gt=0)
+    # RLIMIT_NPROC inside the sandbox's user namespace: processes + threads of this sandbox.
+    max_procs: int = Field(default=1024, ge=16)
+    # RLIMIT_FSIZE: the largest single file the harness can write.
+    max_file_bytes: int = Field(default=2 << 30, gt=0)
+    # Size of the /tmp and $HOME tmpfs (each; memory-backed).
+    tmpfs_bytes: int = Field(default=1 << 30, gt=0)
+    # The workspace's total size, checked every ``disk_check_s``: past it the harness is
+    # stopped (``disk_limit``) and its workspace scored like a timeout's. 0: unchecked.
+    max_workspace_bytes: int = Field(default=8 << 30, ge=0)
+    disk_check_s: float = Field(default=1.0, gt=0)
 
 
 class ScorerConfig(BaseModel):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-StopReason = Literal["exited", "timeout", "log_limit", "cancelled"]
+StopReason = Literal["exited", "timeout", "log_limit", "disk_limit", "cancelled"]
 _CHUNK = 64 * 1024
 
 
@@ -117,11 +117,15 @@ async def run_process(
     max_log_bytes: int,
     kill_grace_s: float = 2.0,
     on_start: asyncio.Future[None] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    abort: asyncio.Future[StopReason] | None = None,
 ) -> ProcessResult:
     """Start ``argv`` and wait until it exits, its deadline passes, or it floods its logs.
 
     Raises FileNotFoundError / PermissionError / OSError when it cannot start.
     On cancellation the process group is killed and CancelledError re-raised.
+    ``abort`` (a watcher's verdict, e.g. ``"disk_limit"``) stops it like a
+    timeout, with that reason; ``pass_fds`` are inherited (bwrap's ``--userns``).
     Whatever happens, the whole group is gone when this returns.
     """
     t0 = time.monotonic()
@@ -133,6 +137,7 @@ async def run_process(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        pass_fds=pass_fds,
     )
     t_spawned = time.monotonic()
     if on_start is not None and not on_start.done():
@@ -146,12 +151,18 @@ async def run_process(
     waiter = asyncio.ensure_future(proc.wait())
     flood = asyncio.ensure_future(over.wait())
     stop: StopReason = "exited"
+    watched = {waiter, flood} | ({abort} if abort is not None else set())
     try:
         done, _ = await asyncio.wait(
-            {waiter, flood}, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED
+            watched, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED
         )
         if waiter not in done:
-            stop = "log_limit" if flood in done else "timeout"
+            if flood in done:
+                stop = "log_limit"
+            elif abort is not None and abort in done and not abort.cancelled():
+                stop = abort.result()
+            else:
+                stop = "timeout"
     except asyncio.CancelledError:
         stop = "cancelled"
         raise

@@ -1,30 +1,67 @@
-"""Bubblewrap command lines for harnesses and verifiers.
+"""Bubblewrap command lines for harnesses and verifiers: the containment model.
 
-Layout inside the sandbox (host paths keep their names, so tools installed on
-the host -- the venv, node, Claude Code -- work unchanged):
+What a sandboxed program sees (host paths keep their names, so tools installed
+on the host -- the venv, node, Claude Code -- work unchanged):
 
-- ``/`` read-only (the system, the Python venv, harness binaries);
-- ``/tmp`` and ``$HOME`` fresh tmpfs (a harness writes its caches there);
-- every path in ``hide`` covered by an empty tmpfs: the root of all execution
-  workspaces, the task folder or task set (hidden tests, reference solution),
-  the trace directory -- so the harness cannot read another execution's
-  workspace or the hidden tests;
-- the execution's own workspace bound read-write on top;
-- private pid, ipc and uts namespaces; ``--die-with-parent`` and the pid
-  namespace mean nothing started inside outlives the sandbox.
+- a root of bubblewrap's own tmpfs, remounted read-only at the end, holding only
+  the system directories (``SYSTEM_DIRS``: ``/usr``, ``/etc``, ``/opt``, the
+  ``/bin``/``/lib`` links) bound read-only, plus the tool paths it needs
+  (:func:`tool_paths`: the Python prefixes, the ``gyre`` package, the command's
+  install folder) bound read-only. ``/home``, ``/root``, ``/srv``, ``/run``,
+  ``/var``, ``/mnt``, ``/work``... are absent: a filesystem unix socket of the
+  host is not reachable because it is not there (``connect()`` works through a
+  read-only bind, so read-only is not enough);
+- ``/tmp`` and ``$HOME`` fresh tmpfs of bounded size; a fresh ``/dev`` and a
+  ``/proc`` of its own pid namespace (no host process is visible);
+- every path in ``hide`` that lies inside something bound is covered again by
+  an empty tmpfs (the task set inside a checkout, other workspaces);
+- the execution's own workspace bound read-write on top.
 
-The network namespace is shared on purpose: ``--unshare-net`` gives the sandbox
-its own loopback, so a harness could not reach the proxy on 127.0.0.1. The
-verifier needs no network and runs with ``--unshare-net``.
+Who it runs as: never with a capability, never as host uid 0, whoever launches
+Gyre. An ordinary user's bwrap maps the sandbox uid (``SANDBOX_UID``) onto the
+caller's and drops every capability (``--unshare-user --uid --cap-drop ALL
+--disable-userns``). Root instead hands bwrap a user namespace it prepared
+(:mod:`gyre.harness.userns`, ``--userns FD``) mapping ``SANDBOX_UID`` to the
+same host uid, in which nested user namespaces are disabled; the first process
+inside (:mod:`gyre.harness.confine`) switches to that uid, which leaves no
+capability in any namespace, so no mount can be undone or remounted.
+
+Resources (:class:`Confinement`): RLIMIT_NPROC set inside the user namespace
+(bounds this sandbox's processes and threads), RLIMIT_FSIZE (largest file),
+sized tmpfs for ``/tmp`` and ``$HOME``; the workspace's total size is watched
+by the executor (``SandboxConfig.max_workspace_bytes``).
+
+Network: private pid, ipc, uts and cgroup namespaces always; with
+``unshare_net`` its own network namespace too (only its own loopback: no host
+port, no abstract unix socket) -- the executor bridges the proxy in
+(:mod:`gyre.harness.netbridge`). The verifier runs with no network at all.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 SANDBOX_HOME = "/tmp/gyre-home"
+# The harness's uid and gid, inside the sandbox and (when root launches Gyre) on the host.
+SANDBOX_UID = 65534
+# Top-level host directories every sandbox sees (read-only); nothing else of the host's tree.
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Who the sandboxed program runs as and what it may use up (see gyre.harness.confine)."""
+
+    uid: int = SANDBOX_UID
+    gid: int = SANDBOX_UID
+    max_procs: int = 1024  # RLIMIT_NPROC inside the sandbox (processes + threads)
+    max_file_bytes: int = 2 << 30  # RLIMIT_FSIZE
+    tmpfs_bytes: int = 1 << 30  # size of the /tmp and $HOME tmpfs, each
+    python: str = sys.executable  # runs gyre.harness.confine inside
 
 
 def bwrap_available(bwrap: str = "bwrap") -> str | None:
@@ -39,14 +76,13 @@ def _covers(parent: Path, child: Path) -> bool:
 def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignment]
     """Host paths the sandboxed program needs to see, whatever tmpfs covers them.
 
-    The sandbox mounts a fresh ``/tmp``; a venv, a checkout of Gyre or a harness
-    installed under ``/tmp`` (a CI clone, say) would vanish with it. So the
-    Python prefixes, the ``gyre`` package and the command's own install folder
-    (its ``node_modules`` root for npm programs; also for an executable named
-    later in the argv, behind a wrapper) are bound back read-only.
+    The sandbox sees only the system directories and a fresh ``/tmp``; a venv,
+    a checkout of Gyre, a pyenv Python under ``/root`` or a harness installed
+    under ``/tmp`` (a CI clone, say) would not be there. So the Python
+    prefixes, the ``gyre`` package and the command's own install folder (its
+    ``node_modules`` root for npm programs; also for an executable named later
+    in the argv, behind a wrapper) are bound back read-only.
     """
-    import sys
-
     import gyre
 
     cands = [
@@ -72,26 +108,126 @@ def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignmen
     return out
 
 
-def _unhide_and_hide(hide: list[Path], command: list[str]) -> list[str]:
-    """Bind tool paths under /tmp back (read-only), then cover every hidden tree.
+def system_paths() -> list[Path]:
+    """The real directories among ``SYSTEM_DIRS`` (``/bin`` may be a link into ``/usr``)."""
+    out = []
+    for name in SYSTEM_DIRS:
+        p = Path("/") / name
+        if p.is_dir() and not p.is_symlink():
+            out.append(p)
+    return out
 
-    A hidden tree under /tmp needs no mount of its own unless a tool path
-    re-exposed it (the task set inside a checkout that lives under /tmp).
-    """
-    exposed = [p for p in tool_paths(command) if _covers(Path("/tmp"), p)]
+
+def _system_root() -> list[str]:
     argv: list[str] = []
-    for p in exposed:
-        argv += ["--ro-bind", str(p), str(p)]
+    for name in SYSTEM_DIRS:
+        p = Path("/") / name
+        if p.is_symlink():
+            argv += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            argv += ["--ro-bind", str(p), str(p)]
+    return argv
+
+
+def _tools_and_hide(hide: list[Path], command: list[str]) -> list[str]:
+    """Bind the tool paths outside the system directories (read-only), then cover every
+    hidden tree that something bound exposes; a hidden tree nothing exposes is simply absent."""
+    sys_paths = system_paths()
+    tools = [t for t in tool_paths(command) if not any(_covers(s, t) for s in sys_paths)]
+    argv: list[str] = []
+    for t in tools:
+        argv += ["--ro-bind", str(t), str(t)]
+    bound = sys_paths + tools
     for h in sorted({Path(p).resolve() for p in hide}, key=lambda p: len(p.parts)):
-        if not h.exists():
-            continue
-        if _covers(Path("/tmp"), h) and not any(_covers(e, h) or _covers(h, e) for e in exposed):
+        if not h.exists() or not any(_covers(b, h) for b in bound):
             continue
         if h.is_dir():
             argv += ["--tmpfs", str(h)]
         else:
             argv += ["--ro-bind", "/dev/null", str(h)]
     return argv
+
+
+def _mount_dirs(argv: list[str]) -> list[str]:
+    """``--perms 0755 --dir`` for every missing ancestor of a bind destination in ``argv``.
+
+    bwrap creates them itself, but with the host directory's mode or 0700 and owned
+    by the namespace's root, which would lock the sandbox user out of a workspace
+    under ``/tmp/...`` or a Python under ``/root/...``.
+    """
+    sys_paths = system_paths()
+    out: list[str] = []
+    seen: set[Path] = {Path("/"), Path("/tmp")}
+    for i, a in enumerate(argv[:-2]):
+        if a not in ("--ro-bind", "--bind"):
+            continue
+        for anc in reversed(Path(argv[i + 2]).parents):
+            if anc in seen or any(_covers(s, anc) for s in sys_paths):
+                continue
+            seen.add(anc)
+            out += ["--perms", "0755", "--dir", str(anc)]
+    return out
+
+
+def _namespaces(confine: Confinement, userns_fd: int | None, unshare_net: bool) -> list[str]:
+    argv = [
+        "--die-with-parent",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
+    if userns_fd is not None:  # root: a namespace from gyre.harness.userns; confine drops the ids
+        argv += ["--userns", str(userns_fd)]
+    else:
+        argv += [
+            "--unshare-user",
+            "--uid",
+            str(confine.uid),
+            "--gid",
+            str(confine.gid),
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+        ]
+    if unshare_net:
+        argv.append("--unshare-net")
+    return argv
+
+
+def _confined(
+    command: list[str], confine: Confinement, userns_fd: int | None, home: str
+) -> list[str]:
+    # By file, isolated and without site: confine is stdlib only and starts before every harness.
+    argv = [confine.python, "-S", "-I", str(Path(__file__).with_name("confine.py"))]
+    if userns_fd is not None:
+        argv += ["--uid", str(confine.uid), "--gid", str(confine.gid)]
+        argv += ["--own", "/tmp", "--own", home]
+    argv += ["--nproc", str(confine.max_procs), "--fsize", str(confine.max_file_bytes), "--"]
+    return argv + list(command)
+
+
+def _sandbox(
+    command: list[str],
+    *,
+    hide: list[Path],
+    home: str,
+    binds: list[str],
+    chdir: str,
+    unshare_net: bool,
+    confine: Confinement,
+    userns_fd: int | None,
+    bwrap: str,
+) -> list[str]:
+    size = ["--size", str(confine.tmpfs_bytes)]
+    argv = [bwrap, *_namespaces(confine, userns_fd, unshare_net), *_system_root()]
+    argv += ["--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
+    mounts = _tools_and_hide(hide, [confine.python, *command])
+    mounts += [*size, "--tmpfs", home, "--setenv", "HOME", home]
+    mounts += binds
+    argv += _mount_dirs(mounts) + mounts
+    argv += ["--remount-ro", "/", "--chdir", chdir, "--"]
+    return argv + _confined(command, confine, userns_fd, home)
 
 
 def bwrap_argv(
@@ -104,37 +240,35 @@ def bwrap_argv(
     home: str = SANDBOX_HOME,
     unshare_net: bool = False,
     bwrap: str = "bwrap",
+    confine: Confinement | None = None,
+    userns_fd: int | None = None,
 ) -> list[str]:
-    """The bwrap argv that runs ``command`` with ``workspace`` as its writable cwd."""
+    """The bwrap argv that runs ``command`` with ``workspace`` as its writable cwd.
+
+    ``userns_fd`` (root only, from :func:`gyre.harness.userns.make_userns`)
+    must be passed to the child (``pass_fds``); without it bwrap makes the user
+    namespace itself, which as root maps the sandbox onto host uid 0.
+    """
     ws = Path(workspace).resolve()
-    argv = [
-        bwrap,
-        "--die-with-parent",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-    ]
-    if unshare_net:
-        argv.append("--unshare-net")
-    argv += _unhide_and_hide(hide, command)
-    argv += ["--tmpfs", home, "--setenv", "HOME", home]
+    binds: list[str] = []
     for p in ro_binds:
         p = Path(p).resolve()
-        argv += ["--ro-bind", str(p), str(p)]
+        binds += ["--ro-bind", str(p), str(p)]
     for p in writable:
         p = Path(p).resolve()
-        argv += ["--bind", str(p), str(p)]
-    argv += ["--bind", str(ws), str(ws), "--chdir", str(ws), "--"]
-    return argv + list(command)
+        binds += ["--bind", str(p), str(p)]
+    binds += ["--bind", str(ws), str(ws)]
+    return _sandbox(
+        command,
+        hide=hide,
+        home=home,
+        binds=binds,
+        chdir=str(ws),
+        unshare_net=unshare_net,
+        confine=confine or Confinement(),
+        userns_fd=userns_fd,
+        bwrap=bwrap,
+    )
 
 
 HARBOR_APP, HARBOR_TESTS, HARBOR_LOGS = "/app", "/tests", "/logs/verifier"
@@ -149,39 +283,16 @@ def harbor_verifier_argv(
     hide: list[Path],
     home: str,
     bwrap: str = "bwrap",
+    confine: Confinement | None = None,
+    userns_fd: int | None = None,
 ) -> list[str]:
     """bwrap argv for a verifier with Harbor's paths: the workspace copy at ``/app``, the
     tests at ``/tests``, the result folder at ``/logs/verifier``; no network.
 
-    ``/`` cannot be bound read-only as a whole here (new top-level mount points
-    could not be created on it), so the root is bubblewrap's own tmpfs with each
-    top-level host directory bound read-only into it (symlinks such as
-    ``/bin -> usr/bin`` recreated), which leaves room for ``/app``, ``/tests``
-    and ``/logs``.
+    The root is bubblewrap's own tmpfs (as for harnesses), which leaves room for
+    ``/app``, ``/tests`` and ``/logs``.
     """
-    argv = [
-        bwrap,
-        "--die-with-parent",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-net",
-    ]
-    for entry in sorted(Path("/").iterdir()):
-        if entry.name in ("dev", "proc", "sys", "tmp") or entry.name in ("app", "tests", "logs"):
-            continue
-        if entry.is_symlink():
-            argv += ["--symlink", os.readlink(entry), str(entry)]
-        elif entry.is_dir():
-            argv += ["--ro-bind", str(entry), str(entry)]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    argv += _unhide_and_hide(hide, command)
-    argv += [
-        "--tmpfs",
-        home,
-        "--setenv",
-        "HOME",
-        home,
+    binds = [
         "--bind",
         str(Path(workspace_copy).resolve()),
         HARBOR_APP,
@@ -191,8 +302,15 @@ def harbor_verifier_argv(
         "--bind",
         str(Path(reward_dir).resolve()),
         HARBOR_LOGS,
-        "--chdir",
-        HARBOR_APP,
-        "--",
     ]
-    return argv + list(command)
+    return _sandbox(
+        command,
+        hide=hide,
+        home=home,
+        binds=binds,
+        chdir=HARBOR_APP,
+        unshare_net=True,
+        confine=confine or Confinement(),
+        userns_fd=userns_fd,
+        bwrap=bwrap,
+    )

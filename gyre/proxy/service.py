@@ -70,6 +70,8 @@ class Execution:
     state: ExecutionState
     retries: RetryWindow
     bodies: BodyParser
+    last_used: float = 0.0  # time.monotonic() of its last request
+    active: int = 0  # generations in flight: an execution is never evicted while > 0
 
 
 class ClientGone(Exception):
@@ -93,7 +95,9 @@ class ProxyService:
         self.pool = EnginePool(
             config.engines, read_timeout=config.engine_timeout_s, max_resumes=config.max_resumes
         )
-        self.writer = TraceWriter(config.trace_dir, fsync=config.fsync)
+        self.writer = TraceWriter(
+            config.trace_dir, fsync=config.fsync, max_open=config.max_open_traces
+        )
         self.executions: dict[str, Execution] = {}
         self.counters: dict[str, int] = {
             "requests": 0,
@@ -109,17 +113,55 @@ class ProxyService:
             "client_disconnects": 0,
             "errors_4xx": 0,
             "errors_5xx": 0,
+            "record_failures": 0,
+            "evicted_executions": 0,
         }
         self._stop_ids = frozenset(self.renderer.stop_token_ids)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         await self.pool.start()
+        self._sweeper = self.loop.create_task(self._sweep_forever())
 
     async def aclose(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(BaseException):
+                await self._sweeper
         await self.pool.aclose()
         self.writer.close()
+
+    async def _sweep_forever(self) -> None:
+        every = max(0.05, min(30.0, self.config.execution_idle_s / 4))
+        while True:
+            await asyncio.sleep(every)
+            self.sweep()
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop executions idle for ``execution_idle_s`` (state and trace handle); returns how many.
+
+        Why: nothing else ends an execution in open mode, and a managed run that
+        forgets to revoke must not grow the proxy without bound.
+        """
+        now = time.monotonic() if now is None else now
+        idle = [
+            k
+            for k, ex in self.executions.items()
+            if ex.active == 0 and now - ex.last_used > self.config.execution_idle_s
+        ]
+        for k in idle:
+            self._evict(k)
+        self.writer.close_idle(self.config.execution_idle_s)
+        return len(idle)
+
+    def _evict(self, execution_id: str) -> None:
+        """Forget an execution's in-memory state (its key stays valid; the trace file stays)."""
+        self.executions.pop(execution_id, None)
+        self.pool.forget(execution_id)
+        self.writer.close_execution(execution_id)
+        self.counters["evicted_executions"] += 1
 
     # -- identity / state ----------------------------------------------------------------------
     def _identify(self, headers: Any) -> Identity:
@@ -133,8 +175,9 @@ class ProxyService:
         return ident
 
     def _execution(self, ident: Identity) -> Execution:
-        ex = self.executions.get(ident.execution_id)
+        ex = self.executions.pop(ident.execution_id, None)  # re-inserted last: dict order is LRU
         if ex is None:
+            self._make_room()
             st = ExecutionState(
                 ident.execution_id, ident.label, hot_nodes=self.config.prefix_cache_nodes
             )
@@ -142,10 +185,18 @@ class ProxyService:
             if path.exists():  # a restarted proxy continues the execution's numbering
                 recs = read_trace(path).records
                 st.next_seq = max((r.seq for r in recs), default=-1) + 1
-            ex = self.executions[ident.execution_id] = Execution(
-                ident, st, RetryWindow(self.config.retry_window), BodyParser()
-            )
+            ex = Execution(ident, st, RetryWindow(self.config.retry_window), BodyParser())
+        self.executions[ident.execution_id] = ex
+        ex.last_used = time.monotonic()
         return ex
+
+    def _make_room(self) -> None:
+        """Above ``max_executions`` live states, drop the least recently used idle ones."""
+        excess = len(self.executions) - self.config.max_executions + 1
+        if excess <= 0:
+            return
+        for k in [k for k, ex in self.executions.items() if ex.active == 0][:excess]:
+            self._evict(k)
 
     def close_execution(self, execution_id: str) -> None:
         self.keys.revoke(execution_id)
@@ -398,6 +449,7 @@ class ProxyService:
         t0: float,
     ) -> AsyncIterator[StreamEvent]:
         st = ex.state
+        ex.active += 1
         prefix = "toolu_" if dialect == "anthropic" else "call_"
         no_tools = call.tool_choice == "none" or (
             isinstance(call.tool_choice, dict) and call.tool_choice.get("type") == "none"
@@ -471,6 +523,9 @@ class ProxyService:
                 with contextlib.suppress(Exception):
                     self._record_abort(ex, call, plan, out_ids, out_lps, headers, t0, dialect)
             raise
+        finally:
+            ex.active -= 1
+            ex.last_used = time.monotonic()
 
     # -- recording -----------------------------------------------------------------------------
     def _meta(
@@ -546,10 +601,22 @@ class ProxyService:
             {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)},
         )
         seq = rec.seq
-        if self.config.fsync:
-            await asyncio.to_thread(self.writer.append, rec)
-        else:
-            self.writer.append(rec)
+        try:
+            if self.config.fsync:
+                await asyncio.to_thread(self.writer.append, rec)
+            else:
+                self.writer.append(rec)
+        except OSError as e:
+            # never answer a call the trace does not hold: the client gets an API error instead
+            if st.next_seq == seq + 1:
+                st.next_seq = seq
+            self.counters["record_failures"] += 1
+            log.error("trace write failed for %s: %s", st.execution_id, e)
+            raise ApiError(
+                507,
+                f"the proxy could not record this call ({e.strerror or e}); retry later",
+                "server",
+            ) from None
         node = CallNode(
             request_id=plan.request_id,
             seq=seq,
@@ -629,6 +696,7 @@ class ProxyService:
             "counters": dict(self.counters),
             "pool": {"counters": dict(self.pool.counters), "engines": self.pool.status()},
             "executions": len(self.executions),
+            "open_trace_files": self.writer.open_files,
         }
 
 
