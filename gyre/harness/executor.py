@@ -38,15 +38,23 @@ from .config import ExecutorConfig
 from .forwarder import UnixForwarder
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_claude
-from .sandbox import SANDBOX_HOME, bwrap_argv, bwrap_available
+from .quota import watch_tree
+from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available
 from .scorer import Scorer
 from .task import Task
+from .userns import chown_tree, make_userns
 
 # (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
 RegisterKey = Callable[[str, str], Awaitable[str]]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 HarnessStop = Literal[
-    "exited", "harness_timeout", "overall_timeout", "log_limit", "launch_failed", "not_run"
+    "exited",
+    "harness_timeout",
+    "overall_timeout",
+    "log_limit",
+    "disk_limit",
+    "launch_failed",
+    "not_run",
 ]
 
 
@@ -136,6 +144,7 @@ class HarnessExecutor:
             cfg.scorer,
             bwrap=self._bwrap,
             hide=[cfg.workspace_root.resolve(), *cfg.sandbox.hide_paths],
+            confine=self._confinement(),
         )
 
     async def stop(self) -> None:
@@ -340,8 +349,20 @@ class HarnessExecutor:
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         forwarder: UnixForwarder | None = None
         sock_dir: Path | None = None
+        userns_fd: int | None = None
+        watcher: asyncio.Task | None = None
+        sb = cfg.sandbox
+        as_root = os.geteuid() == 0
         if self._bwrap:
-            writable = [artifacts]
+            writable, ro_binds = [artifacts], [inputs, *sb.ro_binds]
+            if as_root:  # the harness runs as sb.uid on the host too: hand it what it writes
+                try:
+                    for d in (ws, artifacts):
+                        await asyncio.to_thread(chown_tree, d, sb.uid, sb.gid)
+                    userns_fd = await asyncio.to_thread(make_userns, sb.uid, sb.gid)
+                except OSError as e:
+                    run.error = f"sandbox setup failed: {e}"
+                    return result(Missing(reason=MissingReason.infra_error, detail=run.error))
             if bridge is not None:
                 # Proxy-only network: own network namespace, the proxy reachable through a unix socket.
                 sock_dir = Path(
@@ -356,24 +377,30 @@ class HarnessExecutor:
                     "-I",
                     netbridge.__file__,
                     "--listen",
-                    f"127.0.0.1:{bridge[1]}",
+                    f"127.0.0.1:{urlsplit(bridge[2]).port}",
                     "--unix",
                     str(sock_dir / "p.sock"),
                     "--",
                     *argv,
                 ]
-                writable.append(sock_dir)
+                ro_binds.append(sock_dir)  # connect() needs no write access to the mount
             argv = bwrap_argv(
                 argv,
                 workspace=ws,
-                hide=[cfg.workspace_root.resolve(), task.hidden, *cfg.sandbox.hide_paths],
+                hide=[cfg.workspace_root.resolve(), task.hidden, *sb.hide_paths],
                 writable=writable,
-                ro_binds=[inputs, *cfg.sandbox.ro_binds],
+                ro_binds=ro_binds,
                 home=SANDBOX_HOME,
                 bwrap=self._bwrap,
                 unshare_net=bridge is not None,
+                confine=self._confinement(),
+                userns_fd=userns_fd,
             )
             env["HOME"] = SANDBOX_HOME
+            if sb.max_workspace_bytes:
+                watcher = asyncio.ensure_future(
+                    watch_tree(ws, sb.max_workspace_bytes, sb.disk_check_s)
+                )
 
         # 3. The harness, until it exits, its timeout, the overall deadline, or a log flood.
         harness_timeout = spec.harness_timeout_s or task.harness_timeout_s
@@ -385,6 +412,9 @@ class HarnessExecutor:
         try:
             if forwarder is not None:
                 await forwarder.start()
+                if as_root and sock_dir is not None:
+                    for p in (sock_dir, sock_dir / "p.sock"):
+                        os.chown(p, sb.uid, sb.gid)
             pres = await run_process(
                 argv,
                 cwd=ws,
@@ -395,11 +425,17 @@ class HarnessExecutor:
                 max_log_bytes=cfg.max_log_bytes,
                 kill_grace_s=cfg.kill_grace_s,
                 on_start=started,
+                pass_fds=() if userns_fd is None else (userns_fd,),
+                abort=watcher,
             )
         except OSError as e:
             run.stop, run.error = "launch_failed", f"harness could not start: {e}"
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
         finally:
+            if watcher is not None:
+                watcher.cancel()
+            if userns_fd is not None:
+                os.close(userns_fd)
             if forwarder is not None:
                 await forwarder.stop()
             if sock_dir is not None:
@@ -410,10 +446,14 @@ class HarnessExecutor:
         if pres.stop == "timeout":
             run.stop = "overall_timeout" if cut_by_overall else "harness_timeout"
         else:
-            run.stop = pres.stop  # exited | log_limit
+            run.stop = pres.stop  # exited | log_limit | disk_limit
         if pres.stop == "log_limit":
             run.error = (
                 f"harness wrote more than {cfg.max_log_bytes} bytes to a stream and was stopped"
+            )
+        elif pres.stop == "disk_limit":
+            run.error = (
+                f"harness's workspace grew past {sb.max_workspace_bytes} bytes and it was stopped"
             )
         timings.teardown_s = pres.kill_s
         if run.stop == "overall_timeout":
@@ -462,6 +502,16 @@ class HarnessExecutor:
         artifacts.mkdir()
         home.mkdir()
 
+    def _confinement(self) -> Confinement:
+        sb = self.config.sandbox
+        return Confinement(
+            uid=sb.uid,
+            gid=sb.gid,
+            max_procs=sb.max_procs,
+            max_file_bytes=sb.max_file_bytes,
+            tmpfs_bytes=sb.tmpfs_bytes,
+        )
+
     def _bridge_target(self, base_url: str) -> tuple[str, int, str] | None:
         """(proxy host, port, base URL as the sandboxed harness sees it) in proxy-only mode, else None."""
         if not self._bwrap or self.config.sandbox.network != "proxy-only":
@@ -472,10 +522,13 @@ class HarnessExecutor:
                 f"proxy-only sandbox network needs an http:// base URL, got {base_url!r}"
             )
         port = u.port or 80
+        # The bridge listens inside as the unprivileged sandbox user: a port below 1024 cannot
+        # be bound there, so it is moved up (the harness only ever sees the URL).
+        inside = port if port >= 1024 else 20000 + port
         return (
             u.hostname,
             port,
-            urlunsplit(("http", f"127.0.0.1:{port}", u.path, u.query, u.fragment)),
+            urlunsplit(("http", f"127.0.0.1:{inside}", u.path, u.query, u.fragment)),
         )
 
     def _command(

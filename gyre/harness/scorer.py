@@ -22,6 +22,9 @@ With the sandbox on, the verifier also sees Harbor's paths: the copy at
 ``/app`` (its cwd), the tests at ``/tests``, the result folder at
 ``/logs/verifier`` (the ``GYRE_*`` variables then point there), so a Harbor
 ``test.sh`` that hard-codes them runs unchanged.
+Without the sandbox those paths are the host's own (a verifier would write the
+host's ``/logs``), so a verifier whose files name them is refused: a missing
+assessment saying to use the sandbox, and nothing is run.
 
 Rule ``binary``: 1 if every test passed (or the reward is >= 1), else 0.
 Rule ``fraction``: passed / total (or the reward clipped to [0, 1]).
@@ -33,6 +36,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
 import time
 import xml.etree.ElementTree as ET
@@ -41,8 +45,35 @@ from pathlib import Path
 from .assessment import Missing, MissingReason, Scored
 from .config import ScorerConfig
 from .process import run_process
-from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, harbor_verifier_argv
+from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, Confinement, harbor_verifier_argv
 from .task import Task
+from .userns import chown_tree, make_userns
+
+# Harbor's absolute paths as a verifier script names them (``cd /app``, ``/logs/verifier/...``),
+# not as a piece of a longer path (``$GYRE_TESTS_DIR/x``, ``./tests``, ``a/app``).
+_HARBOR_PATH = re.compile(r"(?<![\w.$}/-])/(app|tests|logs)(?![\w.-])")
+_SCAN_BYTES = 1 << 20
+
+
+def harbor_paths(text: str) -> set[str]:
+    """The Harbor paths (``/app``, ``/tests``, ``/logs``) that ``text`` uses; pure."""
+    return {"/" + m.group(1) for m in _HARBOR_PATH.finditer(text)}
+
+
+def harbor_paths_in(tests_dir: Path) -> set[str]:
+    """Harbor paths used by the verifier's files (each read up to 1 MiB; binaries skipped)."""
+    found: set[str] = set()
+    for f in sorted(tests_dir.rglob("*")):
+        if not f.is_file() or f.is_symlink():
+            continue
+        try:
+            with open(f, "rb") as fh:
+                data = fh.read(_SCAN_BYTES)
+        except OSError:
+            continue
+        if b"\0" not in data:
+            found |= harbor_paths(data.decode("utf-8", "replace"))
+    return found
 
 
 class _ResultError(Exception):
@@ -121,10 +152,16 @@ class Scorer:
     """Scores workspaces; holds a concurrency limit, nothing global."""
 
     def __init__(
-        self, config: ScorerConfig | None = None, *, bwrap: str | None = None, hide: list[Path] = ()
-    ) -> None:  # type: ignore[assignment]
+        self,
+        config: ScorerConfig | None = None,
+        *,
+        bwrap: str | None = None,
+        hide: list[Path] = (),  # type: ignore[assignment]
+        confine: Confinement | None = None,
+    ) -> None:
         self.config = config or ScorerConfig()
         self._bwrap = bwrap  # None: no sandbox
+        self._confine = confine or Confinement()
         self._hide = list(hide)
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
 
@@ -186,7 +223,28 @@ class Scorer:
             **task.verifier_env,
         }
         argv = ["bash", str(tests / "test.sh")]
-        if self._bwrap and self.config.sandbox:
+        userns_fd: int | None = None
+        sandboxed = bool(self._bwrap and self.config.sandbox)
+        if not sandboxed:
+            # Unsandboxed, /app, /tests and /logs are the host's own: a Harbor verifier would
+            # write the host's /logs (or read anyone's /app). Refused, not run.
+            used = await asyncio.to_thread(harbor_paths_in, tests)
+            if used:
+                return Missing(
+                    reason=MissingReason.evaluator_error,
+                    detail=f"verifier uses Harbor's absolute paths ({', '.join(sorted(used))}), "
+                    "which only the sandbox maps; run it with the sandbox (--sandbox)",
+                )
+        else:
+            if os.geteuid() == 0:  # the verifier runs as the sandbox user: hand it the copy
+                try:
+                    c = self._confine
+                    await asyncio.to_thread(chown_tree, scratch, c.uid, c.gid)
+                    userns_fd = await asyncio.to_thread(make_userns, c.uid, c.gid)
+                except OSError as e:
+                    return Missing(
+                        reason=MissingReason.infra_error, detail=f"sandbox setup failed: {e}"
+                    )
             # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
             argv = harbor_verifier_argv(
                 ["bash", f"{HARBOR_TESTS}/test.sh"],
@@ -195,7 +253,9 @@ class Scorer:
                 reward_dir=reward_dir,
                 hide=self._hide + [task.hidden],
                 home=str(home),
-                bwrap=self._bwrap,
+                bwrap=self._bwrap,  # type: ignore[arg-type]
+                confine=self._confine,
+                userns_fd=userns_fd,
             )
             env.update(
                 GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS
@@ -210,11 +270,15 @@ class Scorer:
                 stderr_path=scratch.parent / f"{scratch.name}.verifier.stderr",
                 timeout_s=remaining,
                 max_log_bytes=self.config.max_log_bytes,
+                pass_fds=() if userns_fd is None else (userns_fd,),
             )
         except OSError as e:
             return Missing(
                 reason=MissingReason.evaluator_error, detail=f"could not start the verifier: {e}"
             )
+        finally:
+            if userns_fd is not None:
+                os.close(userns_fd)
         if res.stop in ("timeout", "log_limit"):
             reason = (
                 MissingReason.overall_timeout
