@@ -165,14 +165,18 @@ class Load:
 
         admin = {"authorization": f"Bearer {self.proxy.admin_token}"}
         n = 0
-        async with httpx.AsyncClient(base_url=self.proxy.url, timeout=120) as http:
+        adm = httpx.AsyncClient(  # admin routes: the proxy's unix socket, never the API port
+            transport=httpx.AsyncHTTPTransport(uds=self.proxy.admin_socket),
+            base_url="http://gyre-admin",
+            headers=admin,
+            timeout=120,
+        )
+        async with adm, httpx.AsyncClient(base_url=self.proxy.url, timeout=120) as http:
             while not self._stop:
                 eid = f"bench-w{w}-{n}"
                 n += 1
                 try:
-                    r = await http.post(
-                        "/admin/executions", json={"execution_id": eid}, headers=admin
-                    )
+                    r = await adm.post("/admin/executions", json={"execution_id": eid})
                     key = r.json()["api_key"]
                     msgs = [
                         {
@@ -196,7 +200,7 @@ class Load:
                             r.json()["choices"][0]["message"],
                             {"role": "user", "content": "again"},
                         ]
-                    await http.delete(f"/admin/executions/{eid}", headers=admin)
+                    await adm.delete(f"/admin/executions/{eid}")
                 except httpx.HTTPError:
                     self.errors += 1
                     await asyncio.sleep(0.05)

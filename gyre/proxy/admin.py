@@ -1,8 +1,14 @@
-"""Client for the proxy's admin routes (what the harness executor and the runtime call)."""
+"""Client for the proxy's admin routes (what the harness executor and the runtime call).
+
+The admin routes listen only on the proxy's unix socket (never on the API port
+harnesses reach): ``ProxyAdminClient(server.admin_socket, token)``, or
+``server.admin_client()`` for an in-process :class:`~gyre.proxy.server.ProxyServer`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -12,16 +18,22 @@ class ProxyAdminError(RuntimeError):
 
 
 class ProxyAdminClient:
-    """``ProxyAdminClient(base_url, admin_token).register(execution_id, label) -> api_key``.
+    """``ProxyAdminClient(admin_socket, admin_token).register(execution_id, label) -> api_key``.
 
     Synchronous on purpose: the harness executor registers a key before it
     launches a harness process, outside any event loop.
     """
 
-    def __init__(self, base_url: str, admin_token: str, timeout: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, admin_socket: str, admin_token: str, timeout: float = 30.0) -> None:
+        if admin_socket.startswith(("http://", "https://")):
+            raise ValueError(
+                "the proxy's admin routes are on its unix socket (ProxyServer.admin_socket, "
+                "`gyre proxy` prints it), not on the API URL"
+            )
+        self.admin_socket = admin_socket
         self._http = httpx.Client(
-            base_url=self.base_url,
+            transport=httpx.HTTPTransport(uds=admin_socket),
+            base_url="http://gyre-admin",
             timeout=timeout,
             headers={"authorization": f"Bearer {admin_token}"},
         )
@@ -39,7 +51,9 @@ class ProxyAdminClient:
         return self._call("POST", "/admin/executions", body)["api_key"]
 
     def revoke(self, execution_id: str) -> int:
-        return self._call("DELETE", f"/admin/executions/{execution_id}")["revoked_keys"]
+        return self._call("DELETE", f"/admin/executions/{quote(execution_id, safe='')}")[
+            "revoked_keys"
+        ]
 
     def executions(self) -> dict[str, str]:
         return self._call("GET", "/admin/executions")["executions"]
@@ -55,6 +69,13 @@ class ProxyAdminClient:
 
     def stats(self) -> dict[str, Any]:
         return self._call("GET", "/admin/stats")
+
+    def health(self) -> dict[str, Any]:
+        """Engine details (urls, states, reachability); the API port's /health has counts only."""
+        r = self._http.get("/health")
+        if r.status_code not in (200, 503):
+            raise ProxyAdminError(f"GET /health -> {r.status_code}: {r.text[:500]}")
+        return r.json()
 
     def close(self) -> None:
         self._http.close()

@@ -1,11 +1,16 @@
-"""The proxy as an ASGI app (Starlette): API routes, health, models and the admin routes.
+"""The proxy as two ASGI apps (Starlette) over one service: the API, and the admin routes.
 
-Routes
+The API app is what harnesses reach (TCP port, sandbox bridge); it has no admin
+routes at all, and its ``/health`` says only counts. The admin app is served on a
+private unix socket (:mod:`gyre.proxy.listeners`) and still checks the token.
+
+API routes
   POST /v1/chat/completions          OpenAI chat completions (stream or not)
   POST /v1/messages                  Anthropic messages (``?beta=true`` accepted)
   POST /v1/messages/count_tokens     Anthropic token count
-  GET  /v1/models, /health
-  admin (``Authorization: Bearer <admin token>``):
+  GET  /v1/models, /health           (health: status + engine counts, no URLs)
+Admin routes (``Authorization: Bearer <admin token>``, admin socket only):
+  GET    /health                     status + every engine (url, state, reachable, ...)
   POST   /admin/executions           {"execution_id", "label"?, "key"?} -> {"api_key", ...}
   DELETE /admin/executions/{id}      revoke its keys, close its trace file
   GET    /admin/executions
@@ -24,7 +29,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -40,10 +45,42 @@ def _dialect(path: str) -> str:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
+async def _probe(svc: ProxyService) -> tuple[bool, list[dict[str, Any]]]:
+    """Ask every engine's /health (2 s each, concurrently); ok when an active one answers."""
+    import asyncio
+
+    engines = svc.pool.status()
+    handles = list(svc.pool.engines.values())
+    alive = await asyncio.gather(
+        *(asyncio.wait_for(h.ctl.health(), 2.0) for h in handles), return_exceptions=True
+    )
+    for e, a in zip(engines, alive):
+        e["reachable"] = a is True
+    return any(e["state"] == "active" and e["reachable"] for e in engines), engines
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    err = ApiError(
+        exc.status_code,
+        exc.detail or "error",
+        "not_found" if exc.status_code == 404 else "invalid_request",
+    )
+    return JSONResponse(err.body(_dialect(request.url.path)), status_code=exc.status_code)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that hangs up mid-body: one line, no traceback (nobody reads the answer)."""
+    log.info("client disconnected before sending its whole request (%s)", request.url.path)
+    svc = getattr(request.app.state, "service", None)
+    if svc is not None:
+        svc.counters["client_disconnects"] += 1
+    return Response(status_code=499)
+
+
 def build_app(
     config: ProxyConfig, tokenizer: Any = None, service: ProxyService | None = None
 ) -> Starlette:
-    """A Starlette app; the service (tokenizer, pool, traces) starts and stops with the app's lifespan."""
+    """The API app; the service (tokenizer, pool, traces) starts and stops with its lifespan."""
     svc = service or ProxyService(config, tokenizer)
 
     async def chat(request: Request) -> Response:
@@ -76,23 +113,57 @@ def build_app(
         )
 
     async def health(request: Request) -> Response:
-        """200 when at least one active engine answers its own /health."""
-        import asyncio
-
-        engines = svc.pool.status()
-        handles = list(svc.pool.engines.values())
-        alive = await asyncio.gather(
-            *(asyncio.wait_for(h.ctl.health(), 2.0) for h in handles), return_exceptions=True
-        )
-        for e, a in zip(engines, alive):
-            e["reachable"] = a is True
-        ok = any(e["state"] == "active" and e["reachable"] for e in engines)
+        """200 when at least one active engine answers its own /health; counts only (no URLs)."""
+        ok, engines = await _probe(svc)
+        counts = {
+            "total": len(engines),
+            "active": sum(e["state"] == "active" for e in engines),
+            "reachable": sum(e["reachable"] for e in engines),
+        }
         return JSONResponse(
-            {"status": "ok" if ok else "no_engine", "engines": engines},
+            {"status": "ok" if ok else "no_engine", "engines": counts},
             status_code=200 if ok else 503,
         )
 
-    # -- admin --------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def lifespan(app):
+        await svc.start()
+        try:
+            yield
+        finally:
+            await svc.aclose()
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        err = ApiError(500, f"internal proxy error: {type(exc).__name__}", "server")
+        return JSONResponse(err.body(_dialect(request.url.path)), status_code=500)
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/healthz", health, methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
+            Exception: crash,
+        },
+    )
+    app.state.service = svc
+    return app
+
+
+def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
+    """The admin routes over ``svc`` (no lifespan: the API app starts and stops the service)."""
+
     def _admin(request: Request) -> None:
         token = config.admin_token
         auth = request.headers.get("authorization", "")
@@ -127,6 +198,8 @@ def build_app(
         ex = data.get("execution_id")
         if not isinstance(ex, str) or not ex:
             raise ApiError(400, "execution_id: expected a non-empty string")
+        if len(ex) > 512 or any(ord(c) < 32 or c == "\x7f" for c in ex):
+            raise ApiError(400, "execution_id: at most 512 characters, no control characters")
         label = data.get("label") or ""
         key = data.get("key")
         if key is not None and (not isinstance(key, str) or not key):
@@ -177,36 +250,20 @@ def build_app(
     async def stats(request: Request) -> Response:
         return JSONResponse(svc.stats())
 
-    @asynccontextmanager
-    async def lifespan(app):
-        await svc.start()
-        try:
-            yield
-        finally:
-            await svc.aclose()
-
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        err = ApiError(
-            exc.status_code,
-            exc.detail or "error",
-            "not_found" if exc.status_code == 404 else "invalid_request",
+    @admin_route
+    async def health(request: Request) -> Response:
+        ok, engines = await _probe(svc)
+        return JSONResponse(
+            {"status": "ok" if ok else "no_engine", "engines": engines},
+            status_code=200 if ok else 503,
         )
-        return JSONResponse(err.body(_dialect(request.url.path)), status_code=exc.status_code)
 
-    async def crash(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path)
-        err = ApiError(500, f"internal proxy error: {type(exc).__name__}", "server")
-        return JSONResponse(err.body(_dialect(request.url.path)), status_code=500)
+    async def denied(request: Request, exc: ApiError) -> Response:
+        return JSONResponse(exc.openai_body(), status_code=exc.status)
 
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/chat/completions", chat, methods=["POST"]),
-        Route("/v1/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        Route("/healthz", health, methods=["GET"]),
+        Route("/admin/health", health, methods=["GET"]),
         Route("/admin/executions", register, methods=["POST"]),
         Route("/admin/executions", list_executions, methods=["GET"]),
         Route("/admin/executions/{execution_id:path}", revoke, methods=["DELETE"]),
@@ -217,8 +274,11 @@ def build_app(
     ]
     app = Starlette(
         routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, Exception: crash},
+        exception_handlers={
+            HTTPException: _http_error,
+            ApiError: denied,
+            ClientDisconnect: _client_gone,
+        },
     )
     app.state.service = svc
     return app

@@ -26,7 +26,16 @@ class ProxyConfig(BaseModel):
         description="open: any API key names its own execution; managed: only registered keys.",
     )
     admin_token: str | None = Field(
-        None, description="Bearer token for /admin/* routes (required in managed mode)."
+        None,
+        description="Bearer token for /admin/* routes (managed: generated if absent). Never put "
+        "it on a command line or in an environment a harness inherits; `gyre proxy` reads it "
+        "from --admin-token-file.",
+    )
+    admin_socket: str | None = Field(
+        None,
+        description="Unix socket the admin routes listen on (mode 0600, in a 0700 directory); "
+        "None: a fresh private directory under the system temp dir. The API port never serves "
+        "admin routes.",
     )
     served_model_name: str | None = Field(
         None, description="Name listed by /v1/models (default: directory name)."
@@ -62,4 +71,20 @@ class ProxyConfig(BaseModel):
     )
     engine_timeout_s: float | None = Field(
         None, description="Read timeout towards engines (None: no limit)."
+    )
+    max_open_traces: int = Field(
+        128, description="Trace files kept open at once (least recently used closed first)."
+    )
+    max_executions: int = Field(
+        1024,
+        description="Execution states (bridge cache, recent bodies) kept in memory; the least "
+        "recently used idle one is dropped above this (its next call is rendered in full).",
+    )
+    execution_idle_s: float = Field(
+        600.0, description="An execution unused this long has its state dropped, trace closed."
+    )
+    client_read_timeout_s: float = Field(
+        60.0,
+        description="A client that leaves a request incomplete (headers or body) this long "
+        "without sending a byte is disconnected.",
     )

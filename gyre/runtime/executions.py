@@ -45,12 +45,11 @@ class Executions:
     async def start(self) -> None:
         from gyre.harness.executor import HarnessExecutor
         from gyre.harness.profiles import load_profile
-        from gyre.proxy.admin import ProxyAdminClient
 
         prof = load_profile(self.cfg.run.profile)
         self.profile = prof.model_copy(update={"args": [*prof.args, *self.cfg.run.harness_args]})
         proxy = self.cluster.proxy
-        self.admin = ProxyAdminClient(proxy.url, proxy.admin_token)
+        self.admin = proxy.admin_client()  # its unix socket: harnesses never reach it
         ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
         self.executor = HarnessExecutor(ecfg, register=self._register)
         await self.executor.start()

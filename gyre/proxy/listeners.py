@@ -1,0 +1,193 @@
+"""The proxy's two listeners: the API on a TCP port, the admin routes on a private unix socket.
+
+Why two: harnesses reach the API port (directly, or through the sandbox's
+network bridge, which forwards exactly that port). Admin routes (register a
+key, drain an engine) on that same port would be one leaked token away from a
+harness. On a unix socket created 0600 inside a 0700 directory they are
+reachable only by the proxy's own user through the file system, never through
+the bridge, and still need the bearer token. Both servers run on one event
+loop, so admin handlers touch the service without locks.
+
+Both also close client connections that stall mid-request (headers or body not
+completed within ``read_timeout_s`` of silence): uvicorn only times out idle
+keep-alive connections, so a client sending half a request held its socket
+(and, for a body, a task) forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("gyre.proxy.listeners")
+
+ADMIN_SOCKET_NAME = "admin.sock"
+
+
+def read_timeout_protocol(read_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection silent for ``read_timeout_s`` mid-request."""
+
+    class ReadTimeoutH11Protocol(H11Protocol):
+        _read_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()  # a connection that never sends a byte is stalled too
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            st = self.conn.their_state
+            if st is h11.SEND_BODY or (st is h11.IDLE and self.conn.trailing_data[0]):
+                self._arm()  # the request is still incomplete: the client owes us bytes
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
+
+        def _disarm(self) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if self.transport.is_closing():
+                return
+            if self.flow is not None and self.flow.read_paused:
+                self._arm()  # we stopped reading (back-pressure), the client did not stall
+                return
+            st = self.conn.their_state
+            if st is h11.SEND_BODY or (st is h11.IDLE and self.cycle is None):
+                log.warning(
+                    "closing a client connection silent for %.0fs mid-request (%s)",
+                    read_timeout_s,
+                    "body" if st is h11.SEND_BODY else "headers",
+                )
+                self.transport.close()
+
+    return ReadTimeoutH11Protocol
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """The API socket, bound here so port 0 can be reported before serving."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(False)
+    return sock
+
+
+def bind_admin_socket(path: str | None) -> tuple[socket.socket, Path, Path | None]:
+    """The admin unix socket (mode 0600); returns (socket, path, private dir to remove or None).
+
+    ``path`` None: a fresh 0700 directory under the temp dir. A given path must lie
+    in a directory only this user can enter (refused otherwise: anyone who can
+    reach the socket can try the token); a stale socket there is replaced.
+    """
+    made: Path | None = None
+    if path is None:
+        made = Path(tempfile.mkdtemp(prefix="gyre-admin-"))  # created 0700
+        sock_path = made / ADMIN_SOCKET_NAME
+    else:
+        sock_path = Path(path).absolute()
+        st = os.stat(sock_path.parent)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(
+                f"admin socket directory {sock_path.parent} must be owned by this user and "
+                f"closed to others (chmod 700); it is {stat.filemode(st.st_mode)}"
+            )
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(sock_path).st_mode):
+                sock_path.unlink()
+    if len(os.fsencode(sock_path)) > 107:
+        raise ValueError(f"admin socket path too long for AF_UNIX: {sock_path}")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # born 0600: no window in which another user could connect
+    try:
+        sock.bind(str(sock_path))
+    finally:
+        os.umask(old)
+    os.chmod(sock_path, 0o600)
+    sock.set_inheritable(False)
+    return sock, sock_path, made
+
+
+def remove_admin_socket(path: Path | None, made: Path | None) -> None:
+    with contextlib.suppress(OSError):
+        if path is not None:
+            path.unlink()
+        if made is not None:
+            made.rmdir()
+
+
+class Listeners:
+    """Two uvicorn servers (API app with the lifespan, admin app without) on one event loop."""
+
+    def __init__(
+        self,
+        api_app: Any,
+        admin_app: Any,
+        api_sock: socket.socket,
+        admin_sock: socket.socket,
+        *,
+        read_timeout_s: float,
+        keep_alive_s: float,
+        log_level: str = "warning",
+    ) -> None:
+        proto = read_timeout_protocol(read_timeout_s)
+        common = dict(
+            log_level=log_level,
+            access_log=False,
+            timeout_keep_alive=keep_alive_s,
+            timeout_graceful_shutdown=5,
+            http=proto,
+        )
+        host, port = api_sock.getsockname()[:2]
+        self.api = uvicorn.Server(
+            uvicorn.Config(api_app, host=host, port=port, lifespan="on", **common)
+        )
+        self.admin = uvicorn.Server(uvicorn.Config(admin_app, lifespan="off", **common))
+        self._socks = (api_sock, admin_sock)
+
+    @property
+    def started(self) -> bool:
+        return self.api.started and self.admin.started
+
+    def request_exit(self, force: bool = False) -> None:
+        for s in (self.admin, self.api):
+            s.should_exit = True
+            s.force_exit = s.force_exit or force
+
+    async def serve(self) -> None:
+        """Serve until asked to exit (or either server stops); admin stops first, API last."""
+        api_sock, admin_sock = self._socks
+        api = asyncio.ensure_future(self.api.serve(sockets=[api_sock]))
+        while not self.api.started:  # the service (pool, traces) is up before any admin call
+            if api.done():
+                await api
+                return
+            await asyncio.sleep(0.01)
+        admin = asyncio.ensure_future(self.admin.serve(sockets=[admin_sock]))
+        await asyncio.wait({api, admin}, return_when=asyncio.FIRST_COMPLETED)
+        self.admin.should_exit = True
+        with contextlib.suppress(Exception):
+            await admin
+        self.api.should_exit = True
+        await api
