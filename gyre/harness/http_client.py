@@ -60,6 +60,8 @@ class _Completions:
                     break
             except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
                 last = f"{type(e).__name__}: {e}"
+                if isinstance(getattr(e, "reason", e), ConnectionRefusedError):
+                    break  # nothing listens there: retrying only delays the verdict
             time.sleep(0.5 * 2**attempt)
         raise APIError(last)
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gyre.harness.model_calls import write_calls_file
+
 MAIN_SYSTEM = (
     "You are Gyre's reference coding agent. You work in a repository and solve the user's task by "
     "calling tools: read_file, write_file, run_command, delegate (give a self-contained sub-task to "
@@ -108,6 +110,7 @@ class AgentConfig:
 @dataclass
 class RunStats:
     requests: int = 0
+    answered: int = 0  # requests the model answered (the rest raised)
     compactions: int = 0
     sub_agents: int = 0
     tool_calls: int = 0
@@ -171,6 +174,8 @@ class ReferenceAgent:
     # ---- model calls -----------------------------------------------------------
     def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
         self.stats.requests += 1
+        # counted before and after the call, so a kill mid-call leaves the attempt on record
+        write_calls_file(self.stats.requests, self.stats.answered)
         kw: dict[str, Any] = {
             "model": self.cfg.model,
             "messages": messages,
@@ -180,7 +185,14 @@ class ReferenceAgent:
             kw["tools"] = tools
         if self.cfg.temperature is not None:
             kw["temperature"] = self.cfg.temperature
-        return self.client.chat.completions.create(**kw).choices[0].message
+        try:
+            msg = self.client.chat.completions.create(**kw).choices[0].message
+        except Exception as e:
+            write_calls_file(self.stats.requests, self.stats.answered, f"{type(e).__name__}: {e}")
+            raise
+        self.stats.answered += 1
+        write_calls_file(self.stats.requests, self.stats.answered)
+        return msg
 
     def _compact(
         self, system: str, task: str, messages: list[dict[str, Any]], depth: int
@@ -321,10 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stats = agent.run(instruction)
     except APIError as e:
-        print(
-            json.dumps({"error": f"{type(e).__name__}: {e}", "requests": agent.stats.requests}),
-            flush=True,
-        )
+        # stop at the first call that failed after the client's retries: going on without the
+        # model would leave a workspace that says nothing about the policy
+        err = f"{type(e).__name__}: {e}"
+        print(json.dumps({"error": err, "requests": agent.stats.requests}), flush=True)
+        what = "is unreachable" if agent.stats.answered == 0 else "failed"
+        print(f"reference agent: the model at {a.base_url} {what}: {err}", file=sys.stderr)
         return 2
     if a.answer_file and not stats.submitted:
         (agent.ws / a.answer_file).write_text(stats.final, encoding="utf-8")

@@ -30,6 +30,8 @@ import time
 import urllib.error
 import urllib.request
 
+from gyre.harness.model_calls import write_calls_file
+
 
 def draw_duration(
     rng: random.Random, dist: str, mean_s: float, sigma: float, lo: float, hi: float
@@ -112,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         {"role": "system", "content": "You are a synthetic harness."},
         {"role": "user", "content": f"Work for {duration:.0f} virtual seconds."},
     ]
-    errors, gap = 0, (duration / a.calls if a.calls > 0 else duration)
+    errors, gap, last_error = 0, (duration / a.calls if a.calls > 0 else duration), ""
     for i in range(max(a.calls, 0)):
         time.sleep(gap * a.time_scale)
+        write_calls_file(i + 1, i - errors, last_error)  # the attempt is on record if killed now
         try:
             out = _call(
                 url,
@@ -125,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
             errors += 1
+            last_error = f"{type(e).__name__}: {e}"
             print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
             content = ""
+        write_calls_file(i + 1, i + 1 - errors, last_error)
         messages += [
             {"role": "assistant", "content": content},
             {"role": "user", "content": f"step {i + 1}"},
