@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # The test command: set up (idempotent) and run the CPU suite.
+#   bash scripts/test.sh            # the whole CPU suite (what CI runs)
+#   bash scripts/test.sh unit       # the unit tier: tests/unit without `slow` (under a minute)
+#   bash scripts/test.sh ARGS...    # anything else is passed to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . "${GYRE_VENV:-.venv}/bin/activate"
+if [ "${1:-}" = "unit" ]; then
+  shift
+  exec python -m pytest -q -m "not gpu and not slow" tests/unit "$@"
+fi
 exec python -m pytest -q -m "not gpu" "$@"

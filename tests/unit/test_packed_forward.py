@@ -316,7 +316,7 @@ def _random_rows(draw):
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(row=_random_rows())
 def test_segments_equal_expand_on_random_trees(model, row):
