@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from gyre.cli_errors import quiet_third_party
 from gyre.engine import cli as engine_cli
 from gyre.harness import cli as harness_cli
 from gyre.proxy import cli as proxy_cli
@@ -19,10 +20,15 @@ from gyre.sim import cli as sim_cli
 from gyre.trace import cli as tree_cli
 from gyre.train import cli as train_cli
 
+quiet_third_party()  # sub-CLIs import transformers only inside their commands, after this
+
 app = typer.Typer(
     help="Gyre: elastic RL for long-horizon LLM agents.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain click help: typer's rich help prints every flag as "--json <bool>", as if it
+    # took a value (typer 0.29); click's formatter prints flags as flags. Sub-apps inherit it.
+    rich_markup_mode=None,
 )
 app.add_typer(sim_cli.app, name="sim")
 app.add_typer(tree_cli.app, name="tree")
@@ -45,9 +51,19 @@ def model_tiny(
     hidden: int = typer.Option(128, help="Hidden size."),
 ) -> None:
     """Build a tiny Qwen3-family model and tokenizer offline (for tests and the quickstart)."""
+    from gyre.cli_errors import fail, first_line, make_dir, user_errors
     from gyre.models.tiny import build_tiny_model
 
-    path = build_tiny_model(out_dir, seed=seed, vocab_size=vocab_size, layers=layers, hidden=hidden)
+    with user_errors("model tiny"):
+        make_dir(out_dir, "OUT_DIR")
+    try:
+        path = build_tiny_model(
+            out_dir, seed=seed, vocab_size=vocab_size, layers=layers, hidden=hidden
+        )
+    except OSError as e:
+        fail("model tiny", f"cannot write the model to {out_dir}: {e.strerror or e}")
+    except ValueError as e:  # sizes the model config rejects
+        fail("model tiny", first_line(e))
     typer.echo(str(path))
 
 
@@ -66,13 +82,17 @@ def config_show(
     """Validate a config and print it fully resolved (defaults filled in) as JSON."""
     from pydantic import ValidationError
 
+    from gyre.cli_errors import fail, validation_line
     from gyre.config import load_config
 
     try:
         cfg = load_config(file, set_, model_dir=model_dir)
-    except (ValidationError, ValueError, FileNotFoundError) as e:
-        typer.echo(f"invalid config: {e}", err=True)
-        raise typer.Exit(2) from None
+    except ValidationError as e:
+        fail("config show", f"invalid config: {validation_line(e)}")
+    except (ValueError, FileNotFoundError) as e:  # overrides, TOML syntax, missing file
+        fail("config show", f"invalid config: {e}")
+    except OSError as e:
+        fail("config show", f"{file}: {e.strerror or e}")
     typer.echo(cfg.model_dump_json(indent=2))
 
 
@@ -85,7 +105,24 @@ def version() -> None:
 
 
 def main() -> None:
-    app()
+    """Run the CLI; last resort for an OSError on a user's path that no command foresaw.
+
+    Commands check their own inputs and say how to fix them; this only keeps an
+    unforeseen ``[Errno ...]`` on a named path from becoming a traceback.
+    """
+    from gyre.cli_errors import USAGE, UserError, path_error_line
+
+    try:
+        app()
+    except UserError as e:
+        typer.echo(f"gyre: {e}", err=True)
+        raise SystemExit(USAGE) from None
+    except OSError as e:
+        line = path_error_line(e)
+        if line is None:
+            raise
+        typer.echo(f"gyre: {line}", err=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

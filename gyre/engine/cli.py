@@ -17,7 +17,7 @@ def serve(
         None, "--model", help="HF model directory (tokenizer dir for --kind scripted)."
     ),
     port: int = typer.Option(
-        30000, "--port", help="TCP port (0: any free port; the URL is printed)."
+        30000, "--port", min=0, max=65535, help="TCP port (0: any free port; the URL is printed)."
     ),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Bind address (keep loopback unless you mean it)."
@@ -68,8 +68,22 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve an engine speaking the SGLang-native /generate protocol."""
-    import uvicorn
+    from gyre.cli_errors import bind_port, fail, first_line, require_model_dir, user_errors
 
+    if kind not in ("embedded", "scripted", "null"):
+        fail("engine", f"--kind {kind!r}: unknown; use embedded, scripted or null")
+    with user_errors("engine"):
+        if kind != "null" and model is not None:
+            require_model_dir(model, "--model", need_config=kind == "embedded")
+        if kind == "embedded" and model is not None:
+            _check_model_config(model)
+        # Bound before the model loads (a busy port is reported at once), and here
+        # so --port 0 can print the port it got.
+        sock = bind_port(host, port)
+    import uvicorn
+    from pydantic import ValidationError
+
+    from gyre.cli_errors import validation_line
     from gyre.engine.server import create_app
 
     try:
@@ -87,14 +101,12 @@ def serve(
             prefix_cache_mb=prefix_cache_mb,
             prefill_chunk=prefill_chunk,
         )
-    except (ValueError, FileNotFoundError) as e:
-        typer.echo(f"gyre engine: {e}", err=True)
-        raise typer.Exit(2) from None
-    import socket
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))  # bound here so --port 0 can print the port it got
+    except ValidationError as e:
+        sock.close()
+        fail("engine", validation_line(e))
+    except (ValueError, OSError) as e:
+        sock.close()
+        fail("engine", first_line(e))
     port = sock.getsockname()[1]
     typer.echo(f"gyre engine ({kind}, id {engine.engine_id}) on http://{host}:{port}", err=True)
     app = create_app(
@@ -106,6 +118,19 @@ def serve(
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _check_model_config(model: Path) -> None:
+    """Read the model's config.json as the engine will, so a bad one is one line, not a
+    failed server startup after the port was announced."""
+    from transformers import AutoConfig
+
+    from gyre.cli_errors import UserError, first_line
+
+    try:
+        AutoConfig.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"--model {model}: unreadable config.json ({first_line(e)})") from None
 
 
 def build_engine(
@@ -145,7 +170,13 @@ def build_engine(
         cfg = ScriptedEngineConfig(engine_id=engine_id, tokenizer_dir=str(model))
         if max_context:
             cfg.max_context_length = max_context
-        return ScriptedEngine(cfg, ScriptBook.from_json(Path(script)))
+        try:
+            book = ScriptBook.from_json(Path(script))
+        except OSError as e:
+            raise ValueError(f"--script {script}: {e.strerror or e}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"--script {script}: not a ScriptBook JSON ({e})") from None
+        return ScriptedEngine(cfg, book)
     if kind == "embedded":
         from gyre.engine.config import EmbeddedEngineConfig
         from gyre.engine.embedded import EmbeddedEngine

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from gyre.cli_errors import fail, first_line, make_dir, require_http_url, user_errors
+
 app = typer.Typer(
     help="Run harnesses on tasks: debug a task or a harness profile before training.",
     no_args_is_help=True,
@@ -79,16 +81,20 @@ def run(
         task = load_task(task_dir)
         prof = load_profile(profile)
     except (TaskError, ProfileError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        fail("harness run", str(e))
+    except OSError as e:
+        fail("harness run", f"{e.filename or task_dir}: {e.strerror or e}")
+    with user_errors("harness run"):
+        require_http_url(base_url, "--base-url")
+        if workspace_root is not None:
+            make_dir(workspace_root, "--workspace-root")
     if arg:
         prof = prof.model_copy(update={"args": [*prof.args, *arg]})
     if sandbox_network not in ("proxy-only", "shared"):
-        typer.echo(
-            f"error: --sandbox-network must be proxy-only or shared, got {sandbox_network!r}",
-            err=True,
+        fail(
+            "harness run",
+            f"--sandbox-network must be proxy-only or shared, got {sandbox_network!r}",
         )
-        raise typer.Exit(2)
     cfg = ExecutorConfig(sandbox=SandboxConfig(enabled=sandbox, network=sandbox_network))
     if workspace_root is not None:
         cfg.workspace_root = workspace_root
@@ -113,9 +119,8 @@ def run(
 
     try:
         res = asyncio.run(go())
-    except Exception as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    except Exception as e:  # the executor could not run it at all (sandbox, workspace)
+        fail("harness run", first_line(e))
     if as_json:
         typer.echo(res.model_dump_json(indent=2))
     else:
@@ -145,13 +150,19 @@ def tasks(
     from .task import TaskError, load_taskset
 
     try:
-        for t in load_taskset(taskset):
-            typer.echo(
-                f"{t.name:20s} {t.reward_rule:8s} harness {t.harness_timeout_s:.0f}s  {t.root}"
-            )
-    except TaskError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        loaded = load_taskset(taskset)
+    except TaskError as e:  # one line per bad task: show the first, count the rest
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+        fail("harness tasks", " ".join(lines[:2]) + more)
+    except OSError as e:
+        fail("harness tasks", f"{e.filename or taskset}: {e.strerror or e}")
+    width = max([len("task"), *(len(t.name) for t in loaded)])
+    typer.echo(f"{'task':{width}s}  {'reward':8s}  {'harness timeout':>15s}  folder")
+    for t in loaded:
+        typer.echo(
+            f"{t.name:{width}s}  {t.reward_rule:8s}  {t.harness_timeout_s:>14.0f}s  {t.root}"
+        )
 
 
 @app.command("profiles")
@@ -159,5 +170,6 @@ def profiles() -> None:
     """List the built-in harness profiles."""
     from .profiles import builtin_profiles
 
+    typer.echo(f"{'profile':15s} description")
     for name, p in builtin_profiles().items():
         typer.echo(f"{name:15s} {p.description}")

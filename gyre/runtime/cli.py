@@ -18,18 +18,11 @@ class ConfigProblem(Exception):
     """One line for the user: what is wrong and where."""
 
 
-def _pydantic_line(e) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
-        parts.append(f"{loc}: {err.get('msg', '')}")
-    return "; ".join(parts)
-
-
 def load_run_config(path: Path | None, overrides: list[str]):
     """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
     from pydantic import ValidationError
 
+    from gyre.cli_errors import validation_line
     from gyre.config import load_config
 
     try:
@@ -41,9 +34,11 @@ def load_run_config(path: Path | None, overrides: list[str]):
             cfg = load_config(path, [*overrides, f"model_dir={md.resolve()}"])
         return cfg
     except ValidationError as e:
-        raise ConfigProblem(f"invalid config: {_pydantic_line(e)}") from None
+        raise ConfigProblem(f"invalid config: {validation_line(e)}") from None
     except FileNotFoundError as e:
         raise ConfigProblem(str(e)) from None
+    except OSError as e:  # a directory, no permission
+        raise ConfigProblem(f"{e.filename or path}: {e.strerror or e}") from None
     except ValueError as e:  # overrides, TOML syntax
         raise ConfigProblem(f"invalid config: {e}") from None
 
@@ -68,7 +63,11 @@ def resume_config(run_dir: Path, overrides: list[str]):
                     sub = r.get(k)
                     walk(v, sub if isinstance(sub, dict) else {}, f"{prefix}{k}.")
 
-        walk(json.loads(exact.read_text()), raw, "")
+        try:
+            exact_data = json.loads(exact.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigProblem(f"--resume: {exact} is unreadable ({e})") from None
+        walk(exact_data, raw, "")
     return load_run_config(run_dir / "config.toml", [*nulls, *overrides])
 
 

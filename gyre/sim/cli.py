@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import typer
+
+from gyre.cli_errors import fail, validation_line
 
 app = typer.Typer(
     help="Scheduling simulator: compare Colocate, Async and Elastic placements in virtual time.",
@@ -20,12 +23,13 @@ app = typer.Typer(
 PLACEMENT_CHOICES = ("colocate", "async", "async-streaming", "elastic", "all")
 
 
-def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(2)
+def _fail(msg: str) -> NoReturn:
+    fail("sim", msg)
 
 
 def _load(preset: str, sets: list[str], seed: int | None):
+    from pydantic import ValidationError
+
     from gyre.sim.config import apply_overrides
     from gyre.sim.presets import preset as get_preset
 
@@ -35,7 +39,9 @@ def _load(preset: str, sets: list[str], seed: int | None):
             cfg = apply_overrides(cfg, sets)
         if seed is not None:
             cfg = cfg.model_copy(update={"seed": seed})
-    except ValueError as e:  # pydantic ValidationError is a ValueError
+    except ValidationError as e:
+        _fail(validation_line(e))
+    except ValueError as e:
         _fail(str(e))
     return cfg
 
@@ -145,8 +151,8 @@ def _print_bursts(results) -> None:
 @app.callback()
 def sim(
     ctx: typer.Context,
-    preset: str | None = typer.Option(
-        None, "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"
+    preset: str = typer.Option(
+        "seed-toy", "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"
     ),
     placement: str = typer.Option(
         "all", "--placement", help="colocate|async|async-streaming|elastic|all"
@@ -168,9 +174,6 @@ def sim(
     """Simulate one preset for one or all placements on the same workload draw."""
     if ctx.invoked_subcommand is not None:
         return
-    if preset is None:
-        typer.echo(ctx.get_help())
-        raise typer.Exit(0)
     if placement not in PLACEMENT_CHOICES:
         _fail(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {placement!r}")
     cfg = _load(preset, sets, seed)
@@ -187,7 +190,9 @@ def sim(
         try:
             plot_gantt(results, plot, title=f"{cfg.name}, seed {cfg.seed}")
         except OSError as e:
-            _fail(f"cannot write plot {plot}: {e}")
+            _fail(f"--plot {plot}: cannot write it ({e.strerror or e})")
+        except ValueError as e:  # a file extension matplotlib cannot write
+            _fail(f"--plot {plot}: {e}; use a .png, .pdf or .svg name")
     if as_json:
         if placement == "all":
             obj = {n: r.to_dict() for n, r in results.items()}
@@ -238,6 +243,7 @@ def sweep(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run many seeds (and parameter points); print medians, 10-90 % spread and ratios to Elastic."""
+    from pydantic import ValidationError
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -267,6 +273,8 @@ def sweep(
                 progress=lambda _l: prog.advance(task),
                 first_seed=first_seed,
             )
+    except ValidationError as e:
+        _fail(validation_line(e))
     except ValueError as e:
         _fail(str(e))
     if as_json:

@@ -10,29 +10,68 @@ from pathlib import Path
 
 import typer
 
+from gyre.cli_errors import (
+    fail,
+    first_line,
+    make_dir,
+    require_model_dir,
+    user_errors,
+    validation_line,
+)
+
 app = typer.Typer(
     help="Trajectory trees: build from traces, admission stats, rendering.", no_args_is_help=True
 )
 
 
-def _profile(path: Path | None):
+def _profile(path: Path | None, command: str):
+    from pydantic import ValidationError
+
     from gyre.trace.roles import RoleProfile, default_profile
 
     if path is None:
         return default_profile()
     try:
         return RoleProfile.model_validate_json(path.read_text())
-    except Exception as e:  # pydantic ValidationError, OSError
-        raise typer.BadParameter(f"role profile {path}: {e}") from e
+    except OSError as e:
+        fail(f"tree {command}", f"--profile {path}: {e.strerror or e}")
+    except ValidationError as e:
+        fail(f"tree {command}", f"--profile {path}: not a RoleProfile JSON ({validation_line(e)})")
 
 
-def _decoder(tokenizer: Path | None):
-    if tokenizer is None:
-        return None
+def _tokenizer(path: Path, command: str):
+    """The tokenizer in ``path``, or one line saying why it cannot be loaded."""
+    with user_errors(f"tree {command}"):
+        require_model_dir(path, "--tokenizer", need_config=False)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        fail(f"tree {command}", f"--tokenizer {path}: cannot load it ({first_line(e)})")
+
+
+def _decoder(tokenizer: Path | None, command: str):
+    if tokenizer is None:
+        return None
+    tok = _tokenizer(tokenizer, command)
     return lambda ids: tok.decode(ids)
+
+
+def _load(path: Path, prof, vocab_size: int | None, command: str):
+    """One trace's tree; a file that is not a Gyre trace is a user mistake (exit 2)."""
+    from gyre.trace.stats import load_tree
+
+    try:
+        tree = load_tree(path, prof, vocab_size)
+    except OSError as e:
+        fail(f"tree {command}", f"{path}: {e.strerror or e}")
+    except ValueError as e:  # not UTF-8 text
+        fail(f"tree {command}", f"{path}: not a Gyre trace (JSONL): {first_line(e)}")
+    if not tree.requests:
+        why = tree.errors[0] if tree.errors else f"{path}: no trace records in it"
+        fail(f"tree {command}", f"not a Gyre trace (JSONL, one call per line): {why}")
+    return tree
 
 
 @app.command("stats")
@@ -57,22 +96,21 @@ def stats(
     ),
 ) -> None:
     """Requests, unique nodes/tokens, paths, expansion, targets by role, and admission for --j-max."""
-    from gyre.trace.stats import format_stats, load_tree, tree_stats
+    from gyre.trace.stats import format_stats, tree_stats
 
-    prof = _profile(profile)
-    msg_id = None
+    prof = _profile(profile, "stats")
+    msg_id: int | None = None
     if tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(tokenizer)
-        msg_id = tok.convert_tokens_to_ids(message_token)
+        tok = _tokenizer(tokenizer, "stats")
+        found = tok.convert_tokens_to_ids(message_token)
+        msg_id = found if isinstance(found, int) else None
         if msg_id is None or msg_id == tok.unk_token_id:
             raise typer.BadParameter(f"{message_token!r} is not a token of {tokenizer}")
     keys = ("requests", "unique_tokens", "tokens_expanded", "targets", "paths")
     total = dict.fromkeys(keys, 0)
     total["admitted_targets"] = 0
     for i, path in enumerate(traces):
-        s = tree_stats(load_tree(path, prof, vocab_size), j_max, seed, message_token=msg_id)
+        s = tree_stats(_load(path, prof, vocab_size, "stats"), j_max, seed, message_token=msg_id)
         s["trace"] = str(path)
         for k in keys:
             total[k] += s[k]
@@ -112,19 +150,22 @@ def show(
 ) -> None:
     """An indented outline of the tree's radix nodes (leaves with role and admission order)."""
     from gyre.trace.admission import admit
-    from gyre.trace.stats import load_tree, render_html, render_png, render_text
+    from gyre.trace.stats import render_html, render_png, render_text
 
-    tree = load_tree(trace, _profile(profile))
+    tree = _load(trace, _profile(profile, "show"), None, "show")
     adm = admit(tree, j_max, seed)
-    decode = _decoder(tokenizer)
+    decode = _decoder(tokenizer, "show")
     typer.echo(render_text(tree, adm, max_nodes=max_nodes, decode=decode))
     for e in tree.errors:
         typer.echo(f"problem: {e}", err=True)
-    if html_out is not None:
-        html_out.write_text(render_html(tree, adm, decode=decode), encoding="utf-8")
-        typer.echo(f"wrote {html_out}")
-    if png_out is not None:
-        typer.echo(f"wrote {render_png(tree, png_out, adm)}")
+    try:
+        if html_out is not None:
+            html_out.write_text(render_html(tree, adm, decode=decode), encoding="utf-8")
+            typer.echo(f"wrote {html_out}")
+        if png_out is not None:
+            typer.echo(f"wrote {render_png(tree, png_out, adm)}")
+    except OSError as e:
+        fail("tree show", f"cannot write {e.filename or html_out or png_out}: {e.strerror or e}")
 
 
 @app.command("synth")
@@ -139,15 +180,20 @@ def synth(
     from gyre.trace.store import TraceWriter, trace_path
     from gyre.trace.synthetic import case_study_execution
 
-    # Replace, never append: a second run into the same directory would otherwise
-    # duplicate every request id.
-    trace_path(out_dir, execution_id).unlink(missing_ok=True)
-    w = TraceWriter(out_dir, fsync=False)
+    with user_errors("tree synth"):
+        make_dir(out_dir, "OUT_DIR")
     try:
-        for r in case_study_execution(
-            execution_id, seed=seed, n_requests=requests, n_subagents=subagents
-        ):
-            w.append(r)
-    finally:
-        w.close()
+        # Replace, never append: a second run into the same directory would otherwise
+        # duplicate every request id.
+        trace_path(out_dir, execution_id).unlink(missing_ok=True)
+        w = TraceWriter(out_dir, fsync=False)
+        try:
+            for r in case_study_execution(
+                execution_id, seed=seed, n_requests=requests, n_subagents=subagents
+            ):
+                w.append(r)
+        finally:
+            w.close()
+    except OSError as e:
+        fail("tree synth", f"cannot write {e.filename or out_dir}: {e.strerror or e}")
     typer.echo(str(trace_path(out_dir, execution_id)))

@@ -33,19 +33,30 @@ def demo(
     checkpoint_dir: Path | None = typer.Option(None, help="Write/resume checkpoints here."),
 ) -> None:
     """Train on synthetic groups with K local cells; satellites join each step late, in order."""
+    from pydantic import ValidationError
+
+    from gyre.cli_errors import fail, make_dir, require_model_dir, user_errors, validation_line
     from gyre.train.config import CheckpointConfig, StreamConfig, TrainerConfig
     from gyre.train.local import JoinPlan, LocalRun, SyntheticData, run_local
 
-    out = out or Path(tempfile.mkdtemp(prefix="gyre-train-demo-"))
+    with user_errors("train demo"):
+        if model_dir is not None:
+            require_model_dir(model_dir, "--model-dir")
+        out = make_dir(out, "--out") if out else Path(tempfile.mkdtemp(prefix="gyre-train-demo-"))
+        if checkpoint_dir is not None:
+            make_dir(checkpoint_dir, "--checkpoint-dir")
     if model_dir is None:
         from gyre.models.tiny import build_tiny_model
 
         model_dir = build_tiny_model(out / "tiny-model")
-    cfg = TrainerConfig(
-        model_dir=str(model_dir),
-        stream=StreamConfig(batch_groups=groups, token_budget=budget, stall_timeout_s=120),
-        checkpoint=CheckpointConfig(dir=str(checkpoint_dir) if checkpoint_dir else None),
-    )
+    try:
+        cfg = TrainerConfig(
+            model_dir=str(model_dir),
+            stream=StreamConfig(batch_groups=groups, token_budget=budget, stall_timeout_s=120),
+            checkpoint=CheckpointConfig(dir=str(checkpoint_dir) if checkpoint_dir else None),
+        )
+    except ValidationError as e:
+        fail("train demo", validation_line(e))
     run = LocalRun(
         name="demo",
         cfg=cfg,
@@ -70,13 +81,19 @@ def checkpoint(
     root: Path = typer.Argument(..., help="Checkpoint root (holds 'latest' and step-N dirs)."),
 ) -> None:
     """Print the latest checkpoint's trainer state (step, policy version, data cursor)."""
+    from gyre.cli_errors import fail
     from gyre.train.checkpoint import latest_checkpoint, load_state
 
+    if not root.is_dir():
+        what = "not a directory" if root.exists() else "no such directory"
+        fail("train checkpoint", f"{root}: {what}; give a checkpoint root", code=1)
     ck = latest_checkpoint(root)
     if ck is None:
-        typer.echo(f"no complete checkpoint under {root}", err=True)
-        raise typer.Exit(1)
-    st = load_state(ck)
+        fail("train checkpoint", f"no complete checkpoint under {root}", code=1)
+    try:
+        st = load_state(ck)
+    except (OSError, ValueError, KeyError) as e:
+        fail("train checkpoint", f"{ck}: unreadable trainer state ({e})", code=1)
     typer.echo(
         json.dumps(
             {
