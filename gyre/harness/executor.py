@@ -32,8 +32,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
+
 from . import netbridge
-from .assessment import Assessment, Missing, MissingReason, Scored
 from .config import ExecutorConfig
 from .forwarder import UnixForwarder
 from .process import run_process

@@ -42,7 +42,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .assessment import Missing, MissingReason, Scored
+from gyre.trace.assessment import Missing, MissingReason, Scored
+
 from .config import ScorerConfig
 from .process import run_process
 from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, Confinement, harbor_verifier_argv

@@ -18,6 +18,7 @@ from typing import Any
 from gyre.config import GyreConfig
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
+from gyre.trace.assessment import Missing, reward_of
 
 
 class Executions:
@@ -34,7 +35,7 @@ class Executions:
         self.executor = None
         self.admin = None
         self.profile = None
-        self.results: dict[tuple[int, int], tuple[str, float | None]] = {}
+        self.results: dict[tuple[int, int], tuple[str, float | Missing]] = {}
         self.finished = 0
         self.failed = 0  # harness exited non-zero, was killed, or could not launch
         self.missing = 0
@@ -85,7 +86,11 @@ class Executions:
         return res
 
     async def run(self, gid: int, attempt: int) -> float | None:
-        """Run one training execution to its assessment; its reward, or None when missing."""
+        """Run one training execution to its assessment; its reward, or None when missing.
+
+        The trainer keeps the ``Missing`` with its reason (``self.results``); the policy's
+        event only needs to know the execution is invalid, so it gets ``None``.
+        """
         eid = f"r{self.segment}-g{gid:05d}-a{attempt:02d}"
         task = self.tasks.task(gid)
         self.running += 1
@@ -99,8 +104,9 @@ class Executions:
             h.stop == "exited" and h.exit_code != 0
         )
         self.failed += int(failed)
-        self.missing += int(res.reward is None)
-        self.results[(gid, attempt)] = (eid, res.reward)
+        reward = reward_of(res.assessment)
+        self.missing += int(isinstance(reward, Missing))
+        self.results[(gid, attempt)] = (eid, reward)
         self.rundir.log_execution(
             {
                 "execution": eid,
@@ -143,7 +149,7 @@ class Executions:
             step=step,
         )
         chunk = pack_groups([group], start_index, tcfg.stream, tcfg.objective)
-        scored = [r for r in rewards.values() if r is not None]
+        scored = [r for r in rewards.values() if not isinstance(r, Missing)]
         st = chunk.stats
         info = {
             "reward_sum": sum(scored),

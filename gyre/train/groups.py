@@ -3,8 +3,9 @@
 The glue between the proxy's trace store and the packing buffer. For each execution of
 a group: read its JSONL trace (bad lines are reported, not fatal), build its trajectory
 tree with the harness's role profile, and run admission with a per-execution seed (so
-a re-run after a crash admits the same paths). A missing reward or an unreadable
-trace makes the execution *missing*, never a zero.
+a re-run after a crash admits the same paths). A missing assessment stays
+``Missing``; an unreadable trace makes the execution missing too (``trace_unreadable``),
+never a zero.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gyre.trace.assessment import Missing, MissingReason
 from gyre.train.buffer import ReadyGroup
-from gyre.train.rewards import Missing, Reward
+from gyre.train.rewards import Reward
 
 
 @dataclass
@@ -28,7 +30,7 @@ class GroupReport:
 def group_from_traces(
     group_id: str,
     traces: Mapping[str, str | Path],
-    rewards: Mapping[str, Reward | None],
+    rewards: Mapping[str, Reward],
     *,
     role_profile=None,
     j_max: int | None = 5,
@@ -38,7 +40,7 @@ def group_from_traces(
 ) -> tuple[ReadyGroup, GroupReport]:
     """A :class:`ReadyGroup` from execution id -> trace file and execution id -> reward.
 
-    Every execution needs a reward entry (score, or ``Missing``/``None``); a trace
+    Every execution needs a reward entry (score, or ``Missing``); a trace
     without one is an error, because "not assessed yet" means the group is not ready.
     """
     from gyre.trace.admission import admit, execution_seed
@@ -52,21 +54,24 @@ def group_from_traces(
     out_rewards: dict[str, Reward] = {}
     admissions = {}
     for eid, r in rewards.items():
-        r = Missing() if r is None else r
         path = traces.get(eid)
         if isinstance(r, Missing):
             out_rewards[eid] = r
             continue
         if path is None or not Path(path).exists():
             report.unreadable[eid] = f"no trace file ({path})"
-            out_rewards[eid] = Missing("trace missing")
+            out_rewards[eid] = Missing(
+                reason=MissingReason.trace_unreadable, detail="no trace file"
+            )
             continue
         res = read_trace(path, vocab_size)
         if res.errors:
             report.trace_errors[eid] = res.errors
         if not res.records:
             report.unreadable[eid] = "no usable records"
-            out_rewards[eid] = Missing("trace unreadable")
+            out_rewards[eid] = Missing(
+                reason=MissingReason.trace_unreadable, detail="no usable records"
+            )
             continue
         tree = build_tree(res.records, role_profile, vocab_size=vocab_size, execution_id=eid)
         admissions[eid] = admit(tree, j_max, seed=execution_seed(seed, eid, step))

@@ -2,7 +2,8 @@
 
 A reward is either a *score* (a number, including a harness timeout scored on its
 preserved workspace) or *missing* (the evaluator crashed, the overall budget ran
-out). A missing assessment is not a zero: the execution leaves its group, and
+out): :class:`gyre.trace.assessment.Missing`, the very type the harness produces, with
+its reason. A missing assessment is not a zero: the execution leaves its group, and
 the advantages are those of the N-1 (or fewer) scored executions.
 
 All-equal groups: when every scored execution of a group has the same score,
@@ -19,19 +20,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class Missing:
-    """A missing assessment; ``reason`` is for logs only."""
-
-    reason: str = ""
-
+from gyre.trace.assessment import Missing
 
 Reward = float | Missing
-
-
-def is_missing(r: object) -> bool:
-    return r is None or isinstance(r, Missing)
 
 
 @dataclass
@@ -52,18 +43,19 @@ class GroupAdvantages:
 
 
 def group_advantages(
-    rewards: Mapping[str, Reward | None], *, eps: float = 1e-6, std: str = "population"
+    rewards: Mapping[str, Reward], *, eps: float = 1e-6, std: str = "population"
 ) -> GroupAdvantages:
     """A_e = (R_e - mean of the group's scores) / (std + eps) over scored executions only.
 
-    ``rewards`` maps execution id -> score (float/int) or :class:`Missing` (``None``
-    is accepted as missing). Raises ``ValueError`` on a non-finite or non-numeric score
-    so a broken scorer cannot silently become a reward.
+    ``rewards`` maps execution id -> score (float/int) or :class:`Missing`. Raises
+    ``ValueError`` on a non-finite or non-numeric score (``None`` included: a missing
+    assessment says so with ``Missing`` and its reason) so a broken scorer cannot
+    silently become a reward.
     """
     scored: dict[str, float] = {}
     missing: list[str] = []
     for eid, r in rewards.items():
-        if is_missing(r):
+        if isinstance(r, Missing):
             missing.append(eid)
             continue
         if isinstance(r, bool) or not isinstance(r, (int, float)):

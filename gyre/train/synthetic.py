@@ -100,8 +100,10 @@ def synthetic_groups(
             rows[eid] = [row] if branches <= 1 else _deal(row, nc, branches)
             rewards[eid] = float(rng.random() < 0.5) + 0.1 * rng.random()
         if missing_every and g % missing_every == 0:
-            from gyre.train.rewards import Missing
+            from gyre.trace.assessment import Missing, MissingReason
 
-            rewards[f"{prefix}{g}/e0"] = Missing("synthetic evaluator crash")
+            rewards[f"{prefix}{g}/e0"] = Missing(
+                reason=MissingReason.evaluator_error, detail="synthetic evaluator crash"
+            )
         groups.append(ReadyGroup(f"{prefix}{g}", rewards, rows))
     return groups

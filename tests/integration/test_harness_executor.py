@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gyre.harness.assessment import Missing, MissingReason, Scored, mean_reward
 from gyre.harness.config import ExecutorConfig, SandboxConfig
 from gyre.harness.executor import ExecutionError, ExecutionSpec, HarnessExecutor
 from gyre.harness.profiles import HarnessProfile
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task
+from gyre.trace.assessment import Missing, MissingReason, Scored, mean_reward
 
 sys.path.insert(0, str(Path(__file__).parent))  # robust to import modes / package layouts
 from test_harness_util import live_pids_with, make_task, shell_profile

@@ -323,6 +323,7 @@ def test_checkpoints_hold_the_data_cursor(done):
 # ------------------------------------------------------------------------------ weight equality
 def _step_groups(rd: Path, cfg, metrics: dict, executions: list[dict], step: int):
     from gyre.harness.roles import role_profile
+    from gyre.trace.assessment import Missing, MissingReason
     from gyre.trace.store import trace_path
     from gyre.train.groups import group_from_traces
 
@@ -332,7 +333,12 @@ def _step_groups(rd: Path, cfg, metrics: dict, executions: list[dict], step: int
         rows = [e for e in executions if e["group"] == int(g[1:])]
         assert len(rows) == N
         traces = {e["execution"]: trace_path(rd / "traces", e["execution"]) for e in rows}
-        rewards = {e["execution"]: e["reward"] for e in rows}
+        rewards = {
+            e["execution"]: Missing(reason=MissingReason(e["missing"]))
+            if e["reward"] is None
+            else e["reward"]
+            for e in rows
+        }
         grp, rep = group_from_traces(
             g,
             traces,

@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import TypeAdapter
 
-from gyre.harness.assessment import (
+from gyre.harness.scorer import _read_result, _ResultError, apply_rule
+from gyre.trace.assessment import (
     Assessment,
     Missing,
     MissingReason,
@@ -15,7 +16,6 @@ from gyre.harness.assessment import (
     mean_reward,
     summarize,
 )
-from gyre.harness.scorer import _read_result, _ResultError, apply_rule
 
 
 def test_missing_is_never_a_zero():

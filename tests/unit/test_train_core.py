@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from gyre.trace.assessment import Missing, MissingReason
 from gyre.train.buffer import PackingBuffer, ReadyGroup, pack_groups
 from gyre.train.checkpoint import latest_checkpoint
 from gyre.train.config import (
@@ -17,7 +18,6 @@ from gyre.train.config import (
 from gyre.train.coordinator import LocalCoordinator
 from gyre.train.core import Core
 from gyre.train.replica import load_causal_lm
-from gyre.train.rewards import Missing
 from gyre.train.synthetic import synthetic_groups
 
 
@@ -155,7 +155,9 @@ def test_missing_is_not_zero_in_the_update(tiny_model_dir, base_groups):
     cfg = cfg_for(tiny_model_dir)
     g0, g1 = base_groups[:2]
     miss = copy.deepcopy(g0)
-    miss.rewards["g0/e2"] = Missing("evaluator crashed")
+    miss.rewards["g0/e2"] = Missing(
+        reason=MissingReason.evaluator_error, detail="evaluator crashed"
+    )
     gone = copy.deepcopy(g0)
     del gone.rewards["g0/e2"], gone.rows["g0/e2"]
     zero = copy.deepcopy(g0)

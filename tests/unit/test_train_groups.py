@@ -1,5 +1,6 @@
 """Trace files written by the trace store -> a ready group -> one training step."""
 
+from gyre.trace.assessment import Missing, MissingReason
 from gyre.trace.store import TraceWriter, trace_path
 from gyre.trace.synthetic import small_execution
 from gyre.train.config import ObjectiveConfig, OptimConfig, StreamConfig, TrainerConfig
@@ -7,7 +8,6 @@ from gyre.train.coordinator import LocalCoordinator
 from gyre.train.core import Core
 from gyre.train.groups import group_from_traces
 from gyre.train.replica import load_causal_lm
-from gyre.train.rewards import Missing
 
 
 def test_trace_files_to_a_training_step(tiny_model_dir, tmp_path):
@@ -21,12 +21,18 @@ def test_trace_files_to_a_training_step(tiny_model_dir, tmp_path):
     with open(trace_path(tmp_path / "traces", eids[1]), "a") as f:
         f.write('{"truncated": ')  # a proxy that died mid-write
     traces = {e: trace_path(tmp_path / "traces", e) for e in eids}  # e3 never wrote a trace
-    rewards = {eids[0]: 1.0, eids[1]: 0.0, eids[2]: Missing("evaluator crashed"), eids[3]: 0.5}
+    rewards = {
+        eids[0]: 1.0,
+        eids[1]: 0.0,
+        eids[2]: Missing(reason=MissingReason.evaluator_error),
+        eids[3]: 0.5,
+    }
     group, report = group_from_traces("q1", traces, rewards, vocab_size=vocab, j_max=4, seed=3)
     assert set(group.admissions) == {eids[0], eids[1]}
-    assert isinstance(group.rewards[eids[2]], Missing) and isinstance(
-        group.rewards[eids[3]], Missing
-    )
+    # the harness's Missing crosses into the group as is (reason kept); no trace -> missing too
+    assert group.rewards[eids[2]] == rewards[eids[2]]
+    e3 = group.rewards[eids[3]]
+    assert isinstance(e3, Missing) and e3.reason is MissingReason.trace_unreadable
     assert eids[3] in report.unreadable and len(report.trace_errors[eids[1]]) == 1
     again, _ = group_from_traces("q1", traces, rewards, vocab_size=vocab, j_max=4, seed=3)
     assert [p.leaf for p in again.admissions[eids[0]].paths] == [

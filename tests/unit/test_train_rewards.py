@@ -4,12 +4,17 @@ import math
 
 import pytest
 
-from gyre.train.rewards import Missing, group_advantages
+from gyre.trace.assessment import Missing, MissingReason
+from gyre.train.rewards import group_advantages
+
+
+def crashed(detail: str = "evaluator crashed") -> Missing:
+    return Missing(reason=MissingReason.evaluator_error, detail=detail)
 
 
 def test_missing_leaves_the_group():
     scored = {"a": 1.0, "b": 0.0, "c": 0.5}
-    with_missing = group_advantages({**scored, "d": Missing("evaluator crashed")})
+    with_missing = group_advantages({**scored, "d": crashed()})
     only_scored = group_advantages(scored)
     assert with_missing.missing == ["d"] and with_missing.n_scored == 3
     assert with_missing.advantages == pytest.approx(only_scored.advantages)
@@ -20,18 +25,20 @@ def test_missing_leaves_the_group():
 
 
 def test_missing_differs_from_zero():
-    missing = group_advantages({"a": 1.0, "b": 0.0, "c": 0.5, "d": Missing()})
+    missing = group_advantages({"a": 1.0, "b": 0.0, "c": 0.5, "d": crashed()})
     zero = group_advantages({"a": 1.0, "b": 0.0, "c": 0.5, "d": 0.0})
     assert zero.n_scored == 4 and "d" in zero.advantages
     for e in ("a", "b", "c"):
         assert missing.advantages[e] != pytest.approx(zero.advantages[e])
-    assert group_advantages({"a": 1.0, "d": None}).missing == ["d"]  # None is missing too
+    # None is no longer a way to say "missing": it is refused like any non-number
+    with pytest.raises(ValueError, match="must be a number or Missing, got NoneType"):
+        group_advantages({"a": 1.0, "d": None})  # type: ignore[dict-item]
 
 
 def test_all_equal_group_gives_no_gradient():
-    ga = group_advantages({"a": 0.0, "b": 0.0, "c": Missing()})
+    ga = group_advantages({"a": 0.0, "b": 0.0, "c": crashed()})
     assert ga.all_equal and ga.advantages == {"a": 0.0, "b": 0.0} and ga.n_scored == 2
-    assert group_advantages({"a": Missing()}).n_scored == 0
+    assert group_advantages({"a": crashed()}).n_scored == 0
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1.0", True, [1]])

@@ -1,6 +1,7 @@
 """Real trajectory trees from gyre.trace (build_tree -> admit -> pack) through the trainer."""
 
 from gyre.trace.admission import admit
+from gyre.trace.assessment import Missing, MissingReason
 from gyre.trace.synthetic import small_execution
 from gyre.trace.tree import build_tree
 from gyre.train.buffer import ReadyGroup
@@ -8,12 +9,11 @@ from gyre.train.config import ObjectiveConfig, OptimConfig, StreamConfig, Traine
 from gyre.train.coordinator import LocalCoordinator
 from gyre.train.core import Core
 from gyre.train.replica import load_causal_lm
-from gyre.train.rewards import Missing
 
 
 def _group(vocab):
     adms, rewards = {}, {}
-    for k, r in enumerate([1.0, 0.0, 0.5, Missing("budget ran out")]):
+    for k, r in enumerate([1.0, 0.0, 0.5, Missing(reason=MissingReason.overall_timeout)]):
         eid = f"q0/e{k}"
         tree = build_tree(small_execution(eid, seed=k, vocab=vocab))
         adms[eid] = admit(tree, j_max=4, seed=k)

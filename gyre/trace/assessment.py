@@ -1,5 +1,10 @@
 """What scoring an execution yields: a reward, or a *missing* assessment.
 
+One vocabulary for the harness (which produces assessments) and the trainer
+(which turns them into advantages): both import these types from here, the
+lowest package both may import, so a missing assessment crosses from one to
+the other as ``Missing`` with its reason, never as ``None``.
+
 Two distinct types on purpose. A harness that timed out still gets a real
 reward (its workspace is scored by the task's rule); an assessment that never
 happened (the verifier crashed or hung, the overall budget ran out, the harness
@@ -24,6 +29,8 @@ class MissingReason(str, Enum):
     launch_failed = "launch_failed"  # the harness never started (bad command, bad template)
     infra_error = "infra_error"  # the executor itself failed (disk full, copy failed, ...)
     cancelled = "cancelled"  # the caller cancelled the execution
+    model_unreachable = "model_unreachable"  # model calls made, none answered by the policy
+    trace_unreadable = "trace_unreadable"  # scored, but no usable trace to train on
 
 
 class Scored(BaseModel):
@@ -46,6 +53,11 @@ Assessment = Annotated[Scored | Missing, Field(discriminator="kind")]
 
 def is_scored(a: Scored | Missing) -> bool:
     return isinstance(a, Scored)
+
+
+def reward_of(a: Scored | Missing) -> float | Missing:
+    """What the trainer takes for one execution: the score, or the ``Missing`` itself."""
+    return a.reward if isinstance(a, Scored) else a
 
 
 def mean_reward(assessments: Iterable[Scored | Missing]) -> float | None:
