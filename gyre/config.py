@@ -67,18 +67,23 @@ class GyreConfig(BaseModel):
         policy = data.get("policy")
         if isinstance(policy, dict) and "placement" not in policy:
             data["policy"] = policy = {**policy, "placement": Placement.ELASTIC}
-        # B is declared once, in the policy; the trainer's stream section follows it.
-        trainer = data.get("trainer")
-        if isinstance(policy, dict) and "batch_groups" in policy and isinstance(trainer, dict):
-            stream = dict(trainer.get("stream") or {})
-            if "batch_groups" in stream and stream["batch_groups"] != policy["batch_groups"]:
-                raise ValueError(
-                    f"trainer.stream.batch_groups ({stream['batch_groups']}) differs from "
-                    f"policy.batch_groups ({policy['batch_groups']}); set B once, in [policy]"
-                )
-            stream["batch_groups"] = policy["batch_groups"]
-            data["trainer"] = {**trainer, "stream": stream}
         return data
+
+    @model_validator(mode="after")
+    def _one_batch_size(self) -> GyreConfig:
+        """B is declared once, in the policy (its default included); the trainer's stream
+        section follows it, and a stream B the user wrote that differs is refused."""
+        B, stream = self.policy.batch_groups, self.trainer.stream
+        if stream.batch_groups != B:
+            if "batch_groups" in stream.model_fields_set:
+                raise ValueError(
+                    f"trainer.stream.batch_groups ({stream.batch_groups}) differs from "
+                    f"policy.batch_groups ({B}); set B once, in [policy]"
+                )
+            self.trainer = self.trainer.model_copy(
+                update={"stream": stream.model_copy(update={"batch_groups": B})}
+            )
+        return self
 
 
 def _parse_value(text: str) -> Any:

@@ -41,3 +41,31 @@ def test_bad_input_is_a_clear_error(tmp_path):
         load_config(tmp_path / "missing.toml")
     with pytest.raises(ValidationError, match="model_dir"):
         GyreConfig.model_validate({})
+
+
+def test_batch_size_is_declared_once_in_the_policy():
+    """B lives in [policy]; the trainer's stream follows it, and a second, different B is refused."""
+    cfg = load_config(model_dir="/m", overrides=["policy.batch_groups=6"])
+    assert cfg.policy.batch_groups == cfg.trainer.stream.batch_groups == 6
+    cfg = load_config(
+        model_dir="/m", overrides=["policy.batch_groups=6", "trainer.stream.batch_groups=6"]
+    )
+    assert (
+        cfg.trainer.stream.batch_groups == 6
+    )  # saying it twice, equal, is fine (config.toml round trip)
+    with pytest.raises(ValidationError, match="set B once"):
+        load_config(
+            model_dir="/m", overrides=["policy.batch_groups=6", "trainer.stream.batch_groups=4"]
+        )
+    # the policy's default B counts too: a stream B alone cannot drift from it
+    default_b = GyreConfig.model_fields["policy"].default_factory().batch_groups
+    with pytest.raises(ValidationError, match="set B once"):
+        load_config(model_dir="/m", overrides=[f"trainer.stream.batch_groups={default_b + 1}"])
+    with pytest.raises(ValidationError, match="set B once"):
+        load_config(
+            model_dir="/m",
+            overrides=["policy.placement=colocate", f"trainer.stream.batch_groups={default_b + 1}"],
+        )
+    # a config dumped by a run loads back with the same B
+    again = GyreConfig.model_validate(cfg.model_dump(mode="json"))
+    assert again.trainer.stream.batch_groups == again.policy.batch_groups == 6
