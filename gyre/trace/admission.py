@@ -83,8 +83,11 @@ def execution_seed(run_seed: int, execution_id: str, step: int = 0) -> int:
     return int.from_bytes(h[:8], "little")
 
 
-def admit(tree: TrajectoryTree, j_max: int | None, seed: int = 0) -> Admission:
-    """Run the paper's admission on ``tree`` (``j_max=None``: no cap)."""
+def admit(tree: TrajectoryTree, j_max: int | None, seed: int) -> Admission:
+    """Run the paper's admission on ``tree`` (``j_max=None``: no cap).
+
+    No defaults: in training both come from the trainer's config (``j_max``, ``seed``).
+    """
     if j_max is not None and j_max < 0:
         raise ValueError("j_max must be >= 0 or None")
     rng = random.Random(seed)

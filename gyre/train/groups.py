@@ -32,9 +32,9 @@ def group_from_traces(
     traces: Mapping[str, str | Path],
     rewards: Mapping[str, Reward],
     *,
+    j_max: int | None,
+    seed: int,
     role_profile=None,
-    j_max: int | None = 5,
-    seed: int = 0,
     step: int = 0,
     vocab_size: int | None = None,
 ) -> tuple[ReadyGroup, GroupReport]:
@@ -42,6 +42,8 @@ def group_from_traces(
 
     Every execution needs a reward entry (score, or ``Missing``); a trace
     without one is an error, because "not assessed yet" means the group is not ready.
+    ``j_max`` and ``seed`` have no defaults here: they are the trainer's
+    (:class:`~gyre.train.config.TrainerConfig`), declared once there.
     """
     from gyre.trace.admission import admit, execution_seed
     from gyre.trace.store import read_trace

@@ -58,4 +58,6 @@ def test_a_group_without_every_reward_is_not_ready(tmp_path):
     import pytest
 
     with pytest.raises(ValueError, match="not ready: no reward for \\['e1'\\]"):
-        group_from_traces("q", {"e0": tmp_path / "a", "e1": tmp_path / "b"}, {"e0": 1.0})
+        group_from_traces(
+            "q", {"e0": tmp_path / "a", "e1": tmp_path / "b"}, {"e0": 1.0}, j_max=5, seed=0
+        )
