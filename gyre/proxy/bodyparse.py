@@ -170,6 +170,11 @@ class BodyParser:
         self.reused_messages = 0
         self.full_compares = 0  # memcmp's against kept bodies (one per call as a rule; see parse)
 
+    def discard(self, body: bytes) -> None:
+        """Forget a body that was refused after parsing (a huge one must not stay alive here)."""
+        for p in [p for p in self.recent if p.body is body]:
+            self.recent.remove(p)
+
     def parse(self, body: bytes) -> Any:
         if len(body) < self.min_reuse_bytes:  # small: parsing is cheaper than bookkeeping
             return jsonfast.loads(body)

@@ -33,6 +33,24 @@ def serve(
     no_fsync: bool = typer.Option(
         False, "--no-fsync", help="Do not fsync each trace record (faster, less durable)."
     ),
+    max_body_mb: int | None = typer.Option(
+        None, "--max-body-mb", min=1, help="Largest request body in MiB (default 64; 413 above)."
+    ),
+    engine_wait: float | None = typer.Option(
+        None, "--engine-wait", min=0, help="Seconds a call waits for an engine (default 600)."
+    ),
+    engine_first_byte_timeout: float | None = typer.Option(
+        None,
+        "--engine-first-byte-timeout",
+        min=0,
+        help="Seconds an engine may take to its first data (default 600).",
+    ),
+    engine_idle_timeout: float | None = typer.Option(
+        None,
+        "--engine-idle-timeout",
+        min=0,
+        help="Seconds a stream may stay silent before its engine counts as frozen (default 180).",
+    ),
 ) -> None:
     """Serve the OpenAI and Anthropic APIs in front of engines, recording token-exact traces."""
     import secrets
@@ -69,6 +87,13 @@ def serve(
     from gyre.proxy.config import ProxyConfig
     from gyre.proxy.server import KEEP_ALIVE_S
 
+    given = {
+        "max_body_bytes": None if max_body_mb is None else max_body_mb << 20,
+        "engine_wait_s": engine_wait,
+        "engine_first_byte_timeout_s": engine_first_byte_timeout,
+        "engine_idle_timeout_s": engine_idle_timeout,
+    }
+    limits = {k: v for k, v in given.items() if v is not None}  # unset: the config's defaults
     if mode == "managed" and not admin_token:
         admin_token = secrets.token_urlsafe(24)
         typer.echo(f"admin token: {admin_token}", err=True)
@@ -84,6 +109,7 @@ def serve(
             parser=parser,
             max_context_tokens=max_context,
             fsync=not no_fsync,
+            **limits,
         )
     except ValidationError as e:
         sock.close()

@@ -51,7 +51,13 @@ class ProxyConfig(BaseModel):
     default_max_tokens: int = Field(
         2048, description="Output budget when the request does not say."
     )
-    max_body_bytes: int = Field(1 << 30, description="Largest accepted request body (413 above).")
+    max_body_bytes: int = Field(
+        64 << 20,
+        description="Largest accepted request body (413 above). 64 MiB: a 500K-token agent "
+        "transcript is 2-4 MB of JSON and Anthropic's own API caps a request at 32 MB (base64 "
+        "images included), so no real request comes near it, while one refused body costs the "
+        "proxy a few times its size at most.",
+    )
     fsync: bool = Field(
         True, description="fsync each trace record before answering (no call lost on a crash)."
     )
@@ -71,6 +77,27 @@ class ProxyConfig(BaseModel):
     )
     engine_timeout_s: float | None = Field(
         None, description="Read timeout towards engines (None: no limit)."
+    )
+    engine_wait_s: float = Field(
+        600.0,
+        description="How long a call waits for an engine to be in the pool (a switch removes "
+        "them all for a while) before a 503 with Retry-After.",
+    )
+    engine_first_byte_timeout_s: float | None = Field(
+        600.0,
+        description="An engine attempt with no data this long (queue + prefill; the whole "
+        "generation for a non-streamed call) is declared failed (None: no limit).",
+    )
+    engine_idle_timeout_s: float | None = Field(
+        180.0,
+        description="A streaming engine silent this long between chunks (frozen) is declared "
+        "failed and the call moves on with its output so far (None: no limit).",
+    )
+    engine_max_attempts: int = Field(
+        8, description="Failed engine attempts one call may make before a 503/504."
+    )
+    engine_retry_budget_s: float = Field(
+        30.0, description="No new engine attempt starts this long after a call's first failure."
     )
     max_open_traces: int = Field(
         128, description="Trace files kept open at once (least recently used closed first)."

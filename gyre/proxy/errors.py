@@ -30,6 +30,7 @@ class ApiError(Exception):
         *,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -37,6 +38,7 @@ class ApiError(Exception):
         self.kind = kind
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. Retry-After on a 503, so SDK clients back off
 
     def openai_body(self) -> dict[str, Any]:
         return {

@@ -11,6 +11,18 @@ re-issued to another engine with the prompt plus those tokens, asking only for
 the remaining budget. The client's output is the concatenation, token for
 token, with each piece's log-probs as sampled; the trace gets one output
 segment per engine. The client sees one slower call, never an error.
+
+Engine faults (see :mod:`gyre.proxy.enginefaults` for the policy):
+
+* broken connection or 5xx: the call moves to another engine with its output so
+  far; when no other engine is up it retries with exponential back-off and jitter,
+  within a number of attempts and a time budget, then answers 503 (``Retry-After``).
+* silence: no first data within ``first_byte_timeout`` or nothing between stream
+  chunks for ``idle_timeout`` (a frozen engine) counts as a broken attempt; when the
+  retries run out the answer is 504.
+* a protocol violation (a stream request answered with a plain body, data that is
+  not the ``/generate`` JSON) is not transient: 502 naming it, no retry, and the
+  engine is marked suspect (routed to only when no other engine is up).
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import socket
 import time
 import uuid
@@ -31,6 +44,14 @@ import aiohttp.payload
 
 from gyre.engine.client import EngineClient
 from gyre.proxy import jsonfast
+from gyre.proxy.enginefaults import (
+    Backoff,
+    CallFaults,
+    EngineBroke,
+    EngineProtocolError,
+    EngineSilent,
+    protocol_error,
+)
 from gyre.proxy.errors import ApiError
 from gyre.trace.record import OutputSegment
 
@@ -58,6 +79,7 @@ class EngineHandle:
     served: int = 0
     down_until: float = 0.0  # after a broken connection, routed to only when no other engine is up
     streak: int = 0  # consecutive broken attempts (the back-off grows with it)
+    suspect: str | None = None  # the last protocol violation seen (cleared by a good answer)
 
 
 @dataclass
@@ -88,14 +110,28 @@ class EnginePool:
         read_timeout: float | None = None,
         max_resumes: int = 16,
         wait_for_engine_s: float = 600.0,
+        first_byte_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._urls = [u.rstrip("/") for u in urls]
         self.read_timeout = read_timeout
         self.max_resumes = max_resumes
         self.wait_for_engine_s = wait_for_engine_s
+        self.first_byte_timeout = first_byte_timeout
+        self.idle_timeout = idle_timeout
+        self.backoff = backoff or Backoff()
+        self._rng = random.Random()
         self.engines: dict[str, EngineHandle] = {}
         self.affinity: dict[str, str] = {}
-        self.counters = {"requests": 0, "moved": 0, "engine_errors": 0}
+        self.counters = {
+            "requests": 0,
+            "moved": 0,
+            "engine_errors": 0,
+            "engine_timeouts": 0,
+            "protocol_errors": 0,
+            "backoff_waits": 0,
+        }
         self._rr = itertools.count()
         self._changed: asyncio.Event | None = None
 
@@ -129,10 +165,12 @@ class EnginePool:
         session = aiohttp.ClientSession(
             base_url=url, connector=connector, timeout=timeout, read_bufsize=1 << 20
         )
-        ctl = EngineClient(url)
+        ctl = EngineClient(
+            url, read_timeout=30.0
+        )  # control calls; a frozen engine cannot hang them
         engine_id = url
         try:
-            info = await ctl.model_info()
+            info = await asyncio.wait_for(ctl.model_info(), 10.0)
             engine_id = info.engine_id or url
         except Exception as e:  # an engine that is still starting: keep its URL as id
             log.warning("engine %s: model info unavailable (%s)", url, e)
@@ -166,6 +204,7 @@ class EnginePool:
                 "inflight": len(e.inflight),
                 "served": e.served,
                 "failures": e.failures,
+                "suspect": e.suspect,
             }
             for e in self.engines.values()
         ]
@@ -197,7 +236,12 @@ class EnginePool:
             if e is not None:
                 return e
             if time.monotonic() > deadline:
-                raise ApiError(503, "no inference engine is available", "overloaded")
+                raise ApiError(
+                    503,
+                    f"no inference engine joined the pool within {self.wait_for_engine_s:g} s",
+                    "overloaded",
+                    headers={"retry-after": "5"},
+                )
             ev = self._changed
             try:
                 await asyncio.wait_for(ev.wait(), timeout=0.5)
@@ -292,8 +336,16 @@ class EnginePool:
         budget = int(sampling.get("max_new_tokens", 128))
         avoid: EngineHandle | None = None
         moves = 0
+        faults = CallFaults(self.backoff)
         while True:
             engine = await self._wait_engine(execution_id, avoid)
+            if faults.failures:
+                now = time.monotonic()
+                delay = faults.next_delay(engine.down_until <= now, now, self._rng)
+                if delay > 0:  # no engine is up: back off before trying a failed one again
+                    self.counters["backoff_waits"] += 1
+                    await asyncio.sleep(delay)
+                    engine = await self._wait_engine(execution_id, avoid)
             rid = f"gyre-{uuid.uuid4().hex[:16]}"
             f = InFlight(rid=rid, execution_id=execution_id, engine=engine)
             sp = dict(sampling, max_new_tokens=max(budget - len(out_ids), 0))
@@ -302,6 +354,7 @@ class EnginePool:
             finish: str | None = None
             version_marks: list[tuple[int, int]] = []
             broke = False
+            silent = False
             engine.inflight.add(f)
             done = False
             try:
@@ -325,24 +378,32 @@ class EnginePool:
                     if ids:
                         yield ids, lps
                 done = True
-            except _EngineBroke as err:
+                if finish is None and not f.moving:  # not a drain's abort: the answer broke off
+                    raise EngineBroke("the answer ended without a finish reason")
+            except EngineBroke as err:
                 broke = True
+                silent = isinstance(err, EngineSilent)
+                self._mark_broken(engine)
+                self.counters["engine_timeouts" if silent else "engine_errors"] += 1
+                faults.note(engine.url, err, time.monotonic())
+                log.warning("engine %s failed (%s); trying again", engine.url, err)
+            except EngineProtocolError as err:
                 engine.failures += 1
-                engine.streak += 1
-                engine.down_until = time.monotonic() + min(
-                    30.0, 0.5 * 2 ** min(engine.streak - 1, 6)
-                )
-                self.counters["engine_errors"] += 1
-                log.warning(
-                    "engine %s failed mid-request (%s); resuming elsewhere", engine.url, err
-                )
+                engine.suspect = str(err)[:300]
+                engine.down_until = time.monotonic() + SUSPECT_S
+                self.counters["protocol_errors"] += 1
+                log.error("engine %s broke the /generate protocol: %s", engine.url, err)
+                raise protocol_error(engine.url, str(err)) from None
             finally:
                 engine.inflight.discard(f)
-                if not done and not broke:  # cancelled (client went away): free the engine's slot
+                if silent or (
+                    not done and not broke
+                ):  # cancelled, frozen or garbled: free the slot
                     asyncio.get_running_loop().create_task(self._abort_quietly(engine, rid))
             engine.served += 1
             if not broke:
                 engine.streak = 0
+                engine.suspect = None
             if len(out_ids) > start:
                 segments.extend(_segments(start, len(out_ids), engine.engine_id, version_marks))
             if broke or finish == "abort" or finish is None:
@@ -359,6 +420,12 @@ class EnginePool:
             yield GenResult(out_ids, out_lps, _merge(segments), finish, moves)
             return
 
+    def _mark_broken(self, engine: EngineHandle) -> None:
+        """Routing hint: a broken engine is tried last for a while that grows with its streak."""
+        engine.failures += 1
+        engine.streak += 1
+        engine.down_until = time.monotonic() + min(30.0, 0.5 * 2 ** min(engine.streak - 1, 6))
+
     async def _abort_quietly(self, engine: EngineHandle, rid: str) -> None:
         try:
             await engine.ctl.abort(rid)
@@ -366,27 +433,71 @@ class EnginePool:
             pass
 
     async def _plain_attempt(self, engine: EngineHandle, body: PartsPayload):
+        limit = self.first_byte_timeout
         try:
-            async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise _EngineBroke(f"{type(e).__name__}: {e}") from e
+            async with asyncio.timeout(limit):
+                async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+        except TimeoutError as e:
+            if limit is not None:
+                raise EngineSilent(f"no answer within {limit:g} s") from e
+            raise EngineBroke(f"{type(e).__name__}: {e}") from e
+        except aiohttp.ClientError as e:
+            raise EngineBroke(f"{type(e).__name__}: {e}") from e
         if status >= 400:
             _raise_engine_error(status, raw.decode("utf-8", "replace"), engine)
-        data = jsonfast.loads(raw)
-        if isinstance(data, list):
+        try:
+            data = jsonfast.loads(raw)
+        except ValueError:
+            raise EngineProtocolError(f"the answer is not JSON: {_peek(raw)}") from None
+        if isinstance(data, list) and data:
             data = data[0]
-        return _unpack(data)
+        return _unpack_checked(data)
 
     async def _stream_attempt(self, engine: EngineHandle, body: PartsPayload):
+        first, idle = self.first_byte_timeout, self.idle_timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if first is None else loop.time() + first
         try:
-            async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
+            async with asyncio.timeout_at(deadline):
+                resp = await engine.session.post("/generate", data=body, headers=_JSON)
+        except TimeoutError as e:
+            if deadline is not None:
+                raise EngineSilent(f"no answer within {first:g} s") from e
+            raise EngineBroke(f"{type(e).__name__}: {e}") from e
+        except aiohttp.ClientError as e:
+            raise EngineBroke(f"{type(e).__name__}: {e}") from e
+        try:
+            async with resp:
                 if resp.status >= 400:
                     raw = await resp.read()
                     _raise_engine_error(resp.status, raw.decode("utf-8", "replace"), engine)
+                ctype = resp.headers.get("content-type", "")
+                if not ctype.startswith("text/event-stream"):
+                    raw = await resp.content.read(300)
+                    raise EngineProtocolError(
+                        f"a stream request was answered with {ctype or 'no content-type'} "
+                        f"instead of text/event-stream: {_peek(raw)}"
+                    )
                 buf = b""
-                async for chunk in resp.content.iter_any():  # SSE lines of any length
+                chunks = resp.content.iter_any().__aiter__()  # SSE lines of any length
+                got_data = False
+                while True:
+                    try:
+                        if not got_data and deadline is not None:
+                            async with asyncio.timeout_at(deadline):
+                                chunk = await chunks.__anext__()
+                        elif got_data and idle is not None:
+                            async with asyncio.timeout(idle):
+                                chunk = await chunks.__anext__()
+                        else:
+                            chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError as e:
+                        what = f"{idle:g} s between chunks" if got_data else f"{first:g} s"
+                        raise EngineSilent(f"the stream went silent for {what}") from e
                     buf += chunk
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)
@@ -396,14 +507,20 @@ class EnginePool:
                         payload = line[5:].strip()
                         if payload == b"[DONE]":
                             return
-                        data = jsonfast.loads(payload)
+                        got_data = True
+                        try:
+                            data = jsonfast.loads(payload)
+                        except ValueError:
+                            raise EngineProtocolError(
+                                f"a stream event is not JSON: {_peek(payload)}"
+                            ) from None
                         if isinstance(data, dict) and "error" in data:
                             err = data["error"]
-                            code = int(err.get("code", 500)) if isinstance(err, dict) else 500
+                            code = _int(err.get("code", 500)) if isinstance(err, dict) else 500
                             _raise_engine_error(code, str(err), engine)
-                        yield _unpack(data)
+                        yield _unpack_checked(data)
         except (TimeoutError, aiohttp.ClientError) as e:
-            raise _EngineBroke(f"{type(e).__name__}: {e}") from e
+            raise EngineBroke(f"{type(e).__name__}: {e}") from e
 
 
 _JSON = {"content-type": "application/json"}
@@ -486,14 +603,36 @@ def _big_send_buffer(addr_info) -> socket.socket:
     return sock
 
 
-class _EngineBroke(Exception):
-    pass
+SUSPECT_S = 60.0
+"""An engine that broke the protocol is routed to only when no other engine is up, this long."""
+
+
+def _peek(raw: bytes) -> str:
+    text = raw[:120].decode("utf-8", "replace")
+    return repr(text) + ("..." if len(raw) > 120 else "")
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 500
 
 
 def _raise_engine_error(status: int, text: str, engine: EngineHandle) -> None:
     if 400 <= status < 500:
         raise ApiError(400, f"engine rejected the request: {text[:500]}")
-    raise _EngineBroke(f"engine {engine.url} answered {status}: {text[:200]}")
+    raise EngineBroke(f"engine {engine.url} answered {status}: {text[:200]}")
+
+
+def _unpack_checked(data: Any):
+    """:func:`_unpack`, with anything that is not a ``/generate`` answer a protocol error."""
+    if not isinstance(data, dict) or not isinstance(data.get("output_ids", []), list):
+        raise EngineProtocolError(f"not a /generate answer: {_peek(jsonfast.dumps(data))}")
+    try:
+        return _unpack(data)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise EngineProtocolError(f"malformed /generate answer ({type(e).__name__}: {e})") from None
 
 
 def _unpack(data: dict[str, Any]):

@@ -27,10 +27,12 @@ from gyre.proxy.adapters import openai_chat as openai
 from gyre.proxy.bodyparse import BodyParser
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.detok import Detokenizer
+from gyre.proxy.enginefaults import Backoff
 from gyre.proxy.errors import ApiError, bad_request
 from gyre.proxy.identity import Identity, KeyRegistry, key_from_headers
 from gyre.proxy.parsing import make_parser
 from gyre.proxy.pool import EnginePool, GenResult
+from gyre.proxy.promptsize import PromptBound
 from gyre.proxy.recorder import build_meta
 from gyre.proxy.render import Renderer, RenderError
 from gyre.proxy.retries import RetryEntry, RetryWindow, retry_count
@@ -90,10 +92,19 @@ class ProxyService:
         self.tokenizer = tokenizer
         self.renderer = Renderer(tokenizer)
         self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
+        self.prompt_bound = PromptBound(tokenizer, self.max_context)
         self.served_model = config.served_model_name or Path(config.model_dir).name
         self.keys = KeyRegistry(config.mode)
         self.pool = EnginePool(
-            config.engines, read_timeout=config.engine_timeout_s, max_resumes=config.max_resumes
+            config.engines,
+            read_timeout=config.engine_timeout_s,
+            max_resumes=config.max_resumes,
+            wait_for_engine_s=config.engine_wait_s,
+            first_byte_timeout=config.engine_first_byte_timeout_s,
+            idle_timeout=config.engine_idle_timeout_s,
+            backoff=Backoff(
+                max_attempts=config.engine_max_attempts, budget_s=config.engine_retry_budget_s
+            ),
         )
         self.writer = TraceWriter(
             config.trace_dir, fsync=config.fsync, max_open=config.max_open_traces
@@ -230,7 +241,13 @@ class ProxyService:
             )  # re-uses the history objects of this execution's last bodies
         except jsonfast.JSONDecodeError:
             raise bad_request("request body is not valid JSON") from None
-        return ex, body, _ADAPTERS[dialect].parse_request(data)
+        call = _ADAPTERS[dialect].parse_request(data)
+        try:  # a prompt that cannot fit is refused before it is rendered (gyre.proxy.promptsize)
+            await self.prompt_bound.check(call.raw_items, dialect)
+        except ApiError:
+            ex.bodies.discard(body)
+            raise
+        return ex, body, call
 
     # -- planning ----------------------------------------------------------------------------
     async def _plan(self, st: ExecutionState, call: ParsedCall) -> Plan:
@@ -340,7 +357,7 @@ class ProxyService:
             )
         except ApiError as e:
             self.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
-            return JSONResponse(e.body(dialect), status_code=e.status)
+            return JSONResponse(e.body(dialect), status_code=e.status, headers=e.headers)
         except ClientGone:
             self.counters["client_disconnects"] += 1
             with contextlib.suppress(Exception):
@@ -680,6 +697,7 @@ class ProxyService:
             if isinstance(data, dict) and "max_tokens" not in data:
                 data = {**data, "max_tokens": 1}
             call = anthropic.parse_request(data)
+            await self.prompt_bound.check(call.raw_items, "anthropic")
             norm = [
                 m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)
             ]

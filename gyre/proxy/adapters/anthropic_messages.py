@@ -22,6 +22,7 @@ from gyre.proxy.adapters.common import (
     parse_arguments,
     require,
 )
+from gyre.proxy.adapters.media import check_anthropic_image
 from gyre.proxy.errors import bad_request
 from gyre.proxy.types import (
     AssistantTurn,
@@ -57,6 +58,8 @@ def _blocks_text(content: Any, where: str) -> str:
                 raise bad_request(f"{where}[{i}].text: expected a string")
             out.append(b["text"])
         else:
+            if t == "image":
+                check_anthropic_image(b, f"{where}[{i}]")
             out.append(f"[{t} omitted: text-only model]")
     return "\n".join(out)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from gyre.proxy import jsonfast
 from gyre.proxy.adapters.common import check, opt_bool, opt_int, opt_number, require
+from gyre.proxy.adapters.media import check_openai_image
 from gyre.proxy.errors import bad_request
 from gyre.proxy.types import (
     AssistantTurn,
@@ -50,6 +51,8 @@ def _text(content: Any, where: str) -> str:
                     )
                 out.append(t)
             else:
+                if kind == "image_url":
+                    check_openai_image(part, f"{where}.content[{i}]")
                 out.append(f"[{kind} omitted: text-only model]")
         return "\n".join(out)
     raise bad_request(

@@ -1,0 +1,135 @@
+"""Refuse a prompt that cannot fit the context before rendering and tokenizing all of it.
+
+Rendering a conversation with the chat template and tokenizing it costs ~150 bytes
+of memory and ~0.1 s of CPU per byte of text (jinja copies, the tokenizer's offsets
+and ids), so a 50 MB prompt used to cost the proxy ~10 GB just to learn that it is
+too long. Two cheap lower bounds on the prompt's token count come first:
+
+1. **Characters.** No token covers more characters than the longest entry of the
+   vocabulary (``max_token_chars``; a byte-level entry spells one byte per
+   character, a character is at least one byte), so ``chars // max_token_chars``
+   tokens is a floor. Costs one walk over the messages, no copies.
+2. **Counting in slices** (only when the text is long enough for the full render to
+   be costly): the text is tokenized in ~64K-character slices cut at whitespace,
+   and counting stops as soon as the floor passes the context. A slice boundary
+   (and a message boundary in the rendered prompt) can merge at most a couple of
+   tokens, so ``BOUNDARY_SLACK`` tokens per boundary are taken off before deciding.
+   Memory and time are bounded by the context, not by the prompt.
+
+Only text that every chat template renders is counted: user, system and tool
+message text (assistant turns may be trimmed by a template, e.g. earlier
+reasoning). Images and other non-text parts are not text the model sees here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from gyre.proxy.errors import ApiError
+
+SLICE_CHARS = 1 << 16
+BOUNDARY_SLACK = 2
+COUNT_FROM_CHARS_PER_TOKEN = 4
+"""Slice counting runs only when the text has more than this many characters per token of context
+(ordinary text has 3-4): below that the full render is cheap and exact anyway."""
+
+_COUNTED_ROLES = frozenset({"user", "system", "developer", "tool"})
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """Characters in the longest vocabulary entry (added/special tokens included)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary view: no usable bound
+        return 0
+    return max((len(t) for t in vocab), default=0)
+
+
+def text_pieces(raw_items: list[Any]) -> Iterator[str]:
+    """The strings of ``raw_items`` that any template renders (both dialects' shapes)."""
+    for m in raw_items:
+        if isinstance(m, dict) and m.get("role") in _COUNTED_ROLES:
+            yield from _content_strings(m.get("content"))
+
+
+def _content_strings(content: Any) -> Iterator[str]:
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for b in content:
+            if not isinstance(b, dict):
+                continue
+            t = b.get("type")
+            if t == "text" and isinstance(b.get("text"), str):
+                yield b["text"]
+            elif t == "tool_result":
+                yield from _content_strings(b.get("content"))
+
+
+def _slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
+    """``text`` in pieces of about ``size`` characters, each cut just before a whitespace when one
+    is near (a word is never split, so each slice tokenizes as it does inside the whole)."""
+    i, n = 0, len(text)
+    while i < n:
+        j = min(i + size, n)
+        if j < n:
+            k = max(text.rfind(" ", j - 256, j), text.rfind("\n", j - 256, j))
+            if k > i:
+                j = k
+        yield text[i:j]
+        i = j
+
+
+class PromptBound:
+    """Early refusal of prompts longer than ``max_context`` tokens (see module doc)."""
+
+    def __init__(self, tokenizer: Any, max_context: int) -> None:
+        self.tok = tokenizer
+        self.max_context = max_context
+        self.max_token_chars = max_token_chars(tokenizer)
+
+    def chars(self, raw_items: list[Any]) -> int:
+        return sum(len(s) for s in text_pieces(raw_items))
+
+    def floor_from_chars(self, chars: int) -> int:
+        return chars // self.max_token_chars if self.max_token_chars > 0 else 0
+
+    def needs_count(self, chars: int) -> bool:
+        return chars > COUNT_FROM_CHARS_PER_TOKEN * self.max_context
+
+    def floor_by_counting(self, raw_items: list[Any]) -> int:
+        """Tokens of the counted text, slice by slice, minus the boundary slack; stops once the
+        floor reaches the context (CPU-bound: run it off the event loop)."""
+        total = 0
+        boundaries = 0
+        for piece in text_pieces(raw_items):
+            for s in _slices(piece):
+                total += len(self.tok.encode(s, add_special_tokens=False))
+                boundaries += 1
+                if total - BOUNDARY_SLACK * boundaries >= self.max_context:
+                    return total - BOUNDARY_SLACK * boundaries
+        return max(total - BOUNDARY_SLACK * boundaries, 0)
+
+    async def check(self, raw_items: list[Any], dialect: str) -> None:
+        """Raise the API's context-length 400 when a floor shows the prompt cannot fit."""
+        chars = self.chars(raw_items)
+        floor = self.floor_from_chars(chars)
+        if floor < self.max_context and self.needs_count(chars):
+            floor = await asyncio.to_thread(self.floor_by_counting, raw_items)
+        if floor >= self.max_context:
+            raise self.too_long(floor, dialect)
+
+    def too_long(self, floor: int, dialect: str) -> ApiError:
+        """The same 400 as a fully counted prompt that does not fit, with the floor as count."""
+        if dialect == "anthropic":
+            msg = f"prompt is too long: at least {floor} tokens > {self.max_context - 1} maximum"
+        else:
+            msg = (
+                f"This model's maximum context length is {self.max_context} tokens; the messages "
+                f"resulted in at least {floor} tokens."
+            )
+        return ApiError(
+            400, msg, "invalid_request", param="messages", code="context_length_exceeded"
+        )
