@@ -47,7 +47,7 @@ def _load(preset: str, sets: list[str], seed: int | None):
 
 
 def _print_table(cfg, results) -> None:
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
     from gyre.sim.presets import PUBLISHED
@@ -61,7 +61,7 @@ def _print_table(cfg, results) -> None:
         + f", N={w.group_size}, B={w.batch_groups}, {w.steps} steps",
         title_justify="left",
     )
-    for col, just in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("placement", "left"),
         ("phi,mu", "center"),
         ("hours", "right"),
@@ -73,7 +73,8 @@ def _print_table(cfg, results) -> None:
         ("train", "right"),
         ("idle cell-h", "right"),
         ("interrupted", "right"),
-    ):
+    )
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for name, r in results.items():
         ratio = f"{r.makespan_h / ref.makespan_h:.2f}x" if ref else "-"

@@ -41,7 +41,7 @@ def plot_gantt(
             raise ValueError("results were simulated without record=True; nothing to plot")
         for cell, segs in enumerate(tl["segments"]):
             y = K - cell  # core on top
-            bars = {}
+            bars: dict[str, list[tuple[float, float]]] = {}
             for s, e, role in segs:
                 bars.setdefault(role, []).append((s, e - s))
             for role, xs in bars.items():

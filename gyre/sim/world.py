@@ -27,6 +27,7 @@ from gyre.policy import (
     ClaimMicroStep,
     DispatchGroups,
     EndRun,
+    Event,
     ExecutionFinished,
     ExecutionsLaunched,
     FinishStep,
@@ -292,6 +293,7 @@ class World:
                 t_fin = math.inf
             if t_ev == math.inf and t_fin == math.inf:
                 break
+            ev: Event
             if t_fin < t_ev:
                 # an execution finishes
                 self.now = max(t_fin, self.now)

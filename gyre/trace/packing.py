@@ -250,10 +250,10 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
     room: list[int] = []
     for u in order:
         n = len(units[u])
-        for b in range(len(bins)):
-            if room[b] >= n:
-                bins[b].append(u)
-                room[b] -= n
+        for bi in range(len(bins)):
+            if room[bi] >= n:
+                bins[bi].append(u)
+                room[bi] -= n
                 break
         else:
             bins.append([u])

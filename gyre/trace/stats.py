@@ -163,7 +163,7 @@ def render_text(
 ) -> str:
     """An indented outline of the radix nodes (pre-order)."""
     admitted = {p.leaf: i for i, p in enumerate(adm.paths)} if adm else {}
-    level = {}
+    level: dict[int, int] = {}
     lines = [repr(tree)]
     for n in tree.nodes[:max_nodes]:
         lv = level[n.id] = 0 if n.parent < 0 else level[n.parent] + 1
@@ -196,7 +196,9 @@ def render_html(
         text = ""
         if decode is not None:
             idx = n.token_indices().tolist()
-            runs, cur, kind = [], [], None
+            runs: list[tuple[str, list[int]]] = []  # (css class, token ids)
+            cur: list[int] = []
+            kind = ""  # no run open yet
             for g in idx:
                 k = "adm" if g in admitted_tokens else ("tgt" if tree.is_target[g] else "ctx")
                 if k != kind and cur:
@@ -206,7 +208,8 @@ def render_html(
                 cur.append(tree.tokens[g])
             if cur:
                 runs.append((kind, cur))
-            out, used = [], 0
+            out: list[str] = []
+            used = 0
             for k, toks in runs:
                 t = decode(toks)
                 if used + len(t) > max_chars:

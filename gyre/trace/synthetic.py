@@ -65,7 +65,7 @@ class _Gen:
         v = int(self.rng.integers(self.versions[0], self.versions[1] + 1))
         if len(out) >= 4 and self.rng.random() < 0.1:
             cut = len(out) // 2
-            segs = (
+            segs: tuple[OutputSegment, ...] = (
                 OutputSegment(0, cut, "engine-0", v),
                 OutputSegment(cut, len(out), "engine-1", v + 1),
             )
