@@ -40,6 +40,7 @@ import re
 import shutil
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 from gyre.trace.assessment import Missing, MissingReason, Scored
@@ -157,7 +158,7 @@ class Scorer:
         config: ScorerConfig | None = None,
         *,
         bwrap: str | None = None,
-        hide: list[Path] = (),  # type: ignore[assignment]
+        hide: Sequence[Path] = (),
         confine: Confinement | None = None,
     ) -> None:
         self.config = config or ScorerConfig()

@@ -19,15 +19,11 @@ each execution's fresh workspace. The ``[gyre]`` table is Gyre's extension
 from __future__ import annotations
 
 import re
+import tomllib  # Python >= 3.11 (requires-python)
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
-
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 RewardRule = Literal["binary", "fraction"]
 _ENV_FILES_NOT_COPIED = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
@@ -148,7 +144,7 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         repository=repo,
         tests_dir=tests,
         solution_dir=sol if sol.is_dir() else None,
-        reward_rule=rule,  # type: ignore[arg-type]
+        reward_rule=rule,
         harness_timeout_s=harness_timeout,
         verifier_timeout_s=verifier_timeout,
         overall_timeout_s=overall_timeout,
