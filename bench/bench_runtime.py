@@ -519,28 +519,17 @@ def bench_run(cfg, tmp: Path) -> dict:
 def bench_sim(cfg) -> dict:
     """The simulator on the same policy config: per-event policy.handle + World._apply."""
     from gyre.policy import SchedulingPolicy
-    from gyre.sim.config import ClusterConfig, PlacementSpec, SimConfig, WorkloadConfig
+    from gyre.sim.config import SIM_HOLD_TAU_H, PlacementSpec, SimConfig
     from gyre.sim.run import simulate
     from gyre.sim.world import World
 
     p = cfg.policy
+    # the run's own rules, embedded; the simulator keeps its hours (tau = 2 min) and
+    # one micro-step per execution, as this bench always measured
     scfg = SimConfig(
         name="quickstart-shape",
-        cluster=ClusterConfig(
-            cells=p.cells, cell_capacity=p.cell_capacity, standalone_capacity=p.standalone_capacity
-        ),
-        workload=WorkloadConfig(
-            group_size=p.group_size, batch_groups=p.batch_groups, steps=p.total_steps
-        ),
-        placements={
-            "x": PlacementSpec(
-                placement=p.placement,
-                phi=p.phi,
-                mu=p.mu,
-                streaming=p.streaming,
-                async_train_cells=p.async_train_cells,
-            )
-        },
+        policy=p.model_copy(update={"hold_tau": SIM_HOLD_TAU_H, "micro_steps_per_execution": 1}),
+        placements={"x": PlacementSpec(placement=p.placement)},
     )
     per: list[float] = []
     h_t: list[float] = []

@@ -61,7 +61,7 @@ def fit_durations(
     def stats_for(x: np.ndarray) -> dict[str, float]:
         upd = {k: float(np.exp(v)) for k, v in zip(free, x)}
         w = base.model_copy(update=upd)
-        return workload_stats(draw_workload(w, groups, seed))
+        return workload_stats(draw_workload(w, groups, cfg.policy.group_size, seed))
 
     def loss(x: np.ndarray) -> float:
         s = stats_for(x)
@@ -118,7 +118,9 @@ if __name__ == "__main__":  # pragma: no cover - a maintenance script
             "stats:",
             {
                 k: round(v, 4)
-                for k, v in workload_stats(draw_workload(cfg.workload, 20000, 1)).items()
+                for k, v in workload_stats(
+                    draw_workload(cfg.workload, 20000, cfg.policy.group_size, 1)
+                ).items()
             },
         )
         print(name, "train_step_cell_h:", round(fit_train_cost(cfg), 3))

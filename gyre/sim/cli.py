@@ -54,11 +54,11 @@ def _print_table(cfg, results) -> None:
 
     pub = PUBLISHED.get(cfg.name, {})
     ref = results.get("elastic")
-    w, cl = cfg.workload, cfg.cluster
+    p = cfg.policy
     t = Table(
-        title=f"{cfg.name} (seed {cfg.seed}): K={cl.cells} cells x C_e={cl.cell_capacity}"
-        + (f" + C_s={cl.standalone_capacity}" if cl.standalone_capacity else "")
-        + f", N={w.group_size}, B={w.batch_groups}, {w.steps} steps",
+        title=f"{cfg.name} (seed {cfg.seed}): K={p.cells} cells x C_e={p.cell_capacity}"
+        + (f" + C_s={p.standalone_capacity}" if p.standalone_capacity else "")
+        + f", N={p.group_size}, B={p.batch_groups}, {p.total_steps} steps",
         title_justify="left",
     )
     columns: tuple[tuple[str, JustifyMethod], ...] = (

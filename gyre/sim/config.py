@@ -1,7 +1,11 @@
-"""Typed configuration of a simulated run: cluster, workload, costs, placements.
+"""Typed configuration of a simulated run: policy rules, workload, costs, placements.
 
-Time is in hours throughout the simulator. ``SimConfig.policy_config(name)``
-turns one placement entry into the ``gyre.policy.PolicyConfig`` the policy runs.
+Time is in hours throughout the simulator (the policy's ``hold_tau`` too). The
+rules come as one embedded ``gyre.policy.PolicyConfig`` (``[policy]``: K, C_e,
+C_s, N, B, steps, micro-steps, rho_min, hold_tau), declared once there; each
+compared placement only says what it changes (placement, phi, mu, streaming,
+async_train_cells). ``SimConfig.policy_config(name)`` is the policy config that
+placement runs.
 """
 
 from __future__ import annotations
@@ -13,16 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gyre.policy.config import Placement, PolicyConfig
 
 SECOND_H = 1.0 / 3600.0
+SIM_HOLD_TAU_H = 2.0 / 60.0  # the simulator's default supply hold: 2 minutes (the paper's tau)
 
 
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    cells: int = Field(8, ge=1, description="K cells")
-    cell_capacity: int = Field(8, ge=1, description="C_e: concurrent executions per rollout cell")
-    standalone_capacity: int = Field(
-        0, ge=0, description="C_s: executions of a standalone rollout pool"
-    )
+def default_policy() -> PolicyConfig:
+    """The shared rules when a config names none: the policy's defaults, tau = 2 min."""
+    return PolicyConfig(placement=Placement.ELASTIC, hold_tau=SIM_HOLD_TAU_H)
 
 
 class WorkloadConfig(BaseModel):
@@ -33,9 +33,6 @@ class WorkloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    group_size: int = Field(16, ge=1, description="N executions per group")
-    batch_groups: int = Field(32, ge=1, description="B groups per optimizer step")
-    steps: int = Field(12, ge=1, description="optimizer steps to run")
     median_h: float = Field(
         1.5, gt=0, description="median attempt duration before the query factor"
     )
@@ -59,36 +56,32 @@ class CostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     train_step_cell_h: float = Field(
-        2.0, ge=0, description="forward/backward of one full step on ONE cell"
+        2.0,
+        ge=0,
+        description="forward/backward of one full step on ONE cell; a micro-step costs "
+        "train_step_cell_h / (B N m), m = policy.micro_steps_per_execution",
     )
     optim_h: float = Field(0.0, ge=0, description="core: reduce, clip, optimizer step")
     publish_h: float = Field(0.0, ge=0, description="core: publish weights to every rollout engine")
-    micro_steps_per_execution: int = Field(
-        1,
-        ge=1,
-        description="packing granularity: micro-steps per valid execution; each costs "
-        "train_step_cell_h / (B N m). 1 = one indivisible chunk per execution (coarse when an "
-        "execution's training is long, as in seed-toy: 15 cell-minutes)",
-    )
     switch_to_training_h: float = Field(8.52 * SECOND_H, ge=0)
     switch_to_rollout_h: float = Field(3.46 * SECOND_H, ge=0)
 
 
-class SupplyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rho_min: float = Field(0.25, gt=0, le=1)
-    hold_tau_h: float = Field(2.0 / 60.0, ge=0)
-
-
 class PlacementSpec(BaseModel):
+    """One compared placement: what it changes in the shared ``[policy]``.
+
+    Unset fields keep the shared policy's values; every value is validated by
+    ``PolicyConfig`` itself (``SimConfig.policy_config``), so the rules and their
+    bounds are declared once, in :mod:`gyre.policy.config`.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     placement: Placement
-    phi: float = 0.0
-    mu: int = 1
-    streaming: bool = False
-    async_train_cells: int = 0
+    phi: float | None = None
+    mu: int | None = None
+    streaming: bool | None = None
+    async_train_cells: int | None = None
 
 
 def default_placements() -> dict[str, PlacementSpec]:
@@ -107,11 +100,24 @@ class SimConfig(BaseModel):
     name: str = "custom"
     description: str = ""
     seed: int = 0
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    policy: PolicyConfig = Field(
+        default_factory=default_policy,
+        description="the rules every placement shares (times in hours); each placement "
+        "entry overrides only placement, phi, mu, streaming and async_train_cells",
+    )
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     costs: CostConfig = Field(default_factory=CostConfig)
-    supply: SupplyConfig = Field(default_factory=SupplyConfig)
     placements: dict[str, PlacementSpec] = Field(default_factory=default_placements)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_defaults(cls, data: Any) -> Any:
+        """A partial ``[policy]`` gets the simulator's defaults for what it leaves out:
+        a placement (each entry of ``placements`` sets its own) and tau = 2 min."""
+        if isinstance(data, dict) and isinstance(data.get("policy"), dict):
+            policy = {"placement": Placement.ELASTIC, "hold_tau": SIM_HOLD_TAU_H}
+            data = {**data, "policy": {**policy, **data["policy"]}}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -122,43 +128,29 @@ class SimConfig(BaseModel):
     def policy_config(self, name: str) -> PolicyConfig:
         if name not in self.placements:
             raise ValueError(f"unknown placement {name!r}; have {sorted(self.placements)}")
-        p = self.placements[name]
-        return PolicyConfig(
-            placement=p.placement,
-            cells=self.cluster.cells,
-            cell_capacity=self.cluster.cell_capacity,
-            standalone_capacity=self.cluster.standalone_capacity,
-            group_size=self.workload.group_size,
-            batch_groups=self.workload.batch_groups,
-            phi=p.phi,
-            mu=p.mu,
-            total_steps=self.workload.steps,
-            streaming=p.streaming,
-            async_train_cells=p.async_train_cells,
-            micro_steps_per_execution=self.costs.micro_steps_per_execution,
-            rho_min=self.supply.rho_min,
-            hold_tau=self.supply.hold_tau_h,
-        )
+        changes = self.placements[name].model_dump(exclude_none=True)
+        return PolicyConfig.model_validate({**self.policy.model_dump(), **changes})
 
     def pool_groups(self) -> int:
         """Queries to draw: enough for every placement (steps * B plus the deepest queue)."""
         deepest = max(self.policy_config(n).queue_depth_groups for n in self.placements)
-        return self.workload.steps * self.workload.batch_groups + deepest
+        return self.policy.total_steps * self.policy.batch_groups + deepest
 
 
 # Short names accepted by ``--set`` (``tail=0.75`` instead of ``workload.tail=0.75``).
 ALIASES: dict[str, str] = {
-    "cells": "cluster.cells",
-    "K": "cluster.cells",
-    "cell_capacity": "cluster.cell_capacity",
-    "C_e": "cluster.cell_capacity",
-    "standalone_capacity": "cluster.standalone_capacity",
-    "C_s": "cluster.standalone_capacity",
-    "N": "workload.group_size",
-    "group_size": "workload.group_size",
-    "B": "workload.batch_groups",
-    "batch_groups": "workload.batch_groups",
-    "steps": "workload.steps",
+    "cells": "policy.cells",
+    "K": "policy.cells",
+    "cell_capacity": "policy.cell_capacity",
+    "C_e": "policy.cell_capacity",
+    "standalone_capacity": "policy.standalone_capacity",
+    "C_s": "policy.standalone_capacity",
+    "N": "policy.group_size",
+    "group_size": "policy.group_size",
+    "B": "policy.batch_groups",
+    "batch_groups": "policy.batch_groups",
+    "steps": "policy.total_steps",
+    "total_steps": "policy.total_steps",
     "median_h": "workload.median_h",
     "tail": "workload.tail",
     "query_sigma": "workload.query_sigma",
@@ -167,11 +159,12 @@ ALIASES: dict[str, str] = {
     "slowdown": "workload.slowdown",
     "train_cost": "costs.train_step_cell_h",
     "train_step_cell_h": "costs.train_step_cell_h",
-    "micro": "costs.micro_steps_per_execution",
-    "micro_steps_per_execution": "costs.micro_steps_per_execution",
-    "rho_min": "supply.rho_min",
-    "tau": "supply.hold_tau_h",
-    "hold_tau_h": "supply.hold_tau_h",
+    "micro": "policy.micro_steps_per_execution",
+    "micro_steps_per_execution": "policy.micro_steps_per_execution",
+    "rho_min": "policy.rho_min",
+    "tau": "policy.hold_tau",
+    "hold_tau": "policy.hold_tau",
+    "hold_tau_h": "policy.hold_tau",
     "seed": "seed",
 }
 

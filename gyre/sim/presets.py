@@ -23,13 +23,14 @@
 
 from __future__ import annotations
 
-from gyre.sim.config import (
-    ClusterConfig,
-    CostConfig,
-    SimConfig,
-    SupplyConfig,
-    WorkloadConfig,
-)
+from gyre.policy.config import Placement, PolicyConfig
+from gyre.sim.config import SIM_HOLD_TAU_H, CostConfig, SimConfig, WorkloadConfig
+
+
+def _rules(**kw: int) -> PolicyConfig:
+    """A preset's shared policy: its cluster and batch shape; rho_min 0.25, tau 2 min."""
+    return PolicyConfig(placement=Placement.ELASTIC, rho_min=0.25, hold_tau=SIM_HOLD_TAU_H, **kw)
+
 
 NL2REPO_TARGETS = {
     "mean_execution_h": 1.93,
@@ -56,20 +57,18 @@ def _seed_toy() -> SimConfig:
     return SimConfig(
         name="seed-toy",
         description="the long seed's toy: 8 cells x 8 executions, 4 groups x 4 attempts, 12 steps",
-        cluster=ClusterConfig(cells=8, cell_capacity=8),
-        workload=WorkloadConfig(
-            group_size=4,
-            batch_groups=4,
-            steps=12,
-            median_h=1.5,
-            tail=0.5,
-            query_sigma=0.3,
-            harness_timeout_h=4.5,
-        ),
         # "cuts them into small micro-steps": 16 per execution gives 256 micro-steps per step
         # (the 122B preset has 512), instead of 16 indivisible 15-cell-minute chunks
-        costs=CostConfig(train_step_cell_h=4.0, micro_steps_per_execution=16),
-        supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
+        policy=_rules(
+            cells=8,
+            cell_capacity=8,
+            group_size=4,
+            batch_groups=4,
+            total_steps=12,
+            micro_steps_per_execution=16,
+        ),
+        workload=WorkloadConfig(median_h=1.5, tail=0.5, query_sigma=0.3, harness_timeout_h=4.5),
+        costs=CostConfig(train_step_cell_h=4.0),
     )
 
 
@@ -77,18 +76,14 @@ def _nl2repo() -> SimConfig:
     return SimConfig(
         name="nl2repo-122b",
         description="122B on NL2RepoBench, first 12 steps on 32 nodes (8 cells of 4)",
-        cluster=ClusterConfig(cells=8, cell_capacity=144),
+        policy=_rules(cells=8, cell_capacity=144, group_size=16, batch_groups=32, total_steps=12),
         workload=WorkloadConfig(
-            group_size=16,
-            batch_groups=32,
-            steps=12,
             median_h=NL2REPO_FIT["median_h"],
             tail=NL2REPO_FIT["tail"],
             query_sigma=NL2REPO_FIT["query_sigma"],
             harness_timeout_h=4.0,
         ),
         costs=CostConfig(train_step_cell_h=NL2REPO_TRAIN_CELL_H, optim_h=1 / 60, publish_h=1 / 60),
-        supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
     )
 
 
@@ -96,11 +91,8 @@ def _flagship() -> SimConfig:
     return SimConfig(
         name="flagship-2.4t",
         description="2.4T flagship, 48 steps on 4 cells of 48 nodes",
-        cluster=ClusterConfig(cells=4, cell_capacity=288),
+        policy=_rules(cells=4, cell_capacity=288, group_size=16, batch_groups=32, total_steps=48),
         workload=WorkloadConfig(
-            group_size=16,
-            batch_groups=32,
-            steps=48,
             median_h=FLAGSHIP_FIT["median_h"],
             tail=FLAGSHIP_FIT["tail"],
             query_sigma=FLAGSHIP_FIT["query_sigma"],
@@ -109,7 +101,6 @@ def _flagship() -> SimConfig:
             overall_timeout_h=FLAGSHIP_FIT["overall_timeout_h"],
         ),
         costs=CostConfig(train_step_cell_h=FLAGSHIP_TRAIN_CELL_H, optim_h=2 / 60, publish_h=2 / 60),
-        supply=SupplyConfig(rho_min=0.25, hold_tau_h=2 / 60),
     )
 
 

@@ -35,17 +35,17 @@ class LowerBound:
 
 
 def lower_bound(cfg: SimConfig, draw: Draw) -> LowerBound:
-    w, c, cl = cfg.workload, cfg.costs, cfg.cluster
-    S, B, N = w.steps, w.batch_groups, w.group_size
+    c, p = cfg.costs, cfg.policy
+    S, B, N = p.total_steps, p.batch_groups, p.group_size
     micro_h = c.train_step_cell_h / (B * N)
     valid = (~draw.missing).sum(axis=1)
-    cost = draw.duration_h.sum(axis=1) / cl.cell_capacity + valid * micro_h
+    cost = draw.duration_h.sum(axis=1) / p.cell_capacity + valid * micro_h
     need = S * B
     cheapest = np.sort(cost)[:need].sum()
-    work = (cheapest + S * c.optim_h) / (cl.cells + cl.standalone_capacity / cl.cell_capacity)
+    work = (cheapest + S * c.optim_h) / (p.cells + p.standalone_capacity / p.cell_capacity)
     q = np.sort(draw.query_h())
     v_min = int(valid.min())
-    path_a = q[B - 1] + c.optim_h + (S - 1) * (c.optim_h + B * v_min * micro_h / cl.cells)
+    path_a = q[B - 1] + c.optim_h + (S - 1) * (c.optim_h + B * v_min * micro_h / p.cells)
     path_b = q[need - 1] + c.optim_h
     return LowerBound(work_h=float(work), path_h=float(max(path_a, path_b)))
 

@@ -10,7 +10,7 @@ from gyre.sim.world import World
 
 def make_draw(cfg: SimConfig) -> Draw:
     """The one draw every placement of ``cfg`` sees (seeded by ``cfg.seed``)."""
-    return draw_workload(cfg.workload, cfg.pool_groups(), cfg.seed)
+    return draw_workload(cfg.workload, cfg.pool_groups(), cfg.policy.group_size, cfg.seed)
 
 
 def simulate(

@@ -31,10 +31,10 @@ class Draw:
         return self.duration_h.max(axis=1)
 
 
-def draw_workload(w: WorkloadConfig, groups: int, seed: int) -> Draw:
-    """Sample ``groups`` queries of ``w.group_size`` attempts each."""
+def draw_workload(w: WorkloadConfig, groups: int, group_size: int, seed: int) -> Draw:
+    """Sample ``groups`` queries of ``group_size`` (the policy's N) attempts each."""
     rng = np.random.default_rng(seed)
-    n = w.group_size
+    n = group_size
     q = rng.standard_normal((groups, 1)) * w.query_sigma
     a = rng.standard_normal((groups, n)) * w.tail
     raw = w.median_h * np.exp(q + a)

@@ -97,12 +97,11 @@ class World:
         self._dur = draw.duration_h.tolist()
         self._missing = draw.missing.tolist()
         self._groups_drawn = draw.groups
-        c = cfg.costs
-        w = cfg.workload
-        self._micro_h = c.train_step_cell_h / (
-            w.batch_groups * w.group_size * c.micro_steps_per_execution
+        p = self.pcfg
+        self._micro_h = cfg.costs.train_step_cell_h / (
+            p.batch_groups * p.group_size * p.micro_steps_per_execution
         )
-        self._slow = w.slowdown
+        self._slow = cfg.workload.slowdown
         K = self.pcfg.cells
         self.K = K
         self.Ce = self.pcfg.cell_capacity

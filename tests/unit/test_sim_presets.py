@@ -17,7 +17,7 @@ from gyre.sim.workload import draw_workload, workload_stats
 )
 def test_preset_durations_match_reported_statistics(name, targets, tol):
     cfg = preset(name)
-    stats = workload_stats(draw_workload(cfg.workload, 20000, seed=7))
+    stats = workload_stats(draw_workload(cfg.workload, 20000, cfg.policy.group_size, seed=7))
     for k, target in targets.items():
         assert stats[k] == pytest.approx(target, rel=tol), (k, stats[k], target)
 

@@ -8,14 +8,8 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gyre.sim.config import (
-    ClusterConfig,
-    CostConfig,
-    PlacementSpec,
-    SimConfig,
-    SupplyConfig,
-    WorkloadConfig,
-)
+from gyre.policy.config import Placement, PolicyConfig
+from gyre.sim.config import CostConfig, PlacementSpec, SimConfig, WorkloadConfig
 from gyre.sim.report import burst_breakdown, lower_bound
 from gyre.sim.run import make_draw
 from gyre.sim.world import World
@@ -36,15 +30,19 @@ def sim_configs(draw, min_steps=2, max_steps=10):
     overall = draw(st.one_of(st.none(), st.floats(1.0, 6.0)))
     cfg = SimConfig(
         seed=draw(st.integers(0, 10_000)),
-        cluster=ClusterConfig(
+        policy=PolicyConfig(
+            placement=Placement.ELASTIC,
             cells=K,
             cell_capacity=draw(st.integers(1, 6)),
             standalone_capacity=draw(st.integers(0, 4)),
-        ),
-        workload=WorkloadConfig(
             group_size=N,
             batch_groups=B,
-            steps=draw(st.integers(min_steps, max_steps)),
+            total_steps=draw(st.integers(min_steps, max_steps)),
+            micro_steps_per_execution=draw(st.sampled_from([1, 3])),
+            rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
+            hold_tau=draw(st.sampled_from([0.0, 0.05])),
+        ),
+        workload=WorkloadConfig(
             median_h=draw(st.floats(0.2, 3.0)),
             tail=draw(st.floats(0.0, 1.0)),
             query_sigma=draw(st.floats(0.0, 0.6)),
@@ -57,11 +55,6 @@ def sim_configs(draw, min_steps=2, max_steps=10):
             train_step_cell_h=draw(st.floats(0.0, 3.0)),
             optim_h=draw(st.sampled_from([0.0, 0.05])),
             publish_h=draw(st.sampled_from([0.0, 0.02])),
-            micro_steps_per_execution=draw(st.sampled_from([1, 3])),
-        ),
-        supply=SupplyConfig(
-            rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
-            hold_tau_h=draw(st.sampled_from([0.0, 0.05])),
         ),
         placements={
             "colocate": PlacementSpec(placement="colocate", phi=0.0, mu=mu, streaming=streaming),
@@ -84,7 +77,7 @@ def sim_configs(draw, min_steps=2, max_steps=10):
 @given(sim_configs())
 def test_invariants_hold_for_every_placement(cfg):
     draw = make_draw(cfg)
-    S, B = cfg.workload.steps, cfg.workload.batch_groups
+    S, B = cfg.policy.total_steps, cfg.policy.batch_groups
     lb = lower_bound(cfg, draw).hours
     for name in PLACEMENTS:
         w = World(cfg, name, draw, record=True, drain=True).run()

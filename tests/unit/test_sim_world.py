@@ -30,14 +30,14 @@ def test_same_draw_for_every_placement_and_seed_changes_it():
     d3 = make_draw(cfg.model_copy(update={"seed": 1}))
     assert not np.array_equal(d1.duration_h, d3.duration_h)
     # every placement trains groups drawn from the same pool, sized for the deepest queue
-    assert d1.groups == cfg.workload.steps * cfg.workload.batch_groups + 16
+    assert d1.groups == cfg.policy.total_steps * cfg.policy.batch_groups + 16
 
 
 def test_timeouts_cap_durations_and_overall_timeout_marks_missing():
-    w = apply_overrides(
+    cfg = apply_overrides(
         preset("seed-toy"), ["tail=1.5", "overall_timeout_h=3.0", "workload.score_mean_h=0.2"]
-    ).workload
-    d = draw_workload(w, 2000, seed=0)
+    )
+    d = draw_workload(cfg.workload, 2000, cfg.policy.group_size, seed=0)
     assert d.duration_h.max() <= 3.0 + 1e-12
     assert d.missing.any() and (d.duration_h[d.missing] == 3.0).all()
     assert not (d.harness_timeout & d.missing).any()
@@ -87,14 +87,14 @@ def test_burst_breakdown_splits_each_burst_into_gather_and_overhang():
     res = simulate(cfg, ["elastic", "colocate"])
     for r in res.values():
         bs = r.bursts
-        assert len(bs) == cfg.workload.steps // r.mu
+        assert len(bs) == cfg.policy.total_steps // r.mu
         total = sum(b["gather_h"] + b["overhang_h"] + b["publish_gap_h"] for b in bs)
         assert total == pytest.approx(r.makespan_h, abs=1e-9)
         for b in bs:
             assert b["gather_h"] >= 0 and b["overhang_h"] >= 0 and b["train_idle_cell_h"] >= 0
-            assert 1 <= b["max_training_cells"] <= cfg.cluster.cells
+            assert 1 <= b["max_training_cells"] <= cfg.policy.cells
     # colocate trains only once every execution finished: its gather is the whole rollout phase
-    assert all(b["max_training_cells"] == cfg.cluster.cells for b in res["colocate"].bursts)
+    assert all(b["max_training_cells"] == cfg.policy.cells for b in res["colocate"].bursts)
 
 
 def test_finer_micro_steps_keep_training_work_and_split_groups():
