@@ -24,6 +24,7 @@ re-serialising half a million integers.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,9 +44,8 @@ class CallNode:
     norm: list[Message]
     raw_to_norm: list[int]  # norm index where raw item j starts; len(raw)+1 entries
     n_raw: int
-    raw_items: (
-        list[Any] | None
-    )  # kept only while this call is a leaf (memory: one raw copy per leaf)
+    # kept only while this call is a leaf (memory: one raw copy per leaf)
+    raw_items: list[Any] | None
     tools_raw: Any
     tools: list[dict] | None
     head: list[Message]  # leading system messages (rendered with every continuation)
@@ -99,6 +99,44 @@ class Bridge:
     fork_at: int | None = None  # index of the first message that differed from a recorded call
 
 
+# How far back find_bridge looks. A resample (same input, new sample) follows the call it
+# repeats closely; a fork diagnosis only labels a call that could not be bridged anyway.
+RESAMPLE_LOOKBACK = 4
+FORK_LOOKBACK = 64
+
+
+class _Request:
+    """One request's raw messages, normalised lazily and at most once per message."""
+
+    __slots__ = ("_cache", "_call", "_restore", "raw", "tools_raw")
+
+    def __init__(self, call: ParsedCall, restore: Callable[[str], tuple[str, str] | None]):
+        self._call, self._restore = call, restore
+        self.raw = call.raw_items
+        self.tools_raw = call.tools_raw
+        self._cache: dict[int, list[Message]] = {}
+
+    def norm_at(self, j: int) -> list[Message]:
+        v = self._cache.get(j)
+        if v is None:
+            v = self._cache[j] = self._call.normalize_item(self.raw[j], self._restore)
+        return v
+
+    def same_prefix(self, node: CallNode, n: int) -> int:
+        """Number of leading raw items (of the first ``n``) equal to ``node``'s messages."""
+        raw, nr = self.raw, node.raw_items
+        if nr is not None and raw[:n] == nr[:n]:  # C-level; identical objects compare by identity
+            return n
+        for j in range(n):
+            if nr is not None and (raw[j] is nr[j] or raw[j] == nr[j]):
+                continue
+            mine = node.norm[node.raw_to_norm[j] : node.raw_to_norm[j + 1]]
+            theirs = self.norm_at(j)
+            if theirs != mine and not _same_turn(theirs, mine):
+                return j
+        return n
+
+
 @dataclass
 class ExecutionState:
     execution_id: str
@@ -128,94 +166,88 @@ class ExecutionState:
 
     # -- matching ----------------------------------------------------------------------------
     def find_bridge(self, call: ParsedCall) -> Bridge:
-        raw = call.raw_items
-        cache: dict[int, list[Message]] = {}
+        """The cheapest exact way to build ``call``'s input, tried in this order:
 
-        def norm_at(j: int) -> list[Message]:
-            v = cache.get(j)
-            if v is None:
-                v = cache[j] = call.normalize_item(raw[j], self.restore)
-            return v
-
-        def same_prefix(node: CallNode, n: int) -> int:
-            """Number of leading raw items (of the first ``n``) equal to ``node``'s messages."""
-            nr = node.raw_items
-            if (
-                nr is not None and raw[:n] == nr[:n]
-            ):  # C-level; identical objects compare by identity
-                return n
-            for j in range(n):
-                if nr is not None and (raw[j] is nr[j] or raw[j] == nr[j]):
-                    continue
-                mine = node.norm[node.raw_to_norm[j] : node.raw_to_norm[j + 1]]
-                theirs = norm_at(j)
-                if theirs != mine and not _same_turn(theirs, mine):
-                    return j
-            return n
-
+        1. :meth:`_resample`: the same input as a recent call (a new sample at one context);
+        2. :meth:`_extend`: an earlier call's input + its answer + new messages (the common case);
+        3. :meth:`_unbridged`: everything rendered afresh (noting a rewritten history).
+        """
+        req = _Request(call, self.restore)
         if self.nodes:
-            # 1. the same input again (a new sample at the same context, not an SDK retry)
-            for last in reversed(self.nodes[-4:]):
-                if (
-                    last.n_raw == len(raw)
-                    and call.tools_raw == last.tools_raw
-                    and same_prefix(last, len(raw)) == len(raw)
-                ):
-                    return Bridge(
-                        base=last,
-                        base_len=last.input_len,
-                        echo=None,
-                        new=[],
-                        norm=last.norm,
-                        raw_to_norm=last.raw_to_norm,
-                        head=last.head,
-                    )
-            # 2. extension of an earlier call plus its answer (the common case)
-            for i in range(len(raw) - 1, -1, -1):
-                m = raw[i]
-                if not (isinstance(m, dict) and m.get("role") == "assistant"):
-                    continue
-                echo = norm_at(i)
-                if len(echo) != 1:
-                    continue
-                node = self.echo_index.get((i, echo_key(echo[0])))
-                if node is None or node.n_raw != i or call.tools_raw != node.tools_raw:
-                    continue
-                if same_prefix(node, i) != i:
-                    continue
-                new: list[Message] = []
-                offsets = list(node.raw_to_norm)
-                pos = len(node.norm) + 1
-                offsets.append(pos)  # raw item i (the echo) -> one message
-                for j in range(i + 1, len(raw)):
-                    part = norm_at(j)
-                    new.extend(part)
-                    pos += len(part)
-                    offsets.append(pos)
-                norm = node.norm + [node.assistant] + new
+            bridge = self._resample(req) or self._extend(req)
+            if bridge is not None:
+                return bridge
+        return self._unbridged(req)
+
+    def _resample(self, req: _Request) -> Bridge | None:
+        """A recent call with exactly this input and tools: reuse its input ids as they are."""
+        n = len(req.raw)
+        for last in reversed(self.nodes[-RESAMPLE_LOOKBACK:]):
+            if (
+                last.n_raw == n
+                and req.tools_raw == last.tools_raw
+                and req.same_prefix(last, n) == n
+            ):
                 return Bridge(
-                    base=node,
-                    base_len=node.full_len,
-                    echo=echo[0],
-                    new=new,
-                    norm=norm,
-                    raw_to_norm=offsets,
-                    head=node.head,
+                    base=last,
+                    base_len=last.input_len,
+                    echo=None,
+                    new=[],
+                    norm=last.norm,
+                    raw_to_norm=last.raw_to_norm,
+                    head=last.head,
                 )
-        # 3. no bridge: normalise everything; note whether this rewrote a recorded history
+        return None
+
+    def _extend(self, req: _Request) -> Bridge | None:
+        """The latest assistant message that echoes a turn we gave, with the history before it
+        unchanged: that call's input + answer are the prefix, the messages after it are new."""
+        raw = req.raw
+        for i in range(len(raw) - 1, -1, -1):
+            m = raw[i]
+            if not (isinstance(m, dict) and m.get("role") == "assistant"):
+                continue
+            echo = req.norm_at(i)
+            if len(echo) != 1:
+                continue
+            node = self.echo_index.get((i, echo_key(echo[0])))
+            if node is None or node.n_raw != i or req.tools_raw != node.tools_raw:
+                continue
+            if req.same_prefix(node, i) != i:
+                continue
+            new: list[Message] = []
+            offsets = list(node.raw_to_norm)
+            pos = len(node.norm) + 1
+            offsets.append(pos)  # raw item i (the echo) -> one message
+            for j in range(i + 1, len(raw)):
+                part = req.norm_at(j)
+                new.extend(part)
+                pos += len(part)
+                offsets.append(pos)
+            return Bridge(
+                base=node,
+                base_len=node.full_len,
+                echo=echo[0],
+                new=new,
+                norm=node.norm + [node.assistant] + new,
+                raw_to_norm=offsets,
+                head=node.head,
+            )
+        return None
+
+    def _unbridged(self, req: _Request) -> Bridge:
+        """No bridge: normalise everything, and note whether this rewrote a recorded history."""
         norm: list[Message] = []
         offsets = [0]
-        for j in range(len(raw)):
-            norm.extend(norm_at(j))
+        for j in range(len(req.raw)):
+            norm.extend(req.norm_at(j))
             offsets.append(len(norm))
         head = _head(norm)
         forked, fork_at = False, None
-        for node in reversed(self.nodes[-64:]):
+        for node in reversed(self.nodes[-FORK_LOOKBACK:]):
             k = _common_prefix(norm, node.norm + [node.assistant])
-            if k > len(
-                head
-            ):  # shares real conversation (not just the system prompt) yet cannot extend it
-                forked, fork_at = True, k
+            if k > len(head):  # shares real conversation (not just the system prompt)
+                forked, fork_at = True, k  # yet cannot extend it
                 break
         return Bridge(
             base=None,
