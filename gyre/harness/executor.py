@@ -37,6 +37,7 @@ from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 from . import netbridge
 from .config import ExecutorConfig
 from .forwarder import UnixForwarder
+from .model_calls import CALLS_FILE_ENV, CALLS_FILE_NAME, ModelCalls, read_calls_file
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_claude
 from .quota import watch_tree
@@ -47,6 +48,8 @@ from .userns import chown_tree, make_userns
 
 # (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
 RegisterKey = Callable[[str, str], Awaitable[str]]
+# execution_id -> that execution's model calls as the proxy counted them (None: unknown).
+CountCalls = Callable[[str], Awaitable[ModelCalls | None]]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 HarnessStop = Literal[
     "exited",
@@ -87,6 +90,7 @@ class HarnessRun(BaseModel):
     stdout_path: str = ""
     stderr_path: str = ""
     log_truncated: bool = False
+    model_calls: ModelCalls | None = None  # None: nobody counted (no proxy hook, no harness file)
 
 
 class Timings(BaseModel):
@@ -119,10 +123,15 @@ class ExecutionResult(BaseModel):
 
 class HarnessExecutor:
     def __init__(
-        self, config: ExecutorConfig | None = None, *, register: RegisterKey | None = None
+        self,
+        config: ExecutorConfig | None = None,
+        *,
+        register: RegisterKey | None = None,
+        calls: CountCalls | None = None,
     ) -> None:
         self.config = config or ExecutorConfig()
         self._register = register
+        self._calls = calls
         self._sem: asyncio.Semaphore | None = None
         self._scorer: Scorer | None = None
         self._bwrap: str | None = None
@@ -464,6 +473,12 @@ class HarnessExecutor:
                     detail=f"overall budget ({overall:.1f}s) ran out while the harness was running",
                 )
             )
+        # Did the policy act? Calls made and none answered: missing, never scored (model_calls.py).
+        run.model_calls = await self._model_calls(spec.execution_id, artifacts)
+        if run.model_calls is not None and run.model_calls.unreachable:
+            return result(
+                Missing(reason=MissingReason.model_unreachable, detail=run.model_calls.detail())
+            )
 
         # 4. Score a copy of the workspace with the hidden tests (own process, own timeout).
         t_score = time.monotonic()
@@ -473,6 +488,24 @@ class HarnessExecutor:
         if not cfg.keep_workspaces:
             await asyncio.to_thread(shutil.rmtree, ws, True)
         return result(assessment)
+
+    async def _model_calls(self, execution_id: str, artifacts: Path) -> ModelCalls | None:
+        """The proxy's counts when it saw a call of this execution, else the harness's own file.
+
+        The proxy is trusted first (it saw every call carrying the key); a proxy that
+        saw none, or could not be asked, leaves the word to the harness, whose file
+        also covers calls that never reached the proxy (connection refused).
+        """
+        proxy: ModelCalls | None = None
+        if self._calls is not None:
+            try:
+                proxy = await self._calls(execution_id)
+            except Exception:  # the admin call failed: the harness's file still counts
+                proxy = None
+        if proxy is not None and proxy.attempted > 0:
+            return proxy
+        own = await asyncio.to_thread(read_calls_file, artifacts / CALLS_FILE_NAME)
+        return own if own is not None else proxy
 
     @staticmethod
     def _prepare(
@@ -578,6 +611,7 @@ class HarnessExecutor:
             "ANTHROPIC_API_KEY": key,
             "GYRE_EXECUTION_ID": spec.execution_id,
             "GYRE_TASK": spec.task.name,
+            CALLS_FILE_ENV: str(artifacts / CALLS_FILE_NAME),
             **penv,
             **spec.extra_env,
         }

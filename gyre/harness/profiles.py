@@ -144,6 +144,9 @@ def _builtin() -> dict[str, HarnessProfile]:
                 "MSWEA_COST_TRACKING": "ignore_errors",
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                 "MSWEA_GLOBAL_CONFIG_DIR": "{home}/.mini-swe-agent",
+                # 3 tries (waits 4 s, 8 s), not 10 (~5 min): the proxy already rides out engine
+                # faults, so a call it fails is not worth minutes of a dead endpoint
+                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
             },
             roles="mini-swe-agent",
         ),
@@ -167,6 +170,7 @@ def _builtin() -> dict[str, HarnessProfile]:
                 "DISABLE_TELEMETRY": "1",
                 "DISABLE_AUTOUPDATER": "1",
                 "DISABLE_ERROR_REPORTING": "1",
+                "CLAUDE_CODE_MAX_RETRIES": "3",  # as mini-swe-agent's: a dead endpoint fails fast
             },
             allowed_tools=["Bash", "Read", "Write", "Edit", "Glob", "Grep", "Agent", "Task"],
             roles="claude-code",

@@ -55,6 +55,10 @@ class ProxyAdminClient:
             "revoked_keys"
         ]
 
+    def calls(self, execution_id: str) -> dict[str, Any]:
+        """``{"attempted", "answered", "last_error"}``: the execution's model calls so far."""
+        return self._call("GET", f"/admin/executions/{quote(execution_id, safe='')}")
+
     def executions(self) -> dict[str, str]:
         return self._call("GET", "/admin/executions")["executions"]
 

@@ -13,6 +13,7 @@ Admin routes (``Authorization: Bearer <admin token>``, admin socket only):
   GET    /health                     status + every engine (url, state, reachable, ...)
   POST   /admin/executions           {"execution_id", "label"?, "key"?} -> {"api_key", ...}
   DELETE /admin/executions/{id}      revoke its keys, close its trace file
+  GET    /admin/executions/{id}      its model calls: attempted, answered, last error
   GET    /admin/executions
   POST   /admin/engines              {"url"}: add an engine (or re-activate a drained one)
   POST   /admin/engines/drain        {"url"} -> {"moved": n} once nothing is in flight there
@@ -218,6 +219,10 @@ def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
         return JSONResponse({"execution_id": ex, "revoked_keys": n})
 
     @admin_route
+    async def execution_calls(request: Request) -> Response:
+        return JSONResponse(svc.calls.get(request.path_params["execution_id"]))
+
+    @admin_route
     async def list_executions(request: Request) -> Response:
         return JSONResponse({"executions": svc.keys.executions()})
 
@@ -267,6 +272,7 @@ def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
         Route("/admin/executions", register, methods=["POST"]),
         Route("/admin/executions", list_executions, methods=["GET"]),
         Route("/admin/executions/{execution_id:path}", revoke, methods=["DELETE"]),
+        Route("/admin/executions/{execution_id:path}", execution_calls, methods=["GET"]),
         Route("/admin/engines", add_engine, methods=["POST"]),
         Route("/admin/engines/drain", drain_engine, methods=["POST"]),
         Route("/admin/engines/remove", remove_engine, methods=["POST"]),

@@ -25,6 +25,7 @@ from gyre.proxy import jsonfast
 from gyre.proxy.adapters import anthropic_messages as anthropic
 from gyre.proxy.adapters import openai_chat as openai
 from gyre.proxy.bodyparse import BodyParser
+from gyre.proxy.calltally import CallTallies
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.detok import Detokenizer
 from gyre.proxy.enginefaults import Backoff
@@ -110,6 +111,7 @@ class ProxyService:
             config.trace_dir, fsync=config.fsync, max_open=config.max_open_traces
         )
         self.executions: dict[str, Execution] = {}
+        self.calls = CallTallies()  # per execution: attempted / answered (did the policy act?)
         self.counters: dict[str, int] = {
             "requests": 0,
             "answered": 0,
@@ -211,6 +213,7 @@ class ProxyService:
 
     def close_execution(self, execution_id: str) -> None:
         self.keys.revoke(execution_id)
+        self.calls.drop(execution_id)
         self.executions.pop(execution_id, None)
         self.pool.forget(execution_id)
         self.writer.close_execution(execution_id)
@@ -233,6 +236,7 @@ class ProxyService:
 
     async def _parse(self, dialect: str, request: Request) -> tuple[Execution, bytes, ParsedCall]:
         ident = self._identify(request.headers)
+        self.calls.attempt(ident.execution_id)
         body = await self._read_body(request)
         ex = self._execution(ident)
         try:
@@ -357,12 +361,19 @@ class ProxyService:
             )
         except ApiError as e:
             self.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
+            self._note_failure(request, f"HTTP {e.status}: {e.message}")
             return JSONResponse(e.body(dialect), status_code=e.status, headers=e.headers)
         except ClientGone:
             self.counters["client_disconnects"] += 1
+            self._note_failure(request, "the client went away before the answer")
             with contextlib.suppress(Exception):
                 await events.aclose()  # a stream that never started: end the generation
             return Response(status_code=499)
+
+    def _note_failure(self, request: Request, error: str) -> None:
+        ident = self.keys.resolve(key_from_headers(request.headers))
+        if ident is not None:
+            self.calls.fail(ident.execution_id, error)
 
     def _replay(self, dialect: str, call: ParsedCall, turn: AssistantTurn) -> Response:
         if call.stream:
@@ -653,6 +664,7 @@ class ProxyService:
         st.add_node(node, [], call.raw_items, plan.input_parts)
         st.counters[plan.mode] = st.counters.get(plan.mode, 0) + 1
         self.counters["answered"] += 1
+        self.calls.answer(st.execution_id)
         self.counters[plan.mode] += 1
         if b.forked:
             self.counters["forked"] += 1

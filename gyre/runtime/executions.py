@@ -39,6 +39,7 @@ class Executions:
         self.finished = 0
         self.failed = 0  # harness exited non-zero, was killed, or could not launch
         self.missing = 0
+        self.missing_reasons: dict[str, int] = {}  # reason -> executions (run summary)
         self.running = 0
         self._last_eval = -1
         self.eval_tasks: set[asyncio.Task] = set()
@@ -52,7 +53,7 @@ class Executions:
         proxy = self.cluster.proxy
         self.admin = proxy.admin_client()  # its unix socket: harnesses never reach it
         ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
-        self.executor = HarnessExecutor(ecfg, register=self._register)
+        self.executor = HarnessExecutor(ecfg, register=self._register, calls=self._calls)
         await self.executor.start()
 
     async def stop(self) -> None:
@@ -65,6 +66,18 @@ class Executions:
 
     async def _register(self, execution_id: str, label: str) -> str:
         return await asyncio.to_thread(self.admin.register, execution_id, label)
+
+    async def _calls(self, execution_id: str) -> Any:
+        """The proxy's count of this execution's model calls (did the policy act at all?)."""
+        from gyre.harness.model_calls import ModelCalls
+
+        d = await asyncio.to_thread(self.admin.calls, execution_id)
+        return ModelCalls(
+            attempted=int(d["attempted"]),
+            answered=int(d["answered"]),
+            last_error=str(d.get("last_error", "")),
+            source="proxy",
+        )
 
     async def _run_one(self, execution_id: str, task) -> Any:
         from gyre.harness.executor import ExecutionSpec
@@ -106,6 +119,10 @@ class Executions:
         self.failed += int(failed)
         reward = reward_of(res.assessment)
         self.missing += int(isinstance(reward, Missing))
+        if isinstance(reward, Missing):
+            why = reward.reason.value
+            self.missing_reasons[why] = self.missing_reasons.get(why, 0) + 1
+        calls = h.model_calls
         self.results[(gid, attempt)] = (eid, reward)
         self.rundir.log_execution(
             {
@@ -120,6 +137,12 @@ class Executions:
                 "exit_code": h.exit_code,
                 "failed": failed,
                 "error": h.error[:300],
+                "missing_detail": res.assessment.detail[:300]
+                if isinstance(reward, Missing)
+                else "",
+                "model_calls": None
+                if calls is None
+                else {"attempted": calls.attempted, "answered": calls.answered},
                 "seconds": round(res.timings.total_s, 3),
             }
         )

@@ -52,7 +52,12 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         "segment": world.segment,
         "reward_first_quarter": first,
         "reward_last_quarter": last,
-        "executions": {"finished": ex.finished, "failed": ex.failed, "missing": ex.missing},
+        "executions": {
+            "finished": ex.finished,
+            "failed": ex.failed,
+            "missing": ex.missing,
+            "missing_by_reason": dict(ex.missing_reasons),
+        },
         "interrupted_executions": ex.failed + int(counters.get("errors_5xx", 0)),
         "proxy": {
             "answered": counters.get("answered", 0),
