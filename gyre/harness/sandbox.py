@@ -138,6 +138,8 @@ def _tools_and_hide(hide: list[Path], command: list[str]) -> list[str]:
     for t in tools:
         argv += ["--ro-bind", str(t), str(t)]
     bound = sys_paths + tools
+    # The task sets shipped in the package (hidden tests, solutions) are never a harness's.
+    hide = [*hide, Path(__file__).resolve().parent / "tasksets"]
     for h in sorted({Path(p).resolve() for p in hide}, key=lambda p: len(p.parts)):
         if not h.exists() or not any(_covers(b, h) for b in bound):
             continue

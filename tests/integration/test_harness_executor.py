@@ -452,9 +452,14 @@ async def test_harbor_style_verifier_paths_with_sandbox(tmp_path):
             ]
         )
     assert good.reward == 1.0 and bad.reward == 0.0, (good.assessment, bad.assessment)
-    # Without the sandbox those absolute paths do not exist: a missing assessment, not a zero.
+    # Without the sandbox those paths are the host's (it would write the host's /logs): the
+    # verifier is refused before it runs -- a missing assessment saying why, not a zero.
+    logs_before = os.path.exists("/logs/verifier/reward.txt")
     async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
         r = await ex.run(spec("h2", task, shell_profile("echo 42 > answer.txt")))
     assert (
         isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.evaluator_error
     )
+    assert "/logs" in r.assessment.detail and "--sandbox" in r.assessment.detail, r.assessment
+    assert os.path.exists("/logs/verifier/reward.txt") == logs_before
+    assert not (tmp_path / "runs2" / "h2" / "scoring.verifier.stdout").exists()  # never ran

@@ -3,7 +3,13 @@ under /tmp), and must still hide the hidden trees inside what it binds back."""
 
 import sys
 
-from gyre.harness.sandbox import bwrap_argv, harbor_verifier_argv, tool_paths
+from gyre.harness.sandbox import (
+    SANDBOX_UID,
+    Confinement,
+    bwrap_argv,
+    harbor_verifier_argv,
+    tool_paths,
+)
 
 
 def _pairs(argv, flag):
@@ -56,3 +62,51 @@ def test_tool_paths_are_minimal():
     paths = tool_paths([])
     for a in paths:
         assert not any(b != a and b in a.parents for b in paths)
+
+
+def test_sandbox_sees_system_dirs_only_and_runs_without_capabilities(tmp_path):
+    """The whole host tree is never bound: no ``--ro-bind / /``, no home, /srv, /run, /var
+    (where host unix sockets live); an ordinary user's bwrap drops every capability and
+    forbids nested user namespaces; root hands its prepared namespace instead."""
+    argv = bwrap_argv(["true"], workspace=tmp_path / "ws", hide=[])
+    dests = {argv[i + 2] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")}
+    assert "/" not in dests
+    for d in ("/home", "/root", "/srv", "/run", "/var", "/mnt", "/tmp"):
+        assert d not in dests
+    assert "/usr" in dests and "/etc" in dests
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert "--disable-userns" in argv and "--unshare-user" in argv
+    assert argv[argv.index("--uid") + 1] == str(SANDBOX_UID) != "0"
+    # The root filesystem is remounted read-only after every mount point was made.
+    assert argv[argv.index("--remount-ro") + 1] == "/"
+    assert argv.index("--remount-ro") > max(i for i, a in enumerate(argv) if a == "--bind")
+    # Limits reach the first process inside; the command follows confine's "--".
+    c = Confinement(max_procs=99, max_file_bytes=1234, tmpfs_bytes=5678)
+    argv = bwrap_argv(["true"], workspace=tmp_path / "ws", hide=[], confine=c, userns_fd=7)
+    assert argv[argv.index("--userns") + 1] == "7" and "--unshare-user" not in argv
+    tail = argv[argv.index("--", argv.index("--chdir")) + 1 :]
+    assert tail[-1] == "true" and tail[-2] == "--"
+    assert ["--nproc", "99"] == tail[tail.index("--nproc") : tail.index("--nproc") + 2]
+    assert tail[tail.index("--fsize") + 1] == "1234" and tail[tail.index("--uid") + 1] != "0"
+    assert argv[argv.index("--size") + 1] == "5678"
+
+
+def test_mount_point_parents_are_traversable(tmp_path):
+    """Parents bwrap would create 0700 (a workspace under /tmp/..., a Python under /root/...)
+    are made 0755 first, before the mounts that need them."""
+    ws = tmp_path / "a" / "b" / "ws"
+    argv = bwrap_argv(["true"], workspace=ws, hide=[])
+    # --perms MODE --dir PATH
+    dirs = [argv[i + 3] for i, a in enumerate(argv) if a == "--perms" and argv[i + 2] == "--dir"]
+    assert {argv[i + 1] for i, a in enumerate(argv) if a == "--perms"} == {"0755"}
+    assert str(ws.parent) in dirs and str(ws) not in dirs
+    assert argv.index(str(ws.parent)) < argv.index("--bind")
+
+
+def test_harbor_paths_are_found_as_paths_only():
+    from gyre.harness.scorer import harbor_paths
+
+    assert harbor_paths("cd /app && echo 1 > /logs/verifier/reward.txt") == {"/app", "/logs"}
+    assert harbor_paths("bash /tests/run.sh") == {"/tests"}
+    assert harbor_paths('cat "$GYRE_TESTS_DIR/x" ./tests/y a/app /appdata ${X}/logs') == set()
+    assert harbor_paths("https://example.com/app") == set()
