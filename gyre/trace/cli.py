@@ -196,4 +196,6 @@ def synth(
             w.close()
     except OSError as e:
         fail("tree synth", f"cannot write {e.filename or out_dir}: {e.strerror or e}")
+    except ValueError as e:  # sizes the generator cannot honour
+        fail("tree synth", f"{e}; raise --requests or lower --subagents")
     typer.echo(str(trace_path(out_dir, execution_id)))

@@ -82,11 +82,12 @@ def checkpoint(
 ) -> None:
     """Print the latest checkpoint's trainer state (step, policy version, data cursor)."""
     from gyre.cli_errors import fail
-    from gyre.train.checkpoint import latest_checkpoint, load_state
 
     if not root.is_dir():
         what = "not a directory" if root.exists() else "no such directory"
         fail("train checkpoint", f"{root}: {what}; give a checkpoint root", code=1)
+    from gyre.train.checkpoint import latest_checkpoint, load_state
+
     ck = latest_checkpoint(root)
     if ck is None:
         fail("train checkpoint", f"no complete checkpoint under {root}", code=1)
