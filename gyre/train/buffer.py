@@ -29,10 +29,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gyre.trace.packing import MicroStep, PackedSequence
 from gyre.train.config import ObjectiveConfig, StreamConfig
 from gyre.train.rewards import Reward, group_advantages
+
+if TYPE_CHECKING:
+    from gyre.trace.admission import Admission
+    from gyre.train.coordinator import StepCoordinator
 
 
 @dataclass
@@ -44,7 +49,7 @@ class ReadyGroup:
     rows: dict[str, list[PackedSequence]] = field(
         default_factory=dict
     )  # execution id -> its packed rows
-    admissions: dict[str, object] = field(
+    admissions: dict[str, Admission] = field(
         default_factory=dict
     )  # execution id -> gyre.trace Admission
     policy_version: int | None = None  # oldest version that sampled its targets (derived if None)
@@ -328,7 +333,7 @@ class StepFeeder:
     """
 
     buffer: PackingBuffer
-    coordinator: object
+    coordinator: StepCoordinator
     step: int
     stream: StreamConfig
     objective: ObjectiveConfig

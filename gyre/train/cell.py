@@ -11,7 +11,14 @@ docs/training.md).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gyre.train.config import TrainerConfig
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+    from gyre.train.comm import PrefixCommunicators
 
 
 class TrainCell:
@@ -28,8 +35,8 @@ class TrainCell:
     ):
         self.rank, self.world, self.host, self.backend = rank, world, host, backend
         self.dist_port, self.store_port, self.timeout_s = dist_port, store_port, timeout_s
-        self.comm = None
-        self.store = None
+        self.comm: PrefixCommunicators | None = None
+        self.store: TCPStore | None = None
 
     @property
     def is_core(self) -> bool:

@@ -21,6 +21,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,7 +47,8 @@ class TrainerState:
 def write_hf(model: torch.nn.Module, model_source: str | Path | None, out: Path) -> None:
     """Weights in Hugging Face layout plus the source directory's tokenizer files (what
     ``from_pretrained`` and an engine's reload-from-disk read)."""
-    model.save_pretrained(out, safe_serialization=True)
+    hf: Any = model  # a Hugging Face PreTrainedModel; save_pretrained is not on nn.Module
+    hf.save_pretrained(out, safe_serialization=True)
     src = Path(model_source) if model_source else None
     if src is not None and src.is_dir():
         for name in TOKENIZER_FILES:

@@ -22,7 +22,7 @@ class PrefixCommunicators:
                 "torch.distributed must be initialised before building prefix communicators"
             )
         self.world_size, self.rank = world_size, rank
-        self.groups: dict[int, object] = {}
+        self.groups: dict[int, dist.ProcessGroup] = {}
         for k in range(2, world_size + 1):  # same order on every rank
             self.groups[k] = dist.new_group(ranks=list(range(k)))
 

@@ -142,9 +142,10 @@ class StoreCoordinator:
 
     def _forget(self, step: int) -> None:
         """Drop an old step's micro-steps from the store (bounded memory over a long run)."""
-        if step < 0 or not self._has(self._k(step, "closed")):
+        closed = self._closed(step) if step >= 0 else None
+        if closed is None:
             return
-        for i in range(self._closed(step)["total"]):
+        for i in range(closed["total"]):
             self.store.delete_key(self._k(step, f"item/{i}"))
         self._n_put.pop(step, None)
 

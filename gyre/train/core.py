@@ -141,7 +141,14 @@ class Core:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.worker.model
+        return self.worker.live_model
+
+    @property
+    def live_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer between ``start()`` and ``stop()``."""
+        if self.optimizer is None:
+            raise RuntimeError("core is not started (call start() first)")
+        return self.optimizer
 
     def add_groups(self, groups: list[ReadyGroup]) -> int:
         """Groups that became ready; returns how many were new (not consumed, not queued)."""
@@ -204,7 +211,7 @@ class Core:
         self.buffer.commit(seal.meta.get("groups", []))
         ck = self.cfg.checkpoint
         if ck.dir is not None and self.state.step % ck.every_steps == 0:
-            save_checkpoint(ck.dir, self.model, self.optimizer, self.state, keep=ck.keep)
+            save_checkpoint(ck.dir, self.model, self.live_optimizer, self.state, keep=ck.keep)
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
         metrics.update(
@@ -262,7 +269,7 @@ class Core:
                     p.grad.div_(E)
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
-        self.optimizer.step()
+        self.live_optimizer.step()
         self.worker.zero_grad()
         self.state.policy_version += 1
         m["actor/grad_norm"] = float(norm)

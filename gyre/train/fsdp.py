@@ -21,9 +21,13 @@ cell's mesh), mixed-precision policies, and flex-attention packed forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass(frozen=True)
@@ -48,20 +52,21 @@ class CellLayout:
 class ShardedGroups:
     layout: CellLayout
     rank: int
-    mesh: object  # this cell's DeviceMesh
-    prefix: dict[int, object]  # k -> process group of this rank's shard position
+    mesh: DeviceMesh  # this cell's
+    prefix: dict[int, dist.ProcessGroup]  # k -> process group of this rank's shard position
 
 
 def build_groups(layout: CellLayout, rank: int, device_type: str = "cuda") -> ShardedGroups:
     """Create every intra-cell group and every (k, local) prefix group, in one fixed order."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    mine = None
+    mine: dist.ProcessGroup | None = None
     for c in range(layout.cells):
         g = dist.new_group(layout.cell_ranks(c))
         if c == layout.cell_of(rank):
             mine = g
-    prefix: dict[int, object] = {}
+    assert mine is not None, f"rank {rank} is outside the layout's {layout.cells} cells"
+    prefix: dict[int, dist.ProcessGroup] = {}
     for k in range(2, layout.cells + 1):
         for local in range(layout.per_cell):
             g = dist.new_group(layout.prefix_ranks(k, local))
@@ -75,7 +80,9 @@ def shard_model(model: torch.nn.Module, groups: ShardedGroups) -> torch.nn.Modul
     """FSDP2: shard every decoder layer, then the root (embeddings, norm, head)."""
     from torch.distributed.fsdp import fully_shard
 
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    # a Hugging Face causal LM: its decoder stack holds the layers (untyped: HF attributes)
+    hf: Any = model
+    decoder = hf.get_decoder() if hasattr(hf, "get_decoder") else hf.model
     for layer in decoder.layers:
         fully_shard(layer, mesh=groups.mesh)
     fully_shard(model, mesh=groups.mesh)

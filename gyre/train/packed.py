@@ -40,6 +40,7 @@ Three implementations, chosen by ``impl``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -287,7 +288,7 @@ def _flex_attention(parent: list[int], device):
         return (kv_idx <= q_idx) & (q_idx < end[kv_idx])
 
     block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=L, KV_LEN=L, device=device)
-    fn = flex_attention
+    fn: Callable[..., torch.Tensor] = flex_attention
     if device.type == "cuda":  # compiled kernels on GPU; eager reference elsewhere
         fn = torch.compile(flex_attention, dynamic=True)
 
@@ -306,10 +307,10 @@ def ancestor_mask(parent: list[int], device: torch.device | None = None) -> torc
         return (i[None, :] <= i[:, None]) & (i[:, None] < end[None, :])
     except ValueError:  # not pre-order: build row by row
         m = torch.zeros(n, n, dtype=torch.bool, device=device)
-        for i, p in enumerate(parent):
+        for r, p in enumerate(parent):
             if p >= 0:
-                m[i, : p + 1] = m[p, : p + 1]
-            m[i, i] = True
+                m[r, : p + 1] = m[p, : p + 1]
+            m[r, r] = True
         return m
 
 

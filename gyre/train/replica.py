@@ -32,7 +32,7 @@ def load_causal_lm(model_dir: str, dtype: str = "float32", device: str = "cpu") 
     """Any HF causal LM directory -> model in train mode (eager-free, SDPA attention)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
     model.to(device)
     model.train()
     return model
@@ -57,11 +57,18 @@ class ReplicaWorker:
         self._prepass_cache.clear()
 
     @property
+    def live_model(self) -> torch.nn.Module:
+        """The model between ``start()`` and ``stop()``; using a stopped replica is a bug."""
+        if self.model is None:
+            raise RuntimeError("replica is not started (call start() first)")
+        return self.model
+
+    @property
     def params(self) -> list[torch.Tensor]:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for p in self.live_model.parameters() if p.requires_grad]
 
     def zero_grad(self) -> None:
-        for p in self.model.parameters():
+        for p in self.live_model.parameters():
             p.grad = None
 
     def new_step(self) -> None:
@@ -71,7 +78,7 @@ class ReplicaWorker:
     # ---------------------------------------------------------------------------------
     def _targets(self, task: MicroStepTask, grad: bool):
         """Concatenate l_t, b_t, execution index and token weight over the micro-step's targets."""
-        dev = next(self.model.parameters()).device
+        dev = next(self.live_model.parameters()).device
         logps, refs, exs, tws = [], [], [], []
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:

@@ -85,7 +85,7 @@ class Satellite:
             return None
         c0 = time.process_time()
         if version != self._version:  # a step without signal keeps the version: nothing to pull
-            load_params(self.worker.model, self.weights.pull(version))
+            load_params(self.worker.live_model, self.weights.pull(version))
             self._version = version
         self.worker.zero_grad()
         self.worker.new_step()

@@ -14,6 +14,7 @@ import torch
 
 from gyre.trace.packing import PackedSequence
 from gyre.train.buffer import ReadyGroup
+from gyre.train.rewards import Reward
 
 
 def chain_row(
@@ -85,7 +86,8 @@ def synthetic_groups(
     V = vocab or model.config.vocab_size
     groups = []
     for g in range(n_groups):
-        rewards, rows = {}, {}
+        rewards: dict[str, Reward] = {}
+        rows: dict[str, list[PackedSequence]] = {}
         for e in range(group_size):
             eid = f"{prefix}{g}/e{e}"
             ctx = [rng.randrange(10, V) for _ in range(rng.randint(*context_len))]

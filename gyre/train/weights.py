@@ -83,7 +83,8 @@ class MemoryWeightChannel:
     """In-process channel (one process): keeps the latest snapshots in a dict."""
 
     def __init__(self, keep: int = 2):
-        self.keep, self._snap = keep, {}
+        self.keep = keep
+        self._snap: dict[int, dict[str, torch.Tensor]] = {}
 
     def publish(self, version: int, params: dict[str, torch.Tensor]) -> None:
         self._snap[version] = {n: t.clone() for n, t in params.items()}
