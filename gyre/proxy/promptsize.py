@@ -68,14 +68,15 @@ def _content_strings(content: Any) -> Iterator[str]:
                 yield from _content_strings(b.get("content"))
 
 
-def _slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
+def _slices(text: str, size: int) -> Iterator[str]:
     """``text`` in pieces of about ``size`` characters, each cut just before a whitespace when one
     is near (a word is never split, so each slice tokenizes as it does inside the whole)."""
     i, n = 0, len(text)
     while i < n:
         j = min(i + size, n)
         if j < n:
-            k = max(text.rfind(" ", j - 256, j), text.rfind("\n", j - 256, j))
+            lo = max(i + 1, j - 256)
+            k = max(text.rfind(" ", lo, j), text.rfind("\n", lo, j))
             if k > i:
                 j = k
         yield text[i:j]
@@ -85,9 +86,10 @@ def _slices(text: str, size: int = SLICE_CHARS) -> Iterator[str]:
 class PromptBound:
     """Early refusal of prompts longer than ``max_context`` tokens (see module doc)."""
 
-    def __init__(self, tokenizer: Any, max_context: int) -> None:
+    def __init__(self, tokenizer: Any, max_context: int, slice_chars: int = SLICE_CHARS) -> None:
         self.tok = tokenizer
         self.max_context = max_context
+        self.slice_chars = slice_chars
         self.max_token_chars = max_token_chars(tokenizer)
 
     def chars(self, raw_items: list[Any]) -> int:
@@ -105,7 +107,7 @@ class PromptBound:
         total = 0
         boundaries = 0
         for piece in text_pieces(raw_items):
-            for s in _slices(piece):
+            for s in _slices(piece, self.slice_chars):
                 total += len(self.tok.encode(s, add_special_tokens=False))
                 boundaries += 1
                 if total - BOUNDARY_SLACK * boundaries >= self.max_context:

@@ -1,0 +1,203 @@
+"""Early refusal of prompts that cannot fit, engine-fault policy, image validation (issue 13)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gyre.proxy.adapters import anthropic_messages as an
+from gyre.proxy.adapters import openai_chat as oa
+from gyre.proxy.enginefaults import Backoff, CallFaults, EngineBroke, EngineSilent
+from gyre.proxy.errors import ApiError
+from gyre.proxy.promptsize import PromptBound, _slices, text_pieces
+from gyre.proxy.render import Renderer
+
+# -- prompt floors ------------------------------------------------------------------------------
+
+texts = st.lists(
+    st.sampled_from(list("ab xyz\n\t.,:;()_-=é漢🙂") + ["def ", "    ", "\n\n", "<|im_end|>"]),
+    max_size=150,
+).map("".join)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(user=texts, tool=texts, system=texts)
+def test_floors_never_exceed_the_rendered_count(tiny_tokenizer, user, tool, system):
+    """Both floors are below the real token count, also with tiny slices (many boundaries)."""
+    items = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": [{"type": "text", "text": user}]},
+        {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "tool", "tool_call_id": "t", "content": tool},
+    ]
+    norm = [m for it in items for m in oa.normalize_item(it, lambda _i: None)]
+    real = len(Renderer(tiny_tokenizer).full(norm))
+    pb = PromptBound(tiny_tokenizer, max_context=10**9, slice_chars=17)
+    assert pb.floor_from_chars(pb.chars(items)) <= real
+    assert pb.floor_by_counting(items) <= real
+
+
+def test_slices_cover_the_text_and_cut_at_whitespace():
+    rng = random.Random(0)
+    text = " ".join(rng.choice(["a", "word", "longer_word", "x\ny"]) for _ in range(3000))
+    parts = list(_slices(text, 100))
+    assert "".join(parts) == text and len(parts) > 50
+    assert all(p[:1] in (" ", "\n") for p in parts[1:])  # never inside a word
+    assert all(len(p) <= 100 for p in parts)
+    assert [len(p) for p in _slices("x" * 250, 100)] == [100, 100, 50]  # no whitespace: cut anyway
+    assert list(_slices("", 10)) == []
+
+
+def test_text_pieces_count_what_every_template_renders():
+    items = [
+        {"role": "system", "content": [{"type": "text", "text": "S"}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "a",
+                    "content": [{"type": "text", "text": "R"}],
+                },
+                {"type": "tool_result", "tool_use_id": "b", "content": "R2"},
+                {"type": "image", "source": {"type": "base64", "data": "QUFB" * 1000}},
+                {"type": "text", "text": "U"},
+            ],
+        },
+        {"role": "assistant", "content": "not counted (templates may trim it)"},
+        {"role": "tool", "content": "T"},
+        "junk",
+    ]
+    assert list(text_pieces(items)) == ["S", "R", "R2", "U", "T"]
+
+
+async def test_check_refuses_early_with_the_context_length_error(tiny_tokenizer):
+    pb = PromptBound(tiny_tokenizer, max_context=1000)
+    ok = [{"role": "user", "content": "hello " * 100}]
+    await pb.check(ok, "openai")  # fits: nothing raised (the full render decides exactly)
+    many_chars = [{"role": "user", "content": "x" * (1000 * pb.max_token_chars)}]
+    with pytest.raises(ApiError) as e:
+        await pb.check(many_chars, "openai")
+    assert e.value.status == 400 and e.value.code == "context_length_exceeded"
+    words = [{"role": "user", "content": "alpha beta gamma " * 1000}]  # counted in slices
+    assert pb.needs_count(pb.chars(words)) and pb.floor_from_chars(pb.chars(words)) < 1000
+    with pytest.raises(ApiError) as e:
+        await pb.check(words, "anthropic")
+    assert "prompt is too long" in e.value.message
+
+
+# -- engine faults ------------------------------------------------------------------------------
+
+
+def test_backoff_grows_with_jitter_and_stops_at_attempts_or_budget():
+    rng = random.Random(1)
+    b = Backoff(base_s=0.25, cap_s=2.0, max_attempts=5, budget_s=100)
+    for k, top in [(1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0), (9, 2.0)]:
+        ds = [b.delay(k, rng) for _ in range(200)]
+        assert top / 2 <= min(ds) and max(ds) <= top and max(ds) - min(ds) > top / 4
+    f = CallFaults(b)
+    assert f.next_delay(False, 0.0, rng) == 0.0  # no failure yet
+    for i in range(4):
+        f.note("u", EngineBroke("refused"), float(i))
+        assert f.next_delay(True, float(i), rng) == 0.0  # another engine is up: go at once
+        assert f.next_delay(False, float(i), rng) > 0
+    f.note("u", EngineBroke("refused"), 4.0)
+    with pytest.raises(ApiError) as e:
+        f.next_delay(True, 4.0, rng)
+    assert e.value.status == 503 and e.value.headers["retry-after"] == "2"
+    assert "5 attempts" in e.value.message and "refused" in e.value.message
+    g = CallFaults(Backoff(max_attempts=100, budget_s=3.0))
+    g.note("u", EngineSilent("no answer within 1 s"), 10.0)
+    with pytest.raises(ApiError) as e:
+        g.next_delay(False, 13.5, rng)  # past the budget: no further attempt
+    assert e.value.status == 504 and "did not answer in time" in e.value.message
+
+
+# -- images -------------------------------------------------------------------------------------
+
+B64 = "iVBORw0KGgo="
+
+
+def _an(block):
+    return {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
+
+
+def _oa(part):
+    return {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+
+
+def _normalized(parse, body):
+    call = parse(body)
+    return [m for it in call.raw_items for m in call.normalize_item(it, lambda _i: None)]
+
+
+@pytest.mark.parametrize(
+    "block,ok",
+    [
+        ({"type": "image"}, False),  # no source: was answered 200
+        ({"type": "image", "source": None}, False),
+        ({"type": "image", "source": {"type": "base64", "media_type": "image/png"}}, False),
+        (
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": "%%"},
+            },
+            False,
+        ),
+        (
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": "abc"},
+            },
+            False,
+        ),
+        ({"type": "image", "source": {"type": "base64", "data": B64}}, False),
+        ({"type": "image", "source": {"type": "nope"}}, False),
+        ({"type": "image", "source": {"type": "url"}}, False),
+        (
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}},
+            True,
+        ),
+        ({"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}, True),
+        ({"type": "image", "source": {"type": "file", "file_id": "file_1"}}, True),
+    ],
+)
+def test_anthropic_image_blocks(block, ok):
+    if ok:
+        (msg,) = _normalized(an.parse_request, _an(block))
+        assert "image omitted" in msg["content"]
+        # inside a tool_result too
+        tr = {"type": "tool_result", "tool_use_id": "t", "content": [block]}
+        assert _normalized(an.parse_request, _an(tr))
+    else:
+        with pytest.raises(ApiError) as e:
+            _normalized(an.parse_request, _an(block))
+        assert e.value.status == 400 and "source" in e.value.message
+        tr = {"type": "tool_result", "tool_use_id": "t", "content": [block]}
+        with pytest.raises(ApiError):
+            _normalized(an.parse_request, _an(tr))
+
+
+@pytest.mark.parametrize(
+    "part,ok",
+    [
+        ({"type": "image_url"}, False),
+        ({"type": "image_url", "image_url": "https://x"}, False),
+        ({"type": "image_url", "image_url": {"url": ""}}, False),
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, False),
+        ({"type": "image_url", "image_url": {"url": "data:image/png," + B64}}, False),
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64," + B64}}, True),
+        ({"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}, True),
+    ],
+)
+def test_openai_image_url_parts(part, ok):
+    if ok:
+        (msg,) = _normalized(oa.parse_request, _oa(part))
+        assert "image_url omitted" in msg["content"]
+    else:
+        with pytest.raises(ApiError) as e:
+            _normalized(oa.parse_request, _oa(part))
+        assert e.value.status == 400 and "image_url" in e.value.message
