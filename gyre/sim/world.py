@@ -19,6 +19,7 @@ import heapq
 import math
 import time as _time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gyre.policy import (
     AssignGroup,
@@ -29,6 +30,7 @@ from gyre.policy import (
     EndRun,
     Event,
     ExecutionFinished,
+    ExecutionId,
     ExecutionsLaunched,
     FinishStep,
     LaunchExecutions,
@@ -45,8 +47,40 @@ from gyre.policy import (
 from gyre.sim.config import SimConfig
 from gyre.sim.workload import Draw
 
-# event kinds in the heap
-_LAUNCHED, _SWITCHED, _MICRO, _STEP, _PUBLISHED, _TICK = range(6)
+
+# What the world has scheduled (its heap holds ``(time, seq, one of these)``). Each becomes the
+# policy's event when its time comes; the cell fields are the world's own bookkeeping.
+class _Launched(NamedTuple):
+    executions: tuple[ExecutionId, ...]
+
+
+class _MicroDone(NamedTuple):
+    cell: int
+    step: int
+    group_id: int
+    index: int
+
+
+class _Switched(NamedTuple):
+    cell: int
+    role: CellRole
+
+
+class _OptimDone(NamedTuple):
+    cell: int
+    step: int
+
+
+class _Published(NamedTuple):
+    cell: int
+    version: int
+
+
+class _Wake(NamedTuple):
+    pass
+
+
+_Scheduled = _Launched | _MicroDone | _Switched | _OptimDone | _Published | _Wake
 
 
 @dataclass
@@ -109,7 +143,7 @@ class World:
         self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(CellRole.ROLLOUT)
         self.running = 0
         self.now = 0.0
-        self._heap: list[tuple] = []
+        self._heap: list[tuple[float, int, _Scheduled]] = []
         self._seq = 0
         # progress clock
         self._P = 0.0
@@ -139,9 +173,9 @@ class World:
         self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
 
     # ------------------------------------------------------------------ helpers
-    def _push(self, t: float, kind: int, a=None, b=None, c=None, d=None) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, a, b, c, d))
+    def _push(self, t: float, what: _Scheduled) -> None:
+        self._seq += 1  # ties pop in push order
+        heapq.heappush(self._heap, (t, self._seq, what))
 
     def _account(self) -> None:
         """Integrate idle rollout slots and advance the progress clock up to ``now``."""
@@ -217,7 +251,7 @@ class World:
                         )
                     heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
                 self._rerate()
-                self._push(self.now, _LAUNCHED, a.executions)
+                self._push(self.now, _Launched(a.executions))
             elif t is DispatchGroups:
                 self.dispatched_execs += len(a.group_ids) * a.group_size
             elif t is AssignGroup:
@@ -226,7 +260,8 @@ class World:
                     self.trace.group_assigned[a.group_id] = self.now
             elif t is ClaimMicroStep:
                 self._busy_start(a.cell)
-                self._push(self.now + self._micro_h, _MICRO, a.cell, a.step, a.group_id, a.index)
+                done = _MicroDone(cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
+                self._push(self.now + self._micro_h, done)
             elif t is SwitchCell:
                 self.trace.switch_order.append((self.now, a.cell, a.role.value))
                 if a.role is CellRole.TRAINING:
@@ -244,7 +279,8 @@ class World:
                     self._set_role(a.cell, CellRole.TO_TRAINING)
                     self._rerate()
                     self._push(
-                        self.now + costs.switch_to_training_h, _SWITCHED, a.cell, CellRole.TRAINING
+                        self.now + costs.switch_to_training_h,
+                        _Switched(cell=a.cell, role=CellRole.TRAINING),
                     )
                 else:
                     if self.roles[a.cell] is not CellRole.TRAINING:
@@ -253,26 +289,55 @@ class World:
                         )
                     self._set_role(a.cell, CellRole.TO_ROLLOUT)
                     self._push(
-                        self.now + costs.switch_to_rollout_h, _SWITCHED, a.cell, CellRole.ROLLOUT
+                        self.now + costs.switch_to_rollout_h,
+                        _Switched(cell=a.cell, role=CellRole.ROLLOUT),
                     )
             elif t is StartStep:
                 self._step_start[a.step] = self.now
             elif t is FinishStep:
                 self.trace.optimizer_cells.add(a.cell)
                 self._busy_start(a.cell)
-                self._push(self.now + costs.optim_h, _STEP, a.cell, a.step)
+                self._push(self.now + costs.optim_h, _OptimDone(cell=a.cell, step=a.step))
             elif t is PublishWeights:
                 self.trace.optimizer_cells.add(a.cell)
                 self._busy_start(a.cell)
-                self._push(self.now + costs.publish_h, _PUBLISHED, a.cell, a.version)
+                self._push(self.now + costs.publish_h, _Published(cell=a.cell, version=a.version))
             elif t is WakeAt:
-                self._push(max(a.time, self.now), _TICK)
+                self._push(max(a.time, self.now), _Wake())
             elif t is EndRun:
                 self._account()
                 self.makespan = self.now
                 self.idle_slot_h_at_end = self.idle_slot_h
             else:  # pragma: no cover - new action types must be handled here
                 raise RuntimeError(f"world cannot carry out {t.__name__}")
+
+    def _arrive(self, t: float, what: _Scheduled) -> Event:
+        """A scheduled completion is due: update the world, and return the policy's event."""
+        if isinstance(what, _Launched):
+            return ExecutionsLaunched(time=t, executions=what.executions)
+        if isinstance(what, _MicroDone):
+            self._busy_end(what.cell)
+            return MicroStepDone(
+                time=t, cell=what.cell, step=what.step, group_id=what.group_id, index=what.index
+            )
+        if isinstance(what, _Switched):
+            self._account()
+            self._set_role(what.cell, what.role)
+            if what.role is CellRole.ROLLOUT:
+                self.capacity += self.Ce
+            self._rerate()
+            return CellSwitched(time=t, cell=what.cell, role=what.role)
+        if isinstance(what, _OptimDone):
+            self._busy_end(what.cell)
+            if self.record:
+                self.trace.steps.append((self._step_start.get(what.step, t), t))
+            return StepDone(time=t, step=what.step)
+        if isinstance(what, _Published):
+            self._busy_end(what.cell)
+            if self.record:
+                self.trace.publications.append(t)
+            return WeightsPublished(time=t, version=what.version)
+        return Tick(time=t)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> World:
@@ -312,34 +377,13 @@ class World:
                 if missing:
                     self.missing_execs += 1
                 self._rerate()
-                ev = ExecutionFinished(self.now, key, None if missing else 1.0)
+                ev = ExecutionFinished(
+                    time=self.now, execution=key, reward=None if missing else 1.0
+                )
             else:
-                t, _, kind, a, b, c, d = heapq.heappop(heap)
+                t, _, what = heapq.heappop(heap)
                 self.now = t
-                if kind == _LAUNCHED:
-                    ev = ExecutionsLaunched(t, a)
-                elif kind == _MICRO:
-                    self._busy_end(a)
-                    ev = MicroStepDone(t, a, b, c, d)
-                elif kind == _SWITCHED:
-                    self._account()
-                    self._set_role(a, b)
-                    if b is CellRole.ROLLOUT:
-                        self.capacity += self.Ce
-                    self._rerate()
-                    ev = CellSwitched(t, a, b)
-                elif kind == _STEP:
-                    self._busy_end(a)
-                    if self.record:
-                        self.trace.steps.append((self._step_start.get(b, t), t))
-                    ev = StepDone(t, b)
-                elif kind == _PUBLISHED:
-                    self._busy_end(a)
-                    if self.record:
-                        self.trace.publications.append(t)
-                    ev = WeightsPublished(t, b)
-                else:
-                    ev = Tick(t)
+                ev = self._arrive(t, what)
             self._apply(pol.handle(ev))
         self.end_time = self.now if self.makespan is None else self.makespan
         # close open role segments at the makespan
