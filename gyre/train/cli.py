@@ -37,7 +37,8 @@ def demo(
 
     from gyre.cli_errors import fail, make_dir, require_model_dir, user_errors, validation_line
     from gyre.train.config import CheckpointConfig, StreamConfig, TrainerConfig
-    from gyre.train.local import JoinPlan, LocalRun, SyntheticData, run_local
+    from gyre.train.local import JoinPlan, LocalRun, SyntheticData, read_participation, run_local
+    from gyre.train.participation import describe, summary
 
     with user_errors("train demo"):
         if model_dir is not None:
@@ -66,13 +67,20 @@ def demo(
         joins={k: JoinPlan(after_done=k * join_after) for k in range(1, cells)},
     )
     run_local(cells, [run], out)
-    for line in (out / "demo" / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
+    # who joined each step, said out loud: the core never waits for a satellite, so under load a
+    # step can run with fewer cells (same update); the reason comes from the cell itself
+    steps_seen = read_participation(out / "demo", cells)
+    rows = [json.loads(x) for x in (out / "demo" / "metrics.jsonl").read_text().splitlines()]
+    for m, p in zip(rows, steps_seen):
+        head, *missed = describe(p).split("\n")
         typer.echo(
-            f"step {m['step']}: version {m['version']} cells {m['train/participants']} "
+            f"step {m['step']}: version {m['version']} {head} "
             f"claims {m['claims']} loss {m['actor/loss']:+.4f} grad_norm {m['actor/grad_norm']:.3f} "
             f"clipfrac {m['actor/pg_clipfrac']:.3f} tokens/s {m['train/tokens_per_s']:.0f}"
         )
+        for line in missed:
+            typer.echo(line)
+    typer.echo(summary(steps_seen))
     typer.echo(f"weights: {out / 'demo' / 'final.safetensors'}")
 
 

@@ -8,7 +8,13 @@ groups, named as such), how many steps, and per satellite when it joins each ste
 (after how many micro-steps were done) and how many micro-steps it may take.
 
 Results land in ``out_dir/<run name>/``: ``final.safetensors`` (core weights after the
-run), ``metrics.jsonl`` (core), ``cell<k>.json`` (satellite participation).
+run), ``metrics.jsonl`` (core; ``cells_joined``/``cells_missed`` per step),
+``cell<k>.json`` (satellite participation, with why it missed a step it planned to join;
+:mod:`gyre.train.participation` merges the two).
+
+All cells start a run together (a barrier once every cell has loaded its model), so
+start-up skew costs no step; within a run the core never waits for a satellite, as the
+policy says: a satellite that arrives after the seal misses that step, and says so.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import signal
 import socket
 import time
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -146,6 +153,8 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
 
         if run.source == "all":
             core.add_groups(groups)
+        planned = sorted(c for c, p in run.joins.items() if p.join and 0 < c < cell.world)
+        cell.barrier()  # every cell is loaded: the first step is not lost to start-up skew
         with (rdir / "metrics.jsonl").open("a") as f:
             for s in range(first, run.steps):
                 res = core.run_step(
@@ -161,6 +170,8 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
                             "version": res.policy_version,
                             **res.metrics,
                             "claims": res.seal.claims,
+                            "cells_joined": list(range(res.seal.participants)),
+                            "cells_missed": [c for c in planned if c >= res.seal.participants],
                             "groups": res.seal.meta.get("groups", []),
                         }
                     )
@@ -170,22 +181,31 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
         save_file(named_params(core.model), str(rdir / "final.safetensors"))
         core.stop()
     else:
+        from gyre.train.participation import OVER_BEFORE_READY, join_when_due
+
         plan = run.joins.get(rank)
         sat = cell.satellite(run.cfg, ns, weights)
         coord = sat.coord
         sat.start()
+        cell.barrier()  # pairs with the core's: all cells loaded before the first step
         log = []
         for s in range(first, run.steps):
             if plan is None or not plan.join:
                 continue
-            sat.wait_for_step(s)
-            while coord.n_done(s) < plan.after_done and not coord.is_sealed(s):
-                time.sleep(run.cfg.stream.poll_s)
-            res = sat.join_step(s, max_claims=plan.max_claims, on_microstep=killer(s))
+            res, why = None, OVER_BEFORE_READY
+            if sat.wait_for_step(s) is not None:
+                res, why = join_when_due(
+                    coord,
+                    s,
+                    plan.after_done,
+                    partial(sat.join_step, s, max_claims=plan.max_claims, on_microstep=killer(s)),
+                    poll_s=run.cfg.stream.poll_s,
+                )
             log.append(
                 {
                     "step": s,
                     "joined": res is not None,
+                    "why": why,
                     "micro_steps": res.micro_steps if res else 0,
                     "compute_s": res.compute_s if res else 0.0,
                     "cpu_s": res.cpu_s if res else 0.0,
@@ -193,6 +213,27 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
             )
         (rdir / f"cell{rank}.json").write_text(json.dumps(log))
         sat.stop()
+
+
+def read_participation(rdir: Path, world: int) -> list:
+    """Per step of a finished run: who joined (the core's metrics) and why a planned cell did not
+    (its ``cell<k>.json``), as :class:`gyre.train.participation.StepParticipation` records."""
+    from gyre.train.participation import step_participation
+
+    accounts: dict[int, dict[int, dict]] = {}
+    for c in range(1, world):
+        f = rdir / f"cell{c}.json"
+        for row in json.loads(f.read_text()) if f.exists() else []:
+            accounts.setdefault(row["step"], {})[c] = row
+    out = []
+    for line in (rdir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        joined = m.get("cells_joined", list(range(m["train/participants"])))
+        planned = [*joined, *m.get("cells_missed", [])]
+        out.append(
+            step_participation(m["step"], world, len(joined), planned, accounts.get(m["step"]))
+        )
+    return out
 
 
 def run_local(
