@@ -188,6 +188,11 @@ class Engine(ABC):
     def started(self) -> bool:
         return self._started
 
+    async def wait_unpaused(self) -> None:
+        """Return at once, or when the engine is resumed (producers call it between tokens)."""
+        assert self._unpaused is not None, "engine not started"
+        await self._unpaused.wait()
+
     @property
     def paused(self) -> bool:
         return self._unpaused is not None and not self._unpaused.is_set()

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import FinishReason, SamplingParams
 from gyre.engine.sampling import sample_row
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -55,7 +59,7 @@ class Prefill:
 
     row: Row
     ids: list[int]
-    cache: object
+    cache: Any  # its own DynamicCache (see DecodeBatch.cache)
     done: int  # prompt tokens already in `cache`
     cached: int  # of those, how many came from the prefix cache
 
@@ -78,9 +82,12 @@ def _cache_kwarg(model) -> str:
 
 @dataclass
 class DecodeBatch:
-    model: object
+    model: PreTrainedModel
     rows: list[Row] = field(default_factory=list)
-    cache: object = None  # DynamicCache with [B, H, Lc, D] per layer
+    # A DynamicCache of full-attention layers ([B, H, Lc, D] keys/values each; the engine checks
+    # the layout at load), None while no row is live. Any: transformers types its layers as a
+    # union of layer kinds, most without .keys/.values.
+    cache: Any = None
     mask: torch.Tensor | None = None  # [B, Lc] long, 1 = real token
     prefix_cache: PrefixCache | None = None
     pending: list[Prefill] = field(default_factory=list)  # prefills not finished yet, in order
@@ -169,6 +176,7 @@ class DecodeBatch:
             self.rows, self.cache = [row], cache
             self.mask = torch.ones((1, length), dtype=torch.long, device=self.device)
             return
+        assert self.mask is not None  # live rows have a mask
         width = max(self.width, length)
         pad_batch, pad_row = width - self.width, width - length
         for lb, lr in zip(self.cache.layers, cache.layers):
@@ -176,7 +184,7 @@ class DecodeBatch:
             lb.values = torch.cat(
                 [_left_pad(lb.values, pad_batch), _left_pad(lr.values, pad_row)], dim=0
             )
-        z = dict(dtype=torch.long, device=self.device)
+        z: dict[str, Any] = dict(dtype=torch.long, device=self.device)
         row_mask = torch.cat([torch.zeros((1, pad_row), **z), torch.ones((1, length), **z)], 1)
         batch_mask = torch.cat([torch.zeros((len(self.rows), pad_batch), **z), self.mask], 1)
         self.mask = torch.cat([batch_mask, row_mask], 0)
@@ -211,6 +219,7 @@ class DecodeBatch:
         if not keep:
             self.rows, self.cache, self.mask = [], None, None
             return
+        assert self.mask is not None  # live rows have a mask
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.rows = [self.rows[i] for i in keep]
         self.mask = self.mask.index_select(0, idx)
@@ -226,6 +235,7 @@ class DecodeBatch:
         Finished rows leave the batch."""
         if not self.rows:
             return []
+        assert self.mask is not None  # live rows have a mask
         tokens = torch.tensor(
             [[r.next_token] for r in self.rows], dtype=torch.long, device=self.device
         )

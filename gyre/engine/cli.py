@@ -8,8 +8,16 @@ gyre engine --kind null --port 30001                        # null engine (overh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from gyre.engine.base import Engine
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+"""uvicorn's log levels (checked here: uvicorn itself fails on an unknown one with a KeyError)."""
 
 
 def serve(
@@ -72,6 +80,8 @@ def serve(
 
     if kind not in ("embedded", "scripted", "null"):
         fail("engine", f"--kind {kind!r}: unknown; use embedded, scripted or null")
+    if log_level.lower() not in LOG_LEVELS:
+        fail("engine", f"--log-level {log_level!r}: unknown; use one of {', '.join(LOG_LEVELS)}")
     with user_errors("engine"):
         if kind != "null" and model is not None:
             require_model_dir(model, "--model", need_config=kind == "embedded")
@@ -147,7 +157,7 @@ def build_engine(
     null_tokens: int = 16,
     prefix_cache_mb: float = 256.0,
     prefill_chunk: int = 2048,
-):
+) -> Engine:
     """An (unstarted) engine of ``kind`` from CLI-style arguments."""
     if kind == "null":
         from gyre.engine.config import NullEngineConfig
@@ -167,31 +177,34 @@ def build_engine(
 
         if script is None:
             raise ValueError("--kind scripted needs --script FILE (a ScriptBook JSON)")
-        cfg = ScriptedEngineConfig(engine_id=engine_id, tokenizer_dir=str(model))
+        scfg = ScriptedEngineConfig(engine_id=engine_id, tokenizer_dir=str(model))
         if max_context:
-            cfg.max_context_length = max_context
+            scfg.max_context_length = max_context
         try:
             book = ScriptBook.from_json(Path(script))
         except OSError as e:
             raise ValueError(f"--script {script}: {e.strerror or e}") from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"--script {script}: not a ScriptBook JSON ({e})") from None
-        return ScriptedEngine(cfg, book)
+        return ScriptedEngine(scfg, book)
     if kind == "embedded":
         from gyre.engine.config import EmbeddedEngineConfig
         from gyre.engine.embedded import EmbeddedEngine
 
+        # CLI strings: pydantic checks logprob_mode and dtype (a ValidationError names them)
         return EmbeddedEngine(
-            EmbeddedEngineConfig(
-                engine_id=engine_id,
-                model_dir=str(model),
-                max_batch=max_batch,
-                max_context_length=max_context,
-                logprob_mode=logprob_mode,
-                dtype=dtype,
-                torch_threads=torch_threads,
-                prefix_cache_mb=prefix_cache_mb,
-                prefill_chunk_tokens=prefill_chunk,
+            EmbeddedEngineConfig.model_validate(
+                dict(
+                    engine_id=engine_id,
+                    model_dir=str(model),
+                    max_batch=max_batch,
+                    max_context_length=max_context,
+                    logprob_mode=logprob_mode,
+                    dtype=dtype,
+                    torch_threads=torch_threads,
+                    prefix_cache_mb=prefix_cache_mb,
+                    prefill_chunk_tokens=prefill_chunk,
+                )
             )
         )
     raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted or null")

@@ -26,6 +26,7 @@ import random
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
@@ -37,6 +38,9 @@ from gyre.engine.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsResponse,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -97,8 +101,8 @@ class EmbeddedEngine(Engine):
     def __init__(self, config: EmbeddedEngineConfig):
         super().__init__(config.engine_id)
         self.config = config
-        self.model = None
-        self.tokenizer = None
+        self.model: PreTrainedModel | None = None  # loaded by start(), in the worker thread
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.eos_token_ids: list[int] = []
         self.vocab_size = 0
         self.max_context_length = 0
@@ -115,7 +119,7 @@ class EmbeddedEngine(Engine):
         self.max_rows_seen = 0  # largest batch a decode step ran with
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def _load(self, path: str):
+    def _load(self, path: str) -> PreTrainedModel:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -124,7 +128,9 @@ class EmbeddedEngine(Engine):
         kwargs = {"dtype": getattr(torch, self.config.dtype), "local_files_only": True}
         if self.config.attn_implementation:
             kwargs["attn_implementation"] = self.config.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(self.config.device)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        # PreTrainedModel.to is @functools.wraps-decorated: mypy loses its bound self
+        model = model.to(self.config.device)  # type: ignore[arg-type]
         model.eval()
         return model
 
@@ -144,10 +150,25 @@ class EmbeddedEngine(Engine):
             self.tokenizer = None
         _check_cache_layout(self.model)
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
-        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        emb = self.model.get_input_embeddings().weight
+        assert isinstance(emb, torch.Tensor)  # an embedding table: [vocab, hidden]
+        self.vocab_size = int(emb.shape[0])
         limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (1 << 30)
         self.max_context_length = min(limit, self.config.max_context_length or limit)
         self._batch = self._new_batch()
+
+    def _loaded_model(self) -> PreTrainedModel:
+        assert self.model is not None, "engine not started (no model loaded)"
+        return self.model
+
+    def _live_batch(self) -> DecodeBatch:
+        assert self._batch is not None, "engine not started (no decode batch)"
+        return self._batch
+
+    def _kick(self) -> None:
+        """Wake the scheduler (it sleeps while idle or paused)."""
+        assert self._wake is not None, "engine not started"
+        self._wake.set()
 
     def _new_batch(self) -> DecodeBatch:
         pc = None
@@ -155,7 +176,7 @@ class EmbeddedEngine(Engine):
             pc = PrefixCache(
                 int(self.config.prefix_cache_mb * 2**20), self.config.prefix_cache_min_tokens
             )
-        batch = DecodeBatch(self.model, prefix_cache=pc)
+        batch = DecodeBatch(self._loaded_model(), prefix_cache=pc)
         batch.version = self._loaded_version
         return batch
 
@@ -239,7 +260,7 @@ class EmbeddedEngine(Engine):
 
     async def _enqueue(self, st: RequestState) -> None:
         self._waiting.append(st)
-        self._wake.set()
+        self._kick()
 
     def _on_abort(self, st: RequestState) -> None:
         super()._on_abort(
@@ -250,11 +271,11 @@ class EmbeddedEngine(Engine):
 
     async def pause(self, mode="in_place") -> None:
         await super().pause(mode)
-        self._wake.set()
+        self._kick()
 
     async def resume(self) -> None:
         await super().resume()
-        self._wake.set()
+        self._kick()
 
     # -- scheduling -----------------------------------------------------------------------------
     def _make_row(self, st: RequestState):
@@ -272,7 +293,7 @@ class EmbeddedEngine(Engine):
         self, drop: set[str], admit: list[tuple[Row, list[int]]]
     ) -> tuple[int, list[TokenEvent], list[str]]:
         """Runs in the worker thread: drop rows, prefill admissions, one batched decode step."""
-        batch = self._batch
+        batch = self._live_batch()
         batch.remove(drop)
         events: list[TokenEvent] = []
         for row, ids in admit:
@@ -289,6 +310,8 @@ class EmbeddedEngine(Engine):
         )
 
     async def _schedule(self) -> None:
+        wake = self._wake
+        assert wake is not None, "engine not started"
         while True:
             drop = {rid for rid, st in self._live.items() if st.finish is not None}
             for rid in drop:
@@ -298,11 +321,11 @@ class EmbeddedEngine(Engine):
             runnable = bool(self._live) or bool(self._waiting)
             if self.paused or not runnable:
                 if drop:  # free the KV of aborted rows even while paused/idle
-                    await self._run(self._batch.remove, drop)
-                self._wake.clear()
-                await self._wake.wait()
+                    await self._run(self._live_batch().remove, drop)
+                wake.clear()
+                await wake.wait()
                 continue
-            admit = []
+            admit: list[tuple[Row, list[int]]] = []
             while self._waiting and len(self._live) + len(admit) < self.config.max_batch:
                 st = self._waiting.popleft()
                 if st.finish is None:
@@ -346,10 +369,10 @@ class EmbeddedEngine(Engine):
     # -- weights ---------------------------------------------------------------------------------
     def _reload(self, path: str, version: int) -> str:
         new = self._load(path)
-        missing = self.model.load_state_dict(new.state_dict(), strict=True)
+        missing = self._loaded_model().load_state_dict(new.state_dict(), strict=True)
         del new
         self._loaded_version = version
-        self._batch.new_weights(version)
+        self._live_batch().new_weights(version)
         return str(missing)
 
     async def update_weights_from_disk(

@@ -67,7 +67,7 @@ class NullEngine(Engine):
     async def _produce_slowly(self, st: RequestState) -> None:
         ids, reason = self._plan(st)
         for t in ids:
-            await self._unpaused.wait()
+            await self.wait_unpaused()
             if st.finish is not None:
                 return
             st.append(t, self.config.logprob, self.weight_version)

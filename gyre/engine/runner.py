@@ -69,23 +69,23 @@ class ServerRunner:
         sock.set_inheritable(True)
         self._sock = sock
         self.port = sock.getsockname()[1]
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             log_level=self.log_level, lifespan="on", access_log=False, timeout_graceful_shutdown=5
         )
         kwargs.update(self.uvicorn_kwargs)
         config = uvicorn.Config(self.app, host=self.host, port=self.port, **kwargs)
-        self._server = uvicorn.Server(config)
+        server = self._server = uvicorn.Server(config)
 
         def run() -> None:
             try:
-                self._server.run(sockets=[sock])
+                server.run(sockets=[sock])
             except BaseException as e:  # surfaced by start()/stop()
                 self._error = e
 
         self._thread = threading.Thread(target=run, name=f"{self.name}:{self.port}", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
-        while not self._server.started:
+        while not server.started:
             if not self._thread.is_alive():
                 self._close_sock()
                 state = getattr(self.app, "state", None)
@@ -106,6 +106,7 @@ class ServerRunner:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():  # graceful shutdown stuck (e.g. an endless stream): force
+                assert self._server is not None  # the thread serves it
                 self._server.force_exit = True
                 self._thread.join(5.0)
         self._close_sock()

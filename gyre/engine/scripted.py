@@ -206,6 +206,7 @@ class ScriptedEngine(Engine):
     ) -> tuple[str, int, int, list[int]]:
         """(script name, turn index, tokens already present, full turn ids) for a prompt."""
         text = self.tokenizer.decode(input_ids, skip_special_tokens=False)
+        assert isinstance(text, str)  # one sequence in, one string out
         script = self.book.select(text, script_key)
         if script is None:
             raise EngineInputError(
@@ -256,7 +257,7 @@ class ScriptedEngine(Engine):
         pos = done
         step = self.config.tokens_per_chunk
         while st.finish is None:
-            await self._unpaused.wait()
+            await self.wait_unpaused()
             if st.finish is not None:
                 return
             for _ in range(step):

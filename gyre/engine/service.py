@@ -12,12 +12,18 @@ on generation.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from gyre.engine.config import EmbeddedEngineConfig, NullEngineConfig, ScriptedEngineConfig
+
+if TYPE_CHECKING:
+    from gyre.engine.base import Engine
+    from gyre.engine.runner import ServerRunner
 
 AnyEngineConfig = EmbeddedEngineConfig | ScriptedEngineConfig | NullEngineConfig
 
 
-def make_engine(config: AnyEngineConfig, book=None):
+def make_engine(config: AnyEngineConfig, book=None) -> Engine:
     """An unstarted engine for a config (``book``: the ScriptBook of a scripted engine)."""
     if isinstance(config, EmbeddedEngineConfig):
         from gyre.engine.embedded import EmbeddedEngine
@@ -51,12 +57,12 @@ class EngineService:
         self.book = book
         self.host = host
         self.port = port
-        self.stream_options = dict(
+        self.stream_options: dict[str, Any] = dict(
             stream_interval=stream_interval,
             incremental_streaming_output=incremental_streaming_output,
         )
-        self.engine = None
-        self._runner = None
+        self.engine: Engine | None = None
+        self._runner: ServerRunner | None = None
 
     def start(self, timeout: float = 120.0) -> str:
         """Build the engine, serve it, return its URL (blocks until it accepts requests)."""
@@ -65,12 +71,12 @@ class EngineService:
 
         if self._runner is not None:
             return self._runner.url
-        self.engine = make_engine(self.config, self.book)
+        engine = self.engine = make_engine(self.config, self.book)
         runner = ServerRunner(
-            create_app(self.engine, **self.stream_options),
+            create_app(engine, **self.stream_options),
             host=self.host,
             port=self.port,
-            name=f"engine-{self.engine.engine_id}",
+            name=f"engine-{engine.engine_id}",
         )
         runner.start(timeout)
         self._runner = runner
