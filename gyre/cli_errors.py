@@ -64,6 +64,18 @@ def validation_line(e: ValidationError) -> str:
     return "; ".join(parts) or "invalid value"
 
 
+def error_line(e: BaseException) -> str:
+    """``str(e)``, with a pydantic error it wraps (``raise X(f"...: {ve}")``) shown by
+    :func:`validation_line`: libraries embed the whole multi-line text, links included."""
+    from pydantic import ValidationError
+
+    text = str(e)
+    inner = e.__cause__ or e.__context__
+    if isinstance(inner, ValidationError) and str(inner) in text:
+        text = text.replace(str(inner), validation_line(inner))
+    return text
+
+
 def model_dir_problem(
     path: str | Path, option: str = "--model", *, need_config: bool = True
 ) -> str | None:

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import typer
 
-from gyre.cli_errors import fail, first_line, make_dir, require_http_url, user_errors
+from gyre.cli_errors import (
+    error_line,
+    fail,
+    first_line,
+    make_dir,
+    require_http_url,
+    user_errors,
+)
 
 app = typer.Typer(
     help="Run harnesses on tasks: debug a task or a harness profile before training.",
@@ -81,7 +88,7 @@ def run(
         task = load_task(task_dir)
         prof = load_profile(profile)
     except (TaskError, ProfileError) as e:
-        fail("harness run", str(e))
+        fail("harness run", error_line(e))
     except OSError as e:
         fail("harness run", f"{e.filename or task_dir}: {e.strerror or e}")
     with user_errors("harness run"):

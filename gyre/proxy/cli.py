@@ -28,7 +28,7 @@ def serve(
     ),
     parser: str = typer.Option("hermes", "--parser", help="Output parser: hermes | plain."),
     max_context: int | None = typer.Option(
-        None, "--max-context", help="Token limit (default: model config)."
+        None, "--max-context", min=1, help="Token limit (default: model config)."
     ),
     no_fsync: bool = typer.Option(
         False, "--no-fsync", help="Do not fsync each trace record (faster, less durable)."

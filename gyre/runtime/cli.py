@@ -73,6 +73,7 @@ def resume_config(run_dir: Path, overrides: list[str]):
 
 def check_run(cfg) -> None:
     """The checks that need the file system: model, task set, harness profile, split size, placement."""
+    from gyre.cli_errors import error_line
     from gyre.harness.profiles import ProfileError, load_profile
     from gyre.harness.task import TaskError
     from gyre.policy import Placement
@@ -87,7 +88,7 @@ def check_run(cfg) -> None:
     try:
         stream = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
     except TaskError as e:
-        raise ConfigProblem(f"run.taskset: {e}") from None
+        raise ConfigProblem(f"run.taskset: {error_line(e)}") from None
     except TaskSetError as e:  # names its own field (run.train_tasks, run.eval_tasks)
         raise ConfigProblem(str(e)) from None
     try:
@@ -97,7 +98,7 @@ def check_run(cfg) -> None:
     try:
         load_profile(cfg.run.profile)
     except ProfileError as e:
-        raise ConfigProblem(f"run.profile: {e}") from None
+        raise ConfigProblem(f"run.profile: {error_line(e)}") from None
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
         raise ConfigProblem(
@@ -149,6 +150,8 @@ def run_command(
     log_format: str | None = typer.Option(None, "--log-format", help="rich | plain | json"),
 ) -> None:
     """Train a policy: real harnesses through the proxy, engines and trainer replicas on Ray cells."""
+    from gyre.cli_errors import UserError, make_dir
+
     try:
         if log_format is not None and log_format not in ("rich", "plain", "json"):
             raise ConfigProblem(f"--log-format: expected rich, plain or json, got {log_format!r}")
@@ -178,6 +181,10 @@ def run_command(
                 }
             )
         check_run(cfg)
+        try:
+            make_dir(run_dir.parent, "run.out_dir")
+        except UserError as e:
+            raise ConfigProblem(str(e)) from None
     except ConfigProblem as e:
         typer.echo(f"gyre run: {e}", err=True)
         raise typer.Exit(2) from None

@@ -252,6 +252,8 @@ def sweep(
     from gyre.sim.sweep import STUDIES, grid_points, run_sweep
 
     cfg = _load(preset, sets, None)
+    if placement not in PLACEMENT_CHOICES:
+        _fail(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {placement!r}")
     if study and grid:
         _fail("use either --study or --grid, not both")
     try:

@@ -79,7 +79,9 @@ def stats(
     traces: list[Path] = typer.Argument(
         ..., help="Trace files (one execution's JSONL each).", exists=True
     ),
-    j_max: int | None = typer.Option(None, "--j-max", help="Admission cap (default: uncapped)."),
+    j_max: int | None = typer.Option(
+        None, "--j-max", min=0, help="Admission cap (default: uncapped)."
+    ),
     seed: int = typer.Option(0, help="Admission seed."),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON object per trace, one per line."
@@ -87,7 +89,9 @@ def stats(
     profile: Path | None = typer.Option(
         None, help="RoleProfile JSON file (default: the built-in profile)."
     ),
-    vocab_size: int | None = typer.Option(None, help="Reject token ids outside this vocabulary."),
+    vocab_size: int | None = typer.Option(
+        None, min=1, help="Reject token ids outside this vocabulary."
+    ),
     tokenizer: Path | None = typer.Option(
         None, help="Tokenizer directory: also count message nodes (occurrences of --message-token)."
     ),
@@ -135,7 +139,7 @@ def stats(
 def show(
     trace: Path = typer.Argument(..., help="One execution's trace file.", exists=True),
     j_max: int | None = typer.Option(
-        None, "--j-max", help="Mark the paths admitted under this cap."
+        None, "--j-max", min=0, help="Mark the paths admitted under this cap."
     ),
     seed: int = typer.Option(0, help="Admission seed."),
     html_out: Path | None = typer.Option(
@@ -145,13 +149,16 @@ def show(
         None, "--png", help="Also write a PNG icicle picture of the tree here."
     ),
     tokenizer: Path | None = typer.Option(None, help="Tokenizer directory: show node text."),
-    max_nodes: int = typer.Option(400, help="Print at most this many nodes."),
+    max_nodes: int = typer.Option(400, min=0, help="Print at most this many nodes."),
     profile: Path | None = typer.Option(None, help="RoleProfile JSON file."),
 ) -> None:
     """An indented outline of the tree's radix nodes (leaves with role and admission order)."""
     from gyre.trace.admission import admit
     from gyre.trace.stats import render_html, render_png, render_text
 
+    for out in (html_out, png_out):  # before the outline is printed, not after
+        if out is not None and not out.parent.is_dir():
+            fail("tree show", f"cannot write {out}: no directory {out.parent}")
     tree = _load(trace, _profile(profile, "show"), None, "show")
     adm = admit(tree, j_max, seed)
     decode = _decoder(tokenizer, "show")

@@ -61,6 +61,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (badtok / "tokenizer.json").write_text("garbage")
     badprofile = d / "profile.json"
     badprofile.write_text(json.dumps({"rules": [{"role": "boss"}]}))
+    badprofile_toml = d / "harness.toml"
+    badprofile_toml.write_text('name = "x"\ncommand = 5\n')
     badtoml = d / "bad.toml"
     badtoml.write_text("[policy\n")
     trace_dir = d / "tr"
@@ -78,6 +80,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "badtok": badtok,
         "badprofile": badprofile,
         "badtoml": badtoml,
+        "badprofile_toml": badprofile_toml,
         "trace": trace_dir / "case-study.jsonl",
     }
 
@@ -180,6 +183,11 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         lambda f, p: ["engine", "--model", str(f["badtok"]), "--dtype", "int3", "--port", "0"],
         ("dtype", "'int3'"),
     ),
+    (
+        "engine-unknown-log-level",
+        lambda f, p: ["engine", "--kind", "null", "--log-level", "loud"],
+        ("--log-level 'loud'", "warning"),
+    ),
     # output paths that cannot be created
     (
         "model-tiny-unwritable",
@@ -274,6 +282,23 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("policy.cells", "'abc'"),
     ),
     (
+        "run-out-dir-unwritable",
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            f"model_dir={f['badtok']}",
+            "--set",
+            f"run.out_dir={f['under_file']}",
+        ],
+        ("run.out_dir", "cannot create"),
+    ),
+    (
+        "sim-sweep-unknown-placement",
+        lambda f, p: ["sim", "sweep", "--placement", "best", "--seeds", "1"],
+        ("--placement", "'best'"),
+    ),
+    (
         "sim-bad-value",
         lambda f, p: ["sim", "--set", "tail=abc"],
         ("workload.tail", "'abc'"),
@@ -303,6 +328,14 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
             str(f["under_file"]),
         ],
         ("--workspace-root", "cannot create"),
+    ),
+    (
+        "harness-run-bad-profile-file",
+        lambda f, p: (
+            ["harness", "run", str(TASK), "--profile", str(f["badprofile_toml"])]
+            + ["--base-url", DEAD]
+        ),
+        ("command: Input should be a valid list (got 5)",),
     ),
     (
         "harness-tasks-no-such-set",
