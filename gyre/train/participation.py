@@ -23,7 +23,9 @@ OVER_BEFORE_READY = "the step was over before this cell was ready for it"
 SEALED_BEFORE_JOIN_POINT = (
     "the step sealed before this cell joined (its join point: {after_done} micro-steps done)"
 )
-SEALED_WHILE_QUEUED = "the step sealed while it waited for its turn (cells join in order 1, 2, ...)"
+SEALED_WHILE_QUEUED = (
+    "the step sealed before its join went through (a cell joins only after the cells below it)"
+)
 NOT_JOINED_PREFIX = "a lower cell did not join (cells join in order 1, 2, ...)"
 
 
