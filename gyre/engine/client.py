@@ -8,6 +8,9 @@ Errors are split by what the caller should do about them:
 - :class:`EngineRequestError` (4xx): the request itself is bad (empty or
   out-of-vocab ids, context too long, ...). Retrying will not help.
 - :class:`EngineServerError` (5xx): the engine failed while serving.
+- :class:`EngineProtocolError`: the engine answered, but not in the protocol (a
+  stream request answered with a plain body, data that is not the expected JSON).
+  Not transient: retrying the same engine will not help.
 
 One client owns one ``httpx.AsyncClient`` (connection pooling); close it with
 ``await client.aclose()`` or ``async with EngineClient(url) as c``. Create it in
@@ -63,6 +66,10 @@ class EngineRequestError(EngineHTTPError):
 
 class EngineServerError(EngineHTTPError):
     """5xx: the engine failed."""
+
+
+class EngineProtocolError(EngineError):
+    """The engine's answer is not the /generate protocol (see module doc)."""
 
 
 def _error_message(resp_text: str) -> str:
@@ -203,10 +210,16 @@ class EngineClient:
         """Non-streaming generation; returns the final response."""
         body = _build_request(input_ids, sampling_params, rid, return_logprob, stream=False)
         resp = await self._request("POST", "/generate", body)
-        data = resp.json()
-        if isinstance(data, list):  # SGLang answers a batch request with a list
-            data = data[0]
-        return GenerateResponse.model_validate(data)
+        try:
+            data = resp.json()
+            if isinstance(data, list) and data:  # SGLang answers a batch request with a list
+                data = data[0]
+            return GenerateResponse.model_validate(data)
+        except (ValueError, ValidationError) as e:
+            raise EngineProtocolError(
+                f"engine {self.base_url}/generate: not a /generate answer ({type(e).__name__})",
+                url=self.base_url,
+            ) from None
 
     async def generate_stream(
         self,
@@ -230,18 +243,34 @@ class EngineClient:
                 if resp.status_code >= 400:
                     await resp.aread()
                     _raise_for_status(resp.status_code, resp.text, url)
+                ctype = resp.headers.get("content-type", "")
+                if not ctype.startswith("text/event-stream"):
+                    raise EngineProtocolError(
+                        f"engine {url} answered a stream request with {ctype or 'no content-type'}",
+                        url=url,
+                    )
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == DONE_SENTINEL:
                         return
-                    data = json.loads(payload)
+                    try:
+                        data = json.loads(payload)
+                    except ValueError:
+                        raise EngineProtocolError(
+                            f"engine {url}: a stream event is not JSON: {payload[:120]!r}", url=url
+                        ) from None
                     if isinstance(data, dict) and "error" in data:
                         err = data["error"]
                         code = int(err.get("code", 500)) if isinstance(err, dict) else 500
                         _raise_for_status(code if code >= 400 else 500, json.dumps(data), url)
-                    chunk = GenerateResponse.model_validate(data)
+                    try:
+                        chunk = GenerateResponse.model_validate(data)
+                    except ValidationError:
+                        raise EngineProtocolError(
+                            f"engine {url}: a stream event is not a /generate answer", url=url
+                        ) from None
                     if self.incremental_stream:
                         ids_so_far.extend(chunk.output_ids)
                         lps_so_far.extend(chunk.meta_info.output_token_logprobs or [])
@@ -295,6 +324,16 @@ class EngineClient:
         """``GET /get_server_info``: model info plus load figures (Gyre engines: live_requests,
         waiting, running, ...; SGLang: its own server args and stats)."""
         return self._json(await self._request("GET", "/get_server_info"))
+
+    async def ping(self) -> bool:
+        """True when the engine's HTTP server answers at all (any status): a liveness probe that,
+        unlike SGLang's /health, never asks the model for a token, so a busy engine still passes
+        and only a frozen or gone one fails."""
+        try:
+            await self._http.get("/get_model_info")
+        except httpx.TransportError:
+            return False
+        return True
 
     async def health(self) -> bool:
         """True when the engine answers ``/health`` with 200; False on any error status or no connection."""

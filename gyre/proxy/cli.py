@@ -43,13 +43,14 @@ def serve(
         None,
         "--engine-first-byte-timeout",
         min=0,
-        help="Seconds an engine may take to its first data (default 600).",
+        help="Hard limit on an engine's time to first data (default: none; probes catch a "
+        "frozen engine).",
     ),
     engine_idle_timeout: float | None = typer.Option(
         None,
         "--engine-idle-timeout",
         min=0,
-        help="Seconds a stream may stay silent before its engine counts as frozen (default 180).",
+        help="Hard limit on the silence between stream chunks (default 600).",
     ),
 ) -> None:
     """Serve the OpenAI and Anthropic APIs in front of engines, recording token-exact traces."""

@@ -84,15 +84,23 @@ class ProxyConfig(BaseModel):
         "them all for a while) before a 503 with Retry-After.",
     )
     engine_first_byte_timeout_s: float | None = Field(
-        600.0,
-        description="An engine attempt with no data this long (queue + prefill; the whole "
-        "generation for a non-streamed call) is declared failed (None: no limit).",
+        None,
+        description="Hard limit on an engine attempt's wait for its first data (queue + prefill; "
+        "the whole generation for a non-streamed call), even while the engine answers probes "
+        "(None: none; a frozen engine is caught by the probe).",
     )
     engine_idle_timeout_s: float | None = Field(
-        180.0,
-        description="A streaming engine silent this long between chunks (frozen) is declared "
-        "failed and the call moves on with its output so far (None: no limit).",
+        600.0,
+        description="Hard limit on the silence between two chunks of a stream, even while the "
+        "engine answers probes (a stuck request); the call moves on with its output so far.",
     )
+    engine_probe_after_s: float | None = Field(
+        10.0,
+        description="After this long without a byte from an engine, a waiting call asks it for "
+        "/get_model_info (one probe per engine, shared); no answer within "
+        "engine_probe_timeout_s: the engine is frozen, the call moves on (None: no probes).",
+    )
+    engine_probe_timeout_s: float = Field(10.0, description="See engine_probe_after_s.")
     engine_max_attempts: int = Field(
         8, description="Failed engine attempts one call may make before a 503/504."
     )

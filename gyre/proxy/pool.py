@@ -80,6 +80,8 @@ class EngineHandle:
     down_until: float = 0.0  # after a broken connection, routed to only when no other engine is up
     streak: int = 0  # consecutive broken attempts (the back-off grows with it)
     suspect: str | None = None  # the last protocol violation seen (cleared by a good answer)
+    last_alive: float = 0.0  # time.monotonic() of the last byte or probe answer from it
+    probe: asyncio.Task | None = None  # the liveness probe in flight, shared by waiting calls
 
 
 @dataclass
@@ -112,6 +114,8 @@ class EnginePool:
         wait_for_engine_s: float = 600.0,
         first_byte_timeout: float | None = None,
         idle_timeout: float | None = None,
+        probe_after: float | None = None,
+        probe_timeout: float = 10.0,
         backoff: Backoff | None = None,
     ) -> None:
         self._urls = [u.rstrip("/") for u in urls]
@@ -120,6 +124,8 @@ class EnginePool:
         self.wait_for_engine_s = wait_for_engine_s
         self.first_byte_timeout = first_byte_timeout
         self.idle_timeout = idle_timeout
+        self.probe_after = probe_after
+        self.probe_timeout = probe_timeout
         self.backoff = backoff or Backoff()
         self._rng = random.Random()
         self.engines: dict[str, EngineHandle] = {}
@@ -131,6 +137,8 @@ class EnginePool:
             "engine_timeouts": 0,
             "protocol_errors": 0,
             "backoff_waits": 0,
+            "probes": 0,
+            "probes_failed": 0,
         }
         self._rr = itertools.count()
         self._changed: asyncio.Event | None = None
@@ -432,19 +440,95 @@ class EnginePool:
         except Exception:
             pass
 
-    async def _plain_attempt(self, engine: EngineHandle, body: PartsPayload):
-        limit = self.first_byte_timeout
+    # -- waiting on an engine: hard limits, and liveness probes in between ----------------------
+    async def _alive(self, engine: EngineHandle) -> bool:
+        """Does the engine answer a cheap control request? One probe per engine at a time, shared
+        by every call waiting on it; an engine that sent anything lately counts as alive."""
+        if self.probe_after is None or time.monotonic() - engine.last_alive < self.probe_after:
+            return True
+        if engine.probe is None or engine.probe.done():
+            engine.probe = asyncio.get_running_loop().create_task(self._probe(engine))
+        return await asyncio.shield(engine.probe)
+
+    async def _probe(self, engine: EngineHandle) -> bool:
+        self.counters["probes"] += 1
         try:
-            async with asyncio.timeout(limit):
-                async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
-                    raw = await resp.read()
-                    status = resp.status
-        except TimeoutError as e:
-            if limit is not None:
-                raise EngineSilent(f"no answer within {limit:g} s") from e
+            ok = await asyncio.wait_for(engine.ctl.ping(), self.probe_timeout)
+        except Exception:  # timeout, refused, reset: no sign of life
+            ok = False
+        if ok:
+            engine.last_alive = time.monotonic()
+        else:
+            self.counters["probes_failed"] += 1
+        return ok
+
+    def _frozen(self, what: str) -> EngineSilent:
+        return EngineSilent(
+            f"{what}: silent for {self.probe_after:g} s and no answer to a liveness probe "
+            f"within {self.probe_timeout:g} s (frozen?)"
+        )
+
+    async def _await(self, engine: EngineHandle, aw: Any, limit_at: float | None, what: str):
+        """Await ``aw`` (run as a task) until ``limit_at`` (loop time; None: no limit); every
+        ``probe_after`` seconds of waiting the engine must answer a probe. Raises EngineSilent."""
+        loop = asyncio.get_running_loop()
+        fut = asyncio.ensure_future(aw)
+        try:
+            while True:
+                until = limit_at
+                if self.probe_after is not None:
+                    p = loop.time() + self.probe_after
+                    until = p if until is None else min(until, p)
+                done, _ = await asyncio.wait(
+                    {fut}, timeout=None if until is None else max(until - loop.time(), 0)
+                )
+                if done:
+                    return fut.result()
+                if limit_at is not None and loop.time() >= limit_at:
+                    raise EngineSilent(f"{what}: no answer within the read timeout")
+                if not await self._alive(engine):
+                    raise self._frozen(what)
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    async def _read_some(self, engine: EngineHandle, resp: Any, limit_at: float | None) -> bytes:
+        """The next bytes of a stream (b"" at its end), with the same limits as :meth:`_await`;
+        aiohttp's ``readany`` is cancel-safe, so no task is made per chunk."""
+        loop = asyncio.get_running_loop()
+        while True:
+            until = limit_at
+            if self.probe_after is not None:
+                p = loop.time() + self.probe_after
+                until = p if until is None else min(until, p)
+            cm = asyncio.timeout_at(until)
+            try:
+                async with cm:
+                    data = await resp.content.readany()
+                engine.last_alive = time.monotonic()
+                return data
+            except TimeoutError:
+                if not cm.expired():
+                    raise
+            if limit_at is not None and loop.time() >= limit_at:
+                raise EngineSilent("the stream went silent past its read timeout")
+            if not await self._alive(engine):
+                raise self._frozen("the stream")
+
+    async def _plain_attempt(self, engine: EngineHandle, body: PartsPayload):
+        async def request() -> tuple[bytes, int]:
+            async with engine.session.post("/generate", data=body, headers=_JSON) as resp:
+                return await resp.read(), resp.status
+
+        loop = asyncio.get_running_loop()
+        first = self.first_byte_timeout
+        try:
+            raw, status = await self._await(
+                engine, request(), None if first is None else loop.time() + first, "the answer"
+            )
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise EngineBroke(f"{type(e).__name__}: {e}") from e
-        except aiohttp.ClientError as e:
-            raise EngineBroke(f"{type(e).__name__}: {e}") from e
+        engine.last_alive = time.monotonic()
         if status >= 400:
             _raise_engine_error(status, raw.decode("utf-8", "replace"), engine)
         try:
@@ -460,13 +544,13 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         deadline = None if first is None else loop.time() + first
         try:
-            async with asyncio.timeout_at(deadline):
-                resp = await engine.session.post("/generate", data=body, headers=_JSON)
-        except TimeoutError as e:
-            if deadline is not None:
-                raise EngineSilent(f"no answer within {first:g} s") from e
-            raise EngineBroke(f"{type(e).__name__}: {e}") from e
-        except aiohttp.ClientError as e:
+            resp = await self._await(
+                engine,
+                engine.session.post("/generate", data=body, headers=_JSON),
+                deadline,
+                "the stream",
+            )
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise EngineBroke(f"{type(e).__name__}: {e}") from e
         try:
             async with resp:
@@ -481,23 +565,15 @@ class EnginePool:
                         f"instead of text/event-stream: {_peek(raw)}"
                     )
                 buf = b""
-                chunks = resp.content.iter_any().__aiter__()  # SSE lines of any length
                 got_data = False
-                while True:
-                    try:
-                        if not got_data and deadline is not None:
-                            async with asyncio.timeout_at(deadline):
-                                chunk = await chunks.__anext__()
-                        elif got_data and idle is not None:
-                            async with asyncio.timeout(idle):
-                                chunk = await chunks.__anext__()
-                        else:
-                            chunk = await chunks.__anext__()
-                    except StopAsyncIteration:
+                while True:  # SSE lines of any length
+                    if got_data:
+                        limit_at = None if idle is None else loop.time() + idle
+                    else:
+                        limit_at = deadline
+                    chunk = await self._read_some(engine, resp, limit_at)
+                    if not chunk:
                         break
-                    except TimeoutError as e:
-                        what = f"{idle:g} s between chunks" if got_data else f"{first:g} s"
-                        raise EngineSilent(f"the stream went silent for {what}") from e
                     buf += chunk
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)

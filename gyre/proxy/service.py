@@ -103,6 +103,8 @@ class ProxyService:
             wait_for_engine_s=config.engine_wait_s,
             first_byte_timeout=config.engine_first_byte_timeout_s,
             idle_timeout=config.engine_idle_timeout_s,
+            probe_after=config.engine_probe_after_s,
+            probe_timeout=config.engine_probe_timeout_s,
             backoff=Backoff(
                 max_attempts=config.engine_max_attempts, budget_s=config.engine_retry_budget_s
             ),

@@ -37,6 +37,8 @@ FAST = dict(  # short limits so each fault shows in a second or two
     engine_wait_s=1.0,
     engine_first_byte_timeout_s=1.5,
     engine_idle_timeout_s=1.0,
+    engine_probe_after_s=0.5,
+    engine_probe_timeout_s=0.5,
     engine_max_attempts=4,
     engine_retry_budget_s=3.0,
     fsync=False,
@@ -67,6 +69,11 @@ class FakeEngine:
                 return StreamingResponse(_garbage(), media_type="text/event-stream")
             if self.mode == "freeze_mid_stream":
                 return StreamingResponse(_then_silent(), media_type="text/event-stream")
+            if self.mode == "slow":  # busy (long queue/prefill) but alive: answers probes
+                if not req.get("stream"):
+                    await asyncio.sleep(2.0)
+                    return JSONResponse(_answer([7, 8], "stop"))
+                return StreamingResponse(_slow_stream(), media_type="text/event-stream")
             raise AssertionError(f"unknown mode {self.mode} ({req.get('rid')})")
 
         async def info(request: Request) -> Response:
@@ -111,6 +118,12 @@ def _answer(ids: list[int], finish: str | None) -> dict:
 
 async def _garbage():
     yield b"data: this is not json\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+async def _slow_stream():
+    await asyncio.sleep(2.0)
+    yield b"data: " + json.dumps(_answer([7, 8], "stop")).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
 
 
@@ -190,7 +203,15 @@ def test_frozen_engine_process_is_declared_failed(tiny_model_dir, tiny_tokenizer
                 pass
             assert time.monotonic() < deadline, "engine did not start"
             time.sleep(0.2)
-        with proxy(tiny_model_dir, tiny_tokenizer, tmp_path, [url], engine_max_attempts=2) as px:
+        with proxy(  # no hard read limits: the liveness probe alone finds the frozen engine
+            tiny_model_dir,
+            tiny_tokenizer,
+            tmp_path,
+            [url],
+            engine_max_attempts=2,
+            engine_first_byte_timeout_s=None,
+            engine_idle_timeout_s=None,
+        ) as px:
             r, _ = post(px, "/v1/chat/completions", OA)
             assert r.status_code == 200  # alive: served
             os.kill(eng.pid, signal.SIGSTOP)
@@ -198,9 +219,11 @@ def test_frozen_engine_process_is_declared_failed(tiny_model_dir, tiny_tokenizer
                 r, took = post(px, "/v1/chat/completions", {**OA, "stream": stream})
                 err = _openai_error(r, 504)
                 assert "did not answer in time" in err["message"] and r.headers["retry-after"]
-                # 2 attempts x 1.5 s first-byte timeout + one back-off wait (<= 0.25 s)
-                assert 2.9 <= took <= 6.0, (stream, took)
-            assert px.service.pool.counters["engine_timeouts"] == 4
+                assert "liveness probe" in err["message"]
+                # 2 attempts x (0.5 s silence + 0.5 s probe) + one back-off wait (<= 0.25 s)
+                assert 1.5 <= took <= 6.0, (stream, took)
+            counters = px.service.pool.counters
+            assert counters["engine_timeouts"] == 4 and counters["probes_failed"] >= 2
     finally:
         os.kill(eng.pid, signal.SIGCONT)
         eng.kill()
@@ -240,6 +263,23 @@ def test_frozen_mid_stream_moves_to_another_engine_with_its_output(
             assert px.service.pool.counters["engine_timeouts"] == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_slow_but_alive_engine_is_not_declared_frozen(
+    tiny_model_dir, tiny_tokenizer, tmp_path, stream
+):
+    """2 s to the first byte, probes every 0.5 s answered: served, no retry, no false alarm."""
+    with FakeEngine("slow") as slow:
+        with proxy(
+            tiny_model_dir, tiny_tokenizer, tmp_path, [slow.url], engine_first_byte_timeout_s=None
+        ) as px:
+            r, took = post(px, "/v1/chat/completions", {**OA, "stream": stream})
+            assert r.status_code == 200 and '"error"' not in r.text, r.text
+            assert slow.calls == 1 and 1.9 <= took <= 6.0, took
+            counters = px.service.pool.counters
+            assert counters["probes"] >= 1 and counters["probes_failed"] == 0
+            assert counters["engine_timeouts"] == 0
+
+
 @pytest.mark.parametrize("mode", ["plain_json", "garbage_sse"])
 def test_protocol_violation_is_a_502_not_retried(tiny_model_dir, tiny_tokenizer, tmp_path, mode):
     with FakeEngine(mode) as bad:
@@ -271,3 +311,17 @@ def test_sdk_retries_do_not_multiply_engine_calls(tiny_model_dir, tiny_tokenizer
                 list(an.messages.create(**{**AN, "stream": True}))
             assert bad.calls == 6
             assert time.monotonic() - t0 < 30
+
+
+async def test_engine_client_names_protocol_violations_and_pings():
+    from gyre.engine.client import EngineClient, EngineProtocolError
+
+    for mode in ("plain_json", "garbage_sse"):
+        with FakeEngine(mode) as bad:
+            async with EngineClient(bad.url) as c:
+                with pytest.raises(EngineProtocolError):
+                    async for _ in c.generate_stream([1, 2], {"max_new_tokens": 2}):
+                        pass
+                assert await c.ping()
+    async with EngineClient(f"http://127.0.0.1:{free_port()}") as c:
+        assert not await c.ping()
