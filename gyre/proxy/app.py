@@ -60,7 +60,9 @@ async def _probe(svc: ProxyService) -> tuple[bool, list[dict[str, Any]]]:
     return any(e["state"] == "active" and e["reachable"] for e in engines), engines
 
 
-async def _http_error(request: Request, exc: HTTPException) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Starlette types every handler as taking Exception; this one is registered for HTTPException
+    assert isinstance(exc, HTTPException)
     err = ApiError(
         exc.status_code,
         exc.detail or "error",
@@ -263,7 +265,8 @@ def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
             status_code=200 if ok else 503,
         )
 
-    async def denied(request: Request, exc: ApiError) -> Response:
+    async def denied(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)  # registered for ApiError only
         return JSONResponse(exc.openai_body(), status_code=exc.status)
 
     routes = [

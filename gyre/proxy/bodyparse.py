@@ -213,10 +213,12 @@ class BodyParser:
             return data
 
     def _extend(self, prev: ParsedBody, body: bytes, common: int) -> Any:
+        spans, ends = prev.spans, prev.ends
+        assert spans is not None and ends is not None  # the caller scanned prev
         # messages whose bytes lie entirely in the common prefix are the same objects
-        k = bisect_right(prev.ends, common)  # elements ending at or before the divergence
-        if k and prev.ends[k - 1] == common:
-            s = prev.spans[k - 1][0]
+        k = bisect_right(ends, common)  # elements ending at or before the divergence
+        if k and ends[k - 1] == common:
+            s = spans[k - 1][0]
             # objects, arrays and strings close themselves; a number could continue (12 -> 123)
             if prev.body[s : s + 1] not in (b"{", b"[", b'"'):
                 k -= 1
@@ -225,7 +227,7 @@ class BodyParser:
             if pb is not None:
                 self.recent.append(pb)
             return data
-        resume = prev.spans[k - 1][1]  # just after element k-1, in both bodies
+        resume = spans[k - 1][1]  # just after element k-1, in both bodies
         split = _split_elements(body, resume + 1) if body[resume : resume + 1] == b"," else None
         if body[resume : resume + 1] == b",":
             if split is None:
@@ -251,9 +253,9 @@ class BodyParser:
             body,
             top,
             prev.array_start,
-            prev.spans[:k] + new_spans,
+            spans[:k] + new_spans,
             end,
-            prev.ends[:k] + [e for _, e in new_spans],
+            ends[:k] + [e for _, e in new_spans],
         )
         self.recent.append(pb)
         return top

@@ -11,21 +11,23 @@ import json
 from typing import Any
 
 try:  # pragma: no cover - depends on the environment
-    import orjson as _orjson
+    import orjson
+
+    HAVE_ORJSON = True
 except ImportError:  # pragma: no cover
-    _orjson = None
+    HAVE_ORJSON = False
 
 
 def loads(data: bytes | str) -> Any:
-    if _orjson is not None:
-        return _orjson.loads(data)
+    if HAVE_ORJSON:
+        return orjson.loads(data)
     return json.loads(data)
 
 
 def dumps(obj: Any) -> bytes:
     """Compact JSON bytes (non-ASCII kept as UTF-8)."""
-    if _orjson is not None:
-        return _orjson.dumps(obj)
+    if HAVE_ORJSON:
+        return orjson.dumps(obj)
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

@@ -152,7 +152,7 @@ class Listeners:
         log_level: str = "warning",
     ) -> None:
         proto = read_timeout_protocol(read_timeout_s)
-        common = dict(
+        common: dict[str, Any] = dict(
             log_level=log_level,
             access_log=False,
             timeout_keep_alive=keep_alive_s,

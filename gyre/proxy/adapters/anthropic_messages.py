@@ -103,15 +103,19 @@ def normalize_item(m: Any, restore: Restore) -> list[Message]:
             out.append({"role": "user", "content": "\n".join(texts)})
         return out
     msg: Message = {"role": "assistant", "content": ""}
-    texts, reasoning, calls = [], [], []
+    texts = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
     for i, b in enumerate(content):
         if not isinstance(b, dict):
             raise bad_request(f"messages.assistant.content[{i}]: expected a content block object")
         t = b.get("type")
         if t == "text":
-            texts.append(b.get("text") if isinstance(b.get("text"), str) else "")
+            block_text = b.get("text")
+            texts.append(block_text if isinstance(block_text, str) else "")
         elif t == "thinking":
-            reasoning.append(b.get("thinking") if isinstance(b.get("thinking"), str) else "")
+            thinking = b.get("thinking")
+            reasoning.append(thinking if isinstance(thinking, str) else "")
         elif t == "tool_use":
             cid, name = b.get("id"), b.get("name")
             if not isinstance(cid, str) or not isinstance(name, str):
