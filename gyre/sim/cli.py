@@ -177,6 +177,8 @@ def sim(
         return
     if placement not in PLACEMENT_CHOICES:
         _fail(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {placement!r}")
+    if plot is not None and not plot.parent.is_dir():  # before simulating, not after
+        _fail(f"--plot {plot}: cannot write it (no directory {plot.parent})")
     cfg = _load(preset, sets, seed)
     names = list(cfg.placements) if placement == "all" else [placement]
     for n in names:

@@ -306,7 +306,7 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
     (
         "sim-plot-unwritable",
         lambda f, p: ["sim", "--placement", "elastic", "--plot", str(f["under_file"]) + ".png"],
-        ("--plot", "cannot write"),
+        ("--plot", "cannot write", "no directory"),
     ),
     # harness
     (
