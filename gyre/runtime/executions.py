@@ -113,7 +113,7 @@ class Executions:
             self.running -= 1
         self.finished += 1
         h = res.harness
-        failed = h.stop in ("launch_failed", "log_limit") or (
+        failed = h.stop in ("launch_failed", "log_limit", "disk_limit") or (
             h.stop == "exited" and h.exit_code != 0
         )
         self.failed += int(failed)
