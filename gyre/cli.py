@@ -47,13 +47,15 @@ def model_tiny(
     out_dir: Path = typer.Argument(..., help="Directory to write the model and tokenizer to."),
     seed: int = typer.Option(0, help="Weight initialisation seed."),
     vocab_size: int = typer.Option(2048, help="BPE vocabulary size (special tokens included)."),
-    layers: int = typer.Option(2, help="Transformer layers."),
-    hidden: int = typer.Option(128, help="Hidden size."),
+    layers: int = typer.Option(2, min=1, help="Transformer layers."),
+    hidden: int = typer.Option(128, min=4, help="Hidden size (a multiple of 4: 4 heads)."),
 ) -> None:
     """Build a tiny Qwen3-family model and tokenizer offline (for tests and the quickstart)."""
     from gyre.cli_errors import fail, first_line, make_dir, user_errors
     from gyre.models.tiny import build_tiny_model
 
+    if hidden % 4:
+        fail("model tiny", f"--hidden {hidden}: must be a multiple of 4 (the model has 4 heads)")
     with user_errors("model tiny"):
         make_dir(out_dir, "OUT_DIR")
     try:
@@ -85,6 +87,8 @@ def config_show(
     from gyre.cli_errors import fail, validation_line
     from gyre.config import load_config
 
+    if file is not None and file.is_dir():
+        fail("config show", f"{file} is a directory; give a TOML config file")
     try:
         cfg = load_config(file, set_, model_dir=model_dir)
     except ValidationError as e:

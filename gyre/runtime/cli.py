@@ -165,6 +165,8 @@ def run_command(
         else:
             if config is None:
                 raise ConfigProblem("give a config file (gyre run CONFIG.toml) or --resume RUN_DIR")
+            if config.is_dir():
+                raise ConfigProblem(f"{config} is a directory; give a TOML config file")
             cfg = load_run_config(config, set_)
             name = cfg.run.name or f"{cfg.policy.placement.value}-{time.strftime('%Y%m%d-%H%M%S')}"
             run_dir = Path(cfg.run.out_dir) / name

@@ -195,6 +195,11 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("cannot create", "sub"),
     ),
     (
+        "model-tiny-bad-hidden",
+        lambda f, p: ["model", "tiny", str(f["dir"] / "m"), "--hidden", "6"],
+        ("--hidden 6", "multiple of 4"),
+    ),
+    (
         "tree-synth-unwritable",
         lambda f, p: ["tree", "synth", str(f["under_file"])],
         ("cannot create", "sub"),
@@ -265,6 +270,16 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         "config-show-no-file",
         lambda f, p: ["config", "show", "/nonexistent.toml"],
         ("/nonexistent.toml",),
+    ),
+    (
+        "config-show-directory",
+        lambda f, p: ["config", "show", str(f["dir"])],
+        ("is a directory",),
+    ),
+    (
+        "run-config-directory",
+        lambda f, p: ["run", str(f["dir"])],
+        ("is a directory",),
     ),
     (
         "config-show-toml-syntax",
