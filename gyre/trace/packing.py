@@ -27,6 +27,18 @@ import numpy as np
 
 MODES = ("paths", "tree")
 
+# Every target of execution e carries 1/|T_e|, so e's weights sum to 1 over all its micro-steps.
+WEIGHT_SUM_TOL = 1e-6  # the sum taken in float64 on the host, from the rows
+ACCUMULATED_WEIGHT_SUM_TOL = 1e-4  # the sum accumulated by the trainer (micro-step + pre-pass)
+
+
+def weights_sum_to_one(total: float, tol: float = WEIGHT_SUM_TOL) -> bool:
+    """Whether an execution's target token weights add up to 1 (NaN does not).
+
+    The one place the rule is written; the buffer, the loss and its pre-pass all ask here.
+    """
+    return abs(total - 1.0) <= tol
+
 
 class PackingError(ValueError):
     """A packed sequence that breaks the format's invariants."""

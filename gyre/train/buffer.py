@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gyre.trace.packing import MicroStep, PackedSequence
+from gyre.trace.packing import MicroStep, PackedSequence, weights_sum_to_one
 from gyre.train.config import ObjectiveConfig, StreamConfig
 from gyre.train.rewards import Reward, group_advantages
 
@@ -89,19 +89,27 @@ class PackStats:
             setattr(self, k, getattr(self, k) + getattr(o, k))
 
 
+def _target_weights(rows: list[PackedSequence]) -> tuple[int, float]:
+    """|T_e| and the sum of its target token weights over an execution's rows."""
+    n = sum(r.n_targets for r in rows)
+    tot = sum(w for r in rows for w, t in zip(r.token_weight, r.is_target) if t)
+    return n, tot
+
+
+def _weights_error(tot: float) -> str:
+    return f"target token weights sum to {tot}, expected 1 (= |T_e| * 1/|T_e|)"
+
+
 def _normalise_weights(eid: str, rows: list[PackedSequence]) -> None:
     """Make sure target token weights are 1/|T_e| (fill them if the producer left zeros)."""
-    n = sum(r.n_targets for r in rows)
+    n, tot = _target_weights(rows)
     if n == 0:
         return
-    tot = sum(w for r in rows for w, t in zip(r.token_weight, r.is_target) if t)
     if tot == 0.0:
         for r in rows:
             r.token_weight = [1.0 / n if t else 0.0 for t in r.is_target]
-    elif abs(tot - 1.0) > 1e-6:
-        raise ValueError(
-            f"execution {eid!r}: target token weights sum to {tot}, expected 1 (= |T_e| * 1/|T_e|)"
-        )
+    elif not weights_sum_to_one(tot):
+        raise ValueError(f"execution {eid!r}: {_weights_error(tot)}")
 
 
 def pack_rows(
@@ -269,13 +277,9 @@ def validate_group(group: ReadyGroup) -> None:
                     f"group {group.group_id!r}, execution {eid!r}: a row holds targets of "
                     "several executions"
                 )
-        n = sum(r.n_targets for r in rows)
-        tot = sum(w for r in rows for w, t in zip(r.token_weight, r.is_target) if t)
-        if n and tot != 0.0 and abs(tot - 1.0) > 1e-6:
-            raise ValueError(
-                f"group {group.group_id!r}, execution {eid!r}: target token weights sum to {tot}, "
-                "expected 1 (= |T_e| * 1/|T_e|)"
-            )
+        n, tot = _target_weights(rows)
+        if n and tot != 0.0 and not weights_sum_to_one(tot):
+            raise ValueError(f"group {group.group_id!r}, execution {eid!r}: {_weights_error(tot)}")
 
 
 class PackingBuffer:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
+
 
 @dataclass
 class ObjectiveStats:
@@ -139,9 +141,13 @@ def gspo_loss(
         )
         present = den > 0
         if check_complete and bool(present.any()):
-            bad = present & ((den - 1.0).abs() > 1e-4)
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0])
+            bad = [
+                i
+                for i, d in enumerate(den.tolist())
+                if d > 0 and not weights_sum_to_one(d, ACCUMULATED_WEIGHT_SUM_TOL)
+            ]
+            if bad:
+                i = bad[0]
                 raise ValueError(
                     f"execution #{i} has token weights summing to {float(den[i]):.6f} != 1 in this micro-step: "
                     "its target set is split across micro-steps, so s_e needs a pre-pass "

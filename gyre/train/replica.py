@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
 from gyre.train.config import TrainerConfig
 from gyre.train.objective import ObjectiveStats, execution_log_ratio, gspo_loss
 from gyre.train.tasks import MicroStepTask
@@ -178,9 +179,9 @@ class ReplicaWorker:
                     num[i] += n
                     den[i] += d
             bad = [
-                (execs[i], float(den[i]))
-                for i in range(len(execs))
-                if abs(float(den[i]) - 1.0) > 1e-4
+                (execs[i], d)
+                for i, d in enumerate(den.tolist())
+                if not weights_sum_to_one(d, ACCUMULATED_WEIGHT_SUM_TOL)
             ]
             if bad:
                 raise ValueError(

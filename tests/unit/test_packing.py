@@ -118,3 +118,19 @@ def test_admissions_pickle_for_ray():
         a = pack(adms, mode, 10_000)
         b = pack(again, mode, 10_000)
         assert [s.sequences for s in a] == [s.sequences for s in b]
+
+
+def test_weights_sum_to_one_is_one_rule_with_a_named_tolerance():
+    from gyre.trace.packing import (
+        ACCUMULATED_WEIGHT_SUM_TOL,
+        WEIGHT_SUM_TOL,
+        weights_sum_to_one,
+    )
+
+    third = 1.0 / 3.0
+    assert weights_sum_to_one(third + third + third)
+    assert weights_sum_to_one(1.0 + WEIGHT_SUM_TOL / 2)
+    assert not weights_sum_to_one(1.0 + 2 * WEIGHT_SUM_TOL)
+    assert weights_sum_to_one(1.0 + 2 * WEIGHT_SUM_TOL, ACCUMULATED_WEIGHT_SUM_TOL)
+    assert not weights_sum_to_one(float("nan"))  # a NaN weight is never "fine"
+    assert not weights_sum_to_one(0.5)
