@@ -88,7 +88,7 @@ def test_gyre_engine_cli_serves_and_refuses_bad_arguments(tmp_path):
         timeout=120,
         env=env,
     )
-    assert bad.returncode == 2 and "--model must be an existing model directory" in bad.stderr
+    assert bad.returncode == 2 and "missing: no such directory" in bad.stderr
     proc = subprocess.Popen(
         [
             sys.executable,
