@@ -81,7 +81,9 @@ def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignmen
     under ``/tmp`` (a CI clone, say) would not be there. So the Python
     prefixes, the ``gyre`` package and the command's own install folder (its
     ``node_modules`` root for npm programs; also for an executable named later
-    in the argv, behind a wrapper) are bound back read-only.
+    in the argv, behind a wrapper) are bound back read-only, with the folder of
+    the interpreter a script's ``#!`` names (``#!/usr/bin/env node`` -> the
+    ``node`` on PATH, say under ``~/.nvm``).
     """
     import gyre
 
@@ -96,6 +98,7 @@ def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignmen
     exes += [
         a for a in command[1:] if os.path.isabs(a) and os.path.isfile(a) and os.access(a, os.X_OK)
     ]
+    exes += [i for i in (_interpreter(e) for e in exes) if i is not None]
     for exe in exes:
         if os.path.isabs(exe) and os.path.exists(exe):
             for p in (Path(os.path.abspath(exe)), Path(os.path.realpath(exe))):
@@ -106,6 +109,22 @@ def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignmen
         if not any(_covers(o, c) for o in out):
             out.append(c)
     return out
+
+
+def _interpreter(exe: str) -> str | None:
+    """The interpreter a script's ``#!`` line names (``env X`` looked up on PATH), if any."""
+    try:
+        with open(os.path.realpath(exe), "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        return shutil.which(words[0]) if words else None
+    return words[0] if words else None
 
 
 def system_paths() -> list[Path]:

@@ -110,3 +110,20 @@ def test_harbor_paths_are_found_as_paths_only():
     assert harbor_paths("bash /tests/run.sh") == {"/tests"}
     assert harbor_paths('cat "$GYRE_TESTS_DIR/x" ./tests/y a/app /appdata ${X}/logs') == set()
     assert harbor_paths("https://example.com/app") == set()
+
+
+def test_a_scripts_interpreter_is_bound_too(tmp_path, monkeypatch):
+    """``#!/usr/bin/env node`` with node outside the system dirs (nvm under a home): its
+    folder is bound, or the harness could not start inside."""
+    nvm_bin = tmp_path / "nvm" / "bin"
+    nvm_bin.mkdir(parents=True)
+    node = nvm_bin / "node"
+    node.write_text("#!/bin/sh\n")
+    node.chmod(0o755)
+    cli = tmp_path / "h" / "node_modules" / "pkg" / "cli.js"
+    cli.parent.mkdir(parents=True)
+    cli.write_text("#!/usr/bin/env node\nconsole.log(1)\n")
+    cli.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{nvm_bin}:/usr/bin:/bin")
+    paths = tool_paths([str(cli)])
+    assert nvm_bin in paths and tmp_path / "h" / "node_modules" in paths
