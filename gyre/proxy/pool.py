@@ -251,8 +251,10 @@ class EnginePool:
                     headers={"retry-after": "5"},
                 )
             ev = self._changed
-            try:
-                await asyncio.wait_for(ev.wait(), timeout=0.5)
+            try:  # woken by a pool change; never sleeps past the deadline
+                await asyncio.wait_for(
+                    ev.wait(), timeout=min(0.5, max(deadline - time.monotonic(), 0.01))
+                )
             except TimeoutError:
                 pass
 
@@ -425,7 +427,13 @@ class EnginePool:
                 else:
                     avoid = engine if (broke or f.moving) else None
                     continue
-            yield GenResult(out_ids, out_lps, _merge(segments), finish, moves)
+            yield GenResult(
+                output_ids=out_ids,
+                logprobs=out_lps,
+                segments=_merge(segments),
+                finish=finish,
+                moves=moves,
+            )
             return
 
     def _mark_broken(self, engine: EngineHandle) -> None:
@@ -731,7 +739,7 @@ def _segments(
 ) -> list[OutputSegment]:
     """Output ``[start, end)`` from one engine attempt, split where its weights version changed."""
     if not marks:
-        return [OutputSegment(start, end, engine_id, -1)]
+        return [OutputSegment(start=start, end=end, engine_id=engine_id, weights_version=-1)]
     marks = sorted(marks)
     marks[0] = (0, marks[0][1])
     out = []
@@ -739,7 +747,7 @@ def _segments(
         s = min(start + i, end)
         e = min(start + marks[k + 1][0], end) if k + 1 < len(marks) else end
         if e > s:
-            out.append(OutputSegment(s, e, engine_id, v))
+            out.append(OutputSegment(start=s, end=e, engine_id=engine_id, weights_version=v))
     return out
 
 
@@ -752,7 +760,12 @@ def _merge(segs: list[OutputSegment]) -> list[OutputSegment]:
             and out[-1].weights_version == s.weights_version
             and out[-1].end == s.start
         ):
-            out[-1] = OutputSegment(out[-1].start, s.end, s.engine_id, s.weights_version)
+            out[-1] = OutputSegment(
+                start=out[-1].start,
+                end=s.end,
+                engine_id=s.engine_id,
+                weights_version=s.weights_version,
+            )
         else:
             out.append(s)
     return out
