@@ -135,12 +135,16 @@ class _Factory:
                     )
                 proc.kill()
                 proc.wait()
-            pid = int(line.split()[1])
+            pid, stdin = int(line.split()[1]), proc.stdin
+            assert stdin is not None
             try:
                 return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
             finally:
-                proc.stdin.write(f"done {pid}\n")
-                proc.stdin.flush()
+                try:
+                    stdin.write(f"done {pid}\n")
+                    stdin.flush()
+                except OSError:  # the helper died: its children went with it
+                    pass
 
 
 _factory = _Factory()
