@@ -84,7 +84,7 @@ def config_show(
     """Validate a config and print it fully resolved (defaults filled in) as JSON."""
     from pydantic import ValidationError
 
-    from gyre.cli_errors import fail, validation_line
+    from gyre.cli_errors import fail, first_line, validation_line
     from gyre.config import load_config
 
     if file is not None and file.is_dir():
@@ -94,7 +94,7 @@ def config_show(
     except ValidationError as e:
         fail("config show", f"invalid config: {validation_line(e)}")
     except (ValueError, FileNotFoundError) as e:  # overrides, TOML syntax, missing file
-        fail("config show", f"invalid config: {e}")
+        fail("config show", f"invalid config: {first_line(e)}")
     except OSError as e:
         fail("config show", f"{file}: {e.strerror or e}")
     typer.echo(cfg.model_dump_json(indent=2))

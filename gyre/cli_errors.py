@@ -193,8 +193,14 @@ def quiet_third_party() -> None:
 
 
 def first_line(e: BaseException | Any) -> str:
-    """The first non-empty line of an exception's message (third-party messages run long)."""
-    for line in str(e).splitlines():
+    """The first non-empty line of an exception's message (third-party messages run long);
+    a pydantic error, raw or wrapped, as :func:`validation_line`."""
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):
+        return validation_line(e)
+    text = error_line(e) if isinstance(e, BaseException) else str(e)
+    for line in text.splitlines():
         if line.strip():
             return line.strip()
     return type(e).__name__

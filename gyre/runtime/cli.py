@@ -22,7 +22,7 @@ def load_run_config(path: Path | None, overrides: list[str]):
     """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
     from pydantic import ValidationError
 
-    from gyre.cli_errors import validation_line
+    from gyre.cli_errors import first_line, validation_line
     from gyre.config import load_config
 
     try:
@@ -40,7 +40,7 @@ def load_run_config(path: Path | None, overrides: list[str]):
     except OSError as e:  # a directory, no permission
         raise ConfigProblem(f"{e.filename or path}: {e.strerror or e}") from None
     except ValueError as e:  # overrides, TOML syntax
-        raise ConfigProblem(f"invalid config: {e}") from None
+        raise ConfigProblem(f"invalid config: {first_line(e)}") from None
 
 
 def resume_config(run_dir: Path, overrides: list[str]):

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import typer
 
-from gyre.cli_errors import fail, validation_line
+from gyre.cli_errors import fail, first_line, validation_line
 
 app = typer.Typer(
     help="Scheduling simulator: compare Colocate, Async and Elastic placements in virtual time.",
@@ -42,7 +42,7 @@ def _load(preset: str, sets: list[str], seed: int | None):
     except ValidationError as e:
         _fail(validation_line(e))
     except ValueError as e:
-        _fail(str(e))
+        _fail(first_line(e))
     return cfg
 
 
@@ -281,7 +281,7 @@ def sweep(
     except ValidationError as e:
         _fail(validation_line(e))
     except ValueError as e:
-        _fail(str(e))
+        _fail(first_line(e))
     if as_json:
         typer.echo(
             json.dumps(
