@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gyre.harness.config import ExecutorConfig
+from gyre.harness.config import ExecutorConfig, SandboxConfig
 from gyre.harness.executor import ExecutionSpec, HarnessExecutor, load_result
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
+from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task
 from gyre.trace.assessment import Missing, MissingReason, Scored
 
@@ -131,6 +132,28 @@ async def test_reference_agent_against_a_dead_port_is_missing_not_a_reward(tmp_p
     assert "reference agent: the model at" in stderr and "is unreachable" in stderr
     assert "Traceback" not in stderr
     assert time.monotonic() - t0 < 25  # fails fast: no retries against a refused connection
+
+
+@pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")
+@pytest.mark.parametrize("network", ["shared", "proxy-only"])
+async def test_sandboxed_reference_agent_against_a_dead_port(tmp_path, network):
+    """The calls file crosses the sandbox (artifacts/ is bound writable, also for the
+    unprivileged uid a root-launched sandbox runs as); in proxy-only mode the bridge, not
+    the kernel, closes the connection, and it still reads as unreachable."""
+    task = load_task(make_task(tmp_path))
+    cfg = ExecutorConfig(
+        workspace_root=tmp_path / "runs",
+        kill_grace_s=0.5,
+        sandbox=SandboxConfig(enabled=True, network=network),
+    )
+    async with HarnessExecutor(cfg) as ex:
+        r = await ex.run(spec(f"dead-{network}", task, reference(), dead_url(), api_key="k"))
+    a = r.assessment
+    assert isinstance(a, Missing) and a.reason == MissingReason.model_unreachable, (
+        a,
+        Path(r.harness.stderr_path).read_text()[-2000:],
+    )
+    assert r.harness.model_calls is not None and r.harness.model_calls.source == "harness"
 
 
 def test_cli_prints_missing_for_a_dead_port(tmp_path):
