@@ -10,8 +10,10 @@ every command and the tests can hold all of them to it.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -180,6 +182,33 @@ def path_error_line(e: OSError) -> str | None:
     if e.filename is None:
         return None
     return f"{e.filename}: {os_reason(e)}"
+
+
+class _StartupFailureLine(logging.Filter):
+    """Turns the traceback uvicorn logs when an app's startup fails into one line."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__()
+        self.command = command
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "lifespan" not in record.pathname:
+            return True
+        text = record.getMessage()
+        if text.startswith("Application startup failed"):
+            return False  # the line below already said so
+        if text.startswith("Traceback (most recent call last)"):
+            last = [ln for ln in text.splitlines() if ln.strip()][-1].strip()
+            sys.stderr.write(f"gyre {self.command}: startup failed: {last}\n")
+            return False
+        return True
+
+
+def one_line_startup_failures(command: str) -> None:
+    """Report a failed server startup (a model that will not load) as one line, not the
+    traceback uvicorn logs; uvicorn still exits non-zero. Call after ``uvicorn.Config``,
+    which configures its loggers."""
+    logging.getLogger("uvicorn.error").addFilter(_StartupFailureLine(command))
 
 
 def quiet_third_party() -> None:

@@ -93,7 +93,7 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from gyre.cli_errors import validation_line
+    from gyre.cli_errors import one_line_startup_failures, validation_line
     from gyre.engine.server import create_app
 
     try:
@@ -127,6 +127,7 @@ def serve(
         stream_coalesce_after=stream_coalesce_after,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+    one_line_startup_failures("engine")
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -448,3 +448,21 @@ def test_validation_line_names_fields_without_links() -> None:
         "policy.cells: Input should be a valid integer, unable to parse string as an integer "
         "(got 'many'); name: Field required"
     )
+
+
+@pytest.mark.slow  # the engine process imports torch and transformers
+def test_engine_startup_failure_is_one_line(files) -> None:
+    """A model that passes the up-front checks but will not load fails at server startup:
+    one line after the announcement, not uvicorn's traceback."""
+    p = subprocess.run(
+        [sys.executable, "-m", "gyre.cli", "engine", "--model", str(files["badtok"])]
+        + ["--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("gyre engine: startup failed: "), p.stderr
+    assert len(lines) <= 2, p.stderr  # the "serving on" announcement, then the failure
