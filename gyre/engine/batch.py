@@ -121,7 +121,9 @@ class DecodeBatch:
                 cache.update(k, v, i)
         row.fed = list(input_ids)
         row.kv_version = self.version
-        self.pending.append(Prefill(row, list(input_ids), cache, start, start))
+        self.pending.append(
+            Prefill(row=row, ids=list(input_ids), cache=cache, done=start, cached=start)
+        )
 
     def prefill_some(self, budget: int = 0) -> list[TokenEvent]:
         """Run queued prefills, at most ``budget`` prompt tokens (0: no limit; at least one chunk runs).
@@ -270,7 +272,14 @@ class DecodeBatch:
             finish = FinishReason(type="stop", matched=tok)
         elif row.n_out >= row.params.max_new_tokens:
             finish = FinishReason(type="length", length=row.n_out)
-        return TokenEvent(row.rid, tok, raw_lp, temp_lp, proc_lp, finish)
+        return TokenEvent(
+            rid=row.rid,
+            token=tok,
+            raw_logprob=raw_lp,
+            tempered_logprob=temp_lp,
+            processed_logprob=proc_lp,
+            finish=finish,
+        )
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -62,7 +62,7 @@ class PrefixCache:
         for key, e in list(self._entries.items()):
             if len(e.tokens) <= len(arr) and np.array_equal(e.tokens, arr[: len(e.tokens)]):
                 self._drop(key)  # superseded by a longer entry of the same conversation
-        self._entries[self._next] = PrefixEntry(arr, kv, nbytes)
+        self._entries[self._next] = PrefixEntry(tokens=arr, kv=kv, nbytes=nbytes)
         self._next += 1
         self.bytes += nbytes
         while self.bytes > self.max_bytes and self._entries:

@@ -66,7 +66,7 @@ def sample_row(
     raw = torch.log_softmax(logits, dim=-1)
     if p.greedy:
         tok = int(torch.argmax(logits))
-        return Sampled(tok, float(raw[tok]), float(raw[tok]), 0.0)
+        return Sampled(token=tok, raw=float(raw[tok]), tempered=float(raw[tok]), processed=0.0)
     x = processed_logits(logits, p)
     logp = torch.log_softmax(x, dim=-1)
     tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
@@ -75,4 +75,4 @@ def sample_row(
         if p.temperature != 1.0
         else float(raw[tok])
     )
-    return Sampled(tok, float(raw[tok]), tempered, float(logp[tok]))
+    return Sampled(token=tok, raw=float(raw[tok]), tempered=tempered, processed=float(logp[tok]))

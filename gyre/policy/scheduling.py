@@ -270,9 +270,9 @@ class SchedulingPolicy:
             if not (self.placement is Placement.COLOCATE and self._core_stays):
                 for i in satellites:
                     self.roles[i] = CellRole.TO_ROLLOUT
-                    acts.append(SwitchCell(i, CellRole.ROLLOUT))
+                    acts.append(SwitchCell(cell=i, role=CellRole.ROLLOUT))
         self._busy[CORE] = True
-        acts.append(PublishWeights(self.steps_done, CORE))
+        acts.append(PublishWeights(version=self.steps_done, cell=CORE))
 
     def _on_published(self, ev: WeightsPublished, acts: list[Action]) -> None:
         if not self._boundary or ev.version != self.steps_done:
@@ -283,7 +283,7 @@ class SchedulingPolicy:
         self._dispatch(acts)
         if not self._core_stays:
             self.roles[CORE] = CellRole.TO_ROLLOUT
-            acts.append(SwitchCell(CORE, CellRole.ROLLOUT))
+            acts.append(SwitchCell(cell=CORE, role=CellRole.ROLLOUT))
 
     def _on_switched(self, ev: CellSwitched) -> None:
         cur = self.roles[ev.cell]
@@ -315,7 +315,7 @@ class SchedulingPolicy:
             self._queue.extend((gid, a) for a in range(self._N))
         self.outstanding_groups += n
         self.dispatched += n * self._N
-        acts.append(DispatchGroups(gids, self.version, self._N))
+        acts.append(DispatchGroups(group_ids=gids, version=self.version, group_size=self._N))
 
     def _launch(self, acts: list[Action]) -> None:
         room = self.capacity - self._reserved
@@ -376,7 +376,7 @@ class SchedulingPolicy:
             return  # waterlevel rule: what stays must cover every queued or running execution
         for i in leaving:
             roles[i] = CellRole.TO_TRAINING
-            acts.append(SwitchCell(i, CellRole.TRAINING))
+            acts.append(SwitchCell(cell=i, role=CellRole.TRAINING))
         self.capacity = cap_after
         # The hold window is NOT restarted here: the rule is "supply >= rho_min B continuously
         # for tau". If the joining cell drains supply below that, _update_supply restarts the
@@ -393,7 +393,7 @@ class SchedulingPolicy:
                 return
             self._step_active = True
             self._step_groups = 0
-            acts.append(StartStep(self.steps_done, self.steps_done))
+            acts.append(StartStep(step=self.steps_done, version=self.steps_done))
             if not c.streaming:
                 for _ in range(self._B):
                     self._assign(acts)
@@ -409,7 +409,7 @@ class SchedulingPolicy:
             gid, idx = micro.popleft()
             self._busy[cell] = True
             self._inflight += 1
-            acts.append(ClaimMicroStep(cell, step, gid, idx))
+            acts.append(ClaimMicroStep(cell=cell, step=step, group_id=gid, index=idx))
         if (
             self._step_groups == self._B
             and not micro
@@ -418,7 +418,7 @@ class SchedulingPolicy:
         ):
             self._finishing = True
             self._busy[CORE] = True
-            acts.append(FinishStep(step, CORE))
+            acts.append(FinishStep(step=step, cell=CORE))
 
     def _assign(self, acts: list[Action]) -> None:
         version, _, gid = heapq.heappop(self._ready)
@@ -426,5 +426,5 @@ class SchedulingPolicy:
         self._step_groups += 1
         self.outstanding_groups -= 1
         n = g.valid * self.config.micro_steps_per_execution
-        acts.append(AssignGroup(self.steps_done, gid, version, n))
+        acts.append(AssignGroup(step=self.steps_done, group_id=gid, version=version, micro_steps=n))
         self._micro.extend((gid, i) for i in range(n))

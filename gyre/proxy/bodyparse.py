@@ -158,7 +158,7 @@ def _full(body: bytes) -> tuple[Any, ParsedBody | None]:
     a = _find_messages_array(body)
     if a is None:
         return data, None
-    return data, ParsedBody(body, data, a, None, -1)
+    return data, ParsedBody(body=body, data=data, array_start=a, spans=None, array_end=-1)
 
 
 class BodyParser:
@@ -250,12 +250,12 @@ class BodyParser:
         top["messages"] = msgs
         self.reused_messages += k
         pb = ParsedBody(
-            body,
-            top,
-            prev.array_start,
-            spans[:k] + new_spans,
-            end,
-            ends[:k] + [e for _, e in new_spans],
+            body=body,
+            data=top,
+            array_start=prev.array_start,
+            spans=spans[:k] + new_spans,
+            array_end=end,
+            ends=ends[:k] + [e for _, e in new_spans],
         )
         self.recent.append(pb)
         return top

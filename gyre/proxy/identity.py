@@ -54,7 +54,7 @@ class KeyRegistry:
         old = self._keys.get(key)
         if old is not None and old.execution_id != execution_id:
             raise ValueError("that key already belongs to another execution")
-        self._keys[key] = Identity(execution_id, label)
+        self._keys[key] = Identity(execution_id=execution_id, label=label)
         return key
 
     def revoke(self, execution_id: str) -> int:

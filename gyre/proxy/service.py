@@ -194,13 +194,20 @@ class ProxyService:
         if ex is None:
             self._make_room()
             st = ExecutionState(
-                ident.execution_id, ident.label, hot_nodes=self.config.prefix_cache_nodes
+                execution_id=ident.execution_id,
+                label=ident.label,
+                hot_nodes=self.config.prefix_cache_nodes,
             )
             path = trace_path(self.config.trace_dir, ident.execution_id)
             if path.exists():  # a restarted proxy continues the execution's numbering
                 recs = read_trace(path).records
                 st.next_seq = max((r.seq for r in recs), default=-1) + 1
-            ex = Execution(ident, st, RetryWindow(self.config.retry_window), BodyParser())
+            ex = Execution(
+                ident=ident,
+                state=st,
+                retries=RetryWindow(self.config.retry_window),
+                bodies=BodyParser(),
+            )
         self.executions[ident.execution_id] = ex
         ex.last_used = time.monotonic()
         return ex
@@ -271,7 +278,13 @@ class ProxyService:
                 if suffix is None:  # the template does not render the anchor as a prefix
                     mode = "template_fallback"
                     bridge = Bridge(
-                        None, 0, None, bridge.norm, bridge.norm, bridge.raw_to_norm, bridge.head
+                        base=None,
+                        base_len=0,
+                        echo=None,
+                        new=bridge.norm,
+                        norm=bridge.norm,
+                        raw_to_norm=bridge.raw_to_norm,
+                        head=bridge.head,
                     )
             elif bridge.base is not None:
                 suffix, mode = [], "resample"
@@ -284,7 +297,14 @@ class ProxyService:
         parts = st.prefix_parts(bridge.base, bridge.base_len)
         if suffix:
             parts = parts + [jsonfast.ids_json(suffix)]
-        plan = Plan(rid, bridge, suffix, parts, bridge.base_len + len(suffix), mode)
+        plan = Plan(
+            request_id=rid,
+            bridge=bridge,
+            suffix=suffix,
+            input_parts=parts,
+            input_len=bridge.base_len + len(suffix),
+            mode=mode,
+        )
         if self.config.verify_bridge and mode == "continuation":
             full = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
             plan.verify_equal = full == bridge.base.materialise(bridge.base_len) + suffix
@@ -691,7 +711,7 @@ class ProxyService:
             plan,
             out_ids,
             out_lps,
-            (OutputSegment(0, len(out_ids), "unknown", -1),),
+            (OutputSegment(start=0, end=len(out_ids), engine_id="unknown", weights_version=-1),),
             "abort",
             headers,
             t0,

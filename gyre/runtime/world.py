@@ -193,7 +193,7 @@ class RealWorld:
             if t is LaunchExecutions:
                 for gid, att in a.executions:
                     self._spawn(self._execution(gid, att))
-                self._emit(ExecutionsLaunched(self.now(), a.executions))
+                self._emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
             elif t is DispatchGroups:
                 for gid in a.group_ids:
                     self.group_version[gid] = self.base_step + a.version
@@ -205,7 +205,9 @@ class RealWorld:
                 self._spawn(self._switch(a.cell, a.role))
             elif t is StartStep:
                 self.step_rec = StepRecord(
-                    self.base_step + a.step, self.base_step + a.version, self.now()
+                    step=self.base_step + a.step,
+                    version=self.base_step + a.version,
+                    start=self.now(),
                 )
             elif t is AssignGroup:
                 self._assign(a)
@@ -227,7 +229,7 @@ class RealWorld:
 
     async def _execution(self, gid: int, att: int) -> None:
         reward = await self.execs.run(self.base_gid + gid, att)
-        self._emit(ExecutionFinished(self.now(), (gid, att), reward))
+        self._emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
 
     async def _switch(self, cell: int, role: CellRole) -> None:
         t0 = self.now()
@@ -241,7 +243,7 @@ class RealWorld:
             {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
         )
         self._set_role(cell, role)
-        self._emit(CellSwitched(t1, cell, role))
+        self._emit(CellSwitched(time=t1, cell=cell, role=role))
 
     def _assign(self, a: AssignGroup) -> None:
         """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
@@ -271,7 +273,9 @@ class RealWorld:
         t1 = self.now()
         if t1 > t0:
             self.busy[a.cell].append((t0, t1))
-        self._emit(MicroStepDone(t1, a.cell, a.step, a.group_id, a.index))
+        self._emit(
+            MicroStepDone(time=t1, cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
+        )
 
     async def _finish(self, step: int) -> None:
         rec = self.step_rec
@@ -292,7 +296,7 @@ class RealWorld:
         for gid, _ in rec.groups:
             self.shards.pop(gid - self.base_gid, None)
             self.group_tasks.pop(gid - self.base_gid, None)
-        self._emit(StepDone(t1, step))
+        self._emit(StepDone(time=t1, step=step))
 
     async def _publish(self, version: int) -> None:
         t0 = self.now()
@@ -302,4 +306,4 @@ class RealWorld:
         t1 = self.now()
         self.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
         self.execs.maybe_evaluate(gv)
-        self._emit(WeightsPublished(t1, version))
+        self._emit(WeightsPublished(time=t1, version=version))

@@ -137,5 +137,9 @@ def run_sweep(
                 interrupted += res[n].interrupted_executions
             if progress:
                 progress(label)
-        out.append(PointSummary(label, ov, seeds, ms, interrupted))
+        out.append(
+            PointSummary(
+                label=label, overrides=ov, seeds=seeds, makespan=ms, interrupted=interrupted
+            )
+        )
     return out

@@ -91,7 +91,7 @@ def admit(tree: TrajectoryTree, j_max: int | None, seed: int) -> Admission:
     if j_max is not None and j_max < 0:
         raise ValueError("j_max must be >= 0 or None")
     rng = random.Random(seed)
-    adm = Admission(tree, j_max, seed)
+    adm = Admission(tree=tree, j_max=j_max, seed=seed)
     nodes = tree.nodes
     masked = np.zeros(len(nodes), dtype=bool)
     node_targets = np.array([n.n_targets for n in nodes], dtype=np.int64)
@@ -131,5 +131,13 @@ def admit(tree: TrajectoryTree, j_max: int | None, seed: int) -> Admission:
         else:  # pragma: no cover (c > 0 implies live nodes)
             idx = np.zeros(0, dtype=np.int64)
         masked[paths[lf]] = True
-        adm.paths.append(AdmittedPath(lf, role, idx, int(idx[-1]) if len(idx) else -1, c))
+        adm.paths.append(
+            AdmittedPath(
+                leaf=lf,
+                role=role,
+                targets=idx,
+                last_target=int(idx[-1]) if len(idx) else -1,
+                drawn_from=c,
+            )
+        )
     return adm

@@ -166,7 +166,7 @@ def _path_units(ai: int, adm) -> list[_Unit]:
     units = []
     for k, toks, tg in _truncated_paths(adm):
         owner = np.where(np.isin(toks, tg), k, -1)
-        units.append(_Unit(ai, toks, np.arange(len(toks)) - 1, owner))
+        units.append(_Unit(adm=ai, tokens=toks, parent=np.arange(len(toks)) - 1, owner=owner))
     return units
 
 
@@ -194,7 +194,7 @@ def _tree_units(ai: int, adm, token_budget: int) -> list[_Unit]:
             own = owner[toks]
             owner[toks] = -1  # a prefix repeated in a later split unit is context there
             local[toks] = -1
-            units.append(_Unit(ai, toks, par, own))
+            units.append(_Unit(adm=ai, tokens=toks, parent=par, owner=own))
         chunks, size = [], 0
 
     for _k, toks, _tg in paths:
@@ -301,16 +301,16 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
             off += len(t)
         cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
         row = PackedSequence(
-            cat["ids"],
-            cat["pos"],
-            cat["par"],
-            cat["tgt"],
-            cat["blp"],
-            cat["ver"],
-            cat["exe"],
-            cat["w"],
-            cat["tix"],
-            cat["pix"],
+            input_ids=cat["ids"],
+            position_ids=cat["pos"],
+            parent=cat["par"],
+            is_target=cat["tgt"],
+            behaviour_logprob=cat["blp"],
+            policy_version=cat["ver"],
+            execution_index=cat["exe"],
+            token_weight=cat["w"],
+            tree_index=cat["tix"],
+            path_index=cat["pix"],
         )
-        steps.append(MicroStep(mode, [row], executions))
+        steps.append(MicroStep(mode=mode, sequences=[row], executions=executions))
     return steps

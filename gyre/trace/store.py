@@ -142,7 +142,9 @@ class TraceWriter:
         path = trace_path(self.root, execution_id)
         self.repaired_bytes += repair_tail(path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        h = self._files[execution_id] = _Handle(fd, os.fstat(fd).st_size, time.monotonic())
+        h = self._files[execution_id] = _Handle(
+            fd=fd, size=os.fstat(fd).st_size, used=time.monotonic()
+        )
         return h
 
     def append(self, record: TraceRecord) -> None:

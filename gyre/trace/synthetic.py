@@ -66,11 +66,15 @@ class _Gen:
         if len(out) >= 4 and self.rng.random() < 0.1:
             cut = len(out) // 2
             segs: tuple[OutputSegment, ...] = (
-                OutputSegment(0, cut, "engine-0", v),
-                OutputSegment(cut, len(out), "engine-1", v + 1),
+                OutputSegment(start=0, end=cut, engine_id="engine-0", weights_version=v),
+                OutputSegment(start=cut, end=len(out), engine_id="engine-1", weights_version=v + 1),
             )
         else:
-            segs = (OutputSegment(0, len(out), "engine-0", v),) if out else ()
+            segs = (
+                (OutputSegment(start=0, end=len(out), engine_id="engine-0", weights_version=v),)
+                if out
+                else ()
+            )
         rid = f"{self.eid}-r{seq:04d}"
         rec = TraceRecord(
             execution_id=self.eid,
@@ -88,7 +92,7 @@ class _Gen:
             meta=dict(meta),
         )
         self.records.append(rec)
-        return _Req(rid, (base.full_len if base else 0) + len(suffix) + len(out))
+        return _Req(rid=rid, full_len=(base.full_len if base else 0) + len(suffix) + len(out))
 
 
 def _meta(system: str, last_user: str) -> dict:

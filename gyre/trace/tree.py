@@ -288,7 +288,15 @@ class TrajectoryTree:
             end = self.insert(
                 start, seq, len(rec.input_suffix), list(rec.output_logprobs), vers, idx, pieces
             )
-        info = RequestInfo(rec.request_id, rec.seq, role, n_input, len(rec.output_ids), end, pieces)
+        info = RequestInfo(
+            request_id=rec.request_id,
+            seq=rec.seq,
+            role=role,
+            n_input=n_input,
+            n_output=len(rec.output_ids),
+            end=end,
+            pieces=pieces,
+        )
         self.requests.append(info)
         self.by_id[rec.request_id] = idx
         if not rec.output_ids:
@@ -338,7 +346,14 @@ class TrajectoryTree:
             nid = len(nodes)
             length = sum(b - a for a, b in ranges)
             nt = int(sum(tcum[b] - tcum[a] for a, b in ranges))
-            node = Node(nid, pnode, ranges, self.depth[j], length, nt)
+            node = Node(
+                id=nid,
+                parent=pnode,
+                ranges=ranges,
+                depth=self.depth[j],
+                length=length,
+                n_targets=nt,
+            )
             nodes.append(node)
             for a, b in ranges:
                 node_of[a:b] = nid

@@ -136,7 +136,7 @@ def pack_rows(
                 r = PackedSequence(**{**row.__dict__})
                 r.execution_index = [j if t else -1 for t in row.is_target]
                 seqs.append(r)
-            out.append(MicroStep(mode, seqs, names))
+            out.append(MicroStep(mode=mode, sequences=seqs, executions=names))
         cur, cur_tok = [], 0
 
     for eid, rows in executions:
@@ -236,15 +236,15 @@ def pack_groups(
     stats.micro_steps = len(micro)
     tasks = [
         MicroStepTask(
-            start_index + k,
-            ms,
-            [adv_of[e] for e in ms.executions],
-            {e: spans[e] for e in ms.executions if e in spans},
-            [g.group_id for g in groups],
+            index=start_index + k,
+            micro_step=ms,
+            advantages=[adv_of[e] for e in ms.executions],
+            spans={e: spans[e] for e in ms.executions if e in spans},
+            groups=[g.group_id for g in groups],
         )
         for k, ms in enumerate(micro)
     ]
-    return PackedChunk(tasks, stats, [g.group_id for g in groups])
+    return PackedChunk(tasks=tasks, stats=stats, groups=[g.group_id for g in groups])
 
 
 def validate_group(group: ReadyGroup) -> None:

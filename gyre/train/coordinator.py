@@ -252,13 +252,13 @@ class StoreCoordinator:
                 break
         k = int(k)
         seal = StepSeal(
-            step,
-            int(self.store.get(self._k(step, "version"))),
-            k,
-            closed["total"],
-            closed["n_scored"],
-            closed["meta"],
-            {c: self._int(self._k(step, f"claims/{c}")) for c in range(k)},
+            step=step,
+            policy_version=int(self.store.get(self._k(step, "version"))),
+            participants=k,
+            n_items=closed["total"],
+            n_scored=closed["n_scored"],
+            meta=closed["meta"],
+            claims={c: self._int(self._k(step, f"claims/{c}")) for c in range(k)},
         )
         self.store.set(self._k(step, "seal"), json.dumps(asdict(seal)))
         return seal
@@ -378,13 +378,13 @@ class LocalCoordinator:
                 if c is not None and s["done"] >= c["total"]:
                     k = s["members"]
                     s["sealed"] = StepSeal(
-                        step,
-                        s["version"],
-                        k,
-                        c["total"],
-                        c["n_scored"],
-                        c["meta"],
-                        {i: s["claims"].get(i, 0) for i in range(k)},
+                        step=step,
+                        policy_version=s["version"],
+                        participants=k,
+                        n_items=c["total"],
+                        n_scored=c["n_scored"],
+                        meta=c["meta"],
+                        claims={i: s["claims"].get(i, 0) for i in range(k)},
                     )
                     return s["sealed"]
                 progress = (s["done"], c is not None)

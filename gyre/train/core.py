@@ -183,14 +183,14 @@ class Core:
             self.weights.publish(version, named_params(self.model))
         self.coord.open_step(step, version)
         feeder = StepFeeder(
-            self.buffer,
-            self.coord,
-            step,
-            self.cfg.stream,
-            self.cfg.objective,
-            source,
-            packer,
-            whole_batch,
+            buffer=self.buffer,
+            coordinator=self.coord,
+            step=step,
+            stream=self.cfg.stream,
+            objective=self.cfg.objective,
+            source=source,
+            packer=packer,
+            whole_batch=whole_batch,
         )
         self.worker.zero_grad()
         self.worker.new_step()
@@ -234,7 +234,9 @@ class Core:
                 "batch/staleness_max": float(max(stale)) if stale else 0.0,
             }
         )
-        return StepResult(step, self.state.policy_version, seal, metrics)
+        return StepResult(
+            step=step, policy_version=self.state.policy_version, seal=seal, metrics=metrics
+        )
 
     def _accumulate(self, step, feeder, max_claims, on_microstep):
         """Claim and compute micro-steps until the queue is closed and empty (or the cap); seal."""

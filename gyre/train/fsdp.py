@@ -73,7 +73,7 @@ def build_groups(layout: CellLayout, rank: int, device_type: str = "cuda") -> Sh
             if local == layout.local_of(rank):
                 prefix[k] = g
     mesh = DeviceMesh.from_group(mine, device_type)
-    return ShardedGroups(layout, rank, mesh, prefix)
+    return ShardedGroups(layout=layout, rank=rank, mesh=mesh, prefix=prefix)
 
 
 def shard_model(model: torch.nn.Module, groups: ShardedGroups) -> torch.nn.Module:

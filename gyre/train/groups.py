@@ -78,4 +78,4 @@ def group_from_traces(
         tree = build_tree(res.records, role_profile, vocab_size=vocab_size, execution_id=eid)
         admissions[eid] = admit(tree, j_max, seed=execution_seed(seed, eid, step))
         out_rewards[eid] = r
-    return ReadyGroup(group_id, out_rewards, admissions=admissions), report
+    return ReadyGroup(group_id=group_id, rewards=out_rewards, admissions=admissions), report

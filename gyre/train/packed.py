@@ -105,7 +105,7 @@ def plan_segments(parent: list[int], device: torch.device | None = None) -> Segm
         r = ranges[q] + [(bounds[q][0], p + 1)]
         ranges.append(r)
         ctx.append(torch.cat([torch.arange(x, y, device=device) for x, y in r]))
-    return SegmentPlan(bounds, ctx)
+    return SegmentPlan(bounds=bounds, ctx=ctx)
 
 
 def _modules(model):

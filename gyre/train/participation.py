@@ -92,7 +92,9 @@ def step_participation(
         if not why:
             why = NOT_JOINED_PREFIX if any(m < c for m in missed) else "no account from the cell"
         missed[c] = why
-    return StepParticipation(step, world, list(range(participants)), missed)
+    return StepParticipation(
+        step=step, world=world, joined=list(range(participants)), missed=missed
+    )
 
 
 def describe(p: StepParticipation) -> str:

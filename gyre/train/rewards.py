@@ -66,7 +66,7 @@ def group_advantages(
             raise ValueError(f"reward of execution {eid!r} is not finite: {r!r}")
         scored[eid] = float(r)
     if not scored:
-        return GroupAdvantages({}, [], missing, all_equal=True)
+        return GroupAdvantages(advantages={}, scored=[], missing=missing, all_equal=True)
     vals = list(scored.values())
     mean = sum(vals) / len(vals)
     if std == "sample" and len(vals) > 1:
@@ -79,4 +79,6 @@ def group_advantages(
         adv = {e: 0.0 for e in scored}
     else:
         adv = {e: (v - mean) / (sd + eps) for e, v in scored.items()}
-    return GroupAdvantages(adv, list(scored), missing, all_equal=all_equal, mean=mean, std=sd)
+    return GroupAdvantages(
+        advantages=adv, scored=list(scored), missing=missing, all_equal=all_equal, mean=mean, std=sd
+    )

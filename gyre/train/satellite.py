@@ -95,4 +95,6 @@ class Satellite:
         seal = self.coord.wait_seal(step)
         reduce_step(self.worker, self.comm, seal.participants, stats)
         self.worker.zero_grad()
-        return JoinResult(step, n, seal, tc, time.process_time() - c0)
+        return JoinResult(
+            step=step, micro_steps=n, seal=seal, compute_s=tc, cpu_s=time.process_time() - c0
+        )

@@ -107,5 +107,5 @@ def synthetic_groups(
             rewards[f"{prefix}{g}/e0"] = Missing(
                 reason=MissingReason.evaluator_error, detail="synthetic evaluator crash"
             )
-        groups.append(ReadyGroup(f"{prefix}{g}", rewards, rows))
+        groups.append(ReadyGroup(group_id=f"{prefix}{g}", rewards=rewards, rows=rows))
     return groups

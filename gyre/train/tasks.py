@@ -55,7 +55,9 @@ class MicroStepTask:
     def from_bytes(cls, raw: bytes | str) -> MicroStepTask:
         d = json.loads(raw)
         ms = MicroStep(
-            d["mode"], [PackedSequence(**s) for s in d["sequences"]], list(d["executions"])
+            mode=d["mode"],
+            sequences=[PackedSequence(**s) for s in d["sequences"]],
+            executions=list(d["executions"]),
         )
         return cls(
             int(d["index"]),
