@@ -251,6 +251,7 @@ class EnginePool:
                     headers={"retry-after": "5"},
                 )
             ev = self._changed
+            assert ev is not None, "pool not started"
             try:  # woken by a pool change; never sleeps past the deadline
                 await asyncio.wait_for(
                     ev.wait(), timeout=min(0.5, max(deadline - time.monotonic(), 0.01))
@@ -663,7 +664,9 @@ class PartsPayload(aiohttp.payload.Payload):
         await self.write_with_length(writer, None)
 
     async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        left = self._size if content_length is None else min(content_length, self._size)
+        size = self._size
+        assert size is not None  # set by __init__ (aiohttp types it Optional)
+        left = size if content_length is None else min(content_length, size)
         for p in self._value:
             if left <= 0:
                 break
