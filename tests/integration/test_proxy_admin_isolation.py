@@ -162,3 +162,63 @@ async def test_harness_cannot_reach_admin_or_read_token(stack, tmp_path, sandbox
     assert "victim" not in admin.executions()
     assert [e["state"] for e in admin.health()["engines"]] == ["active"]
     admin.close()
+
+
+@pytest.mark.slow
+def test_gyre_proxy_process_keeps_the_token_off_cmdline_and_environ(tiny_model_dir, tmp_path):
+    """`gyre proxy` in managed mode: token from a 0600 file, admin only on its unix socket."""
+    import subprocess
+    import time
+
+    from gyre.proxy.admin import ProxyAdminClient
+
+    eng = ServerRunner(create_app(NullEngine()), name="null-engine").start()
+    secret = "tok-" + os.urandom(12).hex()
+    tf = tmp_path / "token"
+    tf.write_text(secret + "\n")
+    tf.chmod(0o600)
+    private = tmp_path / "adm"
+    private.mkdir(mode=0o700)
+    sock = private / "admin.sock"
+    log = tmp_path / "proxy.log"
+    gyre = str(Path(sys.executable).parent / "gyre")
+    cmd = [gyre, "proxy", "--model", str(tiny_model_dir), "--engine", eng.url, "--port", "0"]
+    cmd += ["--trace-dir", str(tmp_path / "traces"), "--mode", "managed", "--no-fsync"]
+    cmd += ["--admin-token-file", str(tf), "--admin-socket", str(sock)]
+    with open(log, "w") as errf:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf)
+    try:
+        deadline = time.monotonic() + 180
+        url = None
+        while url is None:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "proxy did not start"
+            for line in log.read_text().splitlines():
+                if line.startswith("gyre proxy on http://") and sock.exists():
+                    url = line.split()[3]
+            time.sleep(0.1)
+        while True:  # printed once bound; serving a moment later
+            try:
+                httpx.get(url + "/health", timeout=5)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+        for f in ("cmdline", "environ"):
+            assert secret.encode() not in Path(f"/proc/{proc.pid}/{f}").read_bytes()
+        assert secret not in log.read_text()
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        with ProxyAdminClient(str(sock), secret) as admin:
+            key = admin.register("cli-1", "main")
+        h = {"authorization": f"Bearer {secret}"}
+        assert httpx.post(url + "/admin/executions", json={}, headers=h).status_code == 404
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        r = httpx.post(
+            url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+        )
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        eng.stop()
+    assert not sock.exists()  # removed on exit
