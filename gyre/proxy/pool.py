@@ -35,7 +35,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,7 +334,7 @@ class EnginePool:
         sampling: dict[str, Any],
         *,
         stream: bool,
-    ) -> AsyncIterator[tuple[list[int], list[float]] | GenResult]:
+    ) -> AsyncGenerator[tuple[list[int], list[float]] | GenResult, None]:
         """Yield ``(new_ids, new_logprobs)`` pieces as they are sampled, then one :class:`GenResult`.
 
         Survives drains and engine failures by resuming elsewhere with the tokens
@@ -421,7 +421,10 @@ class EnginePool:
                 moves += 1
                 if moves > self.max_resumes:
                     raise ApiError(
-                        503, f"request moved {moves} times without finishing", "overloaded"
+                        503,
+                        f"request moved {moves} times without finishing",
+                        "overloaded",
+                        headers={"retry-after": "5"},
                     )
                 if len(out_ids) >= budget:
                     finish = "length"
