@@ -14,7 +14,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from gyre.engine.service import EngineService
+    from gyre.train.cell import TrainCell
+    from gyre.train.checkpoint import TrainerState
+    from gyre.train.replica import ReplicaWorker
 
 
 class Cell:
@@ -33,12 +41,28 @@ class Cell:
         self.ecfg = EmbeddedEngineConfig.model_validate(
             {**engine_cfg, "torch_threads": torch_threads}
         )
-        self.cell = None  # gyre.train.cell.TrainCell (process group + prefix communicators)
-        self.engine = None  # gyre.engine.service.EngineService while in rollout
-        self.worker = None  # gyre.train.replica.ReplicaWorker while training (the core keeps it)
-        self.optimizer = None  # core only
+        self.cell: TrainCell | None = None  # process group + prefix communicators
+        self.engine: EngineService | None = None  # while in rollout
+        self.worker: ReplicaWorker | None = None  # while training (the core keeps it)
+        self.optimizer: torch.optim.Optimizer | None = None  # core only
         self.version = -1  # policy version of the replica's weights
-        self.state = None  # core only: gyre.train.checkpoint.TrainerState
+        self.state: TrainerState | None = None  # core only
+
+    def _train_cell(self) -> TrainCell:
+        if self.cell is None:
+            raise RuntimeError(f"cell {self.index} is not set up (call setup() first)")
+        return self.cell
+
+    def _replica(self) -> ReplicaWorker:
+        if self.worker is None:
+            raise RuntimeError(f"cell {self.index} has no training replica")
+        return self.worker
+
+    def _core(self) -> tuple[torch.optim.Optimizer, TrainerState]:
+        """The core's optimizer and trainer state (built by its first load_replica)."""
+        if self.optimizer is None or self.state is None:
+            raise RuntimeError(f"cell {self.index} holds no optimizer (only the core does)")
+        return self.optimizer, self.state
 
     # ---------------------------------------------------------------- plumbing (once)
     def pid(self) -> int:
@@ -53,10 +77,10 @@ class Cell:
         """Join the cells' gloo world and build every prefix communicator (collective: all cells at once)."""
         from gyre.train.cell import TrainCell
 
-        self.cell = TrainCell(
+        cell = self.cell = TrainCell(
             self.index, self.world, dist_port=dist_port, store_port=store_port, host=host
         )
-        self.cell.setup()
+        cell.setup()
 
     def teardown(self) -> None:
         self.stop_engine()
@@ -108,8 +132,8 @@ class Cell:
                 self._start_core(resume_from)
             self.snapshot(snapshot_dir)  # what joining satellites pull
         else:
-            self.worker = ReplicaWorker(self.tcfg)
-            self.worker.start(self.tcfg.model_dir)
+            worker = self.worker = ReplicaWorker(self.tcfg)
+            worker.start(self.tcfg.model_dir)
             self.version = -1
             self._pull(version, snapshot_dir)
         return time.perf_counter() - t0
@@ -122,21 +146,21 @@ class Cell:
         from gyre.train.replica import ReplicaWorker
 
         torch.manual_seed(self.tcfg.seed)
-        self.worker = ReplicaWorker(self.tcfg)
-        self.worker.start(resume_from or self.tcfg.model_dir)
-        self.optimizer = build_optimizer(self.worker.params, self.tcfg.optim)
-        self.state = TrainerState(model_source=self.tcfg.model_dir)
+        worker = self.worker = ReplicaWorker(self.tcfg)
+        worker.start(resume_from or self.tcfg.model_dir)
+        optimizer = self.optimizer = build_optimizer(worker.params, self.tcfg.optim)
+        state = self.state = TrainerState(model_source=self.tcfg.model_dir)
         if resume_from:
-            load_optimizer(Path(resume_from), self.optimizer)
-            self.state = load_state(Path(resume_from))
-        self.version = self.state.policy_version
+            load_optimizer(Path(resume_from), optimizer)
+            state = self.state = load_state(Path(resume_from))
+        self.version = state.policy_version
 
     def _pull(self, version: int, snapshot_dir: str) -> None:
         if version == self.version:
             return
         from gyre.train.weights import FileWeightChannel, load_params
 
-        load_params(self.worker.model, FileWeightChannel(snapshot_dir).pull(version))
+        load_params(self._replica().live_model, FileWeightChannel(snapshot_dir).pull(version))
         self.version = version
 
     def drop_replica(self) -> None:
@@ -169,9 +193,10 @@ class Cell:
         from gyre.train.core import reduce_step
         from gyre.train.objective import ObjectiveStats
 
-        reduce_step(self.worker, self.cell.comm, k, ObjectiveStats.from_list(stats))
-        self.worker.zero_grad()
-        self.worker.new_step()
+        worker = self._replica()
+        reduce_step(worker, self._train_cell().comm, k, ObjectiveStats.from_list(stats))
+        worker.zero_grad()
+        worker.new_step()
 
     def finish_step(
         self,
@@ -193,10 +218,12 @@ class Cell:
         from gyre.train.objective import ObjectiveStats
         from gyre.train.weights import FileWeightChannel, named_params
 
+        worker = self._replica()
+        optimizer, state = self._core()
         t0 = time.perf_counter()
-        total = reduce_step(self.worker, self.cell.comm, k, ObjectiveStats.from_list(stats))
+        total = reduce_step(worker, self._train_cell().comm, k, ObjectiveStats.from_list(stats))
         t_reduce = time.perf_counter() - t0
-        params = self.worker.params
+        params = worker.params
         E = n_scored
         m: dict[str, Any] = {
             "actor/loss": total.loss_sum / E if E else 0.0,
@@ -216,25 +243,23 @@ class Cell:
             m["actor/grad_norm"] = float(
                 torch.nn.utils.clip_grad_norm_(params, clip if clip else math.inf)
             )
-            self.optimizer.step()
+            optimizer.step()
         # The version advances every step (a step without signal leaves the weights as they are), so
         # policy versions and optimizer steps stay one and the same count.
-        self.worker.zero_grad()
-        self.worker.new_step()
-        self.state.step += 1
-        self.state.policy_version += 1
-        self.state.consumed_groups.extend(groups)
-        self.version = self.state.policy_version
+        worker.zero_grad()
+        worker.new_step()
+        state.step += 1
+        state.policy_version += 1
+        state.consumed_groups.extend(groups)
+        self.version = state.policy_version
         t1 = time.perf_counter()
         FileWeightChannel(snapshot_dir, keep=3).publish(
-            self.version, named_params(self.worker.model)
+            self.version, named_params(worker.live_model)
         )
         m["timing/snapshot"] = time.perf_counter() - t1
         if checkpoint_dir:
             t1 = time.perf_counter()
-            save_checkpoint(
-                checkpoint_dir, self.worker.model, self.optimizer, self.state, keep=keep
-            )
+            save_checkpoint(checkpoint_dir, worker.live_model, optimizer, state, keep=keep)
             m["timing/checkpoint"] = time.perf_counter() - t1
         m["timing/reduce"] = t_reduce
         m["timing/finish_step"] = time.perf_counter() - t0
@@ -245,7 +270,7 @@ class Cell:
         from gyre.train.weights import FileWeightChannel, named_params
 
         FileWeightChannel(snapshot_dir, keep=3).publish(
-            self.version, named_params(self.worker.model)
+            self.version, named_params(self._replica().live_model)
         )
         return self.version
 
@@ -257,7 +282,7 @@ class Cell:
 
         tmp = Path(out_dir + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_hf(self.worker.model, self.tcfg.model_dir, tmp)
+        write_hf(self._replica().live_model, self.tcfg.model_dir, tmp)
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
         return out_dir

@@ -15,11 +15,14 @@ import asyncio
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gyre.config import GyreConfig
 from gyre.policy import CellRole
 from gyre.runtime.rundir import RunDir
+
+if TYPE_CHECKING:
+    from gyre.proxy.server import ProxyServer
 
 
 class RuntimeSetupError(RuntimeError):
@@ -79,7 +82,7 @@ class Cluster:
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
-        self.proxy = None
+        self.proxy: ProxyServer | None = None
         self.weights_dir = resume_from or cfg.model_dir  # newest published weights (HF layout)
         self.weights_version = base_version
         self.trainer_version = base_version
@@ -89,6 +92,13 @@ class Cluster:
             tuple[Any, str]
         ] = []  # (Ray actor, URL) of the standalone rollout pool
         self.dead_engines: list[str] = []
+
+    @property
+    def live_proxy(self) -> ProxyServer:
+        """The proxy in front of the engines, between ``start()`` and ``stop()``."""
+        if self.proxy is None:
+            raise RuntimeError("the cluster is not started (no proxy)")
+        return self.proxy
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, roles: list[CellRole]) -> None:
@@ -144,7 +154,7 @@ class Cluster:
                     "weight_version": self.weights_version,
                     "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
                 }
-                a = svc.remote(ecfg_j, res.torch_threads)
+                a: Any = svc.remote(ecfg_j, res.torch_threads)  # actor: methods via .remote
                 self.standalone.append((a, await a.start.remote()))
                 self.placement.append(
                     {"standalone": j, "pid": await a.pid.remote(), "url": self.standalone[-1][1]}
@@ -159,8 +169,8 @@ class Cluster:
                 "trace_dir": str(self.rundir.traces),
             }
         )
-        self.proxy = ProxyServer(pcfg)
-        await asyncio.to_thread(self.proxy.start)
+        proxy = self.proxy = ProxyServer(pcfg)
+        await asyncio.to_thread(proxy.start)
 
     async def stop(self) -> None:
         import ray
@@ -191,8 +201,9 @@ class Cluster:
         moved = 0
         url = self.urls[cell]
         if url is not None:
-            moved = await asyncio.to_thread(self.proxy.drain, url)
-            await asyncio.to_thread(self.proxy.call, self.proxy.service.pool.remove(url))
+            proxy = self.live_proxy
+            moved = await asyncio.to_thread(proxy.drain, url)
+            await asyncio.to_thread(proxy.call, proxy.service.pool.remove(url))
             self.urls[cell] = None
             await self.cells[cell].stop_engine.remote()
         await self.cells[cell].load_replica.remote(
@@ -208,7 +219,7 @@ class Cluster:
             )  # a returning satellite serves the version being published
         await self.cells[cell].drop_replica.remote()
         url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
-        await asyncio.to_thread(self.proxy.add_engine, url)
+        await asyncio.to_thread(self.live_proxy.add_engine, url)
         self.urls[cell] = url
 
     # ------------------------------------------------------------------ training
@@ -251,6 +262,8 @@ class Cluster:
         from gyre.engine.client import EngineClient
 
         self.begin_publish()
+        publishing = self._publishing
+        assert publishing is not None  # begin_publish made it; only this method clears it
         try:
             t0 = time.perf_counter()
             path = str(self.rundir.weights / f"v{version}")
@@ -266,7 +279,7 @@ class Cluster:
                     finally:
                         await c.resume()
 
-            urls = [self.urls[c] for c in rollout_cells if self.urls[c]] + [
+            urls = [u for u in (self.urls[c] for c in rollout_cells) if u] + [
                 u for _, u in self.standalone
             ]
             results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
@@ -276,7 +289,7 @@ class Cluster:
             self._prune_weights(version)
             return {"engines": len(urls), "save_seconds": t_save}
         finally:
-            self._publishing.set()
+            publishing.set()
             self._publishing = None
 
     async def _engine_lost(self, url: str, why: BaseException) -> None:
@@ -287,7 +300,8 @@ class Cluster:
         self.standalone = [(a, u) for a, u in self.standalone if u != url]
         self.dead_engines.append(url)
         try:
-            await asyncio.to_thread(self.proxy.call, self.proxy.service.pool.remove(url), 30)
+            proxy = self.live_proxy
+            await asyncio.to_thread(proxy.call, proxy.service.pool.remove(url), 30)
         except Exception:
             pass
 

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gyre.config import GyreConfig
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, reward_of
+
+if TYPE_CHECKING:
+    from gyre.harness.executor import HarnessExecutor
+    from gyre.harness.profiles import HarnessProfile
+    from gyre.proxy.admin import ProxyAdminClient
 
 
 class Executions:
@@ -32,9 +37,9 @@ class Executions:
             cluster,
             segment,
         )
-        self.executor = None
-        self.admin = None
-        self.profile = None
+        self.executor: HarnessExecutor | None = None
+        self.admin: ProxyAdminClient | None = None
+        self.profile: HarnessProfile | None = None
         self.results: dict[tuple[int, int], tuple[str, float | Missing]] = {}
         self.finished = 0
         self.failed = 0  # harness exited non-zero, was killed, or could not launch
@@ -56,6 +61,12 @@ class Executions:
         self.executor = HarnessExecutor(ecfg, register=self._register, calls=self._calls)
         await self.executor.start()
 
+    def _started(self) -> tuple[HarnessExecutor, ProxyAdminClient, HarnessProfile]:
+        """Executor, admin client and profile: built by ``start()``."""
+        if self.executor is None or self.admin is None or self.profile is None:
+            raise RuntimeError("Executions.start() was not called")
+        return self.executor, self.admin, self.profile
+
     async def stop(self) -> None:
         for t in list(self.eval_tasks):
             t.cancel()
@@ -65,13 +76,15 @@ class Executions:
             self.admin.close()
 
     async def _register(self, execution_id: str, label: str) -> str:
-        return await asyncio.to_thread(self.admin.register, execution_id, label)
+        _, admin, _ = self._started()
+        return await asyncio.to_thread(admin.register, execution_id, label)
 
     async def _calls(self, execution_id: str) -> Any:
         """The proxy's count of this execution's model calls (did the policy act at all?)."""
         from gyre.harness.model_calls import ModelCalls
 
-        d = await asyncio.to_thread(self.admin.calls, execution_id)
+        _, admin, _ = self._started()
+        d = await asyncio.to_thread(admin.calls, execution_id)
         return ModelCalls(
             attempted=int(d["attempted"]),
             answered=int(d["answered"]),
@@ -82,18 +95,19 @@ class Executions:
     async def _run_one(self, execution_id: str, task) -> Any:
         from gyre.harness.executor import ExecutionSpec
 
+        executor, admin, profile = self._started()
         run = self.cfg.run
         spec = ExecutionSpec(
             execution_id=execution_id,
             task=task,
-            profile=self.profile,
+            profile=profile,
             base_url=self.cluster.proxy.url,
             harness_timeout_s=run.harness_timeout_s,
             overall_timeout_s=run.overall_timeout_s,
         )
-        res = await self.executor.run(spec)
+        res = await executor.run(spec)
         try:  # the proxy closes the execution's trace file and forgets its key
-            await asyncio.to_thread(self.admin.revoke, execution_id)
+            await asyncio.to_thread(admin.revoke, execution_id)
         except Exception:
             pass
         return res
@@ -162,11 +176,12 @@ class Executions:
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
         rewards = {eid: r for eid, r in ids.values()}
         tcfg = self.cfg.trainer
+        _, _, profile = self._started()
         group, report = group_from_traces(
             f"g{gid}",
             traces,
             rewards,
-            role_profile=role_profile(self.profile.roles),
+            role_profile=role_profile(profile.roles),
             j_max=tcfg.j_max,
             seed=tcfg.seed,
             step=step,

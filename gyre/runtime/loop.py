@@ -43,7 +43,7 @@ async def train(
     )
     await world.start(list(policy.roles))
     progress.message(
-        f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}"
+        f"cells up; proxy at {world.cluster.live_proxy.url}; training steps {done}..{cfg.policy.total_steps}"
     )
     if cfg.run.eval_interval:
         world.execs.start_eval(world.base_step)  # the starting policy, for comparison

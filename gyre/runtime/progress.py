@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 _ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R"}
 
@@ -20,7 +23,7 @@ class Progress:
         if self.mode == "rich" and not sys.stderr.isatty():
             self.mode = "plain"
         self.total = total_steps
-        self._live = None
+        self._live: Live | None = None
         self._last = 0.0
         self._last_step = -1
 
@@ -29,8 +32,10 @@ class Progress:
             from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
-            self._live.__enter__()
+            live = self._live = Live(
+                console=Console(stderr=True), refresh_per_second=4, transient=False
+            )
+            live.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,7 +21,10 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 def to_toml(data: dict[str, Any]) -> str:
@@ -66,7 +69,7 @@ class RunDir:
         self.weights = self.path / "weights"
         self.snapshots = str(self.path / "weights" / "snapshots")
         self.tb_dir = self.path / "tb"
-        self._tb = None
+        self._tb: SummaryWriter | None = None
         self.step_rows: list[dict[str, Any]] = []
 
     def create(self) -> RunDir:
@@ -97,7 +100,7 @@ class RunDir:
     def log_execution(self, row: dict[str, Any]) -> None:
         self._append("executions.jsonl", row)
 
-    def tb(self):
+    def tb(self) -> SummaryWriter:
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,8 @@ class RealWorld:
         self.makespan: float | None = None
         self._bg: set[asyncio.Task] = set()
         self.errors: list[BaseException] = []
-        self.sched_status = lambda: {}  # the loop points this at policy.status
+        # the loop points this at policy.status
+        self.sched_status: Callable[[], dict[str, Any]] = lambda: {}
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -116,6 +118,16 @@ class RealWorld:
 
     def _emit(self, ev: Event) -> None:
         self.events.put_nowait(ev)
+
+    def _tick(self, at: float) -> None:
+        """A WakeAt came due (never reported before the time it asked for)."""
+        self._emit(Tick(max(at, self.now())))
+
+    def _open_step(self) -> StepRecord:
+        """The step the policy started; its groups, micro-steps and finish come after StartStep."""
+        if self.step_rec is None:
+            raise RuntimeError("no training step is open")
+        return self.step_rec
 
     def _spawn(self, coro) -> None:
         async def guarded():
@@ -219,9 +231,7 @@ class RealWorld:
                 self._spawn(self._publish(a.version))
             elif t is WakeAt:
                 delay = max(0.0, a.time - self.now())
-                asyncio.get_running_loop().call_later(
-                    delay, lambda at=a.time: self._emit(Tick(max(at, self.now())))
-                )
+                asyncio.get_running_loop().call_later(delay, self._tick, a.time)
             elif t is EndRun:
                 self.makespan = self.now()
             else:  # pragma: no cover - a new action type must be handled here
@@ -247,7 +257,7 @@ class RealWorld:
 
     def _assign(self, a: AssignGroup) -> None:
         """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
-        rec = self.step_rec
+        rec = self._open_step()
         gid = self.base_gid + a.group_id
         group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index)
         self._task_index += len(tasks)
@@ -260,7 +270,7 @@ class RealWorld:
         self.shards[a.group_id] = [[t.index for t in tasks[i::n]] for i in range(n)] if n else []
 
     async def _micro(self, a: ClaimMicroStep) -> None:
-        rec = self.step_rec
+        rec = self._open_step()
         shard = self.shards[a.group_id][a.index]
         t0 = self.now()
         if shard:
@@ -278,7 +288,7 @@ class RealWorld:
         )
 
     async def _finish(self, step: int) -> None:
-        rec = self.step_rec
+        rec = self._open_step()
         k = 0
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
-from gyre.sim.report import SimResult
+
+class GanttPanel(Protocol):
+    """What one panel reads: a simulated run (``SimResult``) or a real one
+    (``gyre.runtime.report.Timeline``)."""
+
+    @property
+    def makespan_h(self) -> float: ...
+    @property
+    def training_share(self) -> list[float]: ...
+    @property
+    def lower_bound_h(self) -> float: ...
+    @property
+    def efficiency(self) -> float: ...
+    @property
+    def mean_staleness(self) -> float: ...
+    @property
+    def interrupted_executions(self) -> int: ...
+    @property
+    def timeline(self) -> dict[str, Any]: ...
+
 
 COLORS = {
     "rollout": "#4C78A8",
@@ -16,7 +37,7 @@ COLORS = {
 
 
 def plot_gantt(
-    results: dict[str, SimResult], path: str | Path, title: str = "", unit: str = "h"
+    results: Mapping[str, GanttPanel], path: str | Path, title: str = "", unit: str = "h"
 ) -> Path:
     """Write a PNG: per placement, one row per cell (role colours, compute in red) and a step row.
 
