@@ -2,9 +2,10 @@
 
 Each case drives the real command tree (``gyre.cli.app``) through typer's CliRunner, which is
 faithful here: the commands print to stderr and exit by ``typer.Exit`` exactly as they do from a
-shell, and any exception that escaped a command would show up as ``result.exception``. Two cases
-go through ``python -m gyre.cli`` to cover the entry point itself. No server starts: every check
-runs before a model loads, and a busy port is a socket this test binds itself.
+shell, and any exception that escaped a command would show up as ``result.exception``. A few cases
+go through ``python -m gyre.cli`` to cover the entry point itself. No server serves (one slow case
+lets an engine fail at startup): every check runs before a model loads, and a busy port is a
+socket this test binds itself.
 """
 
 from __future__ import annotations
