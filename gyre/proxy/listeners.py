@@ -74,7 +74,8 @@ def read_timeout_protocol(read_timeout_s: float) -> type[H11Protocol]:
                 self._arm()  # we stopped reading (back-pressure), the client did not stall
                 return
             st = self.conn.their_state
-            if st is h11.SEND_BODY or (st is h11.IDLE and self.cycle is None):
+            between = self.cycle is None or self.cycle.response_complete  # no request running
+            if st is h11.SEND_BODY or (st is h11.IDLE and between):
                 log.warning(
                     "closing a client connection silent for %.0fs mid-request (%s)",
                     read_timeout_s,

@@ -228,6 +228,18 @@ def test_stalled_client_connection_is_closed(make_proxy, sent):
         assert time.monotonic() - t0 < 8.0
 
 
+def test_keep_alive_connection_stalled_in_its_second_request_is_closed(make_proxy):
+    px = make_proxy(client_read_timeout_s=0.5)
+    with _connect(px) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(10)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHo")  # then silence
+        t0 = time.monotonic()
+        assert _closed_within(s, 10.0)
+        assert time.monotonic() - t0 < 8.0  # the read timeout, not the 75 s keep-alive
+
+
 def test_slow_but_alive_upload_is_served(make_proxy):
     px = make_proxy(client_read_timeout_s=1.5)
     key = px.admin_client().register("slow", "main")
