@@ -102,7 +102,10 @@ def run(
             "harness run",
             f"--sandbox-network must be proxy-only or shared, got {sandbox_network!r}",
         )
-    cfg = ExecutorConfig(sandbox=SandboxConfig(enabled=sandbox, network=sandbox_network))
+    # checked just above; pydantic validates the CLI string into the Literal field
+    cfg = ExecutorConfig(
+        sandbox=SandboxConfig.model_validate({"enabled": sandbox, "network": sandbox_network})
+    )
     if workspace_root is not None:
         cfg.workspace_root = workspace_root
     spec = ExecutionSpec(

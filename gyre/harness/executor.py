@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,6 +60,12 @@ HarnessStop = Literal[
     "launch_failed",
     "not_run",
 ]
+
+
+class _Finish(Protocol):
+    """``run``'s closure that turns an assessment into the execution's result (and writes it)."""
+
+    def __call__(self, assessment: Scored | Missing, write: bool = True) -> ExecutionResult: ...
 
 
 class ExecutionError(RuntimeError):
@@ -311,7 +317,7 @@ class HarnessExecutor:
         home: Path,
         run: HarnessRun,
         timings: Timings,
-        result: Callable[[Scored | Missing], ExecutionResult],
+        result: _Finish,
     ) -> ExecutionResult:
         cfg, task, prof = self.config, spec.task, spec.profile
         # 1. Fresh workspace.
@@ -456,7 +462,9 @@ class HarnessExecutor:
         if pres.stop == "timeout":
             run.stop = "overall_timeout" if cut_by_overall else "harness_timeout"
         else:
-            run.stop = pres.stop  # exited | log_limit | disk_limit
+            # exited | log_limit | disk_limit (run_process re-raises a cancellation, never returns it)
+            assert pres.stop != "cancelled"
+            run.stop = pres.stop
         if pres.stop == "log_limit":
             run.error = (
                 f"harness wrote more than {cfg.max_log_bytes} bytes to a stream and was stopped"
@@ -483,7 +491,9 @@ class HarnessExecutor:
         # 4. Score a copy of the workspace with the hidden tests (own process, own timeout).
         t_score = time.monotonic()
         left = deadline - t_score
-        assessment = await self._scorer.score(task, ws, exec_dir / "scoring", timeout_s=left)
+        scorer = self._scorer
+        assert scorer is not None  # run() refuses to start an execution before start()
+        assessment = await scorer.score(task, ws, exec_dir / "scoring", timeout_s=left)
         timings.scoring_s = time.monotonic() - t_score
         if not cfg.keep_workspaces:
             await asyncio.to_thread(shutil.rmtree, ws, True)

@@ -22,15 +22,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tomllib  # Python >= 3.11 (requires-python)
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
 
 
 class ProfileError(ValueError):
