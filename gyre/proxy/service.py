@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from gyre.proxy.types import (
     ToolCall,
     ToolCallEvent,
 )
-from gyre.trace.record import TraceRecord
+from gyre.trace.record import OutputSegment, TraceRecord
 from gyre.trace.store import TraceWriter, read_trace, trace_path
 
 log = logging.getLogger("gyre.proxy")
@@ -306,6 +306,7 @@ class ProxyService:
             mode=mode,
         )
         if self.config.verify_bridge and mode == "continuation":
+            assert bridge.base is not None  # a continuation extends a recorded call
             full = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
             plan.verify_equal = full == bridge.base.materialise(bridge.base_len) + suffix
             if not plan.verify_equal:
@@ -427,8 +428,8 @@ class ProxyService:
         call: ParsedCall,
         plan: Plan,
         first: StreamEvent,
-        events: AsyncIterator[StreamEvent],
-    ) -> AsyncIterator[bytes]:
+        events: AsyncGenerator[StreamEvent, None],
+    ) -> AsyncGenerator[bytes, None]:
         async def chained() -> AsyncIterator[StreamEvent]:
             yield first
             async for ev in events:
@@ -453,7 +454,9 @@ class ProxyService:
         finally:
             await events.aclose()
 
-    async def _collect(self, events: AsyncIterator[StreamEvent], request: Request) -> AssistantTurn:
+    async def _collect(
+        self, events: AsyncGenerator[StreamEvent, None], request: Request
+    ) -> AssistantTurn:
         """Run a non-streaming call; a client that hangs up cancels it (and its engine request)."""
 
         async def consume() -> AssistantTurn:
@@ -497,7 +500,7 @@ class ProxyService:
         entry: RetryEntry | None,
         headers: Any,
         t0: float,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         st = ex.state
         ex.active += 1
         prefix = "toolu_" if dialect == "anthropic" else "call_"
@@ -596,7 +599,7 @@ class ProxyService:
         plan: Plan,
         output_ids: list[int],
         logprobs: list[float],
-        segments: tuple,
+        segments: Sequence[OutputSegment],
         finish: str,
         headers: Any,
         t0: float,
@@ -703,8 +706,6 @@ class ProxyService:
         t0: float,
         dialect: str,
     ) -> None:
-        from gyre.trace.record import OutputSegment
-
         rec = self._trace_record(
             ex,
             call,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from gyre.proxy import jsonfast
@@ -271,7 +271,7 @@ async def stream(
     events: AsyncIterator[StreamEvent],
     prompt_tokens: int,
     tokenizer: Any = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The standard SSE sequence: message_start, content blocks (start/delta/stop), message_delta, message_stop."""
     yield _event(
         "message_start",

@@ -7,7 +7,7 @@ refused: each call is one branch of one execution's trace.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from gyre.proxy import jsonfast
@@ -237,7 +237,7 @@ def _sse(obj: Any) -> bytes:
 
 async def stream(
     call: ParsedCall, request_id: str, events: AsyncIterator[StreamEvent], tokenizer: Any = None
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE chunks in OpenAI's order: role, content/reasoning/tool-call deltas, finish, [usage], [DONE]."""
     base = {
         "id": f"chatcmpl-{request_id}",
