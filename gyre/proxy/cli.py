@@ -116,19 +116,22 @@ def serve(
     limits = {k: v for k, v in given.items() if v is not None}  # unset: the config's defaults
     token = token or secrets.token_urlsafe(24)
     try:
-        cfg = ProxyConfig(
-            model_dir=model,
-            engines=list(engine),
-            host=host,
-            port=port,
-            trace_dir=trace_dir,
-            mode=mode,
-            admin_token=token,
-            admin_socket=admin_socket,
-            parser=parser,
-            max_context_tokens=max_context,
-            fsync=not no_fsync,
-            **limits,
+        # CLI strings and optional limits: pydantic validates them (mode, ranges) as a whole
+        cfg = ProxyConfig.model_validate(
+            dict(
+                model_dir=model,
+                engines=list(engine),
+                host=host,
+                port=port,
+                trace_dir=trace_dir,
+                mode=mode,
+                admin_token=token,
+                admin_socket=admin_socket,
+                parser=parser,
+                max_context_tokens=max_context,
+                fsync=not no_fsync,
+                **limits,
+            )
         )
     except ValidationError as e:
         sock.close()
@@ -146,9 +149,8 @@ def serve(
         except (OSError, ValueError) as e:
             sock.close()
             fail("proxy", f"--admin-socket: {first_line(e)}")
-    token_note = admin_token_file
+    token_note = admin_token_file or str(admin_path.with_name(admin_path.name + ".token"))
     if not admin_token_file:
-        token_note = str(admin_path.with_name(admin_path.name + ".token"))
         write_private(token_note, token)
     bound = sock.getsockname()[1]
     typer.echo(

@@ -27,9 +27,27 @@ from gyre.policy.config import Placement, PolicyConfig
 from gyre.sim.config import SIM_HOLD_TAU_H, CostConfig, SimConfig, WorkloadConfig
 
 
-def _rules(**kw: int) -> PolicyConfig:
+def _rules(
+    *,
+    cells: int,
+    cell_capacity: int,
+    group_size: int,
+    batch_groups: int,
+    total_steps: int,
+    micro_steps_per_execution: int = 1,
+) -> PolicyConfig:
     """A preset's shared policy: its cluster and batch shape; rho_min 0.25, tau 2 min."""
-    return PolicyConfig(placement=Placement.ELASTIC, rho_min=0.25, hold_tau=SIM_HOLD_TAU_H, **kw)
+    return PolicyConfig(
+        placement=Placement.ELASTIC,
+        rho_min=0.25,
+        hold_tau=SIM_HOLD_TAU_H,
+        cells=cells,
+        cell_capacity=cell_capacity,
+        group_size=group_size,
+        batch_groups=batch_groups,
+        total_steps=total_steps,
+        micro_steps_per_execution=micro_steps_per_execution,
+    )
 
 
 NL2REPO_TARGETS = {

@@ -58,7 +58,7 @@ class _MicroDone(NamedTuple):
     cell: int
     step: int
     group_id: int
-    index: int
+    micro_index: int  # not `index`: a NamedTuple field would shadow tuple.index
 
 
 class _Switched(NamedTuple):
@@ -260,7 +260,9 @@ class World:
                     self.trace.group_assigned[a.group_id] = self.now
             elif t is ClaimMicroStep:
                 self._busy_start(a.cell)
-                done = _MicroDone(cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
+                done = _MicroDone(
+                    cell=a.cell, step=a.step, group_id=a.group_id, micro_index=a.index
+                )
                 self._push(self.now + self._micro_h, done)
             elif t is SwitchCell:
                 self.trace.switch_order.append((self.now, a.cell, a.role.value))
@@ -318,7 +320,11 @@ class World:
         if isinstance(what, _MicroDone):
             self._busy_end(what.cell)
             return MicroStepDone(
-                time=t, cell=what.cell, step=what.step, group_id=what.group_id, index=what.index
+                time=t,
+                cell=what.cell,
+                step=what.step,
+                group_id=what.group_id,
+                index=what.micro_index,
             )
         if isinstance(what, _Switched):
             self._account()
