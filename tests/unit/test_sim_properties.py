@@ -28,34 +28,42 @@ def sim_configs(draw, min_steps=2, max_steps=10):
     phi_groups = draw(st.integers(0, 2 * B))
     streaming = draw(st.booleans())
     overall = draw(st.one_of(st.none(), st.floats(1.0, 6.0)))
+    # drawn in the order the strategy has always used, so saved examples keep their meaning
+    seed = draw(st.integers(0, 10_000))
+    cell_capacity, standalone = draw(st.integers(1, 6)), draw(st.integers(0, 4))
+    steps = draw(st.integers(min_steps, max_steps))
+    workload = WorkloadConfig(
+        median_h=draw(st.floats(0.2, 3.0)),
+        tail=draw(st.floats(0.0, 1.0)),
+        query_sigma=draw(st.floats(0.0, 0.6)),
+        harness_timeout_h=draw(st.floats(1.0, 6.0)),
+        score_mean_h=draw(st.sampled_from([0.0, 0.1])),
+        overall_timeout_h=overall,
+        slowdown=draw(st.sampled_from([0.0, 0.5])),
+    )
+    train_h, optim_h, publish_h = (
+        draw(st.floats(0.0, 3.0)),
+        draw(st.sampled_from([0.0, 0.05])),
+        draw(st.sampled_from([0.0, 0.02])),
+    )
+    micro = draw(st.sampled_from([1, 3]))
+    rho_min, hold_tau = draw(st.sampled_from([0.25, 0.5, 1.0])), draw(st.sampled_from([0.0, 0.05]))
     cfg = SimConfig(
-        seed=draw(st.integers(0, 10_000)),
+        seed=seed,
         policy=PolicyConfig(
             placement=Placement.ELASTIC,
             cells=K,
-            cell_capacity=draw(st.integers(1, 6)),
-            standalone_capacity=draw(st.integers(0, 4)),
+            cell_capacity=cell_capacity,
+            standalone_capacity=standalone,
             group_size=N,
             batch_groups=B,
-            total_steps=draw(st.integers(min_steps, max_steps)),
-            micro_steps_per_execution=draw(st.sampled_from([1, 3])),
-            rho_min=draw(st.sampled_from([0.25, 0.5, 1.0])),
-            hold_tau=draw(st.sampled_from([0.0, 0.05])),
+            total_steps=steps,
+            micro_steps_per_execution=micro,
+            rho_min=rho_min,
+            hold_tau=hold_tau,
         ),
-        workload=WorkloadConfig(
-            median_h=draw(st.floats(0.2, 3.0)),
-            tail=draw(st.floats(0.0, 1.0)),
-            query_sigma=draw(st.floats(0.0, 0.6)),
-            harness_timeout_h=draw(st.floats(1.0, 6.0)),
-            score_mean_h=draw(st.sampled_from([0.0, 0.1])),
-            overall_timeout_h=overall,
-            slowdown=draw(st.sampled_from([0.0, 0.5])),
-        ),
-        costs=CostConfig(
-            train_step_cell_h=draw(st.floats(0.0, 3.0)),
-            optim_h=draw(st.sampled_from([0.0, 0.05])),
-            publish_h=draw(st.sampled_from([0.0, 0.02])),
-        ),
+        workload=workload,
+        costs=CostConfig(train_step_cell_h=train_h, optim_h=optim_h, publish_h=publish_h),
         placements={
             "colocate": PlacementSpec(placement="colocate", phi=0.0, mu=mu, streaming=streaming),
             "async": PlacementSpec(
