@@ -310,14 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         else Path(a.instruction_file).read_text(encoding="utf-8")
     )
 
+    api_error: type[Exception]  # what a failed model call raises, per client
     if a.client == "stdlib":
         from gyre.harness.http_client import APIError, StdlibClient
 
+        api_error = APIError
         client: Any = StdlibClient(a.base_url, a.api_key, timeout=a.request_timeout, max_retries=2)
     else:
         import openai  # here, so --help is instant
 
-        APIError = openai.APIError  # type: ignore[misc, assignment]
+        api_error = openai.APIError
         client = openai.OpenAI(
             base_url=a.base_url, api_key=a.api_key, timeout=a.request_timeout, max_retries=2
         )
@@ -332,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = ReferenceAgent(client, Path(a.workspace), cfg)
     try:
         stats = agent.run(instruction)
-    except APIError as e:
+    except api_error as e:
         # stop at the first call that failed after the client's retries: going on without the
         # model would leave a workspace that says nothing about the policy
         err = f"{type(e).__name__}: {e}"

@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def _covers(parent: Path, child: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-def tool_paths(command: list[str] = ()) -> list[Path]:  # type: ignore[assignment]
+def tool_paths(command: Sequence[str] = ()) -> list[Path]:
     """Host paths the sandboxed program needs to see, whatever tmpfs covers them.
 
     The sandbox sees only the system directories and a fresh ``/tmp``; a venv,
@@ -256,8 +257,8 @@ def bwrap_argv(
     *,
     workspace: Path,
     hide: list[Path],
-    writable: list[Path] = (),  # type: ignore[assignment]
-    ro_binds: list[Path] = (),  # type: ignore[assignment]
+    writable: Sequence[Path] = (),
+    ro_binds: Sequence[Path] = (),
     home: str = SANDBOX_HOME,
     unshare_net: bool = False,
     bwrap: str = "bwrap",

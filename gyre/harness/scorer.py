@@ -42,6 +42,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gyre.trace.assessment import Missing, MissingReason, Scored
 
@@ -123,9 +124,10 @@ def _read_result(reward_dir: Path) -> tuple[float | None, int | None, int | None
     return None
 
 
-def _number(v: object, where: str) -> float:
+def _number(v: Any, where: str) -> float:
+    """A finite float from a parsed JSON/text value (anything else is the verifier's error)."""
     try:
-        x = float(v)  # type: ignore[arg-type]
+        x = float(v)
     except (TypeError, ValueError):
         raise _ResultError(f"{where}: {v!r} is not a number") from None
     if math.isnan(x) or math.isinf(x):
@@ -248,6 +250,7 @@ class Scorer:
                         reason=MissingReason.infra_error, detail=f"sandbox setup failed: {e}"
                     )
             # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
+            assert self._bwrap  # sandboxed
             argv = harbor_verifier_argv(
                 ["bash", f"{HARBOR_TESTS}/test.sh"],
                 workspace_copy=ws,
@@ -255,7 +258,7 @@ class Scorer:
                 reward_dir=reward_dir,
                 hide=self._hide + [task.hidden],
                 home=str(home),
-                bwrap=self._bwrap,  # type: ignore[arg-type]
+                bwrap=self._bwrap,
                 confine=self._confine,
                 userns_fd=userns_fd,
             )

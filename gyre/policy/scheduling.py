@@ -187,23 +187,23 @@ class SchedulingPolicy:
                 f"{type(event).__name__} names cell {cell}; cells are 0..{self._K - 1}"
             )
         acts: list[Action] = []
-        t = type(event)
-        if t is ExecutionFinished:
-            self._on_finished(event)  # type: ignore[arg-type]
-        elif t is ExecutionsLaunched:
-            self.launched += len(event.executions)  # type: ignore[attr-defined]
-        elif t is MicroStepDone:
-            self._on_micro_done(event)  # type: ignore[arg-type]
-        elif t is StepDone:
-            self._on_step_done(event, acts)  # type: ignore[arg-type]
-        elif t is WeightsPublished:
-            self._on_published(event, acts)  # type: ignore[arg-type]
-        elif t is CellSwitched:
-            self._on_switched(event)  # type: ignore[arg-type]
-        elif t is Tick:
+        # exact types (no subclass is an event); mypy narrows `type(event) is X`
+        if type(event) is ExecutionFinished:
+            self._on_finished(event)
+        elif type(event) is ExecutionsLaunched:
+            self.launched += len(event.executions)
+        elif type(event) is MicroStepDone:
+            self._on_micro_done(event)
+        elif type(event) is StepDone:
+            self._on_step_done(event, acts)
+        elif type(event) is WeightsPublished:
+            self._on_published(event, acts)
+        elif type(event) is CellSwitched:
+            self._on_switched(event)
+        elif type(event) is Tick:
             pass
         else:
-            raise PolicyError(f"unknown event type {t.__name__}")
+            raise PolicyError(f"unknown event type {type(event).__name__}")
         self.now = event.time  # only once the event was accepted
         self._react(acts)
         return acts

@@ -41,6 +41,7 @@ def read_timeout_protocol(read_timeout_s: float) -> type[H11Protocol]:
     class ReadTimeoutH11Protocol(H11Protocol):
         _read_timer: asyncio.TimerHandle | None = None
 
+        # uvicorn narrows asyncio.Protocol's BaseTransport to Transport (and ignores it too)
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()  # a connection that never sends a byte is stalled too
