@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Property tests draw the same examples on every run (a red CI is a regression, not a lucky
+# draw); GYRE_HYPOTHESIS_RANDOM=1 (with GYRE_HYPOTHESIS_SCALE=10) searches afresh.
+settings.register_profile("gyre", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("explore" if os.environ.get("GYRE_HYPOTHESIS_RANDOM") == "1" else "gyre")
 
 
 @pytest.fixture(scope="session")
