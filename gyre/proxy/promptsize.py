@@ -114,8 +114,20 @@ class PromptBound:
                     return total - BOUNDARY_SLACK * boundaries
         return max(total - BOUNDARY_SLACK * boundaries, 0)
 
-    async def check(self, raw_items: list[Any], dialect: str) -> None:
+    def cannot_trigger(self, body_bytes: int) -> bool:
+        """True when a body this size cannot reach either floor: its text has at most as many
+        characters as the body has bytes. Spares the walk over every message of every call
+        (~15% of the proxy's CPU per call at 4K messages) for the bodies that are not huge."""
+        return not self.needs_count(body_bytes) and self.floor_from_chars(body_bytes) < (
+            self.max_context
+        )
+
+    async def check(
+        self, raw_items: list[Any], dialect: str, body_bytes: int | None = None
+    ) -> None:
         """Raise the API's context-length 400 when a floor shows the prompt cannot fit."""
+        if body_bytes is not None and self.cannot_trigger(body_bytes):
+            return
         chars = self.chars(raw_items)
         floor = self.floor_from_chars(chars)
         if floor < self.max_context and self.needs_count(chars):

@@ -256,7 +256,7 @@ class ProxyService:
             raise bad_request("request body is not valid JSON") from None
         call = _ADAPTERS[dialect].parse_request(data)
         try:  # a prompt that cannot fit is refused before it is rendered (gyre.proxy.promptsize)
-            await self.prompt_bound.check(call.raw_items, dialect)
+            await self.prompt_bound.check(call.raw_items, dialect, len(body))
         except ApiError:
             ex.bodies.discard(body)
             raise
@@ -732,7 +732,7 @@ class ProxyService:
             if isinstance(data, dict) and "max_tokens" not in data:
                 data = {**data, "max_tokens": 1}
             call = anthropic.parse_request(data)
-            await self.prompt_bound.check(call.raw_items, "anthropic")
+            await self.prompt_bound.check(call.raw_items, "anthropic", len(body))
             norm = [
                 m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)
             ]

@@ -89,6 +89,20 @@ async def test_check_refuses_early_with_the_context_length_error(tiny_tokenizer)
     assert "prompt is too long" in e.value.message
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(user=texts, tool=texts, ctx=st.integers(1, 400))
+async def test_body_size_gate_never_skips_a_refusal(tiny_tokenizer, user, tool, ctx):
+    """The gate skips the walk only for bodies whose text could not reach a floor: whatever
+    check() decides with the body's size, it decides without it too."""
+    import json
+
+    items = [{"role": "user", "content": user}, {"role": "tool", "content": tool}]
+    body = json.dumps({"messages": items}, ensure_ascii=False).encode()
+    pb = PromptBound(tiny_tokenizer, max_context=ctx, slice_chars=17)
+    if pb.cannot_trigger(len(body)):
+        await pb.check(items, "openai")  # would raise if a floor reached the context
+
+
 # -- engine faults ------------------------------------------------------------------------------
 
 
