@@ -192,7 +192,7 @@ def stack(tiny_model_dir, tmp_path_factory):
             fsync=False,
         )
     ).start()
-    admin = ProxyAdminClient(proxy.url, proxy.admin_token)
+    admin = ProxyAdminClient(proxy.admin_socket, proxy.admin_token)
 
     async def register(execution_id: str, label: str) -> str:
         return await asyncio.to_thread(admin.register, execution_id, label)
