@@ -28,6 +28,7 @@ from typing import Any
 
 import h11
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("gyre.proxy.listeners")
@@ -41,6 +42,10 @@ class _ReadTimeout:
 
     read_timeout_s: float = 60.0
     _read_timer: asyncio.TimerHandle | None = None
+    # set by the uvicorn protocol this is mixed into
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    flow: FlowControl
 
     def _owes_bytes(self) -> bool:
         """After data arrived: is the request still incomplete?"""
@@ -51,9 +56,7 @@ class _ReadTimeout:
         raise NotImplementedError
 
     def _arm(self) -> None:
-        self._read_timer = self.loop.call_later(  # type: ignore[attr-defined]
-            self.read_timeout_s, self._read_timed_out
-        )
+        self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
 
     def _disarm(self) -> None:
         if self._read_timer is not None:
@@ -62,7 +65,7 @@ class _ReadTimeout:
 
     def _read_timed_out(self) -> None:
         self._read_timer = None
-        transport, flow = self.transport, self.flow  # type: ignore[attr-defined]
+        transport, flow = self.transport, self.flow
         if transport.is_closing():
             return
         if flow is not None and flow.read_paused:
