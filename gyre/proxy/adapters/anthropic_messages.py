@@ -301,6 +301,13 @@ async def stream(
     def close() -> bytes:
         return _event("content_block_stop", {"type": "content_block_stop", "index": index})
 
+    def sign() -> bytes:
+        """The thinking block's signature delta, sent just before the block closes."""
+        delta = {"type": "signature_delta", "signature": _signature("".join(reasoning).strip())}
+        return _event(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        )
+
     async for ev in events:
         if isinstance(ev, ReasoningDelta) and ev.text:
             if open_kind != "thinking":
@@ -328,17 +335,7 @@ async def stream(
         elif isinstance(ev, TextDelta) and ev.text:
             if open_kind != "text":
                 if open_kind == "thinking":
-                    yield _event(
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": index,
-                            "delta": {
-                                "type": "signature_delta",
-                                "signature": _signature("".join(reasoning).strip()),
-                            },
-                        },
-                    )
+                    yield sign()
                 if open_kind is not None:
                     yield close()
                 index += 1
@@ -361,17 +358,7 @@ async def stream(
             )
         elif isinstance(ev, ToolCallEvent):
             if open_kind == "thinking":
-                yield _event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {
-                            "type": "signature_delta",
-                            "signature": _signature("".join(reasoning).strip()),
-                        },
-                    },
-                )
+                yield sign()
             if open_kind is not None:
                 yield close()
             index += 1
@@ -405,17 +392,7 @@ async def stream(
         elif isinstance(ev, Finished):
             turn = ev.turn
             if open_kind == "thinking":
-                yield _event(
-                    "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {
-                            "type": "signature_delta",
-                            "signature": _signature("".join(reasoning).strip()),
-                        },
-                    },
-                )
+                yield sign()
             if open_kind is None and index == -1:  # empty answer: still one (empty) text block
                 index += 1
                 open_kind = "text"
