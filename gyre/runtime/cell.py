@@ -73,6 +73,12 @@ class Cell:
 
         return ray.get_runtime_context().get_node_id()
 
+    def node_ip(self) -> str:
+        """The IP of the node this cell runs on (nodes on one machine share it; the id tells apart)."""
+        import ray
+
+        return ray.util.get_node_ip_address()
+
     def setup(self, dist_port: int, store_port: int, host: str = "127.0.0.1") -> None:
         """Join the cells' gloo world and build every prefix communicator (collective: all cells at once)."""
         from gyre.train.cell import TrainCell

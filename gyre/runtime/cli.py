@@ -105,6 +105,12 @@ def check_run(cfg) -> None:
             f"policy.cells: elastic placement needs at least 2 cells (core + satellite), "
             f"got {p.cells}"
         )
+    per_cell = cfg.run.cell_resources
+    if per_cell and len(per_cell) != p.cells:
+        raise ConfigProblem(
+            f"run.cell_resources: one table per cell is needed (policy.cells = {p.cells}), "
+            f"got {len(per_cell)}"
+        )
     if (
         p.placement is not Placement.ASYNC
         and p.cells * p.cell_capacity + p.standalone_capacity < p.group_size

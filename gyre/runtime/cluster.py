@@ -68,6 +68,32 @@ def init_ray(cfg: GyreConfig) -> None:
         raise RuntimeSetupError(f"the {where} did not start: {first}") from None
 
 
+def cell_resources(cfg: GyreConfig, cell: int) -> dict[str, float]:
+    """The custom Ray resources cell ``cell`` asks for: ``run.cell.resources`` plus its own
+    entry of ``run.cell_resources`` (which pins it to the nodes that offer them)."""
+    per_cell = cfg.run.cell_resources
+    return {**cfg.run.cell.resources, **(per_cell[cell] if cell < len(per_cell) else {})}
+
+
+def check_resources(asks: list[dict[str, float]], offered: dict[str, float]) -> None:
+    """Refuse at once custom resources the cluster cannot give: Ray would keep an actor pending
+    forever (the run would hang at start instead of saying why). Actors hold their resources for
+    the whole run, so the asks are summed. Totals only: a resource split across nodes, none of
+    which holds enough for one actor, still waits."""
+    total: dict[str, float] = {}
+    for ask in asks:
+        for name, amount in ask.items():
+            total[name] = total.get(name, 0.0) + amount
+    for name, amount in total.items():
+        have = offered.get(name, 0.0)
+        if amount > have + 1e-9:
+            raise RuntimeSetupError(
+                f"the cells ask for Ray resource {name}={amount:g} in all (run.cell.resources, "
+                f"run.cell_resources), the cluster offers {have:g}; give a node more with "
+                f"`ray start --resources '{{\"{name}\": N}}'`"
+            )
+
+
 class Cluster:
     def __init__(
         self,
@@ -110,21 +136,30 @@ class Cluster:
 
         init_ray(self.cfg)
         res = self.cfg.run.cell
-        actor = ray.remote(Cell).options(
-            num_cpus=res.num_cpus,
-            num_gpus=res.num_gpus,
-            resources=res.resources or None,
-            max_concurrency=1,
-        )
+        asks = [cell_resources(self.cfg, i) for i in range(self.K)]
+        standalone = self.cfg.run.standalone_engines if self.cfg.policy.standalone_capacity else 0
+        check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
         tcfg = self.cfg.trainer.model_dump(mode="json")
         ecfg = self.cfg.engine.model_dump(mode="json")
-        self.cells = [actor.remote(i, self.K, tcfg, ecfg, res.torch_threads) for i in range(self.K)]
+        self.cells = [
+            ray.remote(Cell)
+            .options(
+                num_cpus=res.num_cpus,
+                num_gpus=res.num_gpus,
+                resources=asks[i] or None,
+                max_concurrency=1,
+            )
+            .remote(i, self.K, tcfg, ecfg, res.torch_threads)
+            for i in range(self.K)
+        ]
         dist_port, store_port = free_port(), free_port()
         await asyncio.gather(*[c.setup.remote(dist_port, store_port) for c in self.cells])
         pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
         nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
+        ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
         self.placement = [
-            {"cell": i, "pid": p, "node": n} for i, (p, n) in enumerate(zip(pids, nodes))
+            {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i]}
+            for i, (p, n, ip) in enumerate(zip(pids, nodes, ips))
         ]
         # initial roles: training cells load replicas (core first), rollout cells start engines
         for i in [i for i in range(self.K) if roles[i] is CellRole.TRAINING]:

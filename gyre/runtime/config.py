@@ -9,7 +9,7 @@ cells, and how often to evaluate. Times are wall-clock seconds (the policy's
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,6 +84,12 @@ class RunConfig(BaseModel):
         "policy.standalone_capacity executions), when that capacity is > 0",
     )
     cell: CellResources = Field(default_factory=CellResources)
+    cell_resources: list[dict[str, Annotated[float, Field(ge=0)]]] = Field(
+        default_factory=list,
+        description="custom Ray resources per cell, one table per cell (cell 0, the core, first), "
+        "added to run.cell.resources: pins cells to nodes, e.g. [{node_a = 1}, {node_b = 1}] "
+        "(empty: every cell asks for run.cell.resources alone)",
+    )
     ray: RayConfig = Field(default_factory=RayConfig)
     log_format: Literal["rich", "plain", "json"] = "rich"
     step_timeout_s: float = Field(

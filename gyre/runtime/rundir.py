@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 def to_toml(data: dict[str, Any]) -> str:
-    """A small TOML writer for configs (tables, scalars, lists of scalars); None values are left out."""
+    """A small TOML writer for configs (tables, scalars, lists of scalars or inline tables); None
+    values are left out."""
 
     def val(v: Any) -> str:
         if isinstance(v, bool):
@@ -37,6 +38,8 @@ def to_toml(data: dict[str, Any]) -> str:
             return repr(v)
         if isinstance(v, (list, tuple)):
             return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):  # inline table: a list of tables (run.cell_resources)
+            return "{" + ", ".join(f"{key(k)} = {val(x)}" for k, x in v.items()) + "}"
         return json.dumps(str(v))
 
     def key(k: str) -> str:  # free-form keys (Ray resources such as "node:10.0.0.1") must be quoted

@@ -87,6 +87,8 @@ def _refused(r, *names: str) -> str:
         (['run.train_tasks=["nope"]'], ["run.train_tasks", "nope"]),
         (["run.no_such_field=1"], ["run.no_such_field"]),
         (["policy.cell_capacity=1"], ["policy.cell_capacity"]),
+        (['run.cell_resources=[{"node_b": 1}]'], ["run.cell_resources", "policy.cells = 3"]),
+        (['run.cell_resources=[{"node_b": -1}, {}, {}]'], ["run.cell_resources"]),
     ],
 )
 def test_bad_config_is_one_line_naming_the_field(base, model_dir, sets, names):
@@ -235,11 +237,13 @@ def test_to_toml_roundtrip_non_defaults(base, model_dir, tmp_path):
             f"trainer.checkpoint.dir={tmp_path}",
             # Ray resource names hold ':' and '.', which are not bare TOML keys
             'run.cell.resources={"node:127.0.0.1": 0.5, "accelerator_type:H100": 1}',
+            'run.cell_resources=[{"node_a": 1}, {"node:127.0.0.1": 0.5, "b": 2}, {}]',
         ],
     )
     back = _roundtrip(cfg)
     assert back == cfg
     assert back.run.cell.resources == {"node:127.0.0.1": 0.5, "accelerator_type:H100": 1.0}
+    assert back.run.cell_resources == [{"node_a": 1}, {"node:127.0.0.1": 0.5, "b": 2}, {}]
 
 
 def test_written_config_loads_back_through_load_config(base, model_dir, tmp_path):
