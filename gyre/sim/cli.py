@@ -155,8 +155,10 @@ def sim(
     preset: str = typer.Option(
         "seed-toy", "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"
     ),
-    placement: str = typer.Option(
-        "all", "--placement", help="colocate|async|async-streaming|elastic|all"
+    placement: str | None = typer.Option(
+        None,
+        "--placement",
+        help="colocate|async|async-streaming|elastic|all (default: all; with --workload: the run's)",
     ),
     seed: int | None = typer.Option(
         None, "--seed", help="workload draw seed (default: the preset's)"
@@ -171,10 +173,25 @@ def sim(
         "--bursts",
         help="also print where each burst's time goes (gather vs training overhang)",
     ),
+    workload: list[Path] = typer.Option(
+        [],
+        "--workload",
+        help="replay RUN_DIR/workload.json of a real run (repeat for one run per placement); "
+        "prints measured vs predicted",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="with --workload: also write the comparison as JSON here"
+    ),
 ) -> None:
     """Simulate one preset for one or all placements on the same workload draw."""
     if ctx.invoked_subcommand is not None:
         return
+    if workload:
+        from gyre.sim.replay_cli import replay_command
+
+        replay_command(workload, placement, as_json=as_json, out=out, plot=plot)
+        return
+    placement = placement or "all"
     if placement not in PLACEMENT_CHOICES:
         _fail(f"--placement must be one of {', '.join(PLACEMENT_CHOICES)}, got {placement!r}")
     if plot is not None and not plot.parent.is_dir():  # before simulating, not after

@@ -50,6 +50,40 @@ class WorkloadConfig(BaseModel):
     slowdown: float = Field(
         0.0, ge=0, description="rollout rate = 1 / (1 + slowdown * occupancy); 0 = linear scaling"
     )
+    speed_curve: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="measured [[occupancy, relative speed], ...] (occupancy = running / "
+        "capacity, rising); interpolated linearly, flat beyond the ends; replaces slowdown",
+    )
+
+    @model_validator(mode="after")
+    def _check_curve(self) -> WorkloadConfig:
+        occ = [o for o, _ in self.speed_curve]
+        if any(b <= a for a, b in zip(occ, occ[1:])):
+            raise ValueError("speed_curve occupancies must rise strictly")
+        if any(o < 0 for o in occ) or any(v <= 0 for _, v in self.speed_curve):
+            raise ValueError("speed_curve needs occupancy >= 0 and speed > 0 at every point")
+        if self.speed_curve and self.slowdown > 0:
+            raise ValueError("set either slowdown or speed_curve, not both")
+        return self
+
+    def speed(self, occupancy: float) -> float:
+        """Relative rollout speed of every running execution at this pooled occupancy.
+
+        Serving is balanced (the proxy routes to the least-loaded engine), so each
+        rollout cell's own occupancy equals the pooled one within one execution; one
+        rate for all running executions is then each cell's own rate.
+        """
+        occ = min(max(occupancy, 0.0), 1.0)
+        curve = self.speed_curve
+        if curve:
+            if occ <= curve[0][0]:
+                return curve[0][1]
+            for (o0, v0), (o1, v1) in zip(curve, curve[1:]):
+                if occ <= o1:
+                    return v0 + (v1 - v0) * (occ - o0) / (o1 - o0)
+            return curve[-1][1]
+        return 1.0 / (1.0 + self.slowdown * occ)
 
 
 class CostConfig(BaseModel):
@@ -65,6 +99,38 @@ class CostConfig(BaseModel):
     publish_h: float = Field(0.0, ge=0, description="core: publish weights to every rollout engine")
     switch_to_training_h: float = Field(8.52 * SECOND_H, ge=0)
     switch_to_rollout_h: float = Field(3.46 * SECOND_H, ge=0)
+    # Costs measured by the runtime (issue 10) that the first model left out. Every default is 0,
+    # so a preset that does not set them keeps its meaning (and its makespans) exactly.
+    reshard_to_training_h: float = Field(
+        0.0,
+        ge=0,
+        description="colocate only: resharding rollout -> training weights, added to every "
+        "cell's switch into training (once per burst: the gang moves once per mu steps)",
+    )
+    reshard_to_rollout_h: float = Field(
+        0.0,
+        ge=0,
+        description="colocate only: resharding training -> rollout weights, added to every "
+        "cell's switch back to rollout",
+    )
+    publish_stall_h: float = Field(
+        0.0,
+        ge=0,
+        description="at each publication every rollout engine pauses, reloads and resumes: "
+        "running executions make no progress for this long (from the start of the publication)",
+    )
+    satellite_refresh_h: float = Field(
+        0.0,
+        ge=0,
+        description="a satellite still training after an optimizer step reloads the core's new "
+        "weights before its next micro-step (within a burst; Async's satellites every step)",
+    )
+    reroute_delay_h: float = Field(
+        0.0,
+        ge=0,
+        description="when a cell leaves rollout, each execution it served loses this long "
+        "(its in-flight call is cancelled and retried on another engine)",
+    )
 
 
 class PlacementSpec(BaseModel):
@@ -157,6 +223,15 @@ ALIASES: dict[str, str] = {
     "harness_timeout_h": "workload.harness_timeout_h",
     "overall_timeout_h": "workload.overall_timeout_h",
     "slowdown": "workload.slowdown",
+    "speed_curve": "workload.speed_curve",
+    "reshard_h": "costs.reshard_to_training_h",
+    "reshard_back_h": "costs.reshard_to_rollout_h",
+    "publish_h": "costs.publish_h",
+    "publish_stall_h": "costs.publish_stall_h",
+    "refresh_h": "costs.satellite_refresh_h",
+    "satellite_refresh_h": "costs.satellite_refresh_h",
+    "reroute_h": "costs.reroute_delay_h",
+    "reroute_delay_h": "costs.reroute_delay_h",
     "train_cost": "costs.train_step_cell_h",
     "train_step_cell_h": "costs.train_step_cell_h",
     "micro": "policy.micro_steps_per_execution",

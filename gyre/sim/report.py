@@ -144,6 +144,13 @@ class SimResult:
     missing_assessments: int
     groups_trained: int
     sim_wall_s: float
+    # staleness by the version that served each call (see gyre.sim.world): per trained execution
+    # (each once) and per token; steady = after the first burst
+    serving_staleness: float = 0.0
+    serving_staleness_steady: float = float("nan")
+    serving_staleness_tokens: float = 0.0
+    serving_staleness_tokens_steady: float = float("nan")
+    rerouted_executions: int = 0  # moved off a leaving cell (each lost costs.reroute_delay_h)
     gather_h: float | None = (
         None  # sum of the bursts' gather (None unless recorded); see burst_breakdown
     )
@@ -156,6 +163,10 @@ class SimResult:
         if not timeline:
             d.pop("timeline")
         return d
+
+
+def _ratio(num: float, den: float, empty: float = float("nan")) -> float:
+    return num / den if den > 0 else empty
 
 
 def summarise(world, lb: LowerBound) -> SimResult:
@@ -208,6 +219,13 @@ def summarise(world, lb: LowerBound) -> SimResult:
         missing_assessments=world.missing_execs,
         groups_trained=len(consumed),
         sim_wall_s=world.wall_s,
+        serving_staleness=_ratio(world.serve_acc[1], world.serve_acc[0], 0.0),
+        serving_staleness_steady=_ratio(world.serve_acc_steady[1], world.serve_acc_steady[0]),
+        serving_staleness_tokens=_ratio(world.serve_acc[3], world.serve_acc[2], 0.0),
+        serving_staleness_tokens_steady=_ratio(
+            world.serve_acc_steady[3], world.serve_acc_steady[2]
+        ),
+        rerouted_executions=world.rerouted,
     )
     if world.record:
         res.bursts = burst_breakdown(world)

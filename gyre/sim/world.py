@@ -8,9 +8,21 @@ rollout while the capacity left is below the executions running (serving is
 pooled, as the proxy reroutes in-flight calls to any rollout engine).
 
 Rollout progress runs on a shared *progress clock*: every running execution
-advances at rate r(t) = 1 / (1 + slowdown * occupancy), so an execution with work
-x launched at progress P0 finishes when P(t) = P0 + x. Only the earliest target
-matters, so the loop never ticks over executions (O(log n) per event).
+advances at rate r(t) = speed(occupancy) (1 / (1 + slowdown * occupancy), or a
+measured curve), so an execution with work x launched at progress P0 finishes
+when P(t) = P0 + x. Only the earliest target matters, so the loop never ticks
+over executions (O(log n) per event). A publication stalls the clock (every
+engine pauses and reloads); a cell leaving rollout pushes back the targets of the
+executions it served (their calls are rerouted), which is the only time the world
+tracks which cell serves which execution.
+
+Staleness is measured two ways: by dispatch version (per trained group, the
+policy's E[d]) and by *serving* version: the version each token was sampled
+with. Model calls are spread evenly over an execution's progress, so its tokens
+are too; an execution spanning a publication has tokens from both versions,
+weighted by the progress made under each. Two means over trained executions:
+per execution (each counts once, comparable with the dispatch E[d]) and per
+token (longer executions have more tokens; what a count over trained tokens sees).
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 import time as _time
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -135,7 +148,27 @@ class World:
         self._micro_h = cfg.costs.train_step_cell_h / (
             p.batch_groups * p.group_size * p.micro_steps_per_execution
         )
-        self._slow = cfg.workload.slowdown
+        self._workload = cfg.workload
+        self._varspeed = cfg.workload.slowdown > 0 or bool(cfg.workload.speed_curve)
+        c = cfg.costs
+        colocate = self.pcfg.placement.value == "colocate"
+        self._to_training_h = c.switch_to_training_h + (c.reshard_to_training_h if colocate else 0)
+        self._to_rollout_h = c.switch_to_rollout_h + (c.reshard_to_rollout_h if colocate else 0)
+        self._stall_h = c.publish_stall_h
+        self._stall_until = -math.inf
+        self._refresh_h = c.satellite_refresh_h
+        self._fresh_at = [-math.inf] * self.pcfg.cells
+        self._reroute_h = c.reroute_delay_h
+        self.rerouted = 0  # executions moved off a leaving cell (each lost reroute_delay_h)
+        # serving-version staleness: (progress, version) at each publication; launch progress
+        self._pub_P: list[float] = []
+        self._pub_v: list[int] = []
+        self._P0: dict[ExecutionId, float] = {}
+        # gid -> [executions, sum of their mean serving versions, tokens, tokens * version]
+        self._group_tokens: dict[int, list[float]] = {}
+        # over trained executions: [executions, sum of staleness, tokens, tokens * staleness]
+        self.serve_acc = [0.0, 0.0, 0.0, 0.0]
+        self.serve_acc_steady = [0.0, 0.0, 0.0, 0.0]  # the same after the first burst
         K = self.pcfg.cells
         self.K = K
         self.Ce = self.pcfg.cell_capacity
@@ -171,6 +204,13 @@ class World:
         self._step_start: dict[int, float] = {}
         self._group_finished: dict[int, int] = {}
         self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
+        # which serving unit runs each execution (cells, -1 = standalone pool); only kept when
+        # a reroute costs something
+        self._where: dict[ExecutionId, int] = {}
+        self._members: dict[int, set[ExecutionId]] = {}
+        if self._reroute_h > 0:
+            self._members = {i: set() for i in range(K)}
+            self._members[-1] = set()
 
     # ------------------------------------------------------------------ helpers
     def _push(self, t: float, what: _Scheduled) -> None:
@@ -182,15 +222,67 @@ class World:
         dt = self.now - self._acct_t
         if dt > 0:
             self.idle_slot_h += max(0, self.capacity - self.running) * dt
+            if self._stall_until > self._acct_t:  # engines paused for a publication
+                dt = max(0.0, self.now - self._stall_until)
             self._P += self._rate * dt
             self._acct_t = self.now
 
     def _rerate(self) -> None:
-        if self._slow > 0:
+        if self._varspeed:
             occ = self.running / self.capacity if self.capacity > 0 else 1.0
-            self._rate = 1.0 / (1.0 + self._slow * min(occ, 1.0))
+            self._rate = self._workload.speed(occ)
         if self.record:
             self.trace.utilisation.append((self.now, self.running, self.capacity))
+
+    def _progress_now(self) -> float:
+        """The progress clock at ``now`` without booking it (booking splits the float sums)."""
+        start = max(self._acct_t, self._stall_until)
+        return self._P + self._rate * max(0.0, self.now - start)
+
+    def _served(self, p0: float, p1: float) -> float:
+        """Tokens x version over the progress span [p0, p1]: the sum of the versions that
+        served it, each weighted by the progress (hence tokens) made under it."""
+        pubs, vers = self._pub_P, self._pub_v
+        i = bisect_right(pubs, p0)
+        v = vers[i - 1] if i else 0
+        at, acc = p0, 0.0
+        while i < len(pubs) and pubs[i] < p1:
+            acc += v * (pubs[i] - at)
+            at, v = pubs[i], vers[i]
+            i += 1
+        return acc + v * (p1 - at)
+
+    def _place(self, key: ExecutionId) -> None:
+        """Serve ``key`` on the least-occupied serving unit (the proxy's routing)."""
+        best, best_occ = -1, math.inf
+        for u, members in self._members.items():
+            if u >= 0:
+                if self.roles[u] is not CellRole.ROLLOUT:
+                    continue
+                cap = self.Ce
+            else:
+                cap = self.pcfg.standalone_capacity
+                if cap <= 0:
+                    continue
+            occ = len(members) / cap
+            if occ < best_occ:
+                best, best_occ = u, occ
+        self._members[best].add(key)
+        self._where[key] = best
+
+    def _reroute(self, cell: int) -> None:
+        """``cell`` left rollout: every execution it served loses ``reroute_delay_h`` and moves."""
+        moved = self._members[cell]
+        if not moved:
+            return
+        self._members[cell] = set()
+        self.rerouted += len(moved)
+        d = self._reroute_h * self._rate  # the lost time, in progress units
+        heap = self._run_heap
+        heap[:] = [(p + d, g, a) if (g, a) in moved else (p, g, a) for p, g, a in heap]
+        heapq.heapify(heap)
+        for key in moved:
+            self._place(key)
 
     def _set_role(self, cell: int, role: CellRole) -> None:
         old = self.roles[cell]
@@ -242,20 +334,32 @@ class World:
                 self.running += n
                 if self.running > self.capacity:
                     self.overbooked += self.running - self.capacity
-                P = self._P
+                P = self._progress_now()
                 dur = self._dur
+                P0 = self._P0
                 for gid, att in a.executions:
                     if gid >= self._groups_drawn:
                         raise RuntimeError(
                             "workload draw too small for this run (pool_groups is wrong)"
                         )
                     heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
+                    P0[(gid, att)] = P
+                if self._members:
+                    for key in a.executions:
+                        self._place(key)
                 self._rerate()
                 self._push(self.now, _Launched(a.executions))
             elif t is DispatchGroups:
                 self.dispatched_execs += len(a.group_ids) * a.group_size
             elif t is AssignGroup:
                 self.trace.consumed.append((a.step, a.group_id, a.version))
+                gt = self._group_tokens.pop(a.group_id, None)
+                if gt is not None:
+                    acc = [gt[0], a.step * gt[0] - gt[1], gt[2], a.step * gt[2] - gt[3]]
+                    for i in range(4):
+                        self.serve_acc[i] += acc[i]
+                        if a.step >= self.pcfg.mu:
+                            self.serve_acc_steady[i] += acc[i]
                 if self.record:
                     self.trace.group_assigned[a.group_id] = self.now
             elif t is ClaimMicroStep:
@@ -263,7 +367,10 @@ class World:
                 done = _MicroDone(
                     cell=a.cell, step=a.step, group_id=a.group_id, micro_index=a.index
                 )
-                self._push(self.now + self._micro_h, done)
+                start = self.now
+                if a.cell and self._refresh_h:  # a satellite first loads the core's new weights
+                    start = max(start, self._fresh_at[a.cell])
+                self._push(start + self._micro_h, done)
             elif t is SwitchCell:
                 self.trace.switch_order.append((self.now, a.cell, a.role.value))
                 if a.role is CellRole.TRAINING:
@@ -279,9 +386,11 @@ class World:
                     if slack < 0:
                         self.interrupted += -slack  # these executions lost their model mid-run
                     self._set_role(a.cell, CellRole.TO_TRAINING)
+                    if self._members:
+                        self._reroute(a.cell)
                     self._rerate()
                     self._push(
-                        self.now + costs.switch_to_training_h,
+                        self.now + self._to_training_h,
                         _Switched(cell=a.cell, role=CellRole.TRAINING),
                     )
                 else:
@@ -291,7 +400,7 @@ class World:
                         )
                     self._set_role(a.cell, CellRole.TO_ROLLOUT)
                     self._push(
-                        self.now + costs.switch_to_rollout_h,
+                        self.now + self._to_rollout_h,
                         _Switched(cell=a.cell, role=CellRole.ROLLOUT),
                     )
             elif t is StartStep:
@@ -303,6 +412,9 @@ class World:
             elif t is PublishWeights:
                 self.trace.optimizer_cells.add(a.cell)
                 self._busy_start(a.cell)
+                if self._stall_h > 0:  # every engine pauses, reloads, resumes
+                    self._account()
+                    self._stall_until = max(self._stall_until, self.now + self._stall_h)
                 self._push(self.now + costs.publish_h, _Published(cell=a.cell, version=a.version))
             elif t is WakeAt:
                 self._push(max(a.time, self.now), _Wake())
@@ -329,17 +441,24 @@ class World:
         if isinstance(what, _Switched):
             self._account()
             self._set_role(what.cell, what.role)
+            self._fresh_at[what.cell] = -math.inf  # joining pulls the core's current weights
             if what.role is CellRole.ROLLOUT:
                 self.capacity += self.Ce
             self._rerate()
             return CellSwitched(time=t, cell=what.cell, role=what.role)
         if isinstance(what, _OptimDone):
             self._busy_end(what.cell)
+            if self._refresh_h:
+                for c in range(1, self.K):
+                    if self.roles[c] is CellRole.TRAINING:
+                        self._fresh_at[c] = t + self._refresh_h
             if self.record:
                 self.trace.steps.append((self._step_start.get(what.step, t), t))
             return StepDone(time=t, step=what.step)
         if isinstance(what, _Published):
             self._busy_end(what.cell)
+            self._pub_P.append(self._progress_now())
+            self._pub_v.append(what.version)
             if self.record:
                 self.trace.publications.append(t)
             return WeightsPublished(time=t, version=what.version)
@@ -358,7 +477,9 @@ class World:
                 break
             t_ev = heap[0][0] if heap else math.inf
             if run_heap:
-                t_fin = self._acct_t + (run_heap[0][0] - self._P) / self._rate
+                t_fin = (
+                    max(self._acct_t, self._stall_until) + (run_heap[0][0] - self._P) / self._rate
+                )
             else:
                 t_fin = math.inf
             if t_ev == math.inf and t_fin == math.inf:
@@ -380,8 +501,21 @@ class World:
                     if gf[gid] == self.pcfg.group_size:
                         self.trace.group_ready[gid] = self.now
                 missing = self._missing[gid][att]
+                p0 = self._P0.pop(key)
                 if missing:
                     self.missing_execs += 1
+                else:
+                    gt = self._group_tokens.get(gid)
+                    if gt is None:
+                        gt = self._group_tokens[gid] = [0.0, 0.0, 0.0, 0.0]
+                    x = self._P - p0
+                    served = self._served(p0, self._P)
+                    gt[0] += 1.0
+                    gt[1] += served / x if x > 0 else self._served(p0, p0 + 1.0)
+                    gt[2] += x
+                    gt[3] += served
+                if self._members:
+                    self._members[self._where.pop(key)].discard(key)
                 self._rerate()
                 ev = ExecutionFinished(
                     time=self.now, execution=key, reward=None if missing else 1.0
