@@ -131,3 +131,40 @@ def test_realised_staleness_matches_formula_in_steady_state(cfg):
         gaps = [s - v for s, _, v in w.trace.consumed if pc.mu <= s < last]
         mean = sum(gaps) / len(gaps)
         assert abs(mean - pc.expected_staleness) <= 0.1, (name, mean, pc.expected_staleness)
+
+
+@st.composite
+def configs_with_new_costs(draw):
+    """``sim_configs`` plus the issue-10 costs (drawn after it, so its examples keep their meaning)."""
+    cfg = draw(sim_configs())
+    costs = cfg.costs.model_copy(
+        update={
+            "reshard_to_training_h": draw(st.sampled_from([0.0, 0.1])),
+            "reshard_to_rollout_h": draw(st.sampled_from([0.0, 0.05])),
+            "publish_stall_h": draw(st.sampled_from([0.0, 0.03, 0.3])),
+            "satellite_refresh_h": draw(st.sampled_from([0.0, 0.02])),
+            "reroute_delay_h": draw(st.sampled_from([0.0, 0.05, 0.5])),
+        }
+    )
+    return cfg.model_copy(update={"costs": costs})
+
+
+@settings(max_examples=30 * SCALE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs_with_new_costs())
+def test_new_costs_keep_the_invariants(cfg):
+    """Stalls, refreshes, resharding and reroutes only delay work: the run still completes,
+    never interrupts or overbooks, trains every group once, and the lower bound holds."""
+    draw = make_draw(cfg)
+    S, B = cfg.policy.total_steps, cfg.policy.batch_groups
+    lb = lower_bound(cfg, draw).hours
+    for name in PLACEMENTS:
+        w = World(cfg, name, draw, record=True, drain=True).run()
+        assert w.makespan is not None and w.policy.steps_done == S, name
+        assert lb <= w.makespan + 1e-9, (name, lb, w.makespan)
+        assert w.interrupted == 0 and w.overbooked == 0 and w.order_violations == 0, name
+        assert not w.protocol_errors, (name, w.protocol_errors[:3])
+        assert w.finished_execs == w.dispatched_execs, name
+        assert len({g for _, g, _ in w.trace.consumed}) == S * B, name
+        if cfg.workload.overall_timeout_h is None:  # no missing: per execution = per group
+            r = w.serve_acc
+            assert r[1] / r[0] <= sum(s - v for s, _, v in w.trace.consumed) / (S * B) + 1e-9
