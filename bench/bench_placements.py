@@ -1,12 +1,20 @@
 """Real runs of the three placements on one config, side by side (`gyre run`, not the simulator).
 
-    python bench/bench_placements.py [--config examples/quickstart.toml] [--steps 24] [--seed 0]
+    python bench/bench_placements.py [--config examples/quickstart.toml] [--steps 24] [--seeds 0 1 2]
+    python bench/bench_placements.py --config examples/longtail.toml --steps 24 --seeds 0 1 2
+
 
 Each placement runs with the (phi, mu) pair that holds the mean scheduling staleness
 E[d] = phi + (mu - 1)/2 at 1.5 (colocate (0, 4), async (1.5, 1), elastic (0.5, 3)) and the
 same steps, seed, cells and groups. The baseline is Colocate (veRL's layout): the table
 gives each makespan as a ratio to it. Staleness is measured from the versions of the
 trained groups; interruptions from the proxy's and executor's own records.
+
+Every run writes ``workload.json``; with a long-tail config (``[run.longtail]``: the same
+seeded duration draw for every placement) the second table sets each measured makespan
+beside the simulator's replay of the same durations and measured costs
+(``gyre.sim.replay.predict``), and ``<placement>-s<seed>.png`` draws the two Gantt charts
+side by side (``gyre.runtime.compare``). ``compare.json`` holds every row.
 """
 
 from __future__ import annotations
@@ -30,22 +38,54 @@ def main() -> int:
         "--steps", type=int, default=24, help="a multiple of 12 keeps every burst whole"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="several seeds (overrides --seed)"
+    )
+    ap.add_argument(
+        "--placements",
+        nargs="+",
+        default=list(PAIRS),
+        choices=list(PAIRS),
+        help="default: all three",
+    )
     ap.add_argument("--out", default=None, help="run directories go here (default: a temp dir)")
     ap.add_argument(
         "--set", dest="sets", action="append", default=[], help="extra overrides for every run"
     )
     a = ap.parse_args()
     out = Path(a.out or tempfile.mkdtemp(prefix="gyre-placements-"))
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = a.seeds if a.seeds is not None else [a.seed]
+    all_rows, compared = [], []
+    for seed in seeds:
+        rows = run_seed(a, out, seed, compared)
+        if rows is None:
+            return 1
+        all_rows += rows
+        (out / "compare.json").write_text(  # after every seed: a later failure keeps these
+            json.dumps({"runs": all_rows, "compared": compared}, indent=1)
+        )
+    print_compared(compared, a, seeds)
+    print(f"\nrun directories: {out}")
+    return 0
+
+
+def run_seed(a, out: Path, seed: int, compared: list) -> list | None:
+    """The placements on one seed (one draw); the first table; measured vs predicted rows."""
+    from gyre.runtime.compare import compare_run
+
     rows = []
-    for name, (phi, mu) in PAIRS.items():
+    for name in a.placements:
+        phi, mu = PAIRS[name]
+        run_name = f"{name}-s{seed}"
         sets = [
             f"policy.placement={name}",
             f"policy.phi={phi}",
             f"policy.mu={mu}",
             f"policy.total_steps={a.steps}",
-            f"seed={a.seed}",
+            f"seed={seed}",
             f"run.out_dir={out}",
-            f"run.name={name}",
+            f"run.name={run_name}",
             "run.eval_interval=0",
             *a.sets,
         ]
@@ -58,9 +98,9 @@ def main() -> int:
         wall = time.monotonic() - t0
         if p.returncode != 0:
             print(f"[bench] {name} failed (exit {p.returncode})", file=sys.stderr)
-            return 1
-        s = json.loads((out / name / "summary.json").read_text())
-        m = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+            return None
+        s = json.loads((out / run_name / "summary.json").read_text())
+        m = [json.loads(x) for x in (out / run_name / "metrics.jsonl").read_text().splitlines()]
         steady = [r["batch/staleness_mean"] for r in m[mu:]] or [
             r["batch/staleness_mean"] for r in m
         ]
@@ -79,12 +119,16 @@ def main() -> int:
                 "switches": s["switches"]["training"]["count"] + s["switches"]["rollout"]["count"],
                 "r_first": s["reward_first_quarter"],
                 "r_last": s["reward_last_quarter"],
+                "load": os.getloadavg()[0],
             }
         )
-    base = next(r for r in rows if r["placement"] == "colocate")["makespan_s"]
+        compared.append(
+            {**compare_run(out / run_name, out / f"{run_name}.png"), "load": rows[-1]["load"]}
+        )
+    base = next((r for r in rows if r["placement"] == "colocate"), rows[0])["makespan_s"]
     print(
-        f"\nReal runs, {a.config}, {a.steps} steps, seed {a.seed}, load {os.getloadavg()[0]:.1f} "
-        "(baseline: colocate)"
+        f"\nReal runs, {a.config}, {a.steps} steps, seed {seed}, load {os.getloadavg()[0]:.1f} "
+        f"(baseline: {'colocate' if 'colocate' in a.placements else rows[0]['placement']})"
     )
     print(
         "| placement | (phi, mu) | makespan s | vs colocate | staleness (after 1st burst) | interrupted | "
@@ -97,8 +141,30 @@ def main() -> int:
             f"| {r['staleness']:.2f} | {r['interrupted']} | {r['moved']} ({r['partial']}) | {r['switches']} | "
             f"{r['r_first']:.3f} -> {r['r_last']:.3f} |"
         )
-    print(f"\nrun directories: {out}")
-    return 0
+    return rows
+
+
+def print_compared(compared: list, a, seeds: list[int]) -> None:
+    """Measured vs predicted makespan per seed and placement (staleness: tokens / dispatch)."""
+    print(
+        f"\nMeasured vs predicted (gyre.sim.replay on the same durations), {a.config}, {a.steps} steps"
+    )
+    print(
+        "| seed | placement | (phi, mu) | measured s | predicted s | gap | staleness tokens / dispatch "
+        "| interrupted | moved calls | load (1 min) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in compared:
+        pred = "-" if r["predicted_s"] is None else f"{r['predicted_s']:.1f}"
+        gap = "-" if r["gap"] is None else f"{r['gap']:+.1%}"
+        st = " / ".join(
+            "-" if x is None else f"{x:.2f}"
+            for x in (r["staleness_tokens"], r["staleness_dispatch"])
+        )
+        print(
+            f"| {r['seed']} | {r['placement']} | ({r['phi']}, {r['mu']}) | {r['measured_s']:.1f} | {pred} "
+            f"| {gap} | {st} | {r['interrupted']} | {r['moved_calls']} | {r['load']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

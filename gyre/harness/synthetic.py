@@ -12,9 +12,17 @@ real seconds. Each call extends the previous conversation (like an agent loop),
 so a proxy sees prefix-sharing requests. Stdlib only: it starts in ~30 ms, which
 keeps the executor benchmark about the executor.
 
+``--duration-s D`` (default ``$GYRE_DURATION_S``) skips the draw: the caller
+already drew this execution's real duration (``gyre run``'s long-tail workload
+draws every execution once, so all placements replay the same numbers). Calls
+are then paced against the wall clock (call i at i * D / calls, then a sleep
+to D), so call latency is absorbed and the harness ends at D unless its calls
+run late; ``--call-every-s`` sets the number of calls from D.
+
 It prints one JSON line at the end: virtual and real duration, calls, errors.
 ``--write PATH=TEXT`` writes a file into the workspace after the last call
-(lets tests and benchmarks produce a scoreable workspace).
+(lets tests and benchmarks produce a scoreable workspace); ``--reply-file PATH``
+writes the latest reply after every call (a killed harness leaves its last one).
 """
 
 from __future__ import annotations
@@ -62,6 +70,60 @@ def _call(url: str, key: str, body: dict, timeout: float) -> dict:
         return json.loads(r.read())
 
 
+def _env_float(name: str) -> float | None:
+    v = os.environ.get(name, "")
+    return float(v) if v else None
+
+
+def _paced(a: argparse.Namespace) -> int:
+    """``--duration-s``: calls at i * D / calls on the wall clock, then sleep to D (real seconds)."""
+    t0 = time.monotonic()
+    duration = max(0.0, a.duration_s)
+    calls = a.calls if a.call_every_s is None else max(1, round(duration / a.call_every_s))
+    url = a.base_url.rstrip("/") + "/chat/completions"
+    messages = [
+        {"role": "system", "content": "You are a synthetic harness."},
+        {"role": "user", "content": f"Work for {duration:.1f} seconds."},
+    ]
+    errors, last_error = 0, ""
+    for i in range(calls):
+        time.sleep(max(0.0, t0 + i * duration / calls - time.monotonic()))
+        write_calls_file(i + 1, i - errors, last_error)
+        try:
+            out = _call(
+                url,
+                a.api_key,
+                {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
+                a.request_timeout,
+            )
+            content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+            errors += 1
+            last_error = f"{type(e).__name__}: {e}"
+            print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
+            content = ""
+        write_calls_file(i + 1, i + 1 - errors, last_error)
+        if a.reply_file:
+            with open(a.reply_file, "w", encoding="utf-8") as f:
+                f.write(content)
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"step {i + 1}"},
+        ]
+    time.sleep(max(0.0, t0 + duration - time.monotonic()))
+    for spec in a.write:
+        path, _, text = spec.partition("=")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("\\n", "\n"))
+    real = time.monotonic() - t0
+    print(
+        json.dumps(
+            {"duration_s": duration, "real_s": round(real, 4), "calls": calls, "errors": errors}
+        )
+    )
+    return 1 if calls > 0 and errors == calls else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -96,7 +158,25 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=None, help="default: derived from GYRE_EXECUTION_ID"
     )
     ap.add_argument("--write", action="append", default=[], metavar="PATH=TEXT")
+    ap.add_argument(
+        "--duration-s",
+        type=float,
+        default=_env_float("GYRE_DURATION_S"),
+        help="real duration drawn by the caller (default: $GYRE_DURATION_S); no draw, no scale",
+    )
+    ap.add_argument(
+        "--call-every-s",
+        type=float,
+        default=_env_float("GYRE_CALL_EVERY_S"),
+        help="with --duration-s: one call per this many seconds (at least one), instead of "
+        "--calls (default: $GYRE_CALL_EVERY_S)",
+    )
+    ap.add_argument(
+        "--reply-file", default=None, help="write the latest reply here after each call"
+    )
     a = ap.parse_args(argv)
+    if a.duration_s is not None:
+        return _paced(a)
 
     seed = a.seed
     if seed is None:

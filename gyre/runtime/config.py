@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gyre.runtime.longtail import LongTailConfig
+
 
 class CellResources(BaseModel):
     """Ray resources one cell actor asks for (CPU here; ``num_gpus`` in GPU configs)."""
@@ -82,6 +84,11 @@ class RunConfig(BaseModel):
         ge=1,
         description="engines of the standalone rollout pool (serving "
         "policy.standalone_capacity executions), when that capacity is > 0",
+    )
+    longtail: LongTailConfig | None = Field(
+        None,
+        description="a seeded long-tail duration per execution for the synthetic harness, the "
+        "same draw for every placement (docs/runtime.md); its timeouts are the executor's",
     )
     cell: CellResources = Field(default_factory=CellResources)
     cell_resources: list[dict[str, Annotated[float, Field(ge=0)]]] = Field(

@@ -16,6 +16,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gyre.config import GyreConfig
+from gyre.runtime.longtail import LongTail
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, reward_of
@@ -48,6 +49,14 @@ class Executions:
         self.running = 0
         self._last_eval = -1
         self.eval_tasks: set[asyncio.Task] = set()
+        lt = cfg.run.longtail
+        self.longtail = (
+            None
+            if lt is None
+            else LongTail(
+                lt, cfg.seed, cfg.policy.total_steps, cfg.policy.batch_groups, cfg.policy.group_size
+            )
+        )
 
     async def start(self) -> None:
         from gyre.harness.executor import HarnessExecutor
@@ -92,18 +101,21 @@ class Executions:
             source="proxy",
         )
 
-    async def _run_one(self, execution_id: str, task) -> Any:
+    async def _run_one(
+        self, execution_id: str, task, extra_env: dict[str, str] | None = None
+    ) -> Any:
         from gyre.harness.executor import ExecutionSpec
 
         executor, admin, profile = self._started()
-        run = self.cfg.run
+        run, lt = self.cfg.run, self.cfg.run.longtail
         spec = ExecutionSpec(
             execution_id=execution_id,
             task=task,
             profile=profile,
             base_url=self.cluster.proxy.url,
-            harness_timeout_s=run.harness_timeout_s,
-            overall_timeout_s=run.overall_timeout_s,
+            harness_timeout_s=run.harness_timeout_s or (lt.harness_timeout_s if lt else None),
+            overall_timeout_s=run.overall_timeout_s or (lt.overall_timeout_s if lt else None),
+            extra_env=extra_env or {},
         )
         res = await executor.run(spec)
         try:  # the proxy closes the execution's trace file and forgets its key
@@ -122,7 +134,8 @@ class Executions:
         task = self.tasks.task(gid)
         self.running += 1
         try:
-            res = await self._run_one(eid, task)
+            env = self.longtail.env(gid, attempt) if self.longtail else None
+            res = await self._run_one(eid, task, env)
         finally:
             self.running -= 1
         self.finished += 1

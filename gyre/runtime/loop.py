@@ -20,6 +20,7 @@ from typing import Any
 
 from gyre.config import GyreConfig
 from gyre.policy import SchedulingPolicy
+from gyre.runtime import workload
 from gyre.runtime.progress import Progress
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -63,6 +64,7 @@ async def train(
         write_timeline(world, rundir, summary)
         return summary
     finally:
+        workload.save(world, rundir, progress)  # also when the run stops early, with what it has
         await world.stop()
         rundir.close()
 

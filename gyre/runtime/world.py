@@ -83,6 +83,11 @@ class RealWorld:
         self.switches: list[dict[str, Any]] = []
         self.publications: list[dict[str, Any]] = []
         self.steps: list[tuple[float, float]] = []
+        # what workload.json is measured from (gyre.runtime.workload)
+        # (gid, att) -> launch, end (None while it runs)
+        self.exec_times: dict[tuple[int, int], tuple[float, float | None]] = {}
+        self.micros: list[tuple[int, int, float, float]] = []  # (cell, version, start, end)
+        self.optims: list[tuple[float, float]] = []  # the core's FinishStep (reduce, clip, step)
         self.step_rec: StepRecord | None = None
         self.finished_steps: list[StepRecord] = []
         self.group_version: dict[int, int] = {}
@@ -238,7 +243,10 @@ class RealWorld:
                 raise RuntimeError(f"the runtime cannot carry out {t.__name__}")
 
     async def _execution(self, gid: int, att: int) -> None:
+        t0 = self.now()
+        self.exec_times[(self.base_gid + gid, att)] = (t0, None)
         reward = await self.execs.run(self.base_gid + gid, att)
+        self.exec_times[(self.base_gid + gid, att)] = (t0, self.now())
         self._emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
 
     async def _switch(self, cell: int, role: CellRole) -> None:
@@ -283,6 +291,7 @@ class RealWorld:
         t1 = self.now()
         if t1 > t0:
             self.busy[a.cell].append((t0, t1))
+        self.micros.append((a.cell, rec.version if shard else -1, t0, t1))  # -1: empty share
         self._emit(
             MicroStepDone(time=t1, cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
         )
@@ -298,6 +307,7 @@ class RealWorld:
         )
         t1 = self.now()
         self.busy[0].append((t0, t1))
+        self.optims.append((t0, t1))
         self.steps.append((rec.start, t1))
         metrics["train/participants"] = k
         rec.pack.update({f"actor/{m}": v for m, v in metrics.items() if "/" not in m})

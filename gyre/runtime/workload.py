@@ -1,0 +1,174 @@
+"""``RUN_DIR/workload.json``: what the run did, for ``gyre sim --workload`` to replay.
+
+The contract (format ``gyre-workload/1``) is documented in docs/runtime.md: every
+training execution with its realised duration (launch -> scored, what the simulator
+replays), calls and reward or missing reason; the costs measured in this run
+(:mod:`gyre.runtime.measure`); the measured makespan, staleness and role segments for
+the Gantt chart. Written at the end of a run, and with what it has when a run stops early.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from gyre.runtime import measure
+from gyre.runtime.measure import Call
+
+FORMAT = "gyre-workload/1"
+_EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
+CUT = "cancelled"  # the missing reason of an execution the run's end cut short (gyre.sim.replay)
+_SWITCHING = {"to_training": "switching", "to_rollout": "switching"}
+
+
+def read_calls(trace_dir: Path, wall_offset: float) -> list[Call]:
+    """Every training call the proxy recorded, on the run's clock (eval executions skipped)."""
+    from gyre.trace.store import read_trace
+
+    calls = []
+    for p in sorted(Path(trace_dir).rglob("*.jsonl")):
+        for r in read_trace(p).records:
+            m = _EID.match(r.execution_id)
+            if not m:
+                continue
+            calls.append(
+                Call(
+                    gid=int(m.group(1)),
+                    attempt=int(m.group(2)),
+                    start=r.t_start - wall_offset,
+                    end=r.t_end - wall_offset,
+                    tokens=len(r.output_ids),
+                    engines=len({s.engine_id for s in r.segments}),
+                    versions=tuple((s.weights_version, s.end - s.start) for s in r.segments),
+                )
+            )
+    return calls
+
+
+def capacity_intervals(world, end: float) -> list[tuple[float, float, float]]:
+    """(start, end, executions the rollout cells can serve) from the world's role segments."""
+    p = world.cfg.policy
+    segs = [
+        [*world.segments[c], (world._since[c], end, world.roles[c].value)] for c in range(world.K)
+    ]
+    cuts = sorted({t for cs in segs for s, e, _ in cs for t in (s, e) if t <= end} | {0.0, end})
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        if b <= a:
+            continue
+        mid = (a + b) / 2
+        n = sum(1 for cs in segs if any(s <= mid < e and r == "rollout" for s, e, r in cs))
+        out.append((a, b, float(n * p.cell_capacity + p.standalone_capacity)))
+    return out
+
+
+def build(world, rundir) -> dict[str, Any]:
+    cfg = world.cfg
+    p = cfg.policy
+    end = world.makespan if world.makespan is not None else world.now()
+    wall_offset = time.time() - world.now()
+    calls = read_calls(rundir.traces, wall_offset)
+    rows = {(r["group"], r["attempt"]): r for r in rundir.read_jsonl("executions.jsonl")}
+    lt = world.execs.longtail
+    executions = []
+    for (gid, att), (t0, t1) in sorted(world.exec_times.items(), key=lambda kv: kv[1][0]):
+        r = rows.get((gid, att), {})
+        cut = t1 is None  # still running when the run ended: cut short, not realised
+        executions.append(
+            {
+                "group": gid,
+                "attempt": att,
+                "cell": None,  # serving is pooled: the proxy moves calls between engines
+                "launched_s": round(t0, 4),
+                "duration_s": round((end if cut else t1) - t0, 4),
+                "drawn_s": None if lt is None else round(lt.planned(gid, att).duration_s, 4),
+                "calls": (r.get("model_calls") or {}).get("attempted"),
+                "reward": r.get("reward"),
+                "missing": CUT if cut else r.get("missing"),
+                "harness_timeout": r.get("harness_stop") == "harness_timeout",
+                "interrupted": bool(r.get("failed", False)),
+            }
+        )
+    stats = world.cluster.proxy_stats()
+    errors_5xx = int(stats.get("counters", {}).get("errors_5xx", 0))
+    sw = {
+        d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")
+    }
+    exec_iv = [(s, end if e is None else e) for s, e in world.exec_times.values()]
+    costs = {
+        "train_microstep_s": measure.microstep_s(world.micros),
+        "optim_s": measure.median(e - s for s, e in world.optims),
+        "publish_s": measure.median(x["seconds"] for x in world.publications),
+        "switch_to_training_s": measure.median(sw["training"]),
+        "switch_to_rollout_s": measure.median(sw["rollout"]),
+        "reshard_s": None,  # no resharding apart from the switch itself (engine <-> replica)
+        "satellite_refresh_s": measure.refresh_s(world.micros, world.segments),
+        "reroute_delay_s": measure.reroute_delay_s(calls),
+        "rollout_speed": measure.rollout_speed(calls, exec_iv, capacity_intervals(world, end)),
+    }
+    by_exec: dict[tuple[int, int], list[Call]] = {}
+    for c in calls:
+        by_exec.setdefault((c.gid, c.attempt), []).append(c)
+    token_st, dispatch_st = [], []
+    for rec in world.finished_steps:
+        toks = [
+            c
+            for gid, _ in rec.groups
+            for a in range(p.group_size)
+            for c in by_exec.get((gid, a), [])
+        ]
+        token_st.append(measure.token_staleness(rec.version, toks))
+        dispatch_st.append(statistics.fmean(rec.version - v for _, v in rec.groups))
+    k = measure.steady_from(p.phi, p.mu)
+    steady_tok = [s for s in token_st[k:] if s is not None]
+    return {
+        "format": FORMAT,
+        "seed": cfg.seed,
+        "placement": p.placement.value,
+        "policy": p.model_dump(mode="json"),
+        "draw": None
+        if lt is None
+        else {**lt.cfg.describe(), "groups": lt.groups, "group_size": p.group_size},
+        "executions": executions,
+        "costs": costs,
+        "measured": {
+            "makespan_s": world.makespan,
+            "steps_done": len(world.finished_steps),
+            "staleness_mean": statistics.fmean(steady_tok) if steady_tok else None,
+            "staleness_dispatch_mean": statistics.fmean(dispatch_st[k:])
+            if dispatch_st[k:]
+            else None,
+            "staleness_per_step": {"tokens": token_st, "dispatch": dispatch_st, "steady_from": k},
+            "interrupted": world.execs.failed + errors_5xx,
+            "moved_calls": sum(1 for c in calls if c.engines > 1),
+            "segments": [
+                [c, _SWITCHING.get(r, r), round(s, 4), round(min(e, end), 4)]
+                for c in range(world.K)
+                for s, e, r in [*world.segments[c], (world._since[c], end, world.roles[c].value)]
+                if min(e, end) > s
+            ],
+            "busy": [
+                [c, round(s, 4), round(e, 4)] for c in range(world.K) for s, e in world.busy[c]
+            ],
+            "steps": [[round(s, 4), round(e, 4)] for s, e in world.steps],
+            "publications": [round(x["time"], 4) for x in world.publications],
+        },
+    }
+
+
+def write(world, rundir) -> Path:
+    path = Path(rundir.path) / "workload.json"
+    path.write_text(json.dumps(build(world, rundir), indent=1))
+    return path
+
+
+def save(world, rundir, progress) -> None:
+    """Write workload.json; a failure is reported and never hides how the run itself ended."""
+    try:
+        write(world, rundir)
+    except Exception as e:  # a record of the run must not mask how the run ended
+        progress.message(f"workload.json not written: {type(e).__name__}: {e}")
