@@ -26,6 +26,10 @@ RECORDED_HEADERS = (
     "x-stainless-timeout",
     "openai-organization",
     "openai-project",
+    # Codex CLI: marks its sub-agents' requests (x-openai-subagent) and says what each
+    # request is for (x-codex-turn-metadata: request_kind, thread_source), see gyre.harness.roles
+    "x-openai-subagent",
+    "x-codex-turn-metadata",
 )
 
 
