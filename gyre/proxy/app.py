@@ -8,6 +8,7 @@ API routes
   POST /v1/chat/completions          OpenAI chat completions (stream or not)
   POST /v1/messages                  Anthropic messages (``?beta=true`` accepted)
   POST /v1/messages/count_tokens     Anthropic token count
+  POST /v1/responses                 OpenAI Responses (stream or not; nothing stored)
   GET  /v1/models, /health           (health: status + engine counts, no URLs)
 Admin routes (``Authorization: Bearer <admin token>``, admin socket only):
   GET    /health                     status + every engine (url, state, reachable, ...)
@@ -92,6 +93,9 @@ def build_app(
     async def messages(request: Request) -> Response:
         return await svc.handle("anthropic", request)
 
+    async def responses(request: Request) -> Response:
+        return await svc.handle("responses", request)
+
     async def count_tokens(request: Request) -> Response:
         return await svc.count_tokens(request)
 
@@ -146,6 +150,8 @@ def build_app(
         Route("/chat/completions", chat, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/responses", responses, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gyre.proxy import jsonfast
 from gyre.proxy.adapters import anthropic_messages as anthropic
 from gyre.proxy.adapters import openai_chat as openai
+from gyre.proxy.adapters import responses
 from gyre.proxy.bodyparse import BodyParser
 from gyre.proxy.calltally import CallTallies
 from gyre.proxy.config import ProxyConfig
@@ -53,7 +54,7 @@ from gyre.trace.store import TraceWriter, read_trace, trace_path
 
 log = logging.getLogger("gyre.proxy")
 
-_ADAPTERS = {"openai": openai, "anthropic": anthropic}
+_ADAPTERS = {"openai": openai, "anthropic": anthropic, "responses": responses}
 
 
 @dataclass
@@ -410,12 +411,7 @@ class ProxyService:
                     yield ToolCallEvent(tc)
                 yield Finished(turn)
 
-            if dialect == "anthropic":
-                gen = anthropic.stream(
-                    call, turn.request_id, events(), turn.prompt_tokens, self.tokenizer
-                )
-            else:
-                gen = openai.stream(call, turn.request_id, events(), self.tokenizer)
+            gen = self._stream(dialect, call, turn.request_id, events(), turn.prompt_tokens)
             return StreamingResponse(gen, media_type="text/event-stream")
         return Response(
             jsonfast.dumps(_ADAPTERS[dialect].response(call, turn, self.tokenizer)),
@@ -435,10 +431,7 @@ class ProxyService:
             async for ev in events:
                 yield ev
 
-        if dialect == "anthropic":
-            gen = anthropic.stream(call, plan.request_id, chained(), plan.input_len, self.tokenizer)
-        else:
-            gen = openai.stream(call, plan.request_id, chained(), self.tokenizer)
+        gen = self._stream(dialect, call, plan.request_id, chained(), plan.input_len)
         try:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
@@ -449,10 +442,27 @@ class ProxyService:
             self.counters["errors_5xx" if e.status >= 500 else "errors_4xx"] += 1
             if dialect == "anthropic":
                 yield b"event: error\ndata: " + jsonfast.dumps(e.anthropic_body()) + b"\n\n"
+            elif dialect == "responses":
+                pass  # the stream already ended with its response.failed event
             else:
                 yield b"data: " + jsonfast.dumps(e.openai_body()) + b"\n\n"
         finally:
             await events.aclose()
+
+    def _stream(
+        self,
+        dialect: str,
+        call: ParsedCall,
+        request_id: str,
+        events: AsyncIterator[StreamEvent],
+        prompt_tokens: int,
+    ) -> AsyncGenerator[bytes, None]:
+        """The dialect's SSE byte stream over the parsed events."""
+        if dialect == "anthropic":
+            return anthropic.stream(call, request_id, events, prompt_tokens, self.tokenizer)
+        if dialect == "responses":
+            return responses.stream(call, request_id, events, prompt_tokens, self.tokenizer)
+        return openai.stream(call, request_id, events, self.tokenizer)
 
     async def _collect(
         self, events: AsyncGenerator[StreamEvent, None], request: Request
@@ -585,7 +595,7 @@ class ProxyService:
         self, ex: Execution, call: ParsedCall, plan: Plan, headers: Any, extra: dict[str, Any]
     ) -> dict:
         b = plan.bridge
-        extra = {"bridge": plan.mode, **extra}
+        extra = {"bridge": plan.mode, **call.meta, **extra}
         if b.fork_at is not None:
             extra["fork_at"] = b.fork_at
         if plan.verify_equal is not None:

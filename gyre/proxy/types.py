@@ -48,7 +48,7 @@ class ParsedCall:
     check instead of being normalised again.
     """
 
-    api: str  # "openai.chat" | "anthropic.messages"
+    api: str  # "openai.chat" | "anthropic.messages" | "openai.responses"
     model: str
     raw_items: list[Any]
     normalize_item: Callable[[Any, Restore], list[Message]]
@@ -59,7 +59,8 @@ class ParsedCall:
     tool_choice: Any = None
     include_usage: bool = False
     want_logprobs: bool = False
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # merged into the trace record's meta
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields the answer repeats
 
     def tool_names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools or []]
