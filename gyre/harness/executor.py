@@ -34,12 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 
-from . import netbridge
+from . import homeseed, netbridge
 from .config import ExecutorConfig
 from .forwarder import UnixForwarder
 from .model_calls import CALLS_FILE_ENV, CALLS_FILE_NAME, ModelCalls, read_calls_file
 from .process import run_process
-from .profiles import HarnessProfile, ProfileError, find_claude
+from .profiles import HarnessProfile, ProfileError, find_npm_harness
 from .quota import watch_tree
 from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available
 from .scorer import Scorer
@@ -352,10 +352,18 @@ class HarnessExecutor:
         try:
             bridge = self._bridge_target(spec.base_url)
             base_url = spec.base_url if bridge is None else bridge[2]
-            argv, env = self._command(spec, base_url, key, ws, inputs, artifacts, home)
+            argv, env, home_files = self._command(spec, base_url, key, ws, inputs, artifacts, home)
         except (ProfileError, ExecutionError) as e:
             run.stop, run.error = "launch_failed", str(e)
             return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+        # The profile's config files: straight into HOME, or (sandbox: HOME is a tmpfs made at
+        # start) under the read-only inputs, copied into HOME inside by gyre.harness.homeseed.
+        seed_dir = inputs / "home" if self._bwrap else home
+        try:
+            await asyncio.to_thread(_write_files, seed_dir, home_files)
+        except OSError as e:
+            run.error = f"harness config files could not be written: {e}"
+            return result(Missing(reason=MissingReason.infra_error, detail=run.error))
         run.argv = argv
         if shutil.which(argv[0], path=env.get("PATH")) is None:
             run.stop, run.error = (
@@ -371,6 +379,17 @@ class HarnessExecutor:
         as_root = os.geteuid() == 0
         if self._bwrap:
             writable, ro_binds = [artifacts], [inputs, *sb.ro_binds]
+            if home_files:  # by file, isolated: stdlib only, like netbridge
+                argv = [
+                    sys.executable,
+                    "-S",
+                    "-I",
+                    homeseed.__file__,
+                    "--from",
+                    str(seed_dir),
+                    "--",
+                    *argv,
+                ]
             if as_root:  # the harness runs as sb.uid on the host too: hand it what it writes
                 try:
                     for d in (ws, artifacts):
@@ -584,7 +603,8 @@ class HarnessExecutor:
         inputs: Path,
         artifacts: Path,
         home: Path,
-    ) -> tuple[list[str], dict[str, str]]:
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """argv, environment and the profile's rendered ``home_files`` for one execution."""
         base = base_url.rstrip("/")
         root = base[: -len("/v1")] if base.endswith("/v1") else base
         prof = spec.profile
@@ -601,7 +621,9 @@ class HarnessExecutor:
             "model": spec.model or prof.model,
             "python": sys.executable,
             "python_bin": str(Path(sys.executable).parent),
-            "claude": find_claude() or "claude",
+            "claude": find_npm_harness("claude") or "claude",
+            "qwen": find_npm_harness("qwen") or "qwen",
+            "codex": find_npm_harness("codex") or "codex",
             "solution_dir": str(inputs / "solution"),
             "execution_id": spec.execution_id,
             "task": spec.task.name,
@@ -625,7 +647,15 @@ class HarnessExecutor:
             **penv,
             **spec.extra_env,
         }
-        return argv, env
+        return argv, env, prof.render_home_files(values)
+
+
+def _write_files(root: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (relative path -> text) under ``root``, making folders as needed."""
+    for rel, text in files.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
 
 
 def load_result(path: str | Path) -> ExecutionResult:
