@@ -49,6 +49,9 @@ def model_tiny(
     vocab_size: int = typer.Option(2048, help="BPE vocabulary size (special tokens included)."),
     layers: int = typer.Option(2, min=1, help="Transformer layers."),
     hidden: int = typer.Option(128, min=4, help="Hidden size (a multiple of 4: 4 heads)."),
+    head_dim: int | None = typer.Option(
+        None, "--head-dim", min=1, help="Per-head size (default hidden/4; vLLM's CPU needs >= 32)."
+    ),
 ) -> None:
     """Build a tiny Qwen3-family model and tokenizer offline (for tests and the quickstart)."""
     from gyre.cli_errors import fail, first_line, make_dir, user_errors
@@ -60,7 +63,12 @@ def model_tiny(
         make_dir(out_dir, "OUT_DIR")
     try:
         path = build_tiny_model(
-            out_dir, seed=seed, vocab_size=vocab_size, layers=layers, hidden=hidden
+            out_dir,
+            seed=seed,
+            vocab_size=vocab_size,
+            layers=layers,
+            hidden=hidden,
+            head_dim=head_dim,
         )
     except OSError as e:
         fail("model tiny", f"cannot write the model to {out_dir}: {e.strerror or e}")

@@ -127,7 +127,12 @@ def build_tokenizer(vocab_size: int = 2048):
     return fast
 
 
-def tiny_config_kwargs(vocab_size: int, layers: int = 2, hidden: int = 128) -> dict:
+def tiny_config_kwargs(
+    vocab_size: int, layers: int = 2, hidden: int = 128, head_dim: int | None = None
+) -> dict:
+    """``head_dim`` defaults to ``hidden // 4`` (4 heads); set it apart from ``hidden`` for engines
+    whose attention kernels only take some sizes (vLLM's CPU backend: 32, 64, 80, 96, 112, 128...;
+    16 crashes it at the first request)."""
     return dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -135,7 +140,7 @@ def tiny_config_kwargs(vocab_size: int, layers: int = 2, hidden: int = 128) -> d
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=hidden // 4,
+        head_dim=head_dim or hidden // 4,
         tie_word_embeddings=True,
         max_position_embeddings=65536,
         rope_theta=10000.0,
@@ -149,6 +154,7 @@ def build_tiny_model(
     vocab_size: int = 2048,
     layers: int = 2,
     hidden: int = 128,
+    head_dim: int | None = None,
 ) -> Path:
     """Write a tiny Qwen3 model + tokenizer to ``out_dir`` and return it.
 
@@ -157,6 +163,8 @@ def build_tiny_model(
     """
     out = Path(out_dir)
     spec = {"seed": seed, "vocab_size": vocab_size, "layers": layers, "hidden": hidden, "v": 1}
+    if head_dim is not None and head_dim != hidden // 4:  # default sizes keep their old stamp
+        spec["head_dim"] = head_dim
     stamp = out / "gyre_tiny.json"
     if stamp.exists() and json.loads(stamp.read_text()) == spec:
         return out
@@ -167,7 +175,7 @@ def build_tiny_model(
     tok = build_tokenizer(vocab_size)
     tok.save_pretrained(out)
     cfg = Qwen3Config(
-        **tiny_config_kwargs(len(tok), layers, hidden),
+        **tiny_config_kwargs(len(tok), layers, hidden, head_dim),
         bos_token_id=None,
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tok.pad_token_id,
