@@ -1,0 +1,256 @@
+"""End to end for the OpenAI-dialect CLIs: Qwen Code (chat completions) and Codex CLI
+(Responses API), unmodified, through the real proxy to a scripted engine, on pyfix tasks.
+
+As in test_harness_e2e: the scripted engine (a test double) replays fixed assistant turns
+through the tiny model's real tokenizer; the harness programs, the proxy, the executor and
+the verifier are real. A scripted fix scores 1 and an untouched workspace 0 through the same
+path, and every call after an execution's first extends the previous one token for token
+(a continuation: no ``forked`` record), which is what makes the trace a tree and not a pile
+of re-renders. Each harness also runs once in Gyre's bubblewrap sandbox (proxy-only network,
+tmpfs HOME seeded with the profile's config file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gyre.harness.config import ExecutorConfig, SandboxConfig
+from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.profiles import find_codex, find_qwen, load_profile
+from gyre.harness.roles import role_profile
+from gyre.harness.sandbox import bwrap_available
+from gyre.harness.task import builtin_tasksets_dir, load_task
+
+FIXED_TEMPERATURE = (
+    "def c_to_f(c):\n    return c * 9 / 5 + 32\n\n\ndef f_to_c(f):\n    return (f - 32) * 5 / 9\n"
+)
+BASH_FIX = "cat > temperature.py <<'EOF'\n" + FIXED_TEMPERATURE + "EOF"
+
+
+def _call(name: str, **arguments) -> dict:
+    return {"name": name, "arguments": arguments}
+
+
+# Scripts are tried in order; the first whose text occurs in the rendered prompt plays.
+BOOK = {
+    "scripts": [
+        # Untouched workspaces: matched by the task (transpose), whichever harness asks.
+        {
+            "name": "noop",
+            "match": "matrix.py's `transpose`",
+            "turns": [{"text": "Nothing to do."}],
+            "exhausted": {"text": "Done."},
+        },
+        # Qwen Code: its run_shell_command tool, then a final answer.
+        {
+            "name": "qwen-fix",
+            "match": "You are Qwen Code",
+            "turns": [
+                {
+                    "text": "Fixing.",
+                    "tool_calls": [
+                        _call("run_shell_command", command=BASH_FIX, description="Fix it")
+                    ],
+                },
+                {"text": "Done."},
+            ],
+            "exhausted": {"text": "Done."},
+        },
+        # Codex CLI: its exec_command tool, then a final answer.
+        {
+            "name": "codex-fix",
+            "match": "You are a coding agent running in the Codex CLI",
+            "turns": [
+                {"text": "Fixing.", "tool_calls": [_call("exec_command", cmd=BASH_FIX)]},
+                {"text": "Done."},
+            ],
+            "exhausted": {"text": "Done."},
+        },
+        {"name": "fallback", "turns": [{"text": "OK."}], "exhausted": {"text": "OK."}},
+    ]
+}
+
+
+def _responses_route() -> bool:
+    try:
+        import gyre.proxy.adapters.responses  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    """Scripted engine + managed proxy on 127.0.0.1; yields (proxy_url, register, trace_dir)."""
+    from gyre.engine.config import ScriptedEngineConfig
+    from gyre.engine.runner import ServerRunner
+    from gyre.engine.scripted import ScriptBook, ScriptedEngine
+    from gyre.engine.server import create_app
+    from gyre.proxy.admin import ProxyAdminClient
+    from gyre.proxy.config import ProxyConfig
+    from gyre.proxy.server import ProxyServer
+
+    traces = tmp_path_factory.mktemp("traces")
+    engine = ScriptedEngine(
+        ScriptedEngineConfig(tokenizer_dir=str(tiny_model_dir)), ScriptBook.from_json(BOOK)
+    )
+    eng = ServerRunner(create_app(engine), name="scripted-engine").start()
+    proxy = ProxyServer(
+        ProxyConfig(
+            model_dir=str(tiny_model_dir),
+            engines=[eng.url],
+            mode="managed",
+            trace_dir=str(traces),
+            max_context_tokens=1 << 20,
+            fsync=False,
+        )
+    ).start()
+    admin = ProxyAdminClient(proxy.admin_socket, proxy.admin_token)
+
+    async def register(execution_id: str, label: str) -> str:
+        return await asyncio.to_thread(admin.register, execution_id, label)
+
+    try:
+        yield proxy.url, register, traces
+    finally:
+        admin.close()
+        proxy.stop()
+        eng.stop()
+
+
+def pyfix(name: str):
+    return load_task(builtin_tasksets_dir() / "pyfix" / name)
+
+
+def _diag(r) -> str:
+    return (
+        f"{r.execution_id}: {r.assessment} stop={r.harness.stop} exit={r.harness.exit_code} {r.harness.error}\n"
+        + Path(r.harness.stdout_path).read_text()[-1500:]
+        + Path(r.harness.stderr_path).read_text()[-1500:]
+    )
+
+
+def trace_of(traces: Path, execution_id: str):
+    from gyre.trace.store import read_trace, trace_path
+
+    res = read_trace(trace_path(traces, execution_id))
+    assert res.errors == [] and res.records, f"no clean trace for {execution_id}"
+    return res.records
+
+
+def assert_continuations(traces: Path, execution_id: str) -> int:
+    """Every call after the first extends an earlier one (no fork); returns the call count."""
+    recs = trace_of(traces, execution_id)
+    assert recs[0].base is None
+    for r in recs[1:]:
+        assert not r.forked and r.base is not None, (execution_id, r.seq, r.meta.get("fork_at"))
+    return len(recs)
+
+
+def roles_of(traces: Path, execution_id: str, profile_name: str) -> Counter:
+    recs = trace_of(traces, execution_id)
+    prof = role_profile(profile_name)
+    return Counter(prof.role_of(r.meta, recs[0].meta).value for r in recs)
+
+
+async def run_specs(tmp_path: Path, register, specs, sandbox: bool = False):
+    cfg = ExecutorConfig(
+        workspace_root=tmp_path / "runs",
+        sandbox=SandboxConfig(enabled=True, network="proxy-only") if sandbox else SandboxConfig(),
+    )
+    async with HarnessExecutor(cfg, register=register) as ex:
+        return await ex.run_many(specs)
+
+
+def _specs(profile_name: str, url: str, prefix: str) -> list[ExecutionSpec]:
+    prof = load_profile(profile_name)
+    return [
+        ExecutionSpec(
+            execution_id=f"{prefix}-fix",
+            task=pyfix("temperature"),
+            profile=prof,
+            base_url=url,
+            harness_timeout_s=120,
+        ),
+        ExecutionSpec(
+            execution_id=f"{prefix}-noop",
+            task=pyfix("transpose"),
+            profile=prof,
+            base_url=url,
+            harness_timeout_s=120,
+        ),
+    ]
+
+
+needs_qwen = pytest.mark.skipif(
+    find_qwen() is None, reason="Qwen Code is not installed (scripts/install-harnesses.sh)"
+)
+needs_codex = pytest.mark.skipif(
+    find_codex() is None, reason="Codex CLI is not installed (scripts/install-harnesses.sh)"
+)
+needs_responses = pytest.mark.skipif(
+    not _responses_route(), reason="the proxy has no /v1/responses route (Codex needs it)"
+)
+needs_bwrap = pytest.mark.skipif(
+    bwrap_available() is None, reason="bubblewrap (bwrap) is not installed"
+)
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@needs_qwen
+async def test_qwen_code_e2e(stack, tmp_path):
+    url, register, traces = stack
+    fix, noop = await run_specs(tmp_path, register, _specs("qwen-code", url, "qwen"))
+    assert fix.reward == 1.0, _diag(fix)
+    assert noop.reward == 0.0, _diag(noop)
+    assert fix.harness.stop == "exited" and fix.harness.exit_code == 0, _diag(fix)
+    # One turn, one call: the tool call, then the final answer; nothing on the side.
+    assert assert_continuations(traces, "qwen-fix") == 2
+    assert assert_continuations(traces, "qwen-noop") == 1
+    assert roles_of(traces, "qwen-fix", "qwen-code") == Counter({"main": 2})
+    # The settings file the profile wrote is the one Qwen Code read.
+    assert (Path(fix.execution_dir) / "home" / ".qwen" / "settings.json").is_file()
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@needs_qwen
+@needs_bwrap
+async def test_qwen_code_sandboxed_e2e(stack, tmp_path):
+    url, register, traces = stack
+    (r,) = await run_specs(tmp_path, register, _specs("qwen-code", url, "qwen-sb")[:1], True)
+    assert r.reward == 1.0, _diag(r)
+    assert assert_continuations(traces, "qwen-sb-fix") == 2
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@needs_codex
+@needs_responses
+async def test_codex_e2e(stack, tmp_path):
+    url, register, traces = stack
+    fix, noop = await run_specs(tmp_path, register, _specs("codex", url, "codex"))
+    assert fix.reward == 1.0, _diag(fix)
+    assert noop.reward == 0.0, _diag(noop)
+    assert fix.harness.stop == "exited" and fix.harness.exit_code == 0, _diag(fix)
+    assert assert_continuations(traces, "codex-fix") == 2
+    assert assert_continuations(traces, "codex-noop") == 1
+    assert roles_of(traces, "codex-fix", "codex") == Counter({"main": 2})
+    assert (Path(fix.execution_dir) / "home" / ".codex" / "config.toml").is_file()
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@needs_codex
+@needs_responses
+@needs_bwrap
+async def test_codex_sandboxed_e2e(stack, tmp_path):
+    url, register, traces = stack
+    (r,) = await run_specs(tmp_path, register, _specs("codex", url, "codex-sb")[:1], True)
+    assert r.reward == 1.0, _diag(r)
+    assert assert_continuations(traces, "codex-sb-fix") == 2
