@@ -48,10 +48,14 @@ def max_token_chars(tokenizer: Any) -> int:
 
 
 def text_pieces(raw_items: list[Any]) -> Iterator[str]:
-    """The strings of ``raw_items`` that any template renders (both dialects' shapes)."""
+    """The strings of ``raw_items`` that any template renders (every dialect's shapes)."""
     for m in raw_items:
-        if isinstance(m, dict) and m.get("role") in _COUNTED_ROLES:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") in _COUNTED_ROLES:
             yield from _content_strings(m.get("content"))
+        elif m.get("type") == "function_call_output":  # a Responses tool result
+            yield from _content_strings(m.get("output"))
 
 
 def _content_strings(content: Any) -> Iterator[str]:
@@ -62,7 +66,7 @@ def _content_strings(content: Any) -> Iterator[str]:
             if not isinstance(b, dict):
                 continue
             t = b.get("type")
-            if t == "text" and isinstance(b.get("text"), str):
+            if t in ("text", "input_text") and isinstance(b.get("text"), str):
                 yield b["text"]
             elif t == "tool_result":
                 yield from _content_strings(b.get("content"))

@@ -71,6 +71,8 @@ def test_bad_input_list(env):
     _check_openai_error(post(px, "/v1/chat/completions", {"model": "m"}, k), 400)
     _check_anthropic_error(post(px, "/v1/messages", {"model": "m", "messages": []}, k), 400)
     _check_openai_error(post(px, "/v1/chat/completions", {**OA, "n": 3}, k), 400)
+    _check_openai_error(post(px, "/v1/responses", None, k, raw=b"{not json"), 400)
+    _check_openai_error(post(px, "/v1/responses", {"model": "m", "input": {}}, k), 400)
     _check_openai_error(post(px, "/v1/chat/completions", {**OA, "temperature": "hot"}, k), 400)
     huge = "word " * 6000  # > max_context_tokens=4096
     r = post(
@@ -262,9 +264,13 @@ json_values = st.recursive(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    path=st.sampled_from(["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"]),
+    path=st.sampled_from(
+        ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]
+    ),
     body=st.dictionaries(
-        st.sampled_from(["model", "messages", "max_tokens", "stream", "tools", "system", "n"]),
+        st.sampled_from(
+            ["model", "messages", "max_tokens", "stream", "tools", "system", "n", "input"]
+        ),
         json_values,
         max_size=5,
     ),

@@ -64,6 +64,11 @@ def test_huge_prompt_is_refused_early_in_both_dialects(px):
             "/v1/messages/count_tokens",
             {"model": "m", "messages": [{"role": "user", "content": words}]},
         ),
+        ("/v1/responses", {"model": "m", "input": words}),
+        (
+            "/v1/responses",
+            {"model": "m", "input": [{"role": "user", "content": [_input_text(words)]}]},
+        ),
     ]:
         t0 = time.monotonic()
         r = post(px, path, body)
@@ -82,6 +87,18 @@ def test_huge_prompt_is_refused_early_in_both_dialects(px):
     }
     r = post(px, "/v1/chat/completions", tool)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    tool = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "run it"},
+            {"type": "function_call", "call_id": "t1", "name": "bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "t1", "output": words},
+        ],
+    }
+    t0 = time.monotonic()
+    r = post(px, "/v1/responses", tool)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert time.monotonic() - t0 < 10
 
 
 def test_oversized_body_is_413_sized_or_chunked(px):
@@ -111,6 +128,10 @@ def test_image_without_source_is_400(px):
     }
     r = post(px, "/v1/messages", body)
     assert r.status_code == 400 and "source" in r.json()["error"]["message"]
+
+
+def _input_text(text: str) -> dict:
+    return {"type": "input_text", "text": text}
 
 
 def _tc(cid: str) -> dict:
@@ -184,6 +205,49 @@ def test_fuzz_openai_huge_tools_images_never_5xx(px, msgs, stream):
     assert r.status_code < 500, r.text[:300]
     if r.status_code == 200 and stream:
         assert '"error"' not in r.text
+
+
+rs_image = st.one_of(
+    st.just({"type": "input_image"}),
+    st.builds(lambda d: {"type": "input_image", "image_url": "data:image/png;base64," + d}, b64),
+    st.just({"type": "input_file", "file_id": "f"}),
+)
+rs_item = st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, big_text),
+    st.builds(
+        lambda p, t: {"type": "message", "role": "user", "content": [p, _input_text(t)]},
+        rs_image,
+        big_text,
+    ),
+    st.builds(lambda t: {"role": "developer", "content": [_input_text(t)]}, big_text),
+    st.builds(
+        lambda i: {"type": "function_call", "call_id": i, "name": "bash", "arguments": "{}"}, ids
+    ),
+    st.builds(
+        lambda i, t: {"type": "function_call_output", "call_id": i, "output": t}, ids, big_text
+    ),
+    st.builds(
+        lambda i, p: {"type": "function_call_output", "call_id": i, "output": [p]}, ids, rs_image
+    ),
+    st.builds(
+        lambda t: {"type": "reasoning", "summary": [{"type": "summary_text", "text": t}]}, big_text
+    ),
+    st.builds(
+        lambda t: {"role": "assistant", "content": [{"type": "output_text", "text": t}]}, big_text
+    ),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(items=st.lists(rs_item, min_size=1, max_size=4), stream=st.booleans())
+def test_fuzz_responses_huge_tools_images_never_5xx(px, items, stream):
+    body = {"model": "m", "max_output_tokens": 4, "stream": stream, "input": items}
+    body["tools"] = [{"type": "function", "name": "bash"}, {"type": "web_search"}]
+    r = post(px, "/v1/responses", body)
+    assert r.status_code < 500, r.text[:300]
+    if r.status_code == 200 and stream:
+        assert "response.failed" not in r.text
+        assert "response.completed" in r.text or "response.incomplete" in r.text
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
