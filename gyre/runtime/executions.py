@@ -113,7 +113,8 @@ class Executions:
             task=task,
             profile=profile,
             base_url=self.cluster.proxy.url,
-            harness_timeout_s=run.harness_timeout_s or (lt.harness_timeout_s if lt else None),
+            harness_timeout_s=run.harness_timeout_s
+            or (self.longtail.executor_harness_timeout_s if self.longtail else None),
             overall_timeout_s=run.overall_timeout_s or (lt.overall_timeout_s if lt else None),
             extra_env=extra_env or {},
         )

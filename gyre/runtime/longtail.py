@@ -7,11 +7,12 @@ drawn once per run from ``seed`` over a pool whose size depends on neither the
 placement nor (phi, mu). Colocate, Async, Elastic and the simulator therefore see
 the same durations; only the scheduler differs.
 
-The draw is carried out for real, not faked: the synthetic harness is told to run
-for the drawn time (``GYRE_DURATION_S``); an execution the draw capped at the harness
-timeout is told to run past it, so the executor's own timeout stops it (its
-workspace is still scored); one the draw made missing runs past the overall timeout,
-so the executor's overall timeout makes its assessment missing. Pure: no I/O.
+The draw decides, not the machine: the synthetic harness is told to run for the drawn
+time (``GYRE_DURATION_S``), the harness-timeout cap included, and stops itself, so an
+execution near the cap is capped (or not) in every placement alike, whatever the load.
+The executor's harness timeout sits ``overrun_s`` above the cap, as a safety net for a
+harness that hangs. An execution the draw made missing is told to run past the overall
+timeout, so the executor's overall timeout (exactly the draw's) makes it missing. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ class LongTailConfig(BaseModel):
         1.5, gt=0, description="one model call per this many seconds of an execution (at least one)"
     )
     overrun_s: float = Field(
-        2.0, gt=0, description="how far past a timeout a capped execution is told to run"
+        2.0,
+        gt=0,
+        description="the executor's harness timeout is this far above the cap (a safety net); "
+        "a missing execution is told to run this far past the overall timeout",
     )
 
     def workload(self) -> WorkloadConfig:
@@ -101,10 +105,13 @@ class LongTail:
         d = float(self.draw.duration_h[gid, attempt])
         missing = bool(self.draw.missing[gid, attempt])
         capped = bool(self.draw.harness_timeout[gid, attempt])
-        run_s = d
-        if missing or capped:
-            run_s = d + self.cfg.overrun_s  # the executor's timeout, not the harness, stops it
+        run_s = d + self.cfg.overrun_s if missing else d  # the executor makes it missing
         return Planned(duration_s=d, harness_timeout=capped, missing=missing, run_s=run_s)
+
+    @property
+    def executor_harness_timeout_s(self) -> float:
+        """The executor's own harness timeout: above the drawn cap, which the harness keeps."""
+        return self.cfg.harness_timeout_s + self.cfg.overrun_s
 
     def env(self, gid: int, attempt: int) -> dict[str, str]:
         """The synthetic harness's environment for this execution."""

@@ -89,7 +89,9 @@ def build(world, rundir) -> dict[str, Any]:
                 "calls": (r.get("model_calls") or {}).get("attempted"),
                 "reward": r.get("reward"),
                 "missing": CUT if cut else r.get("missing"),
-                "harness_timeout": r.get("harness_stop") == "harness_timeout",
+                # capped by the draw (the harness stops itself there) or by the executor
+                "harness_timeout": bool(lt and lt.planned(gid, att).harness_timeout)
+                or r.get("harness_stop") == "harness_timeout",
                 "interrupted": bool(r.get("failed", False)),
             }
         )
