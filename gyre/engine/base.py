@@ -54,6 +54,7 @@ class RequestState:
     finish: FinishReason | None = None
     abort_message: str | None = None
     cached_tokens: int = 0
+    error: Exception | None = None
     created_s: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -66,6 +67,13 @@ class RequestState:
             self.version_segments.append((len(self.output_ids), version))
         self.output_ids.append(int(token_id))
         self.logprobs.append(float(logprob))
+        self.changed.set()
+
+    def fail(self, exc: Exception) -> None:
+        """The producer failed (an engine behind an adapter went away): the handle raises ``exc``,
+        which the server turns into an error (in-band for a stream), so the proxy retries elsewhere."""
+        if self.finish is None and self.error is None:
+            self.error = exc
         self.changed.set()
 
     def finish_with(self, reason: FinishReason) -> None:
@@ -129,6 +137,8 @@ class RequestHandle:
             while True:
                 await st.changed.wait()
                 st.changed.clear()
+                if st.error is not None:
+                    raise st.error
                 n = len(st.output_ids)
                 due = n - max(sent, 0) >= min_new and (
                     n < coalesce_after or time.monotonic() - last_emit >= min_interval_s
@@ -152,6 +162,8 @@ class RequestHandle:
         st = self.state
         try:
             while st.finish is None:
+                if st.error is not None:
+                    raise st.error
                 await st.changed.wait()
                 st.changed.clear()
         finally:

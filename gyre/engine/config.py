@@ -91,9 +91,36 @@ class EmbeddedEngineConfig(BaseModel):
     )
 
 
+class VllmEngineConfig(BaseModel):
+    """vLLM adapter (:mod:`gyre.engine.vllm`): a Gyre engine whose tokens come from a vLLM server's
+    token-in/token-out route. ``url`` names a running server; without it the adapter launches one
+    from ``model_dir`` with the vLLM venv's Python (:mod:`gyre.engine.vllm_launch`) and stops it
+    with itself."""
+
+    engine_id: str | None = None
+    model_dir: str | None = Field(
+        None, description="The served HF directory (config, vocab, EOS; launched when no url)."
+    )
+    url: str | None = Field(None, description="A running vLLM server (started with dev mode on).")
+    weight_version: int = Field(
+        0, ge=0, description="Policy version of the weights the server starts with."
+    )
+    python: str | None = Field(
+        None, description="Launch: the vLLM venv's python (default GYRE_VLLM_PYTHON / .venv-vllm)."
+    )
+    kv_cache_gb: float = Field(1.0, gt=0, description="Launch: VLLM_CPU_KVCACHE_SPACE (GiB).")
+    start_timeout_s: float = Field(600.0, gt=0, description="Launch: wait this long for /health.")
+    abort_grace_s: float = Field(
+        2.0,
+        gt=0,
+        description="After an abort, wait this long for vLLM's own 'abort' answer (with the "
+        "partial output's version spans) before closing the stream.",
+    )
+
+
 class EngineServerConfig(BaseModel):
     """``gyre engine``: which engine, where to listen."""
 
-    kind: Literal["embedded", "scripted", "null"] = "embedded"
+    kind: Literal["embedded", "scripted", "null", "vllm"] = "embedded"
     host: str = "127.0.0.1"
     port: int = Field(30000, ge=0, le=65535)

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gyre.engine.config import EmbeddedEngineConfig, NullEngineConfig, ScriptedEngineConfig
+from gyre.engine.config import (
+    EmbeddedEngineConfig,
+    NullEngineConfig,
+    ScriptedEngineConfig,
+    VllmEngineConfig,
+)
 
 if TYPE_CHECKING:
     from gyre.engine.base import Engine
     from gyre.engine.runner import ServerRunner
 
-AnyEngineConfig = EmbeddedEngineConfig | ScriptedEngineConfig | NullEngineConfig
+AnyEngineConfig = EmbeddedEngineConfig | ScriptedEngineConfig | NullEngineConfig | VllmEngineConfig
 
 
 def make_engine(config: AnyEngineConfig, book=None) -> Engine:
@@ -39,6 +44,10 @@ def make_engine(config: AnyEngineConfig, book=None) -> Engine:
         from gyre.engine.null import NullEngine
 
         return NullEngine(config)
+    if isinstance(config, VllmEngineConfig):
+        from gyre.engine.vllm import VllmEngine
+
+        return VllmEngine(config)
     raise TypeError(f"not an engine config: {type(config).__name__}")
 
 
