@@ -325,3 +325,23 @@ async def test_engine_client_names_protocol_violations_and_pings():
                 assert await c.ping()
     async with EngineClient(f"http://127.0.0.1:{free_port()}") as c:
         assert not await c.ping()
+
+
+def test_responses_stream_that_loses_its_engine_ends_with_response_failed(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    """Frozen mid-answer with nowhere to move: the Responses stream's last event is
+    response.failed carrying the error (the SDK raises nothing, Codex reads it), never a cut."""
+    with FakeEngine("freeze_mid_stream") as frozen:
+        with proxy(tiny_model_dir, tiny_tokenizer, tmp_path, [frozen.url]) as px:
+            body = {"model": "m", "input": "hi", "stream": True, "max_output_tokens": 1000}
+            r, took = post(px, "/v1/responses", body)
+            assert r.status_code == 200 and took < 20
+            events = [json.loads(x[6:]) for x in r.text.split("\n") if x.startswith("data: ")]
+            kinds = [e["type"] for e in events]
+            assert kinds[:2] == ["response.created", "response.in_progress"]
+            assert "response.output_text.delta" in kinds  # it had started answering
+            assert kinds[-1] == "response.failed", kinds
+            err = events[-1]["response"]["error"]
+            assert err["message"] and err["code"]
+            assert [e["sequence_number"] for e in events] == list(range(len(events)))
