@@ -45,6 +45,20 @@ BOOK = {
             "turns": [{"text": "Nothing to do."}],
             "exhausted": {"text": "Done."},
         },
+        # Codex CLI's automatic compaction (a separate execution with a low token limit):
+        # the checkpoint request, then the turn resumed on the summary.
+        {
+            "name": "codex-compact",
+            "match": "You are performing a CONTEXT CHECKPOINT COMPACTION",
+            "turns": [{"text": "SUMMARY-OK"}],
+            "exhausted": {"text": "SUMMARY-OK"},
+        },
+        {
+            "name": "codex-resumed",
+            "match": "Another language model started to solve this problem",
+            "turns": [{"text": "Done."}],
+            "exhausted": {"text": "Done."},
+        },
         # Qwen Code: its run_shell_command tool, then a final answer.
         {
             "name": "qwen-fix",
@@ -73,14 +87,6 @@ BOOK = {
         {"name": "fallback", "turns": [{"text": "OK."}], "exhausted": {"text": "OK."}},
     ]
 }
-
-
-def _responses_route() -> bool:
-    try:
-        import gyre.proxy.adapters.responses  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +198,6 @@ needs_qwen = pytest.mark.skipif(
 needs_codex = pytest.mark.skipif(
     find_codex() is None, reason="Codex CLI is not installed (scripts/install-harnesses.sh)"
 )
-needs_responses = pytest.mark.skipif(
-    not _responses_route(), reason="the proxy has no /v1/responses route (Codex needs it)"
-)
 needs_bwrap = pytest.mark.skipif(
     bwrap_available() is None, reason="bubblewrap (bwrap) is not installed"
 )
@@ -229,9 +232,7 @@ async def test_qwen_code_sandboxed_e2e(stack, tmp_path):
 
 
 @pytest.mark.harness
-@pytest.mark.slow
 @needs_codex
-@needs_responses
 async def test_codex_e2e(stack, tmp_path):
     url, register, traces = stack
     fix, noop = await run_specs(tmp_path, register, _specs("codex", url, "codex"))
@@ -245,12 +246,42 @@ async def test_codex_e2e(stack, tmp_path):
 
 
 @pytest.mark.harness
-@pytest.mark.slow
 @needs_codex
-@needs_responses
 @needs_bwrap
 async def test_codex_sandboxed_e2e(stack, tmp_path):
     url, register, traces = stack
     (r,) = await run_specs(tmp_path, register, _specs("codex", url, "codex-sb")[:1], True)
     assert r.reward == 1.0, _diag(r)
     assert assert_continuations(traces, "codex-sb-fix") == 2
+
+
+@pytest.mark.harness
+@needs_codex
+async def test_codex_compaction_roles(stack, tmp_path):
+    """A live automatic compaction through the proxy (token limit far below the prompt): the
+    checkpoint request is read as a main summary, the turns around it as main. The compaction
+    and the resumed turn rewrite the history (the tool list goes, then the turns are replaced
+    by the summary), so those two records are forks by nature; the first call is not."""
+    url, register, traces = stack
+    prof = load_profile("codex").model_copy(
+        update={"args": ["-c", "model_auto_compact_token_limit=2000"]}
+    )
+    (r,) = await run_specs(
+        tmp_path,
+        register,
+        [
+            ExecutionSpec(
+                execution_id="codex-compact",
+                task=pyfix("temperature"),
+                profile=prof,
+                base_url=url,
+                harness_timeout_s=120,
+            )
+        ],
+    )
+    assert r.reward == 1.0, _diag(r)
+    recs = trace_of(traces, "codex-compact")
+    prof_roles = role_profile("codex")
+    got = [prof_roles.role_of(x.meta, recs[0].meta).value for x in recs]
+    assert got == ["main", "main-summary", "main"], got
+    assert not recs[0].forked
