@@ -13,6 +13,7 @@ tmpfs HOME seeded with the profile's config file).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +39,17 @@ def _call(name: str, **arguments) -> dict:
 # Scripts are tried in order; the first whose text occurs in the rendered prompt plays.
 BOOK = {
     "scripts": [
+        # Qwen Code's compaction (`qwen -p /compress --continue`), in either of its two shapes.
+        {
+            "name": "qwen-compress",
+            "match": "produce the <state_snapshot> XML",
+            "turns": [
+                {"text": "<analysis>ok</analysis><state_snapshot>SUMMARY-OK</state_snapshot>"}
+            ],
+            "exhausted": {
+                "text": "<analysis>ok</analysis><state_snapshot>SUMMARY-OK</state_snapshot>"
+            },
+        },
         # Untouched workspaces: matched by the task (transpose), whichever harness asks.
         {
             "name": "noop",
@@ -57,6 +69,34 @@ BOOK = {
             "name": "codex-resumed",
             "match": "Another language model started to solve this problem",
             "turns": [{"text": "Done."}],
+            "exhausted": {"text": "Done."},
+        },
+        # Qwen Code's agent tool: the main thread delegates (foreground), the general-purpose
+        # sub-agent (its own system prompt) reports back, the main thread finishes.
+        {
+            "name": "qwen-sub",
+            "match": "You are a general-purpose subagent working for a parent agent",
+            "turns": [{"text": "Sub-agent report: SUBTASK-7 done."}],
+            "exhausted": {"text": "Done."},
+        },
+        {
+            "name": "qwen-delegate",
+            "match": "palindrome.py's",
+            "turns": [
+                {
+                    "text": "Delegating.",
+                    "tool_calls": [
+                        _call(
+                            "agent",
+                            description="check",
+                            prompt="SUBTASK-7: report done",
+                            subagent_type="general-purpose",
+                            run_in_background=False,
+                        )
+                    ],
+                },
+                {"text": "Done."},
+            ],
             "exhausted": {"text": "Done."},
         },
         # Qwen Code: its run_shell_command tool, then a final answer.
@@ -208,7 +248,11 @@ needs_bwrap = pytest.mark.skipif(
 @needs_qwen
 async def test_qwen_code_e2e(stack, tmp_path):
     url, register, traces = stack
-    fix, noop = await run_specs(tmp_path, register, _specs("qwen-code", url, "qwen"))
+    specs = _specs("qwen-code", url, "qwen")
+    delegate = specs[0].model_copy(
+        update={"execution_id": "qwen-delegate", "task": pyfix("palindrome")}
+    )
+    fix, noop, deleg = await run_specs(tmp_path, register, [*specs, delegate])
     assert fix.reward == 1.0, _diag(fix)
     assert noop.reward == 0.0, _diag(noop)
     assert fix.harness.stop == "exited" and fix.harness.exit_code == 0, _diag(fix)
@@ -216,8 +260,43 @@ async def test_qwen_code_e2e(stack, tmp_path):
     assert assert_continuations(traces, "qwen-fix") == 2
     assert assert_continuations(traces, "qwen-noop") == 1
     assert roles_of(traces, "qwen-fix", "qwen-code") == Counter({"main": 2})
+    # The agent tool's sub-agent is told apart from the main thread by the rules; the main
+    # thread's second call still continues its first, the sub-agent opens its own conversation.
+    assert deleg.harness.exit_code == 0, _diag(deleg)
+    assert roles_of(traces, "qwen-delegate", "qwen-code") == Counter({"main": 2, "sub-agent": 1})
+    recs = trace_of(traces, "qwen-delegate")
+    assert not any(x.forked for x in recs)
+    main_recs = [x for x in recs if x.meta["system_head"].startswith("You are Qwen Code")]
+    assert main_recs[1].base == main_recs[0].request_id
     # The settings file the profile wrote is the one Qwen Code read.
     assert (Path(fix.execution_dir) / "home" / ".qwen" / "settings.json").is_file()
+    # A live compaction: `qwen -p /compress --continue` in the fixed execution's workspace and
+    # HOME. Every request it makes is read as a main summary.
+    key = await register("qwen-compress", "compress")
+    argv, env = load_profile("qwen-code").render(
+        {"qwen": find_qwen() or "qwen", "instruction": "/compress", "model": "policy"}
+    )
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(Path(fix.execution_dir) / "home"),
+        "OPENAI_BASE_URL": url + "/v1",
+        "OPENAI_API_KEY": key,
+        **env,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        "--continue",
+        cwd=fix.workspace,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, (out[-1000:], err[-1000:])
+    c = roles_of(traces, "qwen-compress", "qwen-code")
+    assert set(c) == {"main-summary"}, c
 
 
 @pytest.mark.harness
