@@ -70,6 +70,7 @@ def _print_table(cfg, results) -> None:
         ("bound", "right"),
         ("eff.", "right"),
         ("E\\[d] real/exp", "right"),
+        ("served", "right"),
         ("train", "right"),
         ("idle cell-h", "right"),
         ("interrupted", "right"),
@@ -94,6 +95,7 @@ def _print_table(cfg, results) -> None:
             f"{r.lower_bound_h:.2f}",
             f"{r.efficiency:.0%}",
             f"{r.mean_staleness:.2f}/{r.expected_staleness:.2f}",
+            f"{r.serving_staleness:.2f}/{r.serving_staleness_tokens:.2f}",
             f"{r.mean_training_share:.0%}",
             f"{r.idle_cell_hours:.1f}",
             str(r.interrupted_executions),
@@ -103,7 +105,8 @@ def _print_table(cfg, results) -> None:
     console.print(
         "[dim]hours = makespan; x elastic = makespan / Elastic's on the same draw; paper h = published hours "
         "(the seed's toy for seed-toy); bound = makespan no schedule can beat on this draw, eff. = bound / "
-        "makespan; E\\[d] = mean staleness realised over trained groups / phi + (mu-1)/2; train = mean share "
+        "makespan; E\\[d] = mean staleness realised over trained groups (by dispatch version) / phi + (mu-1)/2; "
+        "served = by the version that served each call, per execution / per token; train = mean share "
         "of time cells spend in training; interrupted must be 0.[/dim]"
     )
 
@@ -227,6 +230,46 @@ def sim(
             typer.echo(f"plot: {plot}")
 
 
+def _print_bands(console, preset: str, band_list, interrupted: int) -> None:
+    from rich.table import Table
+
+    b0 = band_list[0]
+    t = Table(
+        title=f"{preset}: makespan / Elastic's over {b0.points} points x {b0.seeds} seeds",
+        title_justify="left",
+    )
+    for col in (
+        "placement",
+        "preset: median (p10-p90)",
+        "band of medians",
+        "with seed spread",
+        "median h band",
+        "published h",
+        "published",
+        "inside",
+    ):
+        t.add_column(col, justify="left" if col == "placement" else "right")
+    for b in band_list:
+        inside = "-" if b.inside is None else ("yes" if b.inside else "no")
+        if b.inside is False and b.inside_spread:
+            inside = "spread only"
+        t.add_row(
+            b.placement,
+            f"{b.preset_ratio:.2f}x ({b.preset_p10:.2f}-{b.preset_p90:.2f})",
+            f"{b.lo:.2f}-{b.hi:.2f}x",
+            f"{b.envelope_lo:.2f}-{b.envelope_hi:.2f}x",
+            f"{b.hours_lo:.2f}-{b.hours_hi:.2f}",
+            "-" if b.published_h is None else f"{b.published_h:g}",
+            "-" if b.published is None else f"{b.published:.3f}x",
+            inside,
+        )
+    console.print(t)
+    console.print(
+        "[dim]band of medians = min-max over the points of the median per-seed ratio; with seed "
+        f"spread = widest p10-p90 of per-seed ratios; interrupted executions: {interrupted}[/dim]"
+    )
+
+
 @app.command("pairs")
 def pairs(
     target: float = typer.Option(1.5, "--target", help="mean staleness E[d] to hold"),
@@ -251,7 +294,8 @@ def sweep(
     study: str | None = typer.Option(
         None,
         "--study",
-        help="built-in point set: defaults | observations (the seed's three, on seed-toy) | table1 (on nl2repo-122b)",
+        help="built-in point set: defaults | observations (the seed's three, on seed-toy) | "
+        "table1 (on nl2repo-122b) | bands (the preset over what the paper does not state)",
     ),
     grid: list[str] = typer.Option(
         [], "--grid", help="name=v1,v2,... (repeat for a cartesian product)"
@@ -276,14 +320,19 @@ def sweep(
     if study and grid:
         _fail("use either --study or --grid, not both")
     try:
+        names: list[str] | None = None if placement == "all" else [placement]
         if grid:
             points = {", ".join(f"{k}={v}" for k, v in p.items()): p for p in grid_points(grid)}
+        elif study == "bands":
+            from gyre.sim.bands import BAND_PLACEMENTS, band_points
+
+            points = band_points(cfg.name, cfg.policy.cell_capacity)
+            names = names or BAND_PLACEMENTS.get(cfg.name)
         else:
             name = study or "defaults"
             if name not in STUDIES:
                 _fail(f"unknown study {name!r}; choose one of {sorted(STUDIES)}")
             points = STUDIES[name]
-        names = None if placement == "all" else [placement]
         err = Console(stderr=True)
         with Progress(console=err, transient=False) as prog:
             task = prog.add_task("simulating", total=len(points) * seeds)
@@ -299,14 +348,22 @@ def sweep(
         _fail(validation_line(e))
     except ValueError as e:
         _fail(first_line(e))
+    band_list = None
+    if study == "bands" and "elastic" in summaries[0].makespan:
+        from gyre.sim.bands import bands
+        from gyre.sim.presets import PUBLISHED
+
+        band_list = bands(summaries, PUBLISHED.get(cfg.name, {}))
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"preset": cfg.name, "seeds": seeds, "points": [s.to_dict() for s in summaries]}
-            )
-        )
+        obj: dict = {"preset": cfg.name, "seeds": seeds, "points": [s.to_dict() for s in summaries]}
+        if band_list is not None:
+            obj["bands"] = [b.to_dict() for b in band_list]
+        typer.echo(json.dumps(obj))
         return
     console = Console(width=None if sys.stdout.isatty() else 120)
+    if band_list is not None:
+        _print_bands(console, cfg.name, band_list, sum(s.interrupted for s in summaries))
+        return
     for s in summaries:
         t = Table(title=f"{cfg.name}: {s.label} ({seeds} seeds)", title_justify="left")
         for col in (

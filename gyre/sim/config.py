@@ -148,6 +148,12 @@ class PlacementSpec(BaseModel):
     mu: int | None = None
     streaming: bool | None = None
     async_train_cells: int | None = None
+    cell_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="C_e for this placement only (a colocated engine shares its GPUs with the "
+        "training state, so it may serve fewer executions than an Elastic cell's engine)",
+    )
 
 
 def default_placements() -> dict[str, PlacementSpec]:
@@ -169,7 +175,7 @@ class SimConfig(BaseModel):
     policy: PolicyConfig = Field(
         default_factory=default_policy,
         description="the rules every placement shares (times in hours); each placement "
-        "entry overrides only placement, phi, mu, streaming and async_train_cells",
+        "entry overrides only placement, phi, mu, streaming, async_train_cells and cell_capacity",
     )
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     costs: CostConfig = Field(default_factory=CostConfig)

@@ -19,12 +19,19 @@
   execution. Not stated by the paper, so assumed: B = 32, the same total rollout
   concurrency as the 122B cluster (4 x 288 = 1152), a 15-minute mean scoring
   time, Async training on 2 of 4 cells, and the 122B run's 23 % training share.
+
+The two paper presets also carry the costs issue 10 added (``paper_costs``), none
+of them stated by the paper, so all assumed: a colocated engine reshards each way
+as slowly as an Elastic cell switches (8.52 s in, 3.46 s back); every engine
+stalls for the whole publication; a satellite refreshes its weights in one
+publication's time; a rerouted call costs 30 s (one slow model call). seed-toy
+keeps them at 0: the seed's toy models none of them.
 """
 
 from __future__ import annotations
 
 from gyre.policy.config import Placement, PolicyConfig
-from gyre.sim.config import SIM_HOLD_TAU_H, CostConfig, SimConfig, WorkloadConfig
+from gyre.sim.config import SECOND_H, SIM_HOLD_TAU_H, CostConfig, SimConfig, WorkloadConfig
 
 
 def _rules(
@@ -71,6 +78,23 @@ PUBLISHED = {
 }
 
 
+REROUTE_H = 30 * SECOND_H  # assumed: one slow model call (recomputed prefix on another engine)
+
+
+def paper_costs(train_step_cell_h: float, publish_h: float, optim_h: float) -> CostConfig:
+    """A paper preset's costs, with the issue-10 costs at their assumed values (see above)."""
+    return CostConfig(
+        train_step_cell_h=train_step_cell_h,
+        optim_h=optim_h,
+        publish_h=publish_h,
+        reshard_to_training_h=8.52 * SECOND_H,
+        reshard_to_rollout_h=3.46 * SECOND_H,
+        publish_stall_h=publish_h,
+        satellite_refresh_h=publish_h,
+        reroute_delay_h=REROUTE_H,
+    )
+
+
 def _seed_toy() -> SimConfig:
     return SimConfig(
         name="seed-toy",
@@ -101,7 +125,7 @@ def _nl2repo() -> SimConfig:
             query_sigma=NL2REPO_FIT["query_sigma"],
             harness_timeout_h=4.0,
         ),
-        costs=CostConfig(train_step_cell_h=NL2REPO_TRAIN_CELL_H, optim_h=1 / 60, publish_h=1 / 60),
+        costs=paper_costs(NL2REPO_TRAIN_CELL_H, publish_h=1 / 60, optim_h=1 / 60),
     )
 
 
@@ -118,7 +142,7 @@ def _flagship() -> SimConfig:
             score_mean_h=0.25,
             overall_timeout_h=FLAGSHIP_FIT["overall_timeout_h"],
         ),
-        costs=CostConfig(train_step_cell_h=FLAGSHIP_TRAIN_CELL_H, optim_h=2 / 60, publish_h=2 / 60),
+        costs=paper_costs(FLAGSHIP_TRAIN_CELL_H, publish_h=2 / 60, optim_h=2 / 60),
     )
 
 
