@@ -6,7 +6,7 @@ characters of new strings) would make the proxy's cost per call grow with the
 context. But the body of call k+1 starts with the same bytes as the body of
 call k up to (almost) the end of the old messages. So, per execution, the last
 few bodies are kept with the byte span of every element of their ``messages``
-array; a new body is compared with them (one ``memcmp``), every message that
+array (``input`` for the Responses API); a new body is compared with them (one ``memcmp``), every message that
 lies entirely inside the common byte prefix is taken over as the *same Python
 object*, and only the rest is parsed. Re-used objects also make the history
 comparison in :mod:`gyre.proxy.session` an identity check.
@@ -40,6 +40,7 @@ class ParsedBody:
     spans: list[tuple[int, int]] | None  # byte span of each message element (None: not scanned yet)
     array_end: int  # offset of the closing ']' (-1: not scanned yet)
     ends: list[int] | None = None  # span ends (sorted), for bisect
+    key: str = "messages"  # the history array's key: "messages", or "input" (Responses)
 
     def __post_init__(self) -> None:
         if self.ends is None and self.spans is not None:
@@ -51,7 +52,7 @@ class ParsedBody:
         if self.spans is not None:
             return True
         split = _split_elements(self.body, self.array_start)
-        if split is None or len(split[0]) != len(self.data["messages"]):
+        if split is None or len(split[0]) != len(self.data[self.key]):
             return False
         self.spans, self.array_end = split
         self.ends = [e for _, e in self.spans]
@@ -81,8 +82,9 @@ def _common_prefix(a: bytes, b: bytes, hint: int = 0) -> int:
     return lo
 
 
-def _find_messages_array(body: bytes) -> int | None:
-    """Offset just after the '[' of the top-level "messages" value (depth 1), or None."""
+def _find_messages_array(body: bytes, key: str = "messages") -> int | None:
+    """Offset just after the '[' of the top-level ``key`` value (depth 1), or None."""
+    want = b'"' + key.encode() + b'"'
     depth = 0
     last_key: bytes | None = None
     expect_value = False
@@ -96,7 +98,7 @@ def _find_messages_array(body: bytes) -> int | None:
         elif c == b":":
             expect_value = depth == 1
         elif c in b"[{":
-            if c == b"[" and depth == 1 and expect_value and last_key == b'"messages"':
+            if c == b"[" and depth == 1 and expect_value and last_key == want:
                 return m.end()
             depth += 1
             expect_value = False
@@ -153,12 +155,15 @@ def _rstrip(body: bytes, start: int, end: int) -> int:
 def _full(body: bytes) -> tuple[Any, ParsedBody | None]:
     """Plain parse; the body is kept (unscanned) in case the next one extends it."""
     data = jsonfast.loads(body)  # raises on malformed JSON: the caller answers 400
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+    if not isinstance(data, dict):
         return data, None
-    a = _find_messages_array(body)
+    key = "messages" if isinstance(data.get("messages"), list) else "input"
+    if not isinstance(data.get(key), list):
+        return data, None
+    a = _find_messages_array(body, key)
     if a is None:
         return data, None
-    return data, ParsedBody(body=body, data=data, array_start=a, spans=None, array_end=-1)
+    return data, ParsedBody(body=body, data=data, array_start=a, spans=None, array_end=-1, key=key)
 
 
 class BodyParser:
@@ -240,14 +245,14 @@ class BodyParser:
             if body[rest : rest + 1] != b"]":
                 raise ValueError("unexpected tail")
             new_spans, end = [], rest
-        old = prev.data["messages"]
+        old = prev.data[prev.key]
         msgs = old[:k] + [jsonfast.loads(body[s:e]) for s, e in new_spans]
         top = jsonfast.loads(
             body[: prev.array_start] + body[end:]
         )  # every other field, messages = []
-        if not isinstance(top, dict) or top.get("messages") != []:
+        if not isinstance(top, dict) or top.get(prev.key) != []:
             raise ValueError("top level changed shape")
-        top["messages"] = msgs
+        top[prev.key] = msgs
         self.reused_messages += k
         pb = ParsedBody(
             body=body,
@@ -256,6 +261,7 @@ class BodyParser:
             spans=spans[:k] + new_spans,
             array_end=end,
             ends=ends[:k] + [e for _, e in new_spans],
+            key=prev.key,
         )
         self.recent.append(pb)
         return top

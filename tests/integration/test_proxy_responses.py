@@ -220,3 +220,26 @@ def test_bad_bodies_are_openai_shaped_400(stack, body, needle):
     err = r.json()["error"]
     assert needle in err["message"] and err["type"] == "invalid_request_error"
     assert set(err) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sdk_retry_of_an_answered_call_is_replayed_not_resampled(stack, stream):
+    px, traces = stack
+    key = f"resp-retry-{stream}"
+    body = json.dumps({"model": "m", "input": "retry me", "stream": stream}).encode()
+    h = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+
+    def call(extra):
+        r = httpx.post(px.url + "/v1/responses", content=body, headers={**h, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        if not stream:
+            return r.json()
+        data = [json.loads(x[6:]) for x in r.text.split("\n") if x.startswith("data: ")]
+        assert [e["sequence_number"] for e in data] == list(range(len(data)))
+        assert data[-1]["type"] == "response.completed"
+        return data[-1]["response"]
+
+    first = call({})
+    again = call({"x-stainless-retry-count": "1"})
+    assert again["id"] == first["id"] and again["output"] == first["output"]
+    assert len(_records(traces, key)) == 1

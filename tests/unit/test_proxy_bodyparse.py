@@ -71,6 +71,28 @@ def test_history_objects_are_reused_and_bad_json_still_fails():
     assert bp.parse(b'{"model": "m"}') == {"model": "m"}
 
 
+def test_responses_input_items_are_reused_too():
+    """A Responses body (Codex: instructions, then ``input``, then tools) re-uses its input items."""
+    bp = BodyParser(min_reuse_bytes=0)
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}]
+    tail = {"tools": [{"type": "function", "name": "shell"}], "stream": True}
+    body = {"model": "m", "instructions": "I" * 50, "input": items, **tail}
+    first = bp.parse(json.dumps(body).encode())
+    for k in range(3):
+        items = items + [
+            {"type": "function_call", "call_id": f"c{k}", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{k}", "output": "ok ]}"},
+        ]
+        raw = json.dumps({**body, "input": items}).encode()
+        got = bp.parse(raw)
+        assert got == json.loads(raw)
+        assert got["input"][0] is first["input"][0]
+    assert bp.reused_messages == 1 + 3 + 5
+    # a chat body after Responses ones still parses right
+    chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    assert bp.parse(chat) == json.loads(chat)
+
+
 def test_common_prefix_matches_naive():
     rng = random.Random(0)
     for _ in range(500):
