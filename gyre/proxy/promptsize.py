@@ -149,5 +149,9 @@ class PromptBound:
                 f"resulted in at least {floor} tokens."
             )
         return ApiError(
-            400, msg, "invalid_request", param="messages", code="context_length_exceeded"
+            400,
+            msg,
+            "invalid_request",
+            param="input" if dialect == "responses" else "messages",
+            code="context_length_exceeded",
         )

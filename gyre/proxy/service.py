@@ -326,7 +326,11 @@ class ProxyService:
                 f"in {input_len} tokens."
             )
             raise ApiError(
-                400, msg, "invalid_request", param="messages", code="context_length_exceeded"
+                400,
+                msg,
+                "invalid_request",
+                param="input" if dialect == "responses" else "messages",
+                code="context_length_exceeded",
             )
         s = call.sampling
         sp: dict[str, Any] = {

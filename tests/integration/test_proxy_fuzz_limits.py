@@ -98,6 +98,7 @@ def test_huge_prompt_is_refused_early_in_both_dialects(px):
     t0 = time.monotonic()
     r = post(px, "/v1/responses", tool)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "input"
     assert time.monotonic() - t0 < 10
 
 
