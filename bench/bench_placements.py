@@ -10,7 +10,8 @@ same steps, seed, cells and groups. The baseline is Colocate (veRL's layout): th
 gives each makespan as a ratio to it. Staleness is measured from the versions of the
 trained groups; interruptions from the proxy's and executor's own records.
 
-Every run writes ``workload.json``; with a long-tail config (``[run.longtail]``: the same
+A run directory that already holds a finished run (``summary.json``) is reused, so an
+interrupted bench continues where it stopped. Every run writes ``workload.json``; with a long-tail config (``[run.longtail]``: the same
 seeded duration draw for every placement) the second table sets each measured makespan
 beside the simulator's replay of the same durations and measured costs
 (``gyre.sim.replay.predict``), and ``<placement>-s<seed>.png`` draws the two Gantt charts
@@ -93,11 +94,21 @@ def run_seed(a, out: Path, seed: int, compared: list) -> list | None:
         for s in sets:
             cmd += ["--set", s]
         t0 = time.monotonic()
-        print(f"[bench] {name}: {' '.join(sets[:3])} ...", file=sys.stderr, flush=True)
-        p = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        done = (out / run_name / "summary.json").is_file()
+        print(
+            f"[bench] {run_name}: {' '.join(sets[:3])} {'(reusing the finished run)' if done else '...'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        for _ in range(
+            0 if done else 2
+        ):  # once more if Ray missed its start-up on a loaded machine
+            p = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            if p.returncode == 0 or (out / run_name / "metrics.jsonl").exists():
+                break
         wall = time.monotonic() - t0
-        if p.returncode != 0:
-            print(f"[bench] {name} failed (exit {p.returncode})", file=sys.stderr)
+        if not (out / run_name / "summary.json").is_file():
+            print(f"[bench] {run_name} failed (exit {p.returncode})", file=sys.stderr)
             return None
         s = json.loads((out / run_name / "summary.json").read_text())
         m = [json.loads(x) for x in (out / run_name / "metrics.jsonl").read_text().splitlines()]
