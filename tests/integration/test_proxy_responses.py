@@ -1,7 +1,7 @@
 """The OpenAI SDK's ``client.responses`` against the proxy (scripted engine, real tokenizer).
 
 A Codex-shaped tool loop (instructions, developer + user input messages, function
-tools next to tools the policy cannot serve, ``store: false``, reasoning,
+tools next to tools the policy cannot serve (a namespace, as Codex 0.171 sends), ``store: false``, reasoning,
 ``include``): streamed and not, the client sending back the output items with
 re-serialised arguments and ``function_call_output`` items. Every call after the
 first must be a token-exact continuation of the one before (no ``forked`` record).
@@ -49,6 +49,12 @@ TOOLS = [
     {"type": "web_search"},
     {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}},
     {"type": "local_shell"},
+    {  # Codex 0.171 offers its sub-agent tools as a namespace
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "agents",
+        "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}],
+    },
 ]
 CODEX = dict(
     model="tiny",
@@ -60,6 +66,7 @@ CODEX = dict(
     parallel_tool_calls=False,
     prompt_cache_key="session-1",
     tool_choice="auto",
+    extra_body={"client_metadata": {"x-codex-turn-metadata": '{"request_kind": "turn"}'}},
 )
 
 
@@ -89,12 +96,13 @@ def _records(traces, key):
     ).records
 
 
-def _echo(item):
-    """What a client sends back for an output item: ids dropped (as Codex does), arguments
-    re-serialised its own way."""
+def _echo(item, keep_ids):
+    """What a client sends back for an output item: ids kept (Codex 0.171) or dropped (earlier
+    Codex versions), arguments re-serialised its own way."""
     d = item.model_dump(exclude_none=True)
-    d.pop("id", None)
-    d.pop("status", None)
+    if not keep_ids:
+        d.pop("id", None)
+        d.pop("status", None)
     if d["type"] == "function_call":
         d["arguments"] = json.dumps(json.loads(d["arguments"]), indent=2, sort_keys=True)
     return d
@@ -130,12 +138,11 @@ def _run(c, mode):
         assert r.status == "completed" and r.usage.output_tokens > 0
         assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
         outs.append(r.output)
-        inp = inp + [_echo(i) for i in r.output]
+        inp = inp + [_echo(i, keep_ids=mode != "create") for i in r.output]
         calls = [i for i in r.output if i.type == "function_call"]
         for i, fc in enumerate(calls):
-            inp.append(
-                {"type": "function_call_output", "call_id": fc.call_id, "output": f"out {i}"}
-            )
+            out = {"type": "function_call_output", "call_id": fc.call_id, "output": f"out {i}"}
+            inp.append({**out, "id": f"fco_{k}_{i}"})
         if not calls:
             inp.append({"role": "user", "content": "thanks"})
     return outs
@@ -154,7 +161,12 @@ def _check_chain(records):
     for r in records:
         assert r.api == "openai.responses"
         assert r.meta["tools"] == ["shell", "update_plan"]
-        assert r.meta["dropped_tools"] == ["web_search", "custom:apply_patch", "local_shell"]
+        assert r.meta["dropped_tools"] == [
+            "web_search",
+            "custom:apply_patch",
+            "local_shell",
+            "namespace:multi_agent_v1",
+        ]
 
 
 @pytest.mark.parametrize("mode", ["create", "stream", "mixed"])
