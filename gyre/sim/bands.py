@@ -90,7 +90,71 @@ NL2REPO_BAND_FITS: dict[tuple[float, str], dict[str, float]] = {
         "query_sigma": 0.1244,
     },
 }
-FLAGSHIP_BAND_FITS: dict[tuple[float, str], dict[str, float]] = {}
+FLAGSHIP_BAND_FITS: dict[tuple[float, str], dict[str, float]] = {
+    (4.0, "0.55"): {
+        "harness_timeout_h": 4.0,
+        "tail": 0.55,
+        "overall_timeout_h": 4.4633,
+        "median_h": 1.6465,
+        "query_sigma": 0.4643,
+    },
+    (4.0, "fit"): {
+        "harness_timeout_h": 4.0,
+        "overall_timeout_h": 4.4565,
+        "median_h": 1.2836,
+        "tail": 0.7171,
+        "query_sigma": 0.5828,
+    },
+    (4.0, "0.8"): {
+        "harness_timeout_h": 4.0,
+        "tail": 0.8,
+        "overall_timeout_h": 4.4511,
+        "median_h": 1.1338,
+        "query_sigma": 0.6429,
+    },
+    (5.0, "0.55"): {
+        "harness_timeout_h": 5.0,
+        "tail": 0.55,
+        "overall_timeout_h": 5.4158,
+        "median_h": 1.7288,
+        "query_sigma": 0.6883,
+    },
+    (5.0, "fit"): {
+        "harness_timeout_h": 5.0,
+        "overall_timeout_h": 5.4155,
+        "median_h": 1.7281,
+        "tail": 0.5492,
+        "query_sigma": 0.6896,
+    },
+    (5.0, "0.8"): {
+        "harness_timeout_h": 5.0,
+        "tail": 0.8,
+        "overall_timeout_h": 5.4252,
+        "median_h": 1.1931,
+        "query_sigma": 0.8658,
+    },
+    (6.0, "0.55"): {
+        "harness_timeout_h": 6.0,
+        "tail": 0.55,
+        "overall_timeout_h": 6.3782,
+        "median_h": 1.8006,
+        "query_sigma": 0.8606,
+    },
+    (6.0, "fit"): {
+        "harness_timeout_h": 6.0,
+        "overall_timeout_h": 6.3862,
+        "median_h": 1.6034,
+        "tail": 0.6264,
+        "query_sigma": 0.921,
+    },
+    (6.0, "0.8"): {
+        "harness_timeout_h": 6.0,
+        "tail": 0.8,
+        "overall_timeout_h": 6.3954,
+        "median_h": 1.2323,
+        "query_sigma": 1.059,
+    },
+}
 TOY_TAILS = (0.3, 0.4, 0.5, 0.6)
 TOY_QUERY_SIGMAS = (0.1, 0.3)
 COLOCATE_SHARES = (0.5, 0.75, 1.0)  # colocated engine concurrency as a share of C_e
