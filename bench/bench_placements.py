@@ -156,25 +156,32 @@ def run_seed(a, out: Path, seed: int, compared: list) -> list | None:
 
 
 def print_compared(compared: list, a, seeds: list[int]) -> None:
-    """Measured vs predicted makespan per seed and placement (staleness: tokens / dispatch)."""
+    """Measured vs predicted makespan per seed and placement, and the realised staleness."""
     print(
-        f"\nMeasured vs predicted (gyre.sim.replay on the same durations), {a.config}, {a.steps} steps"
+        f"\nMeasured vs predicted (gyre.sim.replay on the same durations), {a.config}, "
+        f"{a.steps} steps, seeds {seeds}"
     )
     print(
-        "| seed | placement | (phi, mu) | measured s | predicted s | gap | staleness tokens / dispatch "
-        "| interrupted | moved calls | load (1 min) |"
+        "| seed | placement | (phi, mu) | measured s | predicted s | gap | staleness: expected, "
+        "dispatch, served (per execution / per token), predicted served | interrupted "
+        "| moved calls | load (1 min) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+
+    def f(x):
+        return "-" if x is None else f"{x:.2f}"
+
     for r in compared:
         pred = "-" if r["predicted_s"] is None else f"{r['predicted_s']:.1f}"
         gap = "-" if r["gap"] is None else f"{r['gap']:+.1%}"
-        st = " / ".join(
-            "-" if x is None else f"{x:.2f}"
-            for x in (r["staleness_tokens"], r["staleness_dispatch"])
+        st = (
+            f"{f(r['staleness_expected'])}, {f(r['staleness_dispatch'])}, "
+            f"{f(r['staleness_executions'])} / {f(r['staleness_tokens'])}, "
+            f"{f(r['staleness_predicted'])}"
         )
         print(
-            f"| {r['seed']} | {r['placement']} | ({r['phi']}, {r['mu']}) | {r['measured_s']:.1f} | {pred} "
-            f"| {gap} | {st} | {r['interrupted']} | {r['moved_calls']} | {r['load']:.1f} |"
+            f"| {r['seed']} | {r['placement']} | ({r['phi']}, {r['mu']}) | {r['measured_s']:.1f} "
+            f"| {pred} | {gap} | {st} | {r['interrupted']} | {r['moved_calls']} | {r['load']:.1f} |"
         )
 
 

@@ -76,6 +76,38 @@ def predicted_panel(pred: dict[str, Any], K: int) -> Panel:
     return _panel(f"predicted (gyre sim --workload): makespan {span:.1f} s", span, K, pred)
 
 
+def staleness(run_dir: str | Path, w: dict[str, Any]) -> dict[str, float | None]:
+    """Steady-state staleness three ways, recomputed from the run directory itself.
+
+    ``dispatch``: the policy's measure (trained version - dispatch version, mean over groups,
+    metrics.jsonl); ``executions``: by the version that served each token, mean over
+    executions; ``tokens``: the same weighted by tokens (long executions weigh more).
+    """
+    from gyre.runtime import measure
+    from gyre.runtime.workload import read_calls
+
+    rd = Path(run_dir)
+    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    by_exec: dict[tuple[int, int], list[measure.Call]] = {}
+    for c in read_calls(rd / "traces", 0.0):  # the clock does not matter here
+        by_exec.setdefault((c.gid, c.attempt), []).append(c)
+    pol = w["policy"]
+    k = measure.steady_from(pol["phi"], pol["mu"])
+    tok, exe, dis = [], [], []
+    for r in rows[k:]:
+        v = r["version"] - 1  # the version the step's gradients were taken at
+        execs = [
+            by_exec.get((int(g[1:]), a), []) for g in r["groups"] for a in range(pol["group_size"])
+        ]
+        tok.append(measure.token_staleness(v, [c for e in execs for c in e]))
+        exe.append(measure.serving_staleness(v, execs))
+        dis.append(r["batch/staleness_mean"])
+    return {
+        name: measure.mean(x for x in xs if x is not None)
+        for name, xs in (("tokens", tok), ("executions", exe), ("dispatch", dis))
+    }
+
+
 def predictor():
     """``gyre.sim.replay.predict`` when the simulator has it, else None (measured side only)."""
     try:
@@ -154,6 +186,7 @@ def compare_run(run_dir: str | Path, png: str | Path) -> dict[str, Any]:
         panels.append(predicted_panel(pred, int(w["policy"]["cells"])))
         predicted = panels[-1].makespan
     plot_pair(panels, png, f"{w['placement']}, seed {w['seed']}: measured vs predicted")
+    st = staleness(run_dir, w)
     return {
         "placement": w["placement"],
         "seed": w["seed"],
@@ -162,8 +195,10 @@ def compare_run(run_dir: str | Path, png: str | Path) -> dict[str, Any]:
         "measured_s": m["makespan_s"],
         "predicted_s": predicted,
         "gap": None if predicted is None else m["makespan_s"] / predicted - 1.0,
-        "staleness_tokens": m["staleness_mean"],
-        "staleness_dispatch": m["staleness_dispatch_mean"],
+        "staleness_expected": w["policy"]["phi"] + (w["policy"]["mu"] - 1) / 2,
+        "staleness_tokens": st["tokens"],
+        "staleness_executions": st["executions"],
+        "staleness_dispatch": st["dispatch"],
         "staleness_predicted": None if pred is None else pred.get("staleness_mean"),
         "interrupted": m["interrupted"],
         "moved_calls": m.get("moved_calls"),

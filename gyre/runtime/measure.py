@@ -136,6 +136,16 @@ def token_staleness(trained_version: int, calls: Iterable[Call]) -> float | None
     return tot / n if n else None
 
 
+def serving_staleness(trained_version: int, executions: Iterable[Sequence[Call]]) -> float | None:
+    """Mean over executions of each one's token-mean serving staleness.
+
+    Unlike :func:`token_staleness` a long execution (more calls, more tokens) weighs as much
+    as a short one, as in the policy's E[d] = phi + (mu - 1)/2, which counts groups.
+    """
+    per = [s for s in (token_staleness(trained_version, e) for e in executions) if s is not None]
+    return statistics.fmean(per) if per else None
+
+
 def steady_from(phi: float, mu: int) -> int:
     """Steps before the steady state: the first dispatches start at version 0 for everyone."""
     return math.ceil(phi) + mu

@@ -115,7 +115,7 @@ def build(world, rundir) -> dict[str, Any]:
     by_exec: dict[tuple[int, int], list[Call]] = {}
     for c in calls:
         by_exec.setdefault((c.gid, c.attempt), []).append(c)
-    token_st, dispatch_st = [], []
+    token_st, exec_st, dispatch_st = [], [], []
     for rec in world.finished_steps:
         toks = [
             c
@@ -124,9 +124,12 @@ def build(world, rundir) -> dict[str, Any]:
             for c in by_exec.get((gid, a), [])
         ]
         token_st.append(measure.token_staleness(rec.version, toks))
+        execs = [by_exec.get((gid, a), []) for gid, _ in rec.groups for a in range(p.group_size)]
+        exec_st.append(measure.serving_staleness(rec.version, execs))
         dispatch_st.append(statistics.fmean(rec.version - v for _, v in rec.groups))
     k = measure.steady_from(p.phi, p.mu)
     steady_tok = [s for s in token_st[k:] if s is not None]
+    steady_exec = [s for s in exec_st[k:] if s is not None]
     return {
         "format": FORMAT,
         "seed": cfg.seed,
@@ -144,7 +147,14 @@ def build(world, rundir) -> dict[str, Any]:
             "staleness_dispatch_mean": statistics.fmean(dispatch_st[k:])
             if dispatch_st[k:]
             else None,
-            "staleness_per_step": {"tokens": token_st, "dispatch": dispatch_st, "steady_from": k},
+            # by serving version, each execution weighing alike (E[d] counts groups, not tokens)
+            "staleness_execution_mean": statistics.fmean(steady_exec) if steady_exec else None,
+            "staleness_per_step": {
+                "tokens": token_st,
+                "executions": exec_st,
+                "dispatch": dispatch_st,
+                "steady_from": k,
+            },
             "interrupted": world.execs.failed + errors_5xx,
             "moved_calls": sum(1 for c in calls if c.engines > 1),
             "segments": [

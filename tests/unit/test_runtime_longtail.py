@@ -176,3 +176,11 @@ def test_rollout_speed_is_relative_to_the_least_loaded_bin():
     calls = [_call(1, 2, tokens=10), _call(51, 53, tokens=10)]
     assert measure.rollout_speed(calls, execs, capacity) == [[0.25, 1.0], [1.0, 0.5]]
     assert measure.rollout_speed([], execs, capacity) == []
+
+
+def test_serving_staleness_weighs_executions_alike_tokens_weigh_long_ones_more():
+    long = [_call(0, 9, versions=((2, 30),))]  # a long-tail execution: many tokens, old weights
+    short = [_call(0, 1, versions=((5, 2),))]
+    assert measure.serving_staleness(5, [long, short, []]) == pytest.approx(1.5)
+    assert measure.token_staleness(5, long + short) == pytest.approx(90 / 32)
+    assert measure.serving_staleness(5, [[]]) is None
