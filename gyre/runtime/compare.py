@@ -80,8 +80,9 @@ def staleness(run_dir: str | Path, w: dict[str, Any]) -> dict[str, float | None]
     """Steady-state staleness three ways, recomputed from the run directory itself.
 
     ``dispatch``: the policy's measure (trained version - dispatch version, mean over groups,
-    metrics.jsonl); ``executions``: by the version that served each token, mean over
-    executions; ``tokens``: the same weighted by tokens (long executions weigh more).
+    metrics.jsonl); ``executions``: by the version that served each token, mean over the
+    trained executions; ``tokens``: pooled over every trained token (long executions weigh
+    more). Pooled as ``gyre.sim.replay`` pools its prediction.
     """
     from gyre.runtime import measure
     from gyre.runtime.workload import read_calls
@@ -93,18 +94,20 @@ def staleness(run_dir: str | Path, w: dict[str, Any]) -> dict[str, float | None]
         by_exec.setdefault((c.gid, c.attempt), []).append(c)
     pol = w["policy"]
     k = measure.steady_from(pol["phi"], pol["mu"])
-    tok, exe, dis = [], [], []
+    pooled: list[tuple[int, list[measure.Call]]] = []  # (trained version, calls) per execution
+    dis = []
     for r in rows[k:]:
         v = r["version"] - 1  # the version the step's gradients were taken at
-        execs = [
-            by_exec.get((int(g[1:]), a), []) for g in r["groups"] for a in range(pol["group_size"])
-        ]
-        tok.append(measure.token_staleness(v, [c for e in execs for c in e]))
-        exe.append(measure.serving_staleness(v, execs))
+        for g in r["groups"]:
+            pooled += [(v, by_exec.get((int(g[1:]), a), [])) for a in range(pol["group_size"])]
         dis.append(r["batch/staleness_mean"])
+    per = [measure.token_staleness(v, cs) for v, cs in pooled]
+    toks = [(v - ver, k) for v, cs in pooled for c in cs for ver, k in c.versions]
+    n = sum(k for _, k in toks)
     return {
-        name: measure.mean(x for x in xs if x is not None)
-        for name, xs in (("tokens", tok), ("executions", exe), ("dispatch", dis))
+        "tokens": sum(d * k for d, k in toks) / n if n else None,
+        "executions": measure.mean(x for x in per if x is not None),
+        "dispatch": measure.mean(dis),
     }
 
 
@@ -200,6 +203,9 @@ def compare_run(run_dir: str | Path, png: str | Path) -> dict[str, Any]:
         "staleness_executions": st["executions"],
         "staleness_dispatch": st["dispatch"],
         "staleness_predicted": None if pred is None else pred.get("staleness_mean"),
+        "staleness_predicted_executions": None
+        if pred is None
+        else pred.get("staleness_serving_per_execution"),
         "interrupted": m["interrupted"],
         "moved_calls": m.get("moved_calls"),
         "png": str(png),
