@@ -26,7 +26,8 @@ Control maps to vLLM's dev-mode routes (``VLLM_SERVER_DEV_MODE=1``):
   continue on ``/resume``); ``abort``: ``/pause?mode=abort``.
 - weights: ``/pause?mode=keep`` -> ``/collective_rpc reload_weights(weights_path=DIR)``
   (in place, same architecture; checked here first so a mismatch is refused with the old
-  weights kept) -> ``/update_weight_version`` (vLLM labels every later token with it) ->
+  weights kept; refused for a model with tied embeddings, whose ``lm_head`` vLLM 0.32 does
+  not reload) -> ``/update_weight_version`` (vLLM labels every later token with it) ->
   ``/reset_prefix_cache`` (cached K/V of the old weights must not serve new requests) ->
   ``/resume`` (unless the caller had paused).
 """
@@ -73,6 +74,7 @@ _ARCH_KEYS = (
     "head_dim",
     "intermediate_size",
     "vocab_size",
+    "tie_word_embeddings",
 )
 
 
@@ -323,6 +325,13 @@ class VllmEngine(Engine):
         self, req: UpdateWeightsFromDiskRequest
     ) -> UpdateWeightsResponse:
         path = str(Path(req.model_path).resolve())
+        if self._arch.get("tie_word_embeddings"):
+            raise EngineInputError(
+                "the served model ties lm_head to the embeddings, and vLLM 0.32's in-place "
+                "reload leaves a tied lm_head at its old weights (wrong log-probs); serve an "
+                "untied copy (tie_word_embeddings false, lm_head.weight saved) or restart the "
+                "engine on the new weights"
+            )
         new = _config(path)
         diff = [k for k in _ARCH_KEYS if self._arch and new.get(k) != self._arch.get(k)]
         if diff:
