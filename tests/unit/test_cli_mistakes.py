@@ -161,8 +161,8 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
     ),
     (
         "engine-unknown-kind",
-        lambda f, p: ["engine", "--kind", "vllm"],
-        ("--kind 'vllm'", "embedded, scripted or null"),
+        lambda f, p: ["engine", "--kind", "sglang"],
+        ("--kind 'sglang'", "embedded, scripted, null or vllm"),
     ),
     (
         "engine-script-not-json",
