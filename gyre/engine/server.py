@@ -130,6 +130,9 @@ def create_app(
         except asyncio.CancelledError:
             final.cancel()
             raise
+        if (err := final.exception()) is not None:  # an engine failure: answered, not re-raised
+            payload = error_payload(f"engine failed: {err}", 500, "engine_error")
+            return JSONResponse(payload, status_code=500)
         return JSONResponse(final.result().model_dump(mode="json"))
 
     async def _sse(handle) -> AsyncIterator[str]:
