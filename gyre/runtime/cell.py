@@ -314,3 +314,8 @@ class StandaloneEngine:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()

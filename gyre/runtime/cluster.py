@@ -192,7 +192,12 @@ class Cluster:
                 a: Any = svc.remote(ecfg_j, res.torch_threads)  # actor: methods via .remote
                 self.standalone.append((a, await a.start.remote()))
                 self.placement.append(
-                    {"standalone": j, "pid": await a.pid.remote(), "url": self.standalone[-1][1]}
+                    {
+                        "standalone": j,
+                        "pid": await a.pid.remote(),
+                        "node": await a.node.remote(),
+                        "url": self.standalone[-1][1],
+                    }
                 )
         self.rundir.write_cells(self.placement)
         engines = [u for u in self.urls if u] + [u for _, u in self.standalone]
