@@ -404,16 +404,18 @@ def main(argv=None) -> int:
     from gyre.models.tiny import build_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="gyre-bench-scale-"))
-    cfg = make_cfg(build_tiny_model(tmp / "tiny"), tmp / "runs", a)
-    r = instrumented_run(cfg, tmp / "runs", a.profile)
-    sim = None if a.no_sim else bench_sim(cfg)
-    report(r, sim, a, cfg)
-    if a.keep:
-        print(f"kept {tmp}")
-    else:
-        import shutil
+    try:
+        cfg = make_cfg(build_tiny_model(tmp / "tiny"), tmp / "runs", a)
+        r = instrumented_run(cfg, tmp / "runs", a.profile)
+        sim = None if a.no_sim else bench_sim(cfg)
+        report(r, sim, a, cfg)
+    finally:
+        if a.keep:
+            print(f"kept {tmp}")
+        else:
+            import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
