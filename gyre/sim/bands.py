@@ -160,7 +160,7 @@ TOY_QUERY_SIGMAS = (0.1, 0.3)
 COLOCATE_SHARES = (0.5, 0.75, 1.0)  # colocated engine concurrency as a share of C_e
 BAND_PLACEMENTS = {
     "seed-toy": ["colocate", "async", "async-streaming", "elastic"],
-    "nl2repo-122b": ["colocate", "async", "elastic"],
+    "nl2repo-122b": ["colocate", "async", "async-streaming", "elastic"],
     "flagship-2.4t": ["colocate", "async", "elastic"],
 }
 
