@@ -190,6 +190,8 @@ def sim(
     if ctx.invoked_subcommand is not None:
         return
     if workload:
+        if sets or seed is not None or bursts:
+            _fail("--set, --seed and --bursts do not apply to --workload (the run fixes them)")
         from gyre.sim.replay_cli import replay_command
 
         replay_command(workload, placement, as_json=as_json, out=out, plot=plot)

@@ -140,6 +140,11 @@ def load_workload(src: str | Path | dict[str, Any] | WorkloadFile) -> WorkloadFi
         raise WorkloadFileError(f"{where}: {validation_line(e)}") from None
     if not wf.executions:
         raise WorkloadFileError(f"{where}: no executions to replay")
+    if wf.placement is not wf.policy.placement:
+        raise WorkloadFileError(
+            f"{where}: placement is {wf.placement.value!r} but policy.placement is "
+            f"{wf.policy.placement.value!r}"
+        )
     n = wf.policy.group_size
     seen: set[tuple[int, int]] = set()
     for r in wf.executions:

@@ -87,6 +87,7 @@ def test_all_placements_hold_the_runs_staleness(wf):
         (lambda d: d["executions"][0].update(duration_s=-1), "duration_s"),
         (lambda d: d["policy"].update(phi=0.25), "phi * B"),
         (lambda d: d.update(placement="hybrid"), "placement"),
+        (lambda d: d.update(placement="async"), "policy.placement is 'elastic'"),
     ],
 )
 def test_bad_files_are_one_clear_line(wf, edit, says):
@@ -140,3 +141,10 @@ def test_cli_bad_files_exit_2_with_one_line(tmp_path, content):
     assert "Traceback" not in r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("gyre sim: ")
+
+
+def test_cli_refuses_options_the_run_fixes():
+    r = runner.invoke(app, ["sim", "--workload", str(FIXTURE), "--set", "tail=0.2"])
+    assert r.exit_code == 2 and "do not apply to --workload" in r.output
+    r = runner.invoke(app, ["sim", "--workload", str(FIXTURE), "--placement", "async-streaming"])
+    assert r.exit_code == 2 and "--placement" in r.output
