@@ -276,7 +276,16 @@ def replay_draw(wf: WorkloadFile, cfg: SimConfig) -> tuple[Draw, dict[str, int]]
         timeout[g, a] = r.harness_timeout and r.missing is None
         realised += 1
     info = {"realised": realised, "cut": cut, "filled": groups * n - realised - cut}
-    return Draw(duration_h=dur, missing=missing, harness_timeout=timeout), info
+    calls = None
+    done = [r for r in wf.executions if not (r.missing == CUT or r.interrupted)]
+    known = [r.calls for r in done if r.calls is not None]
+    if done and len(known) == len(done) and sum(known) > 0:
+        # tokens follow calls in the run: weigh the token mean by them (the rest: the median)
+        calls = np.full((groups, n), float(np.median(known)))
+        for r in done:
+            calls[r.group, r.attempt] = float(r.calls or 0)
+    draw = Draw(duration_h=dur, missing=missing, harness_timeout=timeout, calls=calls)
+    return draw, info
 
 
 def _segments(timeline: dict[str, Any]) -> list[list[Any]]:
@@ -316,11 +325,16 @@ def predict_all(
             "mu": pc.mu,
             "streaming": pc.streaming,
             "makespan_s": r.makespan_h * 3600.0,
-            # by the version that served each call, per trained token (the runtime's measure)
+            # by the version that served each call, per trained token (weighted by each
+            # execution's calls when the file has them, else by its length)
             "staleness_mean": r.serving_staleness_tokens,
             "staleness_serving_per_execution": r.serving_staleness,
             "staleness_dispatch": r.mean_staleness,
             "staleness_expected": r.expected_staleness,
+            # the same three after the first burst (steady state; NaN if the run has no more)
+            "staleness_mean_steady": r.serving_staleness_tokens_steady,
+            "staleness_serving_per_execution_steady": r.serving_staleness_steady,
+            "staleness_dispatch_steady": r.mean_staleness_steady,
             "interrupted": r.interrupted_executions,
             "segments": _segments(r.timeline),
             "busy": [[[a * 3600.0, b * 3600.0] for a, b in cell] for cell in r.timeline["busy"]],
@@ -341,7 +355,7 @@ def predict(
     """Predict one placement (default: the run's own) on a run's realised workload.
 
     Returns ``makespan_s``, ``staleness_mean`` (serving version, token-weighted),
-    ``staleness_dispatch``, ``segments`` (``[[cell, role, t0_s, t1_s], ...]``, roles
+    ``staleness_dispatch`` (each also ``*_steady``: after the first burst), ``segments`` (``[[cell, role, t0_s, t1_s], ...]``, roles
     rollout / training / switching), ``busy``, ``steps``, ``publications`` (seconds),
     ``executions`` (how many were realised, cut, filled) and ``measured`` (the file's,
     when ``placement`` is the run's own). Raises :class:`WorkloadFileError`.

@@ -21,6 +21,9 @@ class Draw:
     duration_h: np.ndarray  # wall time from launch to scored (or killed)
     missing: np.ndarray  # bool: overall timeout hit -> missing assessment
     harness_timeout: np.ndarray  # bool: harness timeout hit (workspace scored, trained on)
+    # model calls per execution, when known (a replayed run): an execution's tokens then weigh
+    # by its calls in the token-weighted staleness; None = by its length
+    calls: np.ndarray | None = None
 
     @property
     def groups(self) -> int:

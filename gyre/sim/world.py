@@ -22,7 +22,8 @@ with. Model calls are spread evenly over an execution's progress, so its tokens
 are too; an execution spanning a publication has tokens from both versions,
 weighted by the progress made under each. Two means over trained executions:
 per execution (each counts once, comparable with the dispatch E[d]) and per
-token (longer executions have more tokens; what a count over trained tokens sees).
+token (an execution's tokens are its length, or its calls when the draw knows
+them; what a count over trained tokens sees).
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class World:
         self._dur = draw.duration_h.tolist()
         self._missing = draw.missing.tolist()
         self._groups_drawn = draw.groups
+        self._calls = draw.calls.tolist() if draw.calls is not None else None
         p = self.pcfg
         self._micro_h = cfg.costs.train_step_cell_h / (
             p.batch_groups * p.group_size * p.micro_steps_per_execution
@@ -510,10 +512,12 @@ class World:
                         gt = self._group_tokens[gid] = [0.0, 0.0, 0.0, 0.0]
                     x = self._P - p0
                     served = self._served(p0, self._P)
+                    mean_v = served / x if x > 0 else self._served(p0, p0 + 1.0)
+                    tokens = x if self._calls is None else self._calls[gid][att]
                     gt[0] += 1.0
-                    gt[1] += served / x if x > 0 else self._served(p0, p0 + 1.0)
-                    gt[2] += x
-                    gt[3] += served
+                    gt[1] += mean_v
+                    gt[2] += tokens
+                    gt[3] += tokens * mean_v
                 if self._members:
                     self._members[self._where.pop(key)].discard(key)
                 self._rerate()

@@ -148,3 +148,18 @@ def test_cli_refuses_options_the_run_fixes():
     assert r.exit_code == 2 and "do not apply to --workload" in r.output
     r = runner.invoke(app, ["sim", "--workload", str(FIXTURE), "--placement", "async-streaming"])
     assert r.exit_code == 2 and "--placement" in r.output
+
+
+def test_token_staleness_weighs_by_the_runs_calls(wf):
+    """Every execution of the fixture made 8 calls: per token is then per execution. Without
+    calls the token mean weighs executions by their length instead."""
+    w = load_workload(wf)
+    draw, _ = replay_draw(w, sim_config(w, ["elastic"]))
+    assert draw.calls is not None and draw.calls[0, 0] == 8
+    p = predict(wf)
+    assert p["staleness_mean"] == pytest.approx(p["staleness_serving_per_execution"], abs=1e-12)
+    for r in wf["executions"]:
+        r["calls"] = None
+    q = predict(wf)
+    assert q["staleness_mean"] != pytest.approx(q["staleness_serving_per_execution"], abs=1e-6)
+    assert q["makespan_s"] == p["makespan_s"]  # weighting never changes the schedule
