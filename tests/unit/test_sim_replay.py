@@ -99,11 +99,11 @@ def test_bad_files_are_one_clear_line(wf, edit, says):
 
 
 def test_cli_prints_measured_vs_predicted_and_writes_json(tmp_path):
-    out = tmp_path / "pred.json"
-    r = runner.invoke(
-        app, ["sim", "--workload", str(FIXTURE), "--placement", "all", "--out", str(out)]
-    )
+    out, png = tmp_path / "pred.json", tmp_path / "gantt.png"
+    args = ["--placement", "all", "--out", str(out), "--plot", str(png)]
+    r = runner.invoke(app, ["sim", "--workload", str(FIXTURE), *args])
     assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 10_000  # measured + three predicted panels
     for word in ("colocate", "async", "elastic", "measured", "predicted"):
         assert word in r.output
     rep = json.loads(out.read_text())
