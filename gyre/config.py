@@ -20,11 +20,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gyre.engine.config import EmbeddedEngineConfig
 from gyre.harness.config import ExecutorConfig
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.proxy.config import ProxyConfig
 from gyre.runtime.config import RunConfig
+from gyre.runtime.engines import RolloutEngineConfig
 from gyre.train.config import TrainerConfig
 
 _SECTIONS_WITH_MODEL = ("engine", "proxy", "trainer")
@@ -41,7 +41,7 @@ class GyreConfig(BaseModel):
     )
     seed: int = 0
     policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(placement=Placement.ELASTIC))
-    engine: EmbeddedEngineConfig
+    engine: RolloutEngineConfig  # the embedded engine's settings, or kind = "vllm"
     proxy: ProxyConfig
     trainer: TrainerConfig
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)

@@ -33,16 +33,16 @@ class Cell:
         import torch
 
         torch.set_num_threads(torch_threads)
-        from gyre.engine.config import EmbeddedEngineConfig
+        from gyre.runtime.engines import RolloutEngineConfig
         from gyre.train.config import TrainerConfig
 
         self.index, self.world = index, world
         self.tcfg = TrainerConfig.model_validate(trainer_cfg)
-        self.ecfg = EmbeddedEngineConfig.model_validate(
-            {**engine_cfg, "torch_threads": torch_threads}
-        )
+        self.engine_cfg, self.torch_threads = engine_cfg, torch_threads
+        self.ecfg = RolloutEngineConfig.model_validate(engine_cfg)
         self.cell: TrainCell | None = None  # process group + prefix communicators
-        self.engine: EngineService | None = None  # while in rollout
+        self.engine: EngineService | None = None  # while in rollout (a vLLM one: for life)
+        self.parked = False  # the engine is kept, paused, while the cell trains (vLLM)
         self.worker: ReplicaWorker | None = None  # while training (the core keeps it)
         self.optimizer: torch.optim.Optimizer | None = None  # core only
         self.version = -1  # policy version of the replica's weights
@@ -96,30 +96,49 @@ class Cell:
 
     # ---------------------------------------------------------------- rollout role
     def start_engine(self, weights_dir: str, version: int) -> str:
-        """Serve ``weights_dir`` (policy ``version``) on a fresh engine; returns its URL."""
+        """Serve ``weights_dir`` (policy ``version``); returns the engine's URL. A kept (parked)
+        engine reloads those weights in place and resumes; otherwise a fresh one starts."""
         from gyre.engine.service import EngineService
+        from gyre.runtime.engines import cell_engine_config
 
+        if self.engine is not None and self.parked and self.engine.url is not None:
+            _run(_wake(self.engine.url, weights_dir, version))
+            self.parked = False
+            return self.engine.url
         seed = (
             self.ecfg.seed * 1_000_003 + self.index * 7919 + version
         )  # distinct streams per cell and start
-        cfg = self.ecfg.model_copy(
-            update={
-                "model_dir": weights_dir,
-                "engine_id": f"cell-{self.index}",
-                "weight_version": version,
-                "seed": seed,
-            }
+        cfg = cell_engine_config(
+            self.engine_cfg,
+            model_dir=weights_dir,
+            engine_id=f"cell-{self.index}",
+            version=version,
+            seed=seed,
+            torch_threads=self.torch_threads,
         )
         svc = EngineService(cfg)
-        url = svc.start()
+        url = svc.start(timeout=_start_timeout(self.ecfg))
         self.engine = svc
+        self.parked = False
         return url
 
+    def park_engine(self) -> None:
+        """Leave rollout (the proxy has drained the engine). The embedded engine is dropped, its
+        weights and K/V with it; a vLLM server (30-90 s to start) is paused and kept."""
+        from gyre.runtime.engines import keeps_engine
+
+        if self.engine is None or self.engine.url is None or not keeps_engine(self.engine_cfg):
+            self.stop_engine()
+            return
+        _run(_pause(self.engine.url))
+        self.parked = True
+
     def stop_engine(self) -> None:
-        """Drop the engine: its weights and K/V go with it."""
+        """Drop the engine: its weights and K/V go with it (a vLLM server is stopped)."""
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
+        self.parked = False
 
     # ---------------------------------------------------------------- training role
     def load_replica(
@@ -294,20 +313,59 @@ class Cell:
         return out_dir
 
 
+def _start_timeout(ecfg: Any) -> float:
+    """How long an engine's server may take to accept requests (a vLLM launch is minutes)."""
+    return ecfg.vllm.start_timeout_s + 30.0 if ecfg.kind == "vllm" else 120.0
+
+
+def _run(coro: Any) -> Any:
+    """Run one control coroutine from a cell's (synchronous) actor method."""
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+async def _pause(url: str) -> None:
+    from gyre.engine.client import EngineClient
+
+    async with EngineClient(url) as c:
+        await c.pause()
+
+
+async def _wake(url: str, weights_dir: str, version: int) -> None:
+    """A parked engine serves ``weights_dir`` at ``version``: reload (unless it already holds
+    that version, e.g. it parked right after a publication), then resume."""
+    from gyre.engine.client import EngineClient
+
+    async with EngineClient(url) as c:
+        if (await c.model_info()).weight_version != version:
+            await c.update_weights_from_disk(weights_dir, weight_version=version)
+        await c.resume()
+
+
 class StandaloneEngine:
     """An engine of the standalone rollout pool (C_s): serves rollouts for the whole run, never trains."""
 
     def __init__(self, engine_cfg: dict, torch_threads: int = 1):
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
-        from gyre.engine.config import EmbeddedEngineConfig
         from gyre.engine.service import EngineService
+        from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config
 
+        rc = RolloutEngineConfig.model_validate(engine_cfg)
+        self.timeout = _start_timeout(rc)
         self.service = EngineService(
-            EmbeddedEngineConfig.model_validate({**engine_cfg, "torch_threads": torch_threads})
+            cell_engine_config(
+                engine_cfg,
+                model_dir=rc.model_dir,
+                engine_id=rc.engine_id or "standalone",
+                version=rc.weight_version,
+                seed=rc.seed,
+                torch_threads=torch_threads,
+            )
         )
 
     def start(self) -> str:
-        return self.service.start()
+        return self.service.start(timeout=self.timeout)
 
     def stop(self) -> None:
         self.service.stop()

@@ -99,6 +99,12 @@ def check_run(cfg) -> None:
         load_profile(cfg.run.profile)
     except ProfileError as e:
         raise ConfigProblem(f"run.profile: {error_line(e)}") from None
+    from gyre.runtime.engines import check_vllm
+
+    try:
+        check_vllm(cfg.engine, cfg.trainer.model_dir)
+    except ValueError as e:
+        raise ConfigProblem(str(e)) from None
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
         raise ConfigProblem(

