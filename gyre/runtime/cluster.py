@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gyre.config import GyreConfig
 from gyre.policy import CellRole
+from gyre.runtime.engines import engine_start_error
 from gyre.runtime.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -166,13 +167,19 @@ class Cluster:
             await self.cells[i].load_replica.remote(
                 self.trainer_version, self.rundir.snapshots, self.resume_from
             )
-        urls = await asyncio.gather(
-            *[
-                self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
-                for i in range(self.K)
-                if roles[i] is CellRole.ROLLOUT
-            ]
-        )
+        try:
+            urls = await asyncio.gather(
+                *[
+                    self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
+                    for i in range(self.K)
+                    if roles[i] is CellRole.ROLLOUT
+                ]
+            )
+        except Exception as e:  # e.g. a vLLM server that exits at start: its log's last words
+            await self.stop()  # vLLM servers are processes of their own: none is left behind
+            raise RuntimeSetupError(
+                f"a cell's engine did not start: {engine_start_error(e)}"
+            ) from None
         it = iter(urls)
         for i in range(self.K):
             if roles[i] is CellRole.ROLLOUT:
@@ -190,7 +197,14 @@ class Cluster:
                     "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
                 }
                 a: Any = svc.remote(ecfg_j, res.torch_threads)  # actor: methods via .remote
-                self.standalone.append((a, await a.start.remote()))
+                try:
+                    self.standalone.append((a, await a.start.remote()))
+                except Exception as e:
+                    self.standalone.append((a, ""))  # stopped with the rest
+                    await self.stop()
+                    raise RuntimeSetupError(
+                        f"standalone engine {j} did not start: {engine_start_error(e)}"
+                    ) from None
                 self.placement.append(
                     {
                         "standalone": j,

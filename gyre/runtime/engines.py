@@ -30,7 +30,9 @@ class VllmOptions(BaseModel):
     python: str | None = Field(
         None, description="the vLLM venv's python (default GYRE_VLLM_PYTHON, then .venv-vllm)"
     )
-    kv_cache_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE per server (GiB)")
+    kv_cache_gb: int = Field(
+        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per server (whole GiB: vLLM reads an int)"
+    )
     start_timeout_s: float = Field(600.0, gt=0, description="wait this long for a server's /health")
     abort_grace_s: float = Field(
         2.0, gt=0, description="after an abort, wait this long for vLLM's partial output"
@@ -78,6 +80,14 @@ def cell_engine_config(
         torch_threads=torch_threads,
     )
     return EmbeddedEngineConfig.model_validate(data)
+
+
+def engine_start_error(e: BaseException) -> str:
+    """One line for an engine that did not come up (a Ray task error wraps the cause with its
+    traceback; the cause's own message, e.g. vLLM's log tail, is what the user needs)."""
+    cause = getattr(e, "cause", None) or e
+    text = str(cause).strip().splitlines() or [type(cause).__name__]
+    return text[-1][:600] if text[0].startswith("ray::") else text[0][:600]
 
 
 def keeps_engine(engine_cfg: dict[str, Any]) -> bool:

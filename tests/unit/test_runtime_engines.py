@@ -40,13 +40,13 @@ def test_default_is_the_embedded_engine_with_the_cells_settings():
 def test_vllm_kind_builds_the_adapter_config_with_its_launch_options():
     cfg = load_config(
         model_dir="/m",
-        overrides=["engine.kind=vllm", "engine.vllm.kv_cache_gb=2.5", "engine.vllm.python=/py"],
+        overrides=["engine.kind=vllm", "engine.vllm.kv_cache_gb=3", "engine.vllm.python=/py"],
     )
     data = cfg.engine.model_dump(mode="json")
     ec = cell_engine_config(data, **KW)
     assert type(ec) is VllmEngineConfig
     assert (ec.model_dir, ec.engine_id, ec.weight_version) == ("/w/v3", "cell-1", 3)
-    assert (ec.kv_cache_gb, ec.python, ec.url) == (2.5, "/py", None)
+    assert (ec.kv_cache_gb, ec.python, ec.url) == (3, "/py", None)
     assert keeps_engine(data)
 
 
@@ -155,3 +155,15 @@ def test_an_embedded_cell_drops_its_engine_when_it_trains():
     svc.start()
     cell.park_engine()
     assert cell.engine is None and not cell.parked
+
+
+def test_an_engine_that_did_not_start_is_named_by_its_own_last_words():
+    from gyre.runtime.engines import engine_start_error
+
+    class TaskError(Exception):  # what Ray raises: its traceback text, the cause kept apart
+        cause = RuntimeError("server engine-cell-0 failed to start: VllmLaunchError: no venv")
+
+    assert engine_start_error(TaskError("ray::Cell.start_engine()\n  File x\nboom")) == (
+        "server engine-cell-0 failed to start: VllmLaunchError: no venv"
+    )
+    assert engine_start_error(ValueError("one\ntwo")) == "one"
