@@ -32,6 +32,8 @@ SKIP: dict[str, str] = {
     "--set policy.mu=1": "a full training run (minutes)",
     "gyre run --resume runs/NAME": "placeholder NAME: a killed run's directory",
     "gyre engine --model DIR --port 30000": "placeholder DIR",
+    "gyre engine --kind vllm --model DIR": "placeholder DIR; needs the vLLM venv "
+    "(tests/integration/test_engine_vllm.py runs it when installed)",
     "gyre proxy --model DIR --engine URL [--engine URL ...] --port 8000": "placeholders",
     "gyre engine --model /tmp/tiny --port 30000 &": "a server left running in the background "
     "(tests/integration/test_engine_servers.py starts it)",
