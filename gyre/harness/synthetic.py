@@ -70,6 +70,43 @@ def _call(url: str, key: str, body: dict, timeout: float) -> dict:
         return json.loads(r.read())
 
 
+class _Calls:
+    """One extending chat call at a time, with the calls file kept current (an attempt is on
+    record before it is made, so a harness killed mid-call still counts it) and failures
+    counted rather than raised: a synthetic agent, like a real one, carries on."""
+
+    def __init__(self, a: argparse.Namespace, url: str):
+        self.a, self.url = a, url
+        self.errors, self.last_error = 0, ""
+
+    def make(self, i: int, messages: list[dict]) -> str:
+        a = self.a
+        write_calls_file(i + 1, i - self.errors, self.last_error)
+        try:
+            out = _call(
+                self.url,
+                a.api_key,
+                {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
+                a.request_timeout,
+            )
+            content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+            self.errors += 1
+            self.last_error = f"{type(e).__name__}: {e}"
+            print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
+            content = ""
+        write_calls_file(i + 1, i + 1 - self.errors, self.last_error)
+        return content
+
+
+def _write_files(specs: list[str]) -> None:
+    """``--write PATH=TEXT``: a scoreable workspace for tests and benchmarks."""
+    for spec in specs:
+        path, _, text = spec.partition("=")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.replace("\\n", "\n"))
+
+
 def _env_float(name: str) -> float | None:
     v = os.environ.get(name, "")
     return float(v) if v else None
@@ -85,24 +122,10 @@ def _paced(a: argparse.Namespace) -> int:
         {"role": "system", "content": "You are a synthetic harness."},
         {"role": "user", "content": f"Work for {duration:.1f} seconds."},
     ]
-    errors, last_error = 0, ""
+    made = _Calls(a, url)
     for i in range(calls):
         time.sleep(max(0.0, t0 + i * duration / calls - time.monotonic()))
-        write_calls_file(i + 1, i - errors, last_error)
-        try:
-            out = _call(
-                url,
-                a.api_key,
-                {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
-                a.request_timeout,
-            )
-            content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
-            errors += 1
-            last_error = f"{type(e).__name__}: {e}"
-            print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
-            content = ""
-        write_calls_file(i + 1, i + 1 - errors, last_error)
+        content = made.make(i, messages)
         if a.reply_file:
             with open(a.reply_file, "w", encoding="utf-8") as f:
                 f.write(content)
@@ -111,17 +134,19 @@ def _paced(a: argparse.Namespace) -> int:
             {"role": "user", "content": f"step {i + 1}"},
         ]
     time.sleep(max(0.0, t0 + duration - time.monotonic()))
-    for spec in a.write:
-        path, _, text = spec.partition("=")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace("\\n", "\n"))
+    _write_files(a.write)
     real = time.monotonic() - t0
     print(
         json.dumps(
-            {"duration_s": duration, "real_s": round(real, 4), "calls": calls, "errors": errors}
+            {
+                "duration_s": duration,
+                "real_s": round(real, 4),
+                "calls": calls,
+                "errors": made.errors,
+            }
         )
     )
-    return 1 if calls > 0 and errors == calls else 0
+    return 1 if calls > 0 and made.errors == calls else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,34 +219,17 @@ def main(argv: list[str] | None = None) -> int:
         {"role": "system", "content": "You are a synthetic harness."},
         {"role": "user", "content": f"Work for {duration:.0f} virtual seconds."},
     ]
-    errors, gap, last_error = 0, (duration / a.calls if a.calls > 0 else duration), ""
+    made, gap = _Calls(a, url), (duration / a.calls if a.calls > 0 else duration)
     for i in range(max(a.calls, 0)):
         time.sleep(gap * a.time_scale)
-        write_calls_file(i + 1, i - errors, last_error)  # the attempt is on record if killed now
-        try:
-            out = _call(
-                url,
-                a.api_key,
-                {"model": a.model, "messages": messages, "max_tokens": a.max_tokens},
-                a.request_timeout,
-            )
-            content = (out.get("choices") or [{}])[0].get("message", {}).get("content") or ""
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
-            errors += 1
-            last_error = f"{type(e).__name__}: {e}"
-            print(f"call {i} failed: {e}", file=sys.stderr, flush=True)
-            content = ""
-        write_calls_file(i + 1, i + 1 - errors, last_error)
+        content = made.make(i, messages)
         messages += [
             {"role": "assistant", "content": content},
             {"role": "user", "content": f"step {i + 1}"},
         ]
     if a.calls <= 0:
         time.sleep(duration * a.time_scale)
-    for spec in a.write:
-        path, _, text = spec.partition("=")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text.replace("\\n", "\n"))
+    _write_files(a.write)
     print(
         json.dumps(
             {
@@ -229,13 +237,13 @@ def main(argv: list[str] | None = None) -> int:
                 "query_factor": round(factor, 4),
                 "real_s": round(time.monotonic() - t0, 4),
                 "calls": a.calls,
-                "errors": errors,
+                "errors": made.errors,
                 "seed": seed,
             }
         ),
         flush=True,
     )
-    return 1 if a.calls > 0 and errors == a.calls else 0
+    return 1 if a.calls > 0 and made.errors == a.calls else 0
 
 
 if __name__ == "__main__":
