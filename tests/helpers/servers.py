@@ -10,8 +10,10 @@ real tokenizer); the embedded engine runs the real tiny model.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from gyre.engine.runner import ServerRunner
@@ -70,3 +72,39 @@ def running_proxy(
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def scripted_proxy_stack(model_dir: str, book: dict, trace_dir: Path) -> Iterator[tuple]:
+    """A scripted engine behind a managed proxy on 127.0.0.1, the end-to-end harness tests'
+    stack; yields (proxy_url, register, trace_dir), ``register`` an async admin call."""
+    from gyre.engine.config import ScriptedEngineConfig
+    from gyre.engine.scripted import ScriptBook, ScriptedEngine
+    from gyre.engine.server import create_app
+    from gyre.proxy.admin import ProxyAdminClient
+
+    engine = ScriptedEngine(
+        ScriptedEngineConfig(tokenizer_dir=str(model_dir)), ScriptBook.from_json(book)
+    )
+    eng = ServerRunner(create_app(engine), name="scripted-engine").start()
+    proxy = ProxyServer(
+        ProxyConfig(
+            model_dir=str(model_dir),
+            engines=[eng.url],
+            mode="managed",
+            trace_dir=str(trace_dir),
+            max_context_tokens=1 << 20,
+            fsync=False,
+        )
+    ).start()
+    admin = ProxyAdminClient(proxy.admin_socket, proxy.admin_token)
+
+    async def register(execution_id: str, label: str) -> str:
+        return await asyncio.to_thread(admin.register, execution_id, label)
+
+    try:
+        yield proxy.url, register, trace_dir
+    finally:
+        admin.close()
+        proxy.stop()
+        eng.stop()

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.servers import scripted_proxy_stack
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
 from gyre.harness.executor import ExecutionSpec, HarnessExecutor
@@ -132,40 +133,8 @@ BOOK = {
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
     """Scripted engine + managed proxy on 127.0.0.1; yields (proxy_url, register, trace_dir)."""
-    from gyre.engine.config import ScriptedEngineConfig
-    from gyre.engine.runner import ServerRunner
-    from gyre.engine.scripted import ScriptBook, ScriptedEngine
-    from gyre.engine.server import create_app
-    from gyre.proxy.admin import ProxyAdminClient
-    from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import ProxyServer
-
-    traces = tmp_path_factory.mktemp("traces")
-    engine = ScriptedEngine(
-        ScriptedEngineConfig(tokenizer_dir=str(tiny_model_dir)), ScriptBook.from_json(BOOK)
-    )
-    eng = ServerRunner(create_app(engine), name="scripted-engine").start()
-    proxy = ProxyServer(
-        ProxyConfig(
-            model_dir=str(tiny_model_dir),
-            engines=[eng.url],
-            mode="managed",
-            trace_dir=str(traces),
-            max_context_tokens=1 << 20,
-            fsync=False,
-        )
-    ).start()
-    admin = ProxyAdminClient(proxy.admin_socket, proxy.admin_token)
-
-    async def register(execution_id: str, label: str) -> str:
-        return await asyncio.to_thread(admin.register, execution_id, label)
-
-    try:
-        yield proxy.url, register, traces
-    finally:
-        admin.close()
-        proxy.stop()
-        eng.stop()
+    with scripted_proxy_stack(tiny_model_dir, BOOK, tmp_path_factory.mktemp("traces")) as s:
+        yield s
 
 
 def pyfix(name: str):
