@@ -52,6 +52,16 @@ def opt_bool(body: dict[str, Any], key: str) -> bool:
     return v
 
 
+def openai_tool_choice(body: dict[str, Any]) -> Any:
+    """OpenAI's ``tool_choice`` (chat and Responses alike): a mode string or an object."""
+    tc = body.get("tool_choice")
+    if tc is not None and not (tc in ("none", "auto", "required") or isinstance(tc, dict)):
+        raise bad_request(
+            "tool_choice: expected none, auto, required or an object", param="tool_choice"
+        )
+    return tc
+
+
 def parse_arguments(text: str) -> dict[str, Any] | None:
     """Tool-call arguments as a dict, or None when they are not a JSON object."""
     import json

@@ -11,7 +11,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from gyre.proxy import jsonfast
-from gyre.proxy.adapters.common import check, opt_bool, opt_int, opt_number, require
+from gyre.proxy.adapters.common import (
+    check,
+    openai_tool_choice,
+    opt_bool,
+    opt_int,
+    opt_number,
+    require,
+)
 from gyre.proxy.adapters.media import check_openai_image
 from gyre.proxy.errors import bad_request
 from gyre.proxy.types import (
@@ -157,11 +164,7 @@ def parse_request(body: Any) -> ParsedCall:
     )
     if sampling.top_p == 0.0:
         sampling.top_p = None
-    tc = body.get("tool_choice")
-    if tc is not None and not (tc in ("none", "auto", "required") or isinstance(tc, dict)):
-        raise bad_request(
-            "tool_choice: expected none, auto, required or an object", param="tool_choice"
-        )
+    tc = openai_tool_choice(body)
     so = body.get("stream_options")
     include_usage = isinstance(so, dict) and so.get("include_usage") is True
     return ParsedCall(

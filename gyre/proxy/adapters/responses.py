@@ -33,7 +33,13 @@ import logging
 from typing import Any
 
 from gyre.proxy import jsonfast
-from gyre.proxy.adapters.common import check, opt_bool, opt_int, opt_number
+from gyre.proxy.adapters.common import (
+    check,
+    openai_tool_choice,
+    opt_bool,
+    opt_int,
+    opt_number,
+)
 from gyre.proxy.adapters.responses_out import response, stream
 from gyre.proxy.errors import bad_request
 from gyre.proxy.types import Message, ParsedCall, Restore, Sampling
@@ -258,11 +264,7 @@ def parse_request(body: Any) -> ParsedCall:
     )
     if sampling.top_p == 0.0:
         sampling.top_p = None
-    tc = body.get("tool_choice")
-    if tc is not None and not (tc in ("none", "auto", "required") or isinstance(tc, dict)):
-        raise bad_request(
-            "tool_choice: expected none, auto, required or an object", param="tool_choice"
-        )
+    tc = openai_tool_choice(body)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None:
         check(parallel, bool, "parallel_tool_calls", "a boolean")
