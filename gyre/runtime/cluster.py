@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from gyre.proxy.server import ProxyServer
 
 
+async def _settle(refs: list, timeout_s: float = 30.0) -> None:
+    """Wait for actor calls made at shutdown, whatever they raise, but not forever: the actors
+    are killed next either way, and a hung one must not hold the run's exit."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), timeout_s)
+    except TimeoutError:
+        pass
+
+
 class RuntimeSetupError(RuntimeError):
     """The run could not start (Ray, a cell, or the proxy failed to come up)."""
 
@@ -233,28 +242,12 @@ class Cluster:
             await asyncio.to_thread(self.proxy.stop)
             self.proxy = None
         if self.cells:
-            try:
-                await asyncio.wait_for(
-                    asyncio.gather(
-                        *[c.teardown.remote() for c in self.cells], return_exceptions=True
-                    ),
-                    30,
-                )
-            except TimeoutError:
-                pass
+            await _settle([c.teardown.remote() for c in self.cells])
             for c in self.cells:
                 ray.kill(c)
             self.cells = []
         if self.standalone:  # stop first: a vLLM server is a process of its own, not the actor's
-            try:
-                await asyncio.wait_for(
-                    asyncio.gather(
-                        *[a.stop.remote() for a, _ in self.standalone], return_exceptions=True
-                    ),
-                    30,
-                )
-            except TimeoutError:
-                pass
+            await _settle([a.stop.remote() for a, _ in self.standalone])
         for a, _ in self.standalone:
             ray.kill(a)
         self.standalone = []
