@@ -27,8 +27,19 @@ if TYPE_CHECKING:
 
 class Cell:
     def __init__(
-        self, index: int, world: int, trainer_cfg: dict, engine_cfg: dict, torch_threads: int = 1
+        self,
+        index: int,
+        world: int,
+        trainer_cfg: dict,
+        engine_cfg: dict,
+        torch_threads: int = 1,
+        cpu_quota: float | None = None,
     ):
+        self.cgroup: str | None = None  # the cell's own cgroup under run.cell.cpu_quota
+        if cpu_quota is not None:  # before any thread starts: all of them land in the group
+            from gyre.runtime.cpulimit import confine
+
+            self.cgroup = str(confine(os.getpid(), cpu_quota))
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
         import torch
 
@@ -72,6 +83,10 @@ class Cell:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    def group(self) -> str | None:
+        """The cgroup holding this cell to its CPU quota (None: no quota)."""
+        return self.cgroup
 
     def node_ip(self) -> str:
         """The IP of the node this cell runs on (nodes on one machine share it; the id tells apart)."""

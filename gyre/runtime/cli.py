@@ -111,6 +111,14 @@ def check_run(cfg) -> None:
             f"policy.cells: elastic placement needs at least 2 cells (core + satellite), "
             f"got {p.cells}"
         )
+    quota = cfg.run.cell.cpu_quota
+    if quota is not None and not cfg.run.ray.address:  # a cluster's nodes are checked by the cells
+        from gyre.runtime.cpulimit import CpuLimitError, check
+
+        try:
+            check(quota)
+        except CpuLimitError as e:
+            raise ConfigProblem(str(e)) from None
     per_cell = cfg.run.cell_resources
     if per_cell and len(per_cell) != p.cells:
         raise ConfigProblem(

@@ -104,6 +104,21 @@ def check_resources(asks: list[dict[str, float]], offered: dict[str, float]) -> 
             )
 
 
+def _sweep_cgroups() -> None:
+    """Remove the cell cgroups whose processes have exited (killed actors take a moment)."""
+    from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
+
+    try:
+        c = find_controller()
+    except CpuLimitError:
+        return
+    for _ in range(20):
+        sweep(c)
+        if not any(c.parent().glob("cell-*")):
+            return
+        time.sleep(0.1)
+
+
 class Cluster:
     def __init__(
         self,
@@ -159,7 +174,7 @@ class Cluster:
                 resources=asks[i] or None,
                 max_concurrency=1,
             )
-            .remote(i, self.K, tcfg, ecfg, res.torch_threads)
+            .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota)
             for i in range(self.K)
         ]
         dist_port, store_port = free_port(), free_port()
@@ -167,9 +182,11 @@ class Cluster:
         pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
         nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
         ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
+        groups = await asyncio.gather(*[c.group.remote() for c in self.cells])
         self.placement = [
             {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i]}
-            for i, (p, n, ip) in enumerate(zip(pids, nodes, ips))
+            | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
+            for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
         ]
         # initial roles: training cells load replicas (core first), rollout cells start engines
         for i in [i for i in range(self.K) if roles[i] is CellRole.TRAINING]:
@@ -246,6 +263,8 @@ class Cluster:
             for c in self.cells:
                 ray.kill(c)
             self.cells = []
+            if self.cfg.run.cell.cpu_quota is not None:  # this node's emptied cell groups
+                await asyncio.to_thread(_sweep_cgroups)
         if self.standalone:  # stop first: a vLLM server is a process of its own, not the actor's
             await _settle([a.stop.remote() for a, _ in self.standalone])
         for a, _ in self.standalone:

@@ -34,6 +34,13 @@ class CellResources(BaseModel):
     torch_threads: int = Field(
         1, ge=1, description="torch threads inside each cell (engine and trainer)"
     )
+    cpu_quota: float | None = Field(
+        None,
+        gt=0,
+        description="hold each cell (and what it starts) to this many CPUs through a cgroup, so "
+        "a cell is a fixed compute partition like a GPU (Linux, root; docs/runtime.md); None: "
+        "cells share the machine's cores",
+    )
 
 
 class RayConfig(BaseModel):

@@ -310,6 +310,16 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("run.out_dir", "cannot create"),
     ),
     (
+        "run-cpu-quota-above-the-machine",
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            "run.cell.cpu_quota=4096",
+        ],
+        ("run.cell.cpu_quota", "4096", "more than this machine's"),
+    ),
+    (
         "sim-sweep-unknown-placement",
         lambda f, p: ["sim", "sweep", "--placement", "best", "--seeds", "1"],
         ("--placement", "'best'"),
