@@ -89,15 +89,26 @@ class Cell:
         return self.cgroup
 
     def node_ip(self) -> str:
-        """The IP of the node this cell runs on (nodes on one machine share it; the id tells apart)."""
-        import ray
+        """The IP of the node this cell runs on (nodes on one machine share it; the id tells
+        apart). Its engines bind it; the core's also hosts the cells' gloo world."""
+        from gyre.runtime.nodeaddr import node_ip
 
-        return ray.util.get_node_ip_address()
+        return node_ip()
+
+    def free_ports(self, n: int) -> list[int]:
+        """``n`` ports free on this cell's node (the core's: where the gloo world listens)."""
+        from gyre.runtime.nodeaddr import free_ports, node_ip
+
+        return free_ports(node_ip(), n)
 
     def setup(self, dist_port: int, store_port: int, host: str = "127.0.0.1") -> None:
-        """Join the cells' gloo world and build every prefix communicator (collective: all cells at once)."""
+        """Join the cells' gloo world, served by the core at ``host`` (its node IP), and build
+        every prefix communicator (collective: all cells at once). On a non-loopback node the
+        cell's own gloo sockets bind the interface holding its node IP (see nodeaddr)."""
+        from gyre.runtime.nodeaddr import gloo_env, ipv4_interfaces, node_ip
         from gyre.train.cell import TrainCell
 
+        os.environ.update(gloo_env(node_ip(), dict(os.environ), ipv4_interfaces()))
         cell = self.cell = TrainCell(
             self.index, self.world, dist_port=dist_port, store_port=store_port, host=host
         )
@@ -131,7 +142,7 @@ class Cell:
             seed=seed,
             torch_threads=self.torch_threads,
         )
-        svc = EngineService(cfg)
+        svc = EngineService(cfg, host=self.node_ip())  # reachable from the driver's node
         url = svc.start(timeout=_start_timeout(self.ecfg))
         self.engine = svc
         self.parked = False
@@ -365,6 +376,7 @@ class StandaloneEngine:
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
         from gyre.engine.service import EngineService
         from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config
+        from gyre.runtime.nodeaddr import node_ip
 
         rc = RolloutEngineConfig.model_validate(engine_cfg)
         self.timeout = _start_timeout(rc)
@@ -376,7 +388,8 @@ class StandaloneEngine:
                 version=rc.weight_version,
                 seed=rc.seed,
                 torch_threads=torch_threads,
-            )
+            ),
+            host=node_ip(),  # its Ray node's IP: 127.0.0.1 on a local run
         )
 
     def start(self) -> str:

@@ -39,12 +39,6 @@ class RuntimeSetupError(RuntimeError):
     """The run could not start (Ray, a cell, or the proxy failed to come up)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_ray(cfg: GyreConfig) -> None:
     import ray
 
@@ -133,6 +127,7 @@ class Cluster:
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
+        self.engine_urls: list[list[str]] = [[] for _ in range(self.K)]  # every one, per cell
         self.proxy: ProxyServer | None = None
         self.weights_dir = resume_from or cfg.model_dir  # newest published weights (HF layout)
         self.weights_version = base_version
@@ -177,14 +172,16 @@ class Cluster:
             .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota)
             for i in range(self.K)
         ]
-        dist_port, store_port = free_port(), free_port()
-        await asyncio.gather(*[c.setup.remote(dist_port, store_port) for c in self.cells])
+        # the gloo world is served by the core, on its node's IP and ports free there
+        ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
+        dist_port, store_port = await self.cells[0].free_ports.remote(2)
+        await asyncio.gather(*[c.setup.remote(dist_port, store_port, ips[0]) for c in self.cells])
         pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
         nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
-        ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
         groups = await asyncio.gather(*[c.group.remote() for c in self.cells])
+        gloo = f"{ips[0]}:{dist_port}"
         self.placement = [
-            {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i]}
+            {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i], "gloo": gloo}
             | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
             for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
         ]
@@ -209,7 +206,8 @@ class Cluster:
         it = iter(urls)
         for i in range(self.K):
             if roles[i] is CellRole.ROLLOUT:
-                self.urls[i] = next(it)
+                self._serving(i, next(it))
+                self.placement[i]["url"] = self.urls[i]
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
             from gyre.runtime.cell import StandaloneEngine
 
@@ -297,7 +295,14 @@ class Cluster:
         await self.cells[cell].drop_replica.remote()
         url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
         await asyncio.to_thread(self.live_proxy.add_engine, url)
+        self._serving(cell, url)
+
+    def _serving(self, cell: int, url: str) -> None:
+        """Cell ``cell``'s engine serves at ``url``; every URL a cell served at is kept
+        (``engine_urls`` in the summary: which address the proxy reached each cell at)."""
         self.urls[cell] = url
+        if url not in self.engine_urls[cell]:
+            self.engine_urls[cell].append(url)
 
     # ------------------------------------------------------------------ training
     async def compute(

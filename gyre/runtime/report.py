@@ -83,6 +83,7 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         "role_shares": world.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": world.cluster.placement,
+        "engine_urls": world.cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": world.cluster.dead_engines,
         "policy": policy.status(),
     }

@@ -5,8 +5,11 @@ offering ``node_b``; loopback only, own temp dir, ports and auth token: see ray_
 The config pins the core to node A and both satellites to node B through
 ``run.cell_resources`` alone; the run must complete as the one-node run does (every step, no
 interrupted execution, no proxy error, a satellite trained), and cells.json must show each
-cell on the node that offers its resource, told apart by Ray node id. The cluster is torn down
-afterwards, also on failure, and must leave no process behind.
+cell on the node that offers its resource, told apart by Ray node id. Nothing binds 127.0.0.1
+as if every node were the driver's: each cell's engines serve at its own node's IP (the proxy
+reached the node-B satellites at 127.0.0.3, and their tokens are in the traces) and the gloo
+world is served at the core's node IP. The cluster is torn down afterwards, also on failure,
+and must leave no process behind.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from ray_nodes import RayNodes
+
+from gyre.trace.store import read_trace
 
 STEPS = 3
 
@@ -129,6 +135,21 @@ def test_cells_on_two_nodes_run_completes(nodes: RayNodes, tiny_model_dir, tmp_p
     assert len({c["node"] for c in cells}) == 2
     assert [c["node_ip"] for c in cells] == ["127.0.0.2", "127.0.0.3", "127.0.0.3"]
     assert s["cells"] == cells
+
+    # each cell served where its node is, and the gloo world where the core is
+    assert {c["gloo"].rpartition(":")[0] for c in cells} == {"127.0.0.2"}, cells
+    assert len({c["gloo"] for c in cells}) == 1
+    assert len(s["engine_urls"]) == 3 and all(s["engine_urls"][1:]), s["engine_urls"]
+    for c, urls in zip(cells, s["engine_urls"]):
+        hosts = {urlsplit(u).hostname for u in urls + ([c["url"]] if "url" in c else [])}
+        assert hosts <= {c["node_ip"]}, (c, urls)  # node B's: 127.0.0.3, never 127.0.0.1
+    served = {
+        seg.engine_id
+        for p in (rd / "traces").rglob("*.jsonl")
+        for r in read_trace(p).records
+        for seg in r.segments
+    }
+    assert {"cell-1", "cell-2"} <= served, served  # the proxy got tokens from node B's engines
 
     # the run completes as the one-node run does
     assert s["steps"] == STEPS and s["policy"]["done"] is True

@@ -1,0 +1,42 @@
+"""Where a cell serves and which interface its gloo sockets bind (gyre.runtime.nodeaddr)."""
+
+from __future__ import annotations
+
+import socket
+
+from gyre.runtime.nodeaddr import free_ports, gloo_env, interface_of, ipv4_interfaces, is_loopback
+
+IFACES = {"lo": "127.0.0.1", "eth0": "10.1.2.3", "ib0": "192.168.7.9"}
+
+
+def test_loopback_is_all_of_127_slash_8_and_v6():
+    assert is_loopback("127.0.0.1") and is_loopback("127.0.0.3") and is_loopback("::1")
+    assert not is_loopback("10.1.2.3") and not is_loopback("not-an-ip")
+
+
+def test_the_interface_holding_the_node_ip_is_found():
+    assert interface_of("192.168.7.9", IFACES) == "ib0"
+    assert interface_of("10.9.9.9", IFACES) is None
+
+
+def test_gloo_binds_the_node_ip_interface_on_a_routable_node():
+    assert gloo_env("10.1.2.3", {}, IFACES) == {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_gloo_default_is_left_on_loopback_nodes_unknown_ips_and_a_user_choice():
+    assert gloo_env("127.0.0.1", {}, IFACES) == {}
+    assert gloo_env("127.0.0.3", {}, IFACES) == {}  # several Ray nodes on one machine
+    assert gloo_env("10.9.9.9", {}, IFACES) == {}  # no interface holds it: gloo's own pick
+    assert gloo_env("10.1.2.3", {"GLOO_SOCKET_IFNAME": "ib0"}, IFACES) == {}
+
+
+def test_this_host_lists_loopback():
+    assert interface_of("127.0.0.1", ipv4_interfaces()) is not None
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports("127.0.0.1", 3)
+    assert len(set(ports)) == 3
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
