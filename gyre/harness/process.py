@@ -5,6 +5,9 @@ new session (``setsid``), so one ``killpg`` reaches everything it started that
 did not deliberately leave the group; inside the bubblewrap sandbox the child is
 also in its own pid namespace, which the kernel tears down completely when its
 init dies, so even processes that called ``setsid`` are gone.
+
+The fork/exec runs on a spawn thread, not on the event loop: with 100+ executions
+starting in a burst, spawning on the loop stalled it for seconds (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -12,13 +15,24 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 StopReason = Literal["exited", "timeout", "log_limit", "disk_limit", "cancelled"]
 _CHUNK = 64 * 1024
+# Spawns run on these threads, never on the event loop: a fork/exec blocks its caller until
+# the child has exec'd, which on a loaded machine is tens of ms (docs/runtime.md, "Many
+# concurrent executions"). A few threads are enough: a spawn is short, and a pool of its own
+# keeps launches from queueing behind workspace copies in the loop's default executor.
+_SPAWN_THREADS = 4
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 @dataclass
@@ -60,6 +74,144 @@ async def _pump(
                 truncated = True
                 over.set()
     return written, truncated
+
+
+def _spawn_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_SPAWN_THREADS, thread_name_prefix="gyre-spawn")
+        return _pool
+
+
+def _popen(
+    argv: list[str], cwd: str, env: dict[str, str], pass_fds: tuple[int, ...]
+) -> tuple[subprocess.Popen[bytes], float]:
+    """Start the child (on a spawn thread); also the time it existed, taken right there."""
+    p = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        start_new_session=True,
+        pass_fds=pass_fds,
+    )
+    return p, time.monotonic()
+
+
+def _const(protocol: asyncio.StreamReaderProtocol) -> Callable[[], asyncio.StreamReaderProtocol]:
+    return lambda: protocol
+
+
+def _discard(p: subprocess.Popen[bytes]) -> None:
+    """Kill and reap a child nobody will watch (its spawn was cancelled or could not attach)."""
+    kill_tree(p.pid, signal.SIGKILL, leader_alive=True)
+    for pipe in (p.stdout, p.stderr):
+        if pipe is not None:
+            pipe.close()
+    threading.Thread(target=p.wait, name=f"gyre-reap-{p.pid}", daemon=True).start()
+
+
+def _discard_spawned(fut: asyncio.Future[tuple[subprocess.Popen[bytes], float]]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        _discard(fut.result()[0])
+
+
+class _Child:
+    """A child spawned off the loop, seen from the loop: pid, pipes as streams, exit status.
+
+    The exit is watched through a pidfd on the loop's selector (no thread per child); where
+    pidfds are missing, a thread waits for it. ``returncode`` is set on the loop thread once
+    the child is reaped, so ``None`` means its pid is still reserved (``kill_tree``).
+    """
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        spawned_at: float,
+        streams: tuple[asyncio.StreamReader, asyncio.StreamReader],
+        transports: list[asyncio.BaseTransport],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        self.spawned_at = spawned_at
+        self.stdout, self.stderr = streams
+        self._popen = popen
+        self._transports = transports
+        self._loop = loop
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._watch()
+
+    @classmethod
+    async def spawn(
+        cls, argv: list[str], *, cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...]
+    ) -> _Child:
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(_spawn_pool(), _popen, argv, str(cwd), env, pass_fds)
+        try:
+            popen, at = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(_discard_spawned)  # the fork cannot be stopped: undo it after
+            raise
+        transports: list[asyncio.BaseTransport] = []
+        try:
+            streams = []
+            for pipe in (popen.stdout, popen.stderr):
+                reader = asyncio.StreamReader(limit=_CHUNK, loop=loop)
+                protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+                transport, _ = await loop.connect_read_pipe(_const(protocol), pipe)
+                transports.append(transport)
+                streams.append(reader)
+            return cls(popen, at, (streams[0], streams[1]), transports, loop)
+        except BaseException:
+            for opened in transports:
+                opened.close()
+            _discard(popen)
+            raise
+
+    def _watch(self) -> None:
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            fd = -1
+        if fd >= 0:
+            try:
+                self._loop.add_reader(fd, self._on_pidfd, fd)
+                return
+            except (NotImplementedError, OSError, ValueError):
+                os.close(fd)
+        threading.Thread(
+            target=self._wait_thread, name=f"gyre-wait-{self.pid}", daemon=True
+        ).start()
+
+    def _on_pidfd(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        self._reaped(self._popen.wait())  # readable: it has exited, so this does not block
+
+    def _wait_thread(self) -> None:
+        rc = self._popen.wait()
+        try:
+            self._loop.call_soon_threadsafe(self._reaped, rc)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def _reaped(self, rc: int) -> None:
+        self.returncode = rc
+        if not self._exited.done():
+            self._exited.set_result(rc)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def close(self) -> None:
+        """Close the pipes (the pumps are done or given up)."""
+        for t in self._transports:
+            t.close()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -129,21 +281,11 @@ async def run_process(
     Whatever happens, the whole group is gone when this returns.
     """
     t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=str(cwd),
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        pass_fds=pass_fds,
-    )
-    t_spawned = time.monotonic()
+    proc = await _Child.spawn(argv, cwd=cwd, env=env, pass_fds=pass_fds)
+    t_spawned = proc.spawned_at
     if on_start is not None and not on_start.done():
         on_start.set_result(None)
     over = asyncio.Event()
-    assert proc.stdout is not None and proc.stderr is not None
     pumps = asyncio.gather(
         _pump(proc.stdout, stdout_path, max_log_bytes, over),
         _pump(proc.stderr, stderr_path, max_log_bytes, over),
@@ -171,12 +313,15 @@ async def run_process(
         flood.cancel()
         # Always reap the whole group, also after a clean exit: a harness may
         # leave background children (servers, watchers) behind.
-        await _terminate(proc, waiter, kill_grace_s, graceful=(stop != "exited"))
         try:
-            out = await asyncio.wait_for(pumps, timeout=5.0)
-        except (TimeoutError, asyncio.CancelledError):
-            pumps.cancel()
-            out = ((0, False), (0, False))
+            await _terminate(proc, waiter, kill_grace_s, graceful=(stop != "exited"))
+            try:
+                out = await asyncio.wait_for(pumps, timeout=5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                pumps.cancel()
+                out = ((0, False), (0, False))
+        finally:
+            proc.close()
     exit_code = proc.returncode if stop == "exited" else None
     return ProcessResult(
         exit_code=exit_code,
@@ -190,9 +335,7 @@ async def run_process(
     )
 
 
-async def _terminate(
-    proc: asyncio.subprocess.Process, waiter: asyncio.Future, grace: float, graceful: bool
-) -> None:
+async def _terminate(proc: _Child, waiter: asyncio.Future, grace: float, graceful: bool) -> None:
     pid = proc.pid
     if graceful and proc.returncode is None:
         kill_tree(pid, signal.SIGTERM, leader_alive=True)
