@@ -41,10 +41,11 @@ from gyre.harness import process
 
 
 class OldChild:
-    """The previous spawn: ``asyncio.create_subprocess_exec`` on the loop, same interface."""
+    """The previous spawn: ``asyncio.create_subprocess_exec`` on the loop, log files opened on
+    the loop too (as the pumps did), same interface."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, at: float) -> None:
-        self._proc, self.spawned_at, self.pid = proc, at, proc.pid
+    def __init__(self, proc: asyncio.subprocess.Process, at: float, logs: tuple) -> None:
+        self._proc, self.spawned_at, self.pid, self.logs = proc, at, proc.pid, logs
         assert proc.stdout is not None and proc.stderr is not None
         self.stdout, self.stderr = proc.stdout, proc.stderr
 
@@ -54,7 +55,13 @@ class OldChild:
 
     @classmethod
     async def spawn(
-        cls, argv: list[str], *, cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...]
+        cls,
+        argv: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        pass_fds: tuple[int, ...],
+        logs: tuple[Path, Path],
     ) -> OldChild:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -66,13 +73,15 @@ class OldChild:
             start_new_session=True,
             pass_fds=pass_fds,
         )
-        return cls(proc, time.monotonic())
+        at = time.monotonic()
+        return cls(proc, at, (open(logs[0], "wb"), open(logs[1], "wb")))  # noqa: ASYNC230
 
     async def wait(self) -> int:
         return await self._proc.wait()
 
     def close(self) -> None:
-        pass
+        for f in self.logs:
+            f.close()
 
 
 NEW_CHILD = process._Child

@@ -20,9 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 StopReason = Literal["exited", "timeout", "log_limit", "disk_limit", "cancelled"]
 _CHUNK = 64 * 1024
@@ -48,7 +49,7 @@ class ProcessResult:
 
 
 async def _pump(
-    stream: asyncio.StreamReader, path: Path, limit: int, over: asyncio.Event
+    stream: asyncio.StreamReader, f: BinaryIO, limit: int, over: asyncio.Event
 ) -> tuple[int, bool]:
     """Copy a pipe to a file up to ``limit`` bytes; flag ``over`` when exceeded.
 
@@ -56,23 +57,23 @@ async def _pump(
     a full pipe while we are busy killing it.
     """
     written, truncated = 0, False
-    with open(path, "wb") as f:  # noqa: ASYNC230 (a local file, written as the pipe drains)
-        while True:
-            chunk = await stream.read(_CHUNK)
-            if not chunk:
-                break
-            if written < limit:
-                part = chunk[: limit - written]
-                f.write(part)
-                written += len(part)
-                if len(part) < len(chunk):
-                    truncated = True
-                    f.write(b"\n[gyre: output truncated at byte limit]\n")
-                    f.flush()
-                    over.set()
-            else:
+    # ``f`` was opened on the spawn thread; the child's close() closes it.
+    while True:
+        chunk = await stream.read(_CHUNK)
+        if not chunk:
+            break
+        if written < limit:
+            part = chunk[: limit - written]
+            f.write(part)
+            written += len(part)
+            if len(part) < len(chunk):
                 truncated = True
+                f.write(b"\n[gyre: output truncated at byte limit]\n")
+                f.flush()
                 over.set()
+        else:
+            truncated = True
+            over.set()
     return written, truncated
 
 
@@ -84,22 +85,36 @@ def _spawn_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+_Spawned = tuple[subprocess.Popen[bytes], float, BinaryIO, BinaryIO]
+
+
 def _popen(
-    argv: list[str], cwd: str, env: dict[str, str], pass_fds: tuple[int, ...]
-) -> tuple[subprocess.Popen[bytes], float]:
-    """Start the child (on a spawn thread); also the time it existed, taken right there."""
-    p = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        bufsize=0,
-        start_new_session=True,
-        pass_fds=pass_fds,
-    )
-    return p, time.monotonic()
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    pass_fds: tuple[int, ...],
+    logs: tuple[Path, Path],
+) -> _Spawned:
+    """Open the two log files and start the child (on a spawn thread: each of these blocks).
+
+    Also returns the time the child existed, taken right there.
+    """
+    with ExitStack() as stack:
+        out = stack.enter_context(open(logs[0], "wb"))
+        err = stack.enter_context(open(logs[1], "wb"))
+        p = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+        stack.pop_all()
+    return p, time.monotonic(), out, err
 
 
 def _const(protocol: asyncio.StreamReaderProtocol) -> Callable[[], asyncio.StreamReaderProtocol]:
@@ -115,9 +130,12 @@ def _discard(p: subprocess.Popen[bytes]) -> None:
     threading.Thread(target=p.wait, name=f"gyre-reap-{p.pid}", daemon=True).start()
 
 
-def _discard_spawned(fut: asyncio.Future[tuple[subprocess.Popen[bytes], float]]) -> None:
+def _discard_spawned(fut: asyncio.Future[_Spawned]) -> None:
     if not fut.cancelled() and fut.exception() is None:
-        _discard(fut.result()[0])
+        p, _, out, err = fut.result()
+        out.close()
+        err.close()
+        _discard(p)
 
 
 class _Child:
@@ -134,6 +152,7 @@ class _Child:
         spawned_at: float,
         streams: tuple[asyncio.StreamReader, asyncio.StreamReader],
         transports: list[asyncio.BaseTransport],
+        logs: tuple[BinaryIO, BinaryIO],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.pid = popen.pid
@@ -142,18 +161,25 @@ class _Child:
         self.stdout, self.stderr = streams
         self._popen = popen
         self._transports = transports
+        self.logs = logs
         self._loop = loop
         self._exited: asyncio.Future[int] = loop.create_future()
         self._watch()
 
     @classmethod
     async def spawn(
-        cls, argv: list[str], *, cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...]
+        cls,
+        argv: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        pass_fds: tuple[int, ...],
+        logs: tuple[Path, Path],
     ) -> _Child:
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(_spawn_pool(), _popen, argv, str(cwd), env, pass_fds)
+        fut = loop.run_in_executor(_spawn_pool(), _popen, argv, str(cwd), env, pass_fds, logs)
         try:
-            popen, at = await asyncio.shield(fut)
+            popen, at, out, err = await asyncio.shield(fut)
         except asyncio.CancelledError:
             fut.add_done_callback(_discard_spawned)  # the fork cannot be stopped: undo it after
             raise
@@ -166,10 +192,12 @@ class _Child:
                 transport, _ = await loop.connect_read_pipe(_const(protocol), pipe)
                 transports.append(transport)
                 streams.append(reader)
-            return cls(popen, at, (streams[0], streams[1]), transports, loop)
+            return cls(popen, at, (streams[0], streams[1]), transports, (out, err), loop)
         except BaseException:
             for opened in transports:
                 opened.close()
+            out.close()
+            err.close()
             _discard(popen)
             raise
 
@@ -209,9 +237,11 @@ class _Child:
         return await asyncio.shield(self._exited)
 
     def close(self) -> None:
-        """Close the pipes (the pumps are done or given up)."""
+        """Close the pipes and the log files (the pumps are done or given up)."""
         for t in self._transports:
             t.close()
+        for f in self.logs:
+            f.close()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -281,14 +311,16 @@ async def run_process(
     Whatever happens, the whole group is gone when this returns.
     """
     t0 = time.monotonic()
-    proc = await _Child.spawn(argv, cwd=cwd, env=env, pass_fds=pass_fds)
+    proc = await _Child.spawn(
+        argv, cwd=cwd, env=env, pass_fds=pass_fds, logs=(stdout_path, stderr_path)
+    )
     t_spawned = proc.spawned_at
     if on_start is not None and not on_start.done():
         on_start.set_result(None)
     over = asyncio.Event()
     pumps = asyncio.gather(
-        _pump(proc.stdout, stdout_path, max_log_bytes, over),
-        _pump(proc.stderr, stderr_path, max_log_bytes, over),
+        _pump(proc.stdout, proc.logs[0], max_log_bytes, over),
+        _pump(proc.stderr, proc.logs[1], max_log_bytes, over),
     )
     waiter = asyncio.ensure_future(proc.wait())
     flood = asyncio.ensure_future(over.wait())

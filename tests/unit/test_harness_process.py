@@ -137,10 +137,10 @@ async def test_cancel_during_the_spawn_kills_what_it_started(tmp_path, monkeypat
     real = process._popen
 
     def popen_then_stall(*a):
-        p, at = real(*a)
-        pids.append(p.pid)
+        spawned = real(*a)
+        pids.append(spawned[0].pid)
         time.sleep(0.4)  # the caller is cancelled while the spawn thread is still busy
-        return p, at
+        return spawned
 
     monkeypatch.setattr(process, "_popen", popen_then_stall)
     task = asyncio.ensure_future(_run(tmp_path, ["sleep", "60"]))
