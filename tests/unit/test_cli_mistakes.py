@@ -315,6 +315,8 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
             "run",
             str(ROOT / "examples" / "run.toml"),
             "--set",
+            f"model_dir={f['badtok']}",
+            "--set",
             "run.cell.cpu_quota=4096",
         ],
         ("run.cell.cpu_quota", "4096", "more than this machine's"),
