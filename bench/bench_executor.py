@@ -112,9 +112,10 @@ async def baseline(n: int, harness_s: float, root: Path) -> dict:
     )
 
 
-async def executor_run(
+def synthetic_setup(
     n: int, harness_s: float, root: Path, sandbox: bool, network: str = "proxy-only"
-) -> dict:
+) -> tuple:
+    """The bench task, the synthetic profile holding ``harness_s`` and an executor config for n."""
     task = load_task(make_task(root))
     prof = load_profile("synthetic").model_copy(update={"args": harness_args(harness_s)})
     cfg = ExecutorConfig(
@@ -124,7 +125,12 @@ async def executor_run(
         keep_workspaces=False,
     )
     cfg.scorer.max_concurrency = 16
-    c0 = cpu()
+    return task, prof, cfg
+
+
+async def run_synthetic(task, prof, cfg, n: int) -> tuple[list, float]:
+    """n executions at once; their results and the wall time from the first submit. Every one
+    must score 1 (the harness writes the answer): anything else ends the benchmark."""
     async with HarnessExecutor(cfg) as ex:
         t0 = time.monotonic()
         rs = await ex.run_many(
@@ -145,6 +151,15 @@ async def executor_run(
         raise SystemExit(
             f"{len(bad)} executions did not score 1, e.g. {bad[0].model_dump_json()[:800]}"
         )
+    return rs, wall
+
+
+async def executor_run(
+    n: int, harness_s: float, root: Path, sandbox: bool, network: str = "proxy-only"
+) -> dict:
+    task, prof, cfg = synthetic_setup(n, harness_s, root, sandbox, network)
+    c0 = cpu()
+    rs, wall = await run_synthetic(task, prof, cfg, n)
     launched = [r.timings.launched_s for r in rs]
     own = [json.loads(Path(r.harness.stdout_path).read_text())["real_s"] for r in rs]
     return with_cpu(

@@ -131,56 +131,12 @@ async def burst_processes(n: int, hold_s: float, root: Path, child: str) -> list
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
-def _make_task(root: Path) -> Path:
-    d = root / "task"
-    (d / "environment" / "repo").mkdir(parents=True)
-    for i in range(20):
-        (d / "environment" / "repo" / f"m{i}.py").write_text(f"X = {i}\n" * 20)
-    (d / "tests").mkdir()
-    (d / "tests" / "test.sh").write_text(
-        '[ -f "$GYRE_WORKSPACE/answer.txt" ] && echo 1 > "$GYRE_REWARD_DIR/reward.txt"'
-        ' || echo 0 > "$GYRE_REWARD_DIR/reward.txt"\n'
-    )
-    (d / "instruction.md").write_text("bench\n")
-    (d / "task.toml").write_text(
-        '[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 120\n[gyre]\nreward = "binary"\n'
-    )
-    return d
-
-
 async def burst_executions(n: int, hold_s: float, root: Path, sandbox: bool) -> list[float]:
     """n synthetic executions at once through the executor (harness + verifier spawns)."""
-    from gyre.harness.config import ExecutorConfig, SandboxConfig
-    from gyre.harness.executor import ExecutionSpec, HarnessExecutor
-    from gyre.harness.profiles import load_profile
-    from gyre.harness.task import load_task
+    from bench_executor import run_synthetic, synthetic_setup
 
-    task = load_task(_make_task(root))
-    args = ["--calls", "0", "--dist", "fixed", "--mean-s", str(hold_s), "--time-scale", "1.0"]
-    prof = load_profile("synthetic").model_copy(update={"args": [*args, "--write", "answer.txt=1"]})
-    cfg = ExecutorConfig(
-        workspace_root=root / "runs",
-        max_concurrency=n,
-        sandbox=SandboxConfig(enabled=sandbox, network="shared"),
-        keep_workspaces=False,
-    )
-    cfg.scorer.max_concurrency = 16
-    async with HarnessExecutor(cfg) as ex:
-        rs = await ex.run_many(
-            [
-                ExecutionSpec(
-                    execution_id=f"e{i}",
-                    task=task,
-                    profile=prof,
-                    base_url="http://127.0.0.1:9",
-                    api_key="k",
-                )
-                for i in range(n)
-            ]
-        )
-    bad = [r for r in rs if r.reward != 1.0]
-    if bad:
-        raise SystemExit(f"{len(bad)} executions did not score 1: {bad[0].model_dump_json()[:600]}")
+    task, prof, cfg = synthetic_setup(n, hold_s, root, sandbox, network="shared")
+    rs, _ = await run_synthetic(task, prof, cfg, n)
     return [r.timings.launched_s for r in rs]
 
 
