@@ -36,7 +36,9 @@ def test_arith_reward_rule() -> None:
     assert score(f"Answer: 1\nthen\nanswer: {right}.", p).reward == 1.0  # the last line counts
     assert score(f"Answer: {int(right) + 1}", p).reward == 0.1
     assert score(f"Answer: {right} apples", p).reward == 0.1
-    assert score(f"The answer is {right}", p).reward == 0.0
+    assert score(f"The answer is {right}.", p).reward == 0.5  # right, but not in the format
+    assert score(f"The answer is {right}st", p).reward == 0.0
+    assert score(f"{right} or {int(right) + 1}", p).reward == 0.0  # the last number counts
     assert score("", p).reward == 0.0
     assert score(f"Answer: {right}", p).correct
 
