@@ -63,7 +63,10 @@ def folder_name(p: Problem) -> str:
     return f"{p.split}-{p.name}"
 
 
-def write_task(p: Problem, root: Path, harness_timeout: float = 120.0) -> Path:
+def write_task(p: Problem, root: Path, harness_timeout: float = 600.0) -> Path:
+    """One task folder. The harness timeout is generous (one reply takes seconds on an idle
+    2-core machine) because a timeout is a *missing* assessment when no call was answered,
+    and at 112 concurrent executions on three CPU engines under load replies took > 120 s."""
     d = root / folder_name(p)
     (d / "environment" / "repo").mkdir(parents=True, exist_ok=True)
     (d / "tests").mkdir(exist_ok=True)
