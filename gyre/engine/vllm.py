@@ -26,10 +26,16 @@ Control maps to vLLM's dev-mode routes (``VLLM_SERVER_DEV_MODE=1``):
   continue on ``/resume``); ``abort``: ``/pause?mode=abort``.
 - weights: ``/pause?mode=keep`` -> ``/collective_rpc reload_weights(weights_path=DIR)``
   (in place, same architecture; checked here first so a mismatch is refused with the old
-  weights kept; refused for a model with tied embeddings, whose ``lm_head`` vLLM 0.32 does
-  not reload) -> ``/update_weight_version`` (vLLM labels every later token with it) ->
+  weights kept) -> ``/update_weight_version`` (vLLM labels every later token with it) ->
   ``/reset_prefix_cache`` (cached K/V of the old weights must not serve new requests) ->
   ``/resume`` (unless the caller had paused).
+- tied embeddings (``tie_word_embeddings``, e.g. SmolLM2, Qwen3 0.6B-4B): vLLM 0.32's plain
+  reload leaves the tied ``lm_head``'s packed CPU GEMM weight at its old values, so the
+  reload is Gyre's worker extension's ``gyre_reload_weights`` (reload, then the tied head
+  re-packed; :mod:`gyre.engine.vllm_plugin.gyre_vllm_worker`). At start the adapter asks
+  the server how many tied heads it has (``gyre_tied_heads``); a server started without the
+  extension (``gyre.engine.vllm_launch`` passes it) has its tied-model reloads refused with
+  the old weights kept.
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class VllmEngine(Engine):
         self.vocab_size: int | None = None
         self.eos_ids: list[int] = []
         self._arch: dict[str, Any] = {}
+        self._tied_heads: int | None = None  # from the worker extension; None: not loaded
         self._http: aiohttp.ClientSession | None = None
         self._tasks: dict[str, asyncio.Task] = {}
 
@@ -154,6 +161,8 @@ class VllmEngine(Engine):
             eos = cfg.get("eos_token_id")
             self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.model_path = served or self.url
+        if self._arch.get("tie_word_embeddings"):
+            self._tied_heads = await self._count_tied_heads()
         # vLLM labels every token with this from now on ("default" until told)
         await self._call(
             "POST", "/update_weight_version", {"new_version": str(self.weight_version)}
@@ -171,6 +180,15 @@ class VllmEngine(Engine):
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
             self.server = None
+
+    async def _count_tied_heads(self) -> int | None:
+        """Tied output heads per the worker extension (the least over workers), or None when
+        the server was started without it (its collective_rpc then fails)."""
+        try:
+            out = await self._call("POST", "/collective_rpc", {"method": "gyre_tied_heads"})
+            return min(int(r) for r in out["results"])
+        except (VllmError, KeyError, TypeError, ValueError):
+            return None
 
     async def _call(self, method: str, path: str, body: Any = None, **params: str) -> dict:
         assert self._http is not None, "engine not started"
@@ -325,13 +343,7 @@ class VllmEngine(Engine):
         self, req: UpdateWeightsFromDiskRequest
     ) -> UpdateWeightsResponse:
         path = str(Path(req.model_path).resolve())
-        if self._arch.get("tie_word_embeddings"):
-            raise EngineInputError(
-                "the served model ties lm_head to the embeddings, and vLLM 0.32's in-place "
-                "reload leaves a tied lm_head at its old weights (wrong log-probs); serve an "
-                "untied copy (tie_word_embeddings false, lm_head.weight saved) or restart the "
-                "engine on the new weights"
-            )
+        rpc = self._reload_rpc(path)  # refuses before anything changes
         new = _config(path)
         diff = [k for k in _ARCH_KEYS if self._arch and new.get(k) != self._arch.get(k)]
         if diff:
@@ -348,11 +360,11 @@ class VllmEngine(Engine):
         if not was_paused:
             await self._call("POST", "/pause", mode="keep")
         try:
-            await self._call(
-                "POST",
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": path}},
-            )
+            out = await self._call("POST", "/collective_rpc", rpc)
+            if rpc["method"] == "gyre_reload_weights":
+                refreshed = [int(r) for r in out.get("results") or [0]]
+                if min(refreshed) < 1:
+                    raise VllmError(f"vLLM reloaded {path} but refreshed no tied lm_head")
             await self._call("POST", "/update_weight_version", {"new_version": str(version)})
             await self._call("POST", "/reset_prefix_cache")
             self.weight_version = version
@@ -365,6 +377,21 @@ class VllmEngine(Engine):
             num_paused_requests=self.live_requests,
             weight_version=self.weight_version,
         )
+
+    def _reload_rpc(self, path: str) -> dict[str, Any]:
+        """The ``/collective_rpc`` body that reloads ``path`` in place: vLLM's own reload, or for
+        a tied model Gyre's extension's (which also re-packs the tied head)."""
+        if not self._arch.get("tie_word_embeddings"):
+            return {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        if not self._tied_heads:
+            raise EngineInputError(
+                "the served model ties lm_head to the embeddings, and vLLM 0.32's plain reload "
+                "leaves a tied lm_head at its old weights (wrong log-probs); the server "
+                "answered no tied head to Gyre's worker extension: start it with "
+                "--worker-extension-cls gyre_vllm_worker.GyreWorkerExtension and PYTHONPATH="
+                "gyre/engine/vllm_plugin (gyre.engine.vllm_launch does); old weights kept"
+            )
+        return {"method": "gyre_reload_weights", "kwargs": {"weights_path": path}}
 
     def model_info(self) -> ModelInfo:
         return ModelInfo(

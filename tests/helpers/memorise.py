@@ -96,10 +96,10 @@ def _untie(model) -> None:
 
 
 def untied_copy(model_dir: str | Path, out_dir: str | Path) -> Path:
-    """The same model with ``lm_head`` stored apart from the embeddings. vLLM 0.32's in-place
-    weight reload does not reload a tied ``lm_head`` (its log says "ParallelLMHead: Failed to
-    load weights"; the head keeps the weights it started with), so reload tests use untied
-    models; the adapter refuses to reload a tied one."""
+    """The same model with ``lm_head`` stored apart from the embeddings. An untied model is
+    reloaded by vLLM's own ``reload_weights`` (a tied one goes through Gyre's worker extension,
+    which re-packs the head vLLM's reload leaves stale), so test_engine_vllm's reload test
+    uses untied models to cover that plain path."""
     import torch
     from transformers import AutoModelForCausalLM
 

