@@ -138,6 +138,8 @@ def run(
         if a.kind == "scored":
             extra = f" ({a.passed}/{a.total} tests)" if a.total is not None else ""
             typer.echo(f"reward     {a.reward:.4g}{extra}  [{a.rule}]")
+            if a.detail.startswith("scored 0: ") or "none answered" in a.detail:
+                typer.echo(f"detail     {a.detail}")  # why it is a zero, or the harness's report
         else:
             typer.echo(f"MISSING    {a.reason.value}: {a.detail}")
         h, t = res.harness, res.timings

@@ -69,7 +69,7 @@ def _positive(value: Any, where: str) -> float:
     except (TypeError, ValueError):
         raise TaskError(f"{where} must be a number, got {value!r}") from None
     if not (v > 0 and math.isfinite(v)):
-        raise TaskError(f"{where} must be a finite number > 0, got {v}")
+        raise TaskError(f"{where} must be > 0 and finite, got {v}")
     return v
 
 

@@ -272,3 +272,29 @@ async def test_result_file_linked_to_a_host_secret_is_not_followed(tmp_path, san
     assert scored(r, 0.0) and "symbolic link" in r.assessment.detail, r.assessment
     record = (Path(r.execution_dir) / "result.json").read_text()
     assert SECRET not in record and SECRET[:8] not in json.dumps(r.model_dump())
+
+
+async def test_an_unexpected_error_is_the_executions_record_not_the_runs_end(tmp_path):
+    """Whatever escapes the known cases (a Gyre bug) becomes that execution's recorded
+    result, with the reason; the other executions of the batch are unaffected."""
+    task = load_task(make_task(tmp_path))
+    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5)
+    async with HarnessExecutor(cfg) as ex:
+        real = ex._scorer.score
+
+        async def flaky(task, workspace, scratch, timeout_s=None):
+            if "boom" in str(workspace):
+                raise RecursionError("maximum recursion depth exceeded")
+            return await real(task, workspace, scratch, timeout_s)
+
+        ex._scorer.score = flaky  # type: ignore[method-assign]
+        bad, good = await ex.run_many(
+            [spec("boom", task, "echo 42 > answer.txt"), spec("fine", task, "echo 42 > answer.txt")]
+        )
+    a = bad.assessment
+    assert isinstance(a, Missing) and a.reason == MissingReason.infra_error, a
+    assert a.detail.startswith("internal error: RecursionError")
+    assert json.loads((Path(bad.execution_dir) / "result.json").read_text())["assessment"] == (
+        a.model_dump(mode="json")
+    )
+    assert scored(good, 1.0)
