@@ -392,6 +392,18 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("executor.kill_grace_s", "finite number"),
     ),
     (
+        "config-show-inf-run-timeout",
+        lambda f, p: [
+            "config",
+            "show",
+            "--model-dir",
+            "m",
+            "--set",
+            "run.harness_timeout_s=Infinity",
+        ],
+        ("run.harness_timeout_s", "finite number"),
+    ),
+    (
         "harness-tasks-no-such-set",
         lambda f, p: ["harness", "tasks", "/nonexistent"],
         ("/nonexistent",),

@@ -235,6 +235,11 @@ def test_configs_refuse_non_finite_seconds(value):
         ExecutorConfig.model_validate({"kill_grace_s": value})
     with pytest.raises(ValidationError, match="finite number"):
         ExecutorConfig.model_validate({"sandbox": {"disk_check_s": value}})
+    from gyre.runtime.config import RunConfig
+
+    for run in ({"harness_timeout_s": value}, {"longtail": {"overall_timeout_s": value}}):
+        with pytest.raises(ValidationError, match="finite number"):
+            RunConfig.model_validate(run)
     with pytest.raises(ValidationError, match="harness_timeout_s"):
         ExecutionSpec.model_validate(
             {
