@@ -292,7 +292,7 @@ class HarnessExecutor:
             if write:  # never into a folder this execution did not create
                 try:
                     (exec_dir / "result.json").write_text(r.model_dump_json(indent=2))
-                except OSError:
+                except (OSError, ValueError):  # ValueError: a string that is not UTF-8
                     pass
             return r
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .safe_read import UnsafeFile, read_file  # stdlib only, like this module
+from .safe_read import UnsafeFile, printable, read_file  # stdlib only, like this module
 
 # The environment variable naming the file a Gyre-aware harness writes its counts to.
 CALLS_FILE_ENV = "GYRE_MODEL_CALLS_FILE"
@@ -121,7 +121,7 @@ def read_calls_file(path: str | Path) -> ModelCalls | None:
         return ModelCalls(
             attempted=_count(data["attempted"]),
             answered=_count(data["answered"]),
-            last_error=str(data.get("last_error", ""))[:500],
+            last_error=printable(str(data.get("last_error", ""))[:500]),
             source="harness",
         )
     except (UnsafeFile, ValueError, TypeError, KeyError, AttributeError, RecursionError):

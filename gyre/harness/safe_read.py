@@ -36,9 +36,15 @@ class UnsafeFile(Exception):
     """A harness-written file that is not a small regular file; the message says why."""
 
 
+def printable(s: str) -> str:
+    """``s`` with lone surrogates (a file name's undecodable bytes, a JSON ``"\\ud800"``)
+    replaced: a record must serialise as UTF-8 (pydantic refuses surrogates)."""
+    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def quote(data: bytes | str, n: int = _QUOTE) -> str:
     """At most ``n`` characters of ``data`` for an error message (``repr``, ``…`` if cut)."""
-    s = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    s = data.decode("utf-8", "replace") if isinstance(data, bytes) else printable(data)
     return repr(s[:n]) + ("…" if len(s) > n else "")
 
 

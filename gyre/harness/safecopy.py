@@ -31,6 +31,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .safe_read import printable
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_OPEN_DIRS = 64  # remove_tree: deeper folders are moved up to the top first
 
@@ -100,7 +102,7 @@ def copy_workspace(src: Path, dst: Path, limits: CopyLimits = CopyLimits()) -> C
 
 
 def _rel(p: Path, root: Path) -> str:
-    r = str(p.relative_to(root)) if p != root else "."
+    r = printable(str(p.relative_to(root)) if p != root else ".")
     return r if len(r) <= 120 else r[:60] + "…" + r[-40:]
 
 

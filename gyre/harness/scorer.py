@@ -54,7 +54,7 @@ from gyre.trace.assessment import Missing, MissingReason, Scored
 from .config import ScorerConfig
 from .process import run_process
 from .results import RESULT_FILES, ResultError, read_result
-from .safe_read import open_dir
+from .safe_read import open_dir, printable
 from .safecopy import CopyLimits, WorkspaceRefused, copy_workspace, remove_tree
 from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, Confinement, harbor_verifier_argv
 from .task import Task
@@ -173,7 +173,8 @@ class Scorer:
             return _zero(task, f"the workspace cannot be scored: {e}")
         except OSError as e:  # the host side (disk full): not the harness's
             return Missing(
-                reason=MissingReason.infra_error, detail=f"could not copy the workspace: {e}"
+                reason=MissingReason.infra_error,
+                detail=f"could not copy the workspace: {printable(str(e))}",
             )
         try:
             await asyncio.to_thread(_copy_tree, task.tests_dir, tests)
@@ -236,7 +237,8 @@ class Scorer:
                     userns_fd = await asyncio.to_thread(make_userns, c.uid, c.gid)
                 except OSError as e:
                     return Missing(
-                        reason=MissingReason.infra_error, detail=f"sandbox setup failed: {e}"
+                        reason=MissingReason.infra_error,
+                        detail=f"sandbox setup failed: {printable(str(e))}",
                     )
             # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
             assert self._bwrap  # sandboxed

@@ -146,20 +146,24 @@ async def test_out_of_range_and_malformed_results_are_zero_and_run_returns(tmp_p
 
 async def test_fifo_socket_in_the_workspace_are_skipped_not_an_infra_error(tmp_path):
     task = load_task(make_task(tmp_path))
-    mk = "mkfifo pipe; python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('sock')\"; "
+    mk = (  # a FIFO, a socket, and a FIFO whose name is not UTF-8 (it reaches the detail)
+        "mkfifo pipe; python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.bind('sock')\"; "
+        "mkfifo \"$(printf 'p\\377')\"; "
+    )
     solved, unsolved = await run_all(
         tmp_path,
         [spec("fifo-solved", task, mk + "echo 42 > answer.txt"), spec("fifo-zero", task, mk)],
     )
     assert scored(solved, 1.0), solved.assessment
-    assert "2 FIFO/socket/device entries not copied" in solved.assessment.detail
+    assert "3 FIFO/socket/device entries not copied" in solved.assessment.detail
+    assert (Path(solved.execution_dir) / "result.json").is_file()  # it serialised
     assert scored(unsolved, 0.0), unsolved.assessment  # a zero, not a missing infra_error
 
 
 async def test_harness_written_counts_never_turn_a_zero_into_missing(tmp_path):
     task = load_task(make_task(tmp_path))
     fake = (
-        'echo \'{{"attempted": 3, "answered": 0, "last_error": "refused"}}\' '
+        'echo \'{{"attempted": 3, "answered": 0, "last_error": "refused \\ud800"}}\' '
         '> "$GYRE_MODEL_CALLS_FILE"'
     )
 
@@ -175,6 +179,7 @@ async def test_harness_written_counts_never_turn_a_zero_into_missing(tmp_path):
     assert "3 model calls attempted, none answered by the policy (by the harness)" in (
         zero.assessment.detail
     )
+    assert (Path(zero.execution_dir) / "result.json").is_file()  # a lone surrogate serialised
     # A success that the harness itself says was blind is dropped: that only costs it.
     a = blind_success.assessment
     assert isinstance(a, Missing) and a.reason == MissingReason.model_unreachable, a
