@@ -59,6 +59,12 @@ class CopyReport:
 def copy_workspace(src: Path, dst: Path, limits: CopyLimits = CopyLimits()) -> CopyReport:
     """Copy ``src`` to the new folder ``dst`` within ``limits`` (see the module docstring)."""
     rep = CopyReport()
+    try:
+        top = os.lstat(src)
+    except OSError as e:
+        raise WorkspaceRefused(f"the workspace is gone ({e.strerror})") from None
+    if not stat.S_ISDIR(top.st_mode):  # e.g. replaced by a link to / by a harness unsandboxed
+        raise WorkspaceRefused("the workspace is not a folder any more")
     os.mkdir(dst, 0o700)
     dir_modes: list[tuple[Path, int]] = []
     stack: list[tuple[Path, Path, int]] = [(Path(src), Path(dst), 0)]

@@ -208,6 +208,15 @@ def test_copy_limits_refuse_without_recursion(tmp_path, limits, why):
     assert remove_tree(tmp_path / "dst") == 0
 
 
+def test_a_workspace_replaced_by_a_link_is_not_followed(tmp_path):
+    (tmp_path / "ws").symlink_to("/")
+    with pytest.raises(WorkspaceRefused, match="not a folder"):
+        copy_workspace(tmp_path / "ws", tmp_path / "dst")
+    with pytest.raises(WorkspaceRefused, match="gone"):
+        copy_workspace(tmp_path / "nothing", tmp_path / "dst2")
+    assert not (tmp_path / "dst").exists()
+
+
 def test_remove_tree_deep_unreadable_and_links(tmp_path):
     root = tmp_path / "t"
     deep = root / "/".join(["d"] * 700)
