@@ -77,6 +77,7 @@ def run(
 ) -> None:
     """Run one execution of one task and print its outcome (reward or missing, why, timings, workspace)."""
     import asyncio
+    import math
     import uuid
 
     from .config import ExecutorConfig, SandboxConfig
@@ -108,6 +109,9 @@ def run(
     )
     if workspace_root is not None:
         cfg.workspace_root = workspace_root
+    for flag, v in (("--harness-timeout", harness_timeout), ("--overall-timeout", overall_timeout)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            fail("harness run", f"{flag} must be a finite number of seconds > 0, got {v}")
     spec = ExecutionSpec(
         execution_id=execution_id or f"{task.name}-{uuid.uuid4().hex[:8]}",
         task=task,
@@ -138,6 +142,8 @@ def run(
         if a.kind == "scored":
             extra = f" ({a.passed}/{a.total} tests)" if a.total is not None else ""
             typer.echo(f"reward     {a.reward:.4g}{extra}  [{a.rule}]")
+            if a.detail.startswith("scored 0: ") or "none answered" in a.detail:
+                typer.echo(f"detail     {a.detail}")  # why it is a zero, or the harness's report
         else:
             typer.echo(f"MISSING    {a.reason.value}: {a.detail}")
         h, t = res.harness, res.timings

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SandboxConfig(BaseModel):
@@ -27,6 +27,8 @@ class SandboxConfig(BaseModel):
     loopback through a unix socket and nothing else is reachable; "shared" keeps
     the host's network namespace instead.
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)  # an `inf` timeout is a mistake
 
     enabled: bool = False
     bwrap: str = "bwrap"
@@ -59,16 +61,25 @@ class SandboxConfig(BaseModel):
 class ScorerConfig(BaseModel):
     """How workspaces are assessed (the task's own tests, in a separate process)."""
 
+    model_config = ConfigDict(allow_inf_nan=False)  # an `inf` timeout is a mistake
+
     max_concurrency: int = 4
     # Python whose bin directory goes first on the verifier's PATH (pytest lives there).
     python: str = sys.executable
     max_log_bytes: int = 4 * 1024 * 1024
     sandbox: bool = True  # use bubblewrap for the verifier when the executor's sandbox is enabled
     keep_scratch: bool = False  # keep the scored copy (debugging a verifier)
+    # Bounds of the scoring copy of a workspace (gyre.harness.safecopy): a workspace past
+    # any of them is not run through the verifier and scores 0.
+    max_copy_files: int = Field(default=200_000, gt=0)
+    max_copy_bytes: int = Field(default=4 << 30, gt=0)
+    max_copy_depth: int = Field(default=128, gt=0)
 
 
 class ExecutorConfig(BaseModel):
     """One executor: where workspaces live, how many harnesses run at once."""
+
+    model_config = ConfigDict(allow_inf_nan=False)  # an `inf` timeout is a mistake
 
     workspace_root: Path = Field(
         default_factory=lambda: Path(tempfile.gettempdir()) / "gyre-executions"

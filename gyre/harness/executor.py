@@ -11,8 +11,12 @@ Timeout semantics (the paper's partial scoring):
   status or the elapsed time;
 - the overall budget (per task, counted from launch; or an absolute deadline
   from the caller) running out -- before the harness is done, or during
-  scoring -- is a ``Missing`` assessment, as are verifier crashes/timeouts and
-  a harness that could not be launched at all.
+  scoring -- is a ``Missing`` assessment, as is a harness that could not be
+  launched at all; a verifier the workspace breaks (crash, hang, invalid
+  result) scores 0 (``gyre.harness.scorer``: only what the harness cannot cause
+  is missing);
+- an unexpected exception of one execution is that execution's recorded
+  result (``Missing(infra_error)``, "internal error: ..."), never the caller's.
 """
 
 from __future__ import annotations
@@ -37,10 +41,19 @@ from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 from . import homeseed, netbridge
 from .config import ExecutorConfig
 from .forwarder import UnixForwarder
-from .model_calls import CALLS_FILE_ENV, CALLS_FILE_NAME, ModelCalls, read_calls_file
+from .model_calls import (
+    CALLS_FILE_ENV,
+    CALLS_FILE_NAME,
+    CallsVerdict,
+    ModelCalls,
+    decide,
+    read_calls_file,
+)
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_npm_harness
 from .quota import watch_tree
+from .safe_read import quote
+from .safecopy import remove_tree
 from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available
 from .scorer import Scorer
 from .task import Task
@@ -81,9 +94,9 @@ class ExecutionSpec(BaseModel):
     base_url: str
     api_key: str | None = None  # None: obtained from the executor's ``register`` hook
     model: str | None = None  # overrides the profile's model name
-    overall_timeout_s: float | None = None  # overrides the task's
-    harness_timeout_s: float | None = None  # overrides the task's
-    deadline: float | None = None  # absolute time.monotonic() deadline from the caller
+    overall_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # overrides the task's
+    harness_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # overrides the task's
+    deadline: float | None = Field(None, allow_inf_nan=False)  # absolute time.monotonic() deadline
     extra_env: dict[str, str] = Field(default_factory=dict)
     label: str | None = None
 
@@ -279,7 +292,7 @@ class HarnessExecutor:
             if write:  # never into a folder this execution did not create
                 try:
                     (exec_dir / "result.json").write_text(r.model_dump_json(indent=2))
-                except OSError:
+                except (OSError, ValueError):  # ValueError: a string that is not UTF-8
                     pass
             return r
 
@@ -303,6 +316,11 @@ class HarnessExecutor:
                 raise
             run.error = run.error or "executor stopped while the execution was running"
             return result(Missing(reason=MissingReason.cancelled, detail=run.error))
+        except Exception as e:  # a Gyre bug: this execution's record, never the run's end
+            run.error = f"internal error: {type(e).__name__}: {quote(str(e), 200)}"
+            # input/ exists only if this execution made its folder (a stale one is refused first)
+            mine = await asyncio.to_thread(os.path.isdir, inputs)
+            return result(Missing(reason=MissingReason.infra_error, detail=run.error), write=mine)
 
     async def _execute(
         self,
@@ -512,9 +530,10 @@ class HarnessExecutor:
                     detail=f"overall budget ({overall:.1f}s) ran out while the harness was running",
                 )
             )
-        # Did the policy act? Calls made and none answered: missing, never scored (model_calls.py).
-        run.model_calls = await self._model_calls(spec.execution_id, artifacts)
-        if run.model_calls is not None and run.model_calls.unreachable:
+        # Did the policy act? Only what the harness cannot forge drops it unscored (model_calls.py).
+        run.model_calls, verdict = await self._model_calls(spec.execution_id, artifacts)
+        if verdict == "drop":
+            assert run.model_calls is not None
             return result(
                 Missing(reason=MissingReason.model_unreachable, detail=run.model_calls.detail())
             )
@@ -527,26 +546,25 @@ class HarnessExecutor:
         assessment = await scorer.score(task, ws, exec_dir / "scoring", timeout_s=left)
         timings.scoring_s = time.monotonic() - t_score
         if not cfg.keep_workspaces:
-            await asyncio.to_thread(shutil.rmtree, ws, True)
+            await asyncio.to_thread(remove_tree, ws)
+        if verdict == "drop_if_positive" and run.model_calls is not None:
+            assessment = _unverified_unreachable(assessment, run.model_calls)
         return result(assessment)
 
-    async def _model_calls(self, execution_id: str, artifacts: Path) -> ModelCalls | None:
-        """The proxy's counts when it saw a call of this execution, else the harness's own file.
-
-        The proxy is trusted first (it saw every call carrying the key); a proxy that
-        saw none, or could not be asked, leaves the word to the harness, whose file
-        also covers calls that never reached the proxy (connection refused).
-        """
+    async def _model_calls(
+        self, execution_id: str, artifacts: Path
+    ) -> tuple[ModelCalls | None, CallsVerdict]:
+        """The counts to record and what they decide (``model_calls.decide``): the proxy's,
+        when the ``calls`` hook answers, and the harness's own file, which only adds
+        information (read bounded, without following links, off the loop)."""
         proxy: ModelCalls | None = None
         if self._calls is not None:
             try:
                 proxy = await self._calls(execution_id)
-            except Exception:  # the admin call failed: the harness's file still counts
+            except Exception:  # the admin call failed: nothing the proxy says
                 proxy = None
-        if proxy is not None and proxy.attempted > 0:
-            return proxy
         own = await asyncio.to_thread(read_calls_file, artifacts / CALLS_FILE_NAME)
-        return own if own is not None else proxy
+        return decide(proxy, own)
 
     @staticmethod
     def _prepare(
@@ -668,6 +686,19 @@ def _write_files(root: Path, files: dict[str, str]) -> None:
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(text, encoding="utf-8")
+
+
+def _unverified_unreachable(a: Scored | Missing, calls: ModelCalls) -> Scored | Missing:
+    """A report of "no call answered" that nobody but the harness can vouch for: it drops a
+    success (not evidence about the policy) and leaves a zero a zero, noted in its detail."""
+    if not isinstance(a, Scored):
+        return a
+    if a.reward > 0:
+        return Missing(
+            reason=MissingReason.model_unreachable,
+            detail=f"{calls.detail()}; its workspace scored {a.reward:.4g}, not kept",
+        )
+    return a.model_copy(update={"detail": f"{a.detail}; {calls.detail()}"})
 
 
 def load_result(path: str | Path) -> ExecutionResult:

@@ -9,17 +9,25 @@ that measures the infrastructure. Such an execution is a *missing* assessment
 a zero: the paper's rule for an assessment that did not happen.
 
 The rule needs two counts per execution, :class:`ModelCalls`: calls *attempted*
-and calls *answered* by the policy. Two sources, in order of trust:
+and calls *answered* by the policy. Only what the harness cannot forge may make
+an execution missing (a missing one is dropped from its group, so a harness
+that could declare itself "unreachable" would opt out of every zero it earns):
 
-- the proxy (``GET /admin/executions/{id}`` on its admin socket): it sees every
+- the proxy (``GET /admin/executions/{id}`` on its admin socket) sees every
   call that carries the execution's key and writes a trace record for each one
   the policy answered. The runtime passes this to the executor as its
-  ``calls`` hook, so every harness is covered, however it handles errors;
-- the harness itself, for runs without a proxy (``gyre harness run --base-url``
-  straight at an engine or at nothing): a harness that knows Gyre writes its
-  counts as JSON to the file named by ``$GYRE_MODEL_CALLS_FILE`` (the reference
-  agent and the synthetic harness do). A harness that writes nothing and has no
-  proxy in front gives no evidence either way and is scored as before.
+  ``calls`` hook. When every call failed *on the server's side* (the proxy's
+  last error is an ``HTTP 5xx``: no engine, engine errors) the execution is
+  missing and not scored;
+- everything else is the harness's word: calls that failed for the client's
+  reasons (``HTTP 4xx``, a client that went away before the answer: a harness
+  can send a malformed request on purpose), or the counts a harness wrote to
+  ``$GYRE_MODEL_CALLS_FILE`` (the reference agent and the synthetic harness do;
+  the only evidence without a proxy, e.g. ``gyre harness run --base-url`` at a
+  dead port). That word may only *add* information: the workspace is scored,
+  and the execution becomes missing only if it scored above 0 (a blind success
+  is not evidence about the policy); a zero stays a zero, with the report in
+  its detail (:func:`decide`).
 
 Zero attempts is not a failure: the oracle never calls the model, and a harness
 that exits at once is scored like any other (usually 0). One answered call is
@@ -34,6 +42,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from .safe_read import UnsafeFile, printable, read_file  # stdlib only, like this module
 
 # The environment variable naming the file a Gyre-aware harness writes its counts to.
 CALLS_FILE_ENV = "GYRE_MODEL_CALLS_FILE"
@@ -58,6 +68,11 @@ class ModelCalls:
         """Calls were made and the policy answered none of them."""
         return self.attempted > 0 and self.answered == 0
 
+    @property
+    def server_failed(self) -> bool:
+        """The proxy's last failure was its own or the engines' (HTTP 5xx), not the client's."""
+        return self.source == "proxy" and self.last_error.startswith("HTTP 5")
+
     def detail(self) -> str:
         """One line for ``Missing.detail``: counts, who counted, the last error."""
         s = "" if self.attempted == 1 else "s"
@@ -66,23 +81,50 @@ class ModelCalls:
         return f"{msg}: {self.last_error}" if self.last_error else msg
 
 
+# What the executor does with an execution's counts (decide): score it as usual; drop it
+# unscored (the proxy saw the server fail every call); score it and drop it only if it
+# scored above 0 (the harness's own word, which can never turn a zero into missing).
+CallsVerdict = Literal["score", "drop", "drop_if_positive"]
+
+
+def decide(
+    proxy: ModelCalls | None, own: ModelCalls | None
+) -> tuple[ModelCalls | None, CallsVerdict]:
+    """The counts to record and what to do, from the proxy's counts (None: no proxy, or it
+    could not be asked) and the harness's own file (None: none written); pure."""
+    if proxy is not None and proxy.unreachable:
+        return proxy, "drop" if proxy.server_failed else "drop_if_positive"
+    if proxy is not None and proxy.attempted > 0:
+        return proxy, "score"
+    if own is not None and own.unreachable:
+        return own, "drop_if_positive"
+    return (own if own is not None else proxy), "score"
+
+
 def _count(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10**9:
         raise ValueError(f"not a count: {v!r}")
     return v
 
 
 def read_calls_file(path: str | Path) -> ModelCalls | None:
-    """The counts a harness wrote, or ``None`` if it wrote none or an unreadable file."""
+    """The counts a harness wrote, or ``None`` if it wrote none or an unreadable file.
+
+    The file is the harness's: read without following a link, without blocking on
+    a FIFO, at most 64 KiB (gyre.harness.safe_read); anything else reads as None.
+    """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = read_file(path)
+        if raw is None:
+            return None
+        data = json.loads(raw.decode("utf-8"))
         return ModelCalls(
             attempted=_count(data["attempted"]),
             answered=_count(data["answered"]),
-            last_error=str(data.get("last_error", ""))[:500],
+            last_error=printable(str(data.get("last_error", ""))[:500]),
             source="harness",
         )
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (UnsafeFile, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
 
 

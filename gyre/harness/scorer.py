@@ -11,12 +11,21 @@ Verifier contract (``tests/test.sh``, run with ``bash`` and cwd = the copy):
 - environment: ``GYRE_WORKSPACE`` (the copy), ``GYRE_TESTS_DIR`` (the hidden
   tests), ``GYRE_REWARD_DIR`` (where to write the result), ``GYRE_PYTHON``;
   ``PATH`` starts with the Python that runs Gyre (pytest is there);
-- result, first found wins: ``$GYRE_REWARD_DIR/reward.json``
-  (``{"reward": x}`` or ``{"passed": p, "total": t}``),
-  ``reward.txt`` (one number, Harbor's convention), or ``junit.xml``
-  (pytest ``--junitxml``; passed = tests - failures - errors - skipped).
-- no result file, an unreadable one, or a verifier past its timeout is a
-  *missing* assessment, never a zero.
+  ``PYTHONSAFEPATH=1`` (Python never puts the cwd, the harness's workspace,
+  first on ``sys.path``);
+- result: the one file the task names (``[gyre].result``: ``reward.txt``, the
+  default and Harbor's convention, ``reward.json`` or ``junit.xml``), checked by
+  :mod:`gyre.harness.results`; other files are ignored.
+
+What is a zero and what is missing: once the verifier has run on the harness's
+workspace, its outcome is the workspace's, because the workspace's code may be
+what ran (pytest imports it): no result, an invalid one, a verifier past its
+own timeout or flooding its log all score **0** (``detail`` says why), so a
+harness cannot opt out of a zero by breaking the verifier. A workspace the
+copy refuses (over ``max_copy_*``, unreadable entries) scores 0 too.
+*Missing* stays for what the harness cannot cause: the caller's overall
+budget, the host failing (copy destination, sandbox set-up, no ``bash``), a
+task whose verifier needs the sandbox.
 
 With the sandbox on, the verifier also sees Harbor's paths: the copy at
 ``/app`` (its cwd), the tests at ``/tests``, the result folder at
@@ -27,27 +36,26 @@ host's ``/logs``), so a verifier whose files name them is refused: a missing
 assessment saying to use the sandbox, and nothing is run.
 
 Rule ``binary``: 1 if every test passed (or the reward is >= 1), else 0.
-Rule ``fraction``: passed / total (or the reward clipped to [0, 1]).
+Rule ``fraction``: passed / total (or the reward, which the result check keeps in [0, 1]).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import os
 import re
 import shutil
-import time
-import xml.etree.ElementTree as ET
+import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from gyre.trace.assessment import Missing, MissingReason, Scored
 
 from .config import ScorerConfig
 from .process import run_process
+from .results import RESULT_FILES, ResultError, read_result
+from .safe_read import open_dir, printable
+from .safecopy import CopyLimits, WorkspaceRefused, copy_workspace, remove_tree
 from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, Confinement, harbor_verifier_argv
 from .task import Task
 from .userns import chown_tree, make_userns
@@ -79,62 +87,6 @@ def harbor_paths_in(tests_dir: Path) -> set[str]:
     return found
 
 
-class _ResultError(Exception):
-    pass
-
-
-def _read_result(reward_dir: Path) -> tuple[float | None, int | None, int | None, str] | None:
-    """(reward, passed, total, source) from the verifier's files, or None if none was written."""
-    rj = reward_dir / "reward.json"
-    if rj.is_file():
-        try:
-            d = json.loads(rj.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _ResultError(f"reward.json is not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise _ResultError("reward.json must hold an object")
-        if "passed" in d and "total" in d:
-            try:
-                p, t = int(d["passed"]), int(d["total"])
-            except (TypeError, ValueError):
-                raise _ResultError(f"reward.json passed/total are not integers: {d}") from None
-            if t < 0 or not 0 <= p <= max(t, 0):
-                raise _ResultError(f"reward.json passed/total out of range: {p}/{t}")
-            return None, p, t, "reward.json"
-        if "reward" in d:
-            return _number(d["reward"], "reward.json"), None, None, "reward.json"
-        raise _ResultError("reward.json has neither 'reward' nor 'passed'/'total'")
-    rt = reward_dir / "reward.txt"
-    if rt.is_file():
-        return _number(rt.read_text().strip(), "reward.txt"), None, None, "reward.txt"
-    jx = reward_dir / "junit.xml"
-    if jx.is_file():
-        try:
-            root = ET.parse(jx).getroot()
-        except ET.ParseError as e:
-            raise _ResultError(f"junit.xml is malformed ({e})") from None
-        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-        tests = fails = skipped = 0
-        for s in suites:
-            tests += int(s.get("tests", 0))
-            fails += int(s.get("failures", 0)) + int(s.get("errors", 0))
-            skipped += int(s.get("skipped", 0))
-        total = tests - skipped
-        return None, max(0, total - fails), max(total, 0), "junit.xml"
-    return None
-
-
-def _number(v: Any, where: str) -> float:
-    """A finite float from a parsed JSON/text value (anything else is the verifier's error)."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise _ResultError(f"{where}: {v!r} is not a number") from None
-    if math.isnan(x) or math.isinf(x):
-        raise _ResultError(f"{where}: {v!r} is not a finite number")
-    return x
-
-
 def apply_rule(rule: str, reward: float | None, passed: int | None, total: int | None) -> float:
     """The task's reward rule; pure, so the rule is tested on its own."""
     if reward is None:
@@ -147,9 +99,14 @@ def apply_rule(rule: str, reward: float | None, passed: int | None, total: int |
     return min(1.0, max(0.0, reward))
 
 
-def _copy_tree(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> None:
-    ignore = (lambda d, names: [n for n in names if n in skip]) if skip else None
-    shutil.copytree(src, dst, symlinks=True, ignore=ignore, dirs_exist_ok=False)
+def _copy_tree(src: Path, dst: Path) -> None:
+    """The task's own tests (trusted content, already checked by the task loader)."""
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=False)
+
+
+def _zero(task: Task, why: str) -> Scored:
+    """A verifier run that produced no valid result: the workspace scores 0 (docs/harness.md)."""
+    return Scored(reward=0.0, rule=task.reward_rule, detail=f"scored 0: {why}")
 
 
 class Scorer:
@@ -172,7 +129,12 @@ class Scorer:
     async def score(
         self, task: Task, workspace: Path, scratch: Path, timeout_s: float | None = None
     ) -> Scored | Missing:
-        """Assess ``workspace`` by ``task``'s rule. ``timeout_s`` caps the verifier (overall budget)."""
+        """Assess ``workspace`` by ``task``'s rule. ``timeout_s``: what is left of the overall budget.
+
+        The verifier gets its own timeout, or what is left of the budget when that is
+        shorter, counted from *before* the copy: the copy (bounded by ``max_copy_*``) never
+        shortens the verifier's time.
+        """
         budget = (
             task.verifier_timeout_s
             if timeout_s is None
@@ -184,42 +146,70 @@ class Scorer:
                 reason=MissingReason.overall_timeout, detail="no budget left to run the verifier"
             )
         async with self._sem:
-            t0 = time.monotonic()
             try:
                 return await self._score(
-                    task, Path(workspace), Path(scratch), budget, cut_by_budget, t0
+                    task, Path(workspace), Path(scratch), budget, cut_by_budget
                 )
             finally:
                 if not self.config.keep_scratch:
-                    await asyncio.to_thread(shutil.rmtree, scratch, True)
+                    await asyncio.to_thread(remove_tree, scratch)
+
+    async def _prepare(self, task: Task, workspace: Path, scratch: Path) -> Scored | Missing | str:
+        """The scoring copy; a note on skipped entries, or the assessment when it failed."""
+        ws, tests = scratch / "workspace", scratch / "tests"
+        try:
+            if os.path.lexists(scratch):
+                await asyncio.to_thread(remove_tree, scratch)
+            scratch.mkdir(parents=True, mode=0o700)
+        except OSError as e:
+            return Missing(
+                reason=MissingReason.infra_error, detail=f"could not prepare the scoring copy: {e}"
+            )
+        c = self.config
+        limits = CopyLimits(c.max_copy_files, c.max_copy_bytes, c.max_copy_depth)
+        try:
+            rep = await asyncio.to_thread(copy_workspace, workspace, ws, limits)
+        except WorkspaceRefused as e:  # the workspace's own doing: a zero, never missing
+            return _zero(task, f"the workspace cannot be scored: {e}")
+        except OSError as e:  # the host side (disk full): not the harness's
+            return Missing(
+                reason=MissingReason.infra_error,
+                detail=f"could not copy the workspace: {printable(str(e))}",
+            )
+        try:
+            await asyncio.to_thread(_copy_tree, task.tests_dir, tests)
+            (scratch / "reward").mkdir()
+            (scratch / "home").mkdir()
+        except OSError as e:
+            return Missing(
+                reason=MissingReason.infra_error, detail=f"could not prepare the scoring copy: {e}"
+            )
+        if not rep.skipped_count:
+            return ""
+        return f"; {rep.skipped_count} FIFO/socket/device entries not copied ({', '.join(rep.skipped[:3])})"
 
     async def _score(
-        self, task: Task, workspace: Path, scratch: Path, budget: float, cut: bool, t0: float
+        self, task: Task, workspace: Path, scratch: Path, budget: float, cut: bool
     ) -> Scored | Missing:
+        prepared = await self._prepare(task, workspace, scratch)
+        if not isinstance(prepared, str):
+            return prepared
         ws, tests, reward_dir, home = (
             scratch / "workspace",
             scratch / "tests",
             scratch / "reward",
             scratch / "home",
         )
-        try:
-            if scratch.exists():
-                await asyncio.to_thread(shutil.rmtree, scratch)
-            scratch.mkdir(parents=True)
-            await asyncio.to_thread(_copy_tree, workspace, ws)
-            await asyncio.to_thread(_copy_tree, task.tests_dir, tests)
-            reward_dir.mkdir()
-            home.mkdir()
-        except OSError as e:
-            return Missing(
-                reason=MissingReason.infra_error, detail=f"could not prepare the scoring copy: {e}"
-            )
         py_bin = str(Path(self.config.python).parent)
         env = {
             "PATH": f"{py_bin}:/usr/local/bin:/usr/bin:/bin",
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
+            # Python never puts the cwd (the harness's workspace) or a script's folder first on
+            # sys.path, so a planted pytest.py is not imported as pytest; no user site-packages.
+            "PYTHONSAFEPATH": "1",
+            "PYTHONNOUSERSITE": "1",
             "GYRE_WORKSPACE": str(ws),
             "GYRE_TESTS_DIR": str(tests),
             "GYRE_REWARD_DIR": str(reward_dir),
@@ -247,7 +237,8 @@ class Scorer:
                     userns_fd = await asyncio.to_thread(make_userns, c.uid, c.gid)
                 except OSError as e:
                     return Missing(
-                        reason=MissingReason.infra_error, detail=f"sandbox setup failed: {e}"
+                        reason=MissingReason.infra_error,
+                        detail=f"sandbox setup failed: {printable(str(e))}",
                     )
             # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
             assert self._bwrap  # sandboxed
@@ -272,15 +263,47 @@ class Scorer:
             env.update(
                 GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS
             )
-        remaining = budget - (time.monotonic() - t0)
+        # The reward folder as it is now: whatever the verifier does to its path, the result
+        # is read from this folder, by name, without following a link (gyre.harness.safe_read).
+        try:
+            reward_fd = open_dir(reward_dir)
+        except OSError as e:
+            if userns_fd is not None:
+                os.close(userns_fd)
+            return Missing(reason=MissingReason.infra_error, detail=f"reward folder: {e}")
+        try:
+            return await self._verify(
+                task, argv, ws, env, scratch, budget, cut, userns_fd, reward_fd, prepared
+            )
+        finally:
+            os.close(reward_fd)
+
+    async def _verify(
+        self,
+        task: Task,
+        argv: list[str],
+        ws: Path,
+        env: dict[str, str],
+        scratch: Path,
+        budget: float,
+        cut: bool,
+        userns_fd: int | None,
+        reward_fd: int,
+        note: str,
+    ) -> Scored | Missing:
+        """Run the verifier; its result file, checked, becomes the assessment."""
+        logs = (
+            scratch.parent / f"{scratch.name}.verifier.stdout",
+            scratch.parent / (f"{scratch.name}.verifier.stderr"),
+        )
         try:
             res = await run_process(
                 argv,
                 cwd=ws,
                 env=env,
-                stdout_path=scratch.parent / f"{scratch.name}.verifier.stdout",
-                stderr_path=scratch.parent / f"{scratch.name}.verifier.stderr",
-                timeout_s=remaining,
+                stdout_path=logs[0],
+                stderr_path=logs[1],
+                timeout_s=budget,
                 max_log_bytes=self.config.max_log_bytes,
                 pass_fds=() if userns_fd is None else (userns_fd,),
             )
@@ -291,48 +314,70 @@ class Scorer:
         finally:
             if userns_fd is not None:
                 os.close(userns_fd)
-        if res.stop in ("timeout", "log_limit"):
-            reason = (
-                MissingReason.overall_timeout
-                if (cut and res.stop == "timeout")
-                else (
-                    MissingReason.evaluator_timeout
-                    if res.stop == "timeout"
-                    else MissingReason.evaluator_error
-                )
+        if res.stop == "timeout" and cut:  # the caller's budget, shorter than the verifier's own
+            return Missing(
+                reason=MissingReason.overall_timeout,
+                detail=f"the overall budget ran out while the verifier ran ({budget:.1f}s)",
             )
+        if res.stop in ("timeout", "log_limit"):  # the workspace's code may hang or flood it
             what = "flooded its log" if res.stop == "log_limit" else f"ran past {budget:.1f}s"
-            return Missing(reason=reason, detail=f"verifier {what} and was killed")
+            return _zero(task, f"the verifier {what} and was killed{note}")
+        name = task.result_file
         try:
-            found = _read_result(reward_dir)
-        except _ResultError as e:
-            return Missing(
-                reason=MissingReason.evaluator_error, detail=f"verifier result unreadable: {e}"
-            )
+            found = await asyncio.to_thread(read_result, reward_fd, name)
+        except ResultError as e:
+            return _zero(task, f"invalid verifier result: {e}{note}")
         if found is None:
-            tail = _tail(scratch.parent / f"{scratch.name}.verifier.stderr") or _tail(
-                scratch.parent / f"{scratch.name}.verifier.stdout"
+            others = await asyncio.to_thread(_present, reward_fd, name)
+            hint = (
+                f" (it wrote {', '.join(others)}: the task reads only {name}, set [gyre].result)"
+                if others
+                else ""
             )
-            return Missing(
-                reason=MissingReason.evaluator_error,
-                detail=f"verifier exited with status {res.exit_code} and wrote no reward; last output: {tail!r}",
+            tail = await asyncio.to_thread(_tail, logs[1]) or await asyncio.to_thread(
+                _tail, logs[0]
             )
-        reward, passed, total, source = found
+            return _zero(
+                task,
+                f"the verifier exited with status {res.exit_code} and wrote no {name}{hint}; "
+                f"last output: {tail!r}{note}",
+            )
         return Scored(
-            reward=apply_rule(task.reward_rule, reward, passed, total),
+            reward=apply_rule(task.reward_rule, found.reward, found.passed, found.total),
             rule=task.reward_rule,
-            passed=passed,
-            total=total,
-            detail=f"from {source}; verifier exit status {res.exit_code}",
+            passed=found.passed,
+            total=found.total,
+            detail=f"from {found.source}; verifier exit status {res.exit_code}{note}",
         )
 
 
-def _tail(path: Path, n: int = 400) -> str:
+def _present(dir_fd: int, but: str) -> list[str]:
+    """The other result files the verifier wrote (for the hint); never follows a link."""
+    out = []
+    for n in RESULT_FILES:
+        if n == but:
+            continue
+        try:
+            os.stat(n, dir_fd=dir_fd, follow_symlinks=False)
+            out.append(n)
+        except OSError:
+            pass
+    return out
+
+
+def _tail(path: Path, n: int = 160) -> str:
+    """The last ``n`` bytes of a verifier log (a file the scorer itself created)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode("utf-8", "replace").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        os.lseek(fd, max(0, st.st_size - n), os.SEEK_SET)
+        return os.read(fd, n).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)

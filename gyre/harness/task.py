@@ -18,12 +18,15 @@ each execution's fresh workspace. The ``[gyre]`` table is Gyre's extension
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib  # Python >= 3.11 (requires-python)
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
+
+from .results import RESULT_FILES
 
 RewardRule = Literal["binary", "fraction"]
 _ENV_FILES_NOT_COPIED = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
@@ -52,6 +55,8 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
     # Files of the starting repository that are not copied (Harbor's container build files).
     skip_files: frozenset[str] = frozenset()
+    # The one file of the verifier's that holds its result ([gyre].result; gyre.harness.results).
+    result_file: str = "reward.txt"
 
     @property
     def hidden(self) -> Path:
@@ -63,14 +68,17 @@ def _positive(value: Any, where: str) -> float:
         v = float(value)
     except (TypeError, ValueError):
         raise TaskError(f"{where} must be a number, got {value!r}") from None
-    if not v > 0:
-        raise TaskError(f"{where} must be > 0, got {v}")
+    if not (v > 0 and math.isfinite(v)):
+        raise TaskError(f"{where} must be > 0 and finite, got {v}")
     return v
 
 
 def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
     """Load and check one task folder; raise TaskError naming the problem."""
-    root = Path(path).expanduser().resolve()
+    try:
+        root = Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError on Python 3.11-3.12)
+        raise TaskError(f"task folder {path}: cannot be resolved ({e})") from None
     if not root.is_dir():
         raise TaskError(f"task folder {root} does not exist or is not a directory")
     instr = root / "instruction.md"
@@ -114,6 +122,12 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         raise TaskError(
             f"task {root.name}: [gyre].reward must be 'binary' or 'fraction', got {rule!r}"
         )
+    result = gyre.get("result", "reward.txt")
+    if result not in RESULT_FILES:
+        raise TaskError(
+            f"task {root.name}: [gyre].result must be one of {', '.join(RESULT_FILES)}, "
+            f"got {result!r}"
+        )
     env = verifier.get("env", {}) or {}
     if not isinstance(env, dict):
         raise TaskError(f"task {root.name}: [verifier].env must be a table of strings")
@@ -145,6 +159,7 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         tests_dir=tests,
         solution_dir=sol if sol.is_dir() else None,
         reward_rule=rule,
+        result_file=result,
         harness_timeout_s=harness_timeout,
         verifier_timeout_s=verifier_timeout,
         overall_timeout_s=overall_timeout,

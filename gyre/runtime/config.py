@@ -57,7 +57,7 @@ class RayConfig(BaseModel):
 class RunConfig(BaseModel):
     """The ``[run]`` section."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `inf` seconds: a mistake
 
     taskset: str = Field(
         "quickstart", description="task set: built-in name or a folder of Harbor-layout tasks"

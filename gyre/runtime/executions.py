@@ -215,6 +215,9 @@ class Executions:
             "executions_trained": st.executions_trained,
             "groups_all_equal": st.groups_all_equal,
         }
+        for r in rewards.values():  # by reason, per step (so per policy version): a trend shows
+            if isinstance(r, Missing):
+                info[f"missing/{r.reason.value}"] = info.get(f"missing/{r.reason.value}", 0) + 1
         return group, st.executions_scored, info, chunk.tasks
 
     # ------------------------------------------------------------------ evaluation

@@ -32,7 +32,7 @@ POOL_EXTRA_BATCHES = 8  # groups drawn beyond total_steps * B: more than any (ph
 class LongTailConfig(BaseModel):
     """``[run.longtail]``: durations in real seconds, as ``gyre.sim``'s workload in hours."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `inf` seconds: a mistake
 
     median_s: float = Field(
         6.0, gt=0, description="median attempt duration before the query factor"

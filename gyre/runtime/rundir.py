@@ -139,6 +139,7 @@ class RunDir:
             "batch/groups": len(rec.groups),
             "batch/executions_scored": scored,
             "batch/executions_missing": p.get("missing", 0),
+            **{f"batch/{k}": v for k, v in p.items() if k.startswith("missing/")},  # by reason
             "batch/groups_all_equal": p.get("groups_all_equal", 0),
             "batch/executions_trained": p.get("executions_trained", 0),
             "batch/unreadable_traces": p.get("unreadable_traces", 0),

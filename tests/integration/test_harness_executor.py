@@ -81,7 +81,10 @@ async def test_timeout_after_correct_file_scores_one_and_nothing_scores_zero(exe
     assert r.harness.exit_code == 7 and r.reward == 1.0
 
 
-async def test_evaluator_crash_and_hang_are_missing_never_zero(executor, tmp_path):
+async def test_evaluator_crash_hang_and_garbage_score_zero_not_missing(executor, tmp_path):
+    """Issue 19: the workspace's code may be what crashed or hung the verifier (pytest imports
+    it), so a verifier that gives no valid result is the workspace's zero; were it missing, a
+    harness could opt out of every zero it earns. (Was: missing, evaluator_error/timeout.)"""
     crash = load_task(make_task(tmp_path, "crash", test_sh="echo boom >&2; exit 3\n"))
     hang = load_task(make_task(tmp_path, "hang", test_sh="sleep 60\n", verifier_timeout=1.0))
     garbage = load_task(
@@ -100,21 +103,14 @@ async def test_evaluator_crash_and_hang_are_missing_never_zero(executor, tmp_pat
         ]
     )
     c, h, g, ok1, ok0 = results
-    assert (
-        isinstance(c.assessment, Missing) and c.assessment.reason == MissingReason.evaluator_error
-    )
-    assert "boom" in c.assessment.detail and "status 3" in c.assessment.detail
-    assert (
-        isinstance(h.assessment, Missing) and h.assessment.reason == MissingReason.evaluator_timeout
-    )
-    assert (
-        isinstance(g.assessment, Missing) and g.assessment.reason == MissingReason.evaluator_error
-    )
     for r in (c, h, g):
-        assert r.reward is None and not hasattr(r.assessment, "reward")
-    # Missing is excluded from the mean, not averaged as 0: mean of {1, 0} only.
-    assert mean_reward([r.assessment for r in results]) == 0.5
-    assert mean_reward([c.assessment, h.assessment]) is None
+        assert isinstance(r.assessment, Scored) and r.reward == 0.0, r.assessment
+        assert r.assessment.detail.startswith("scored 0: ")
+    assert "boom" in c.assessment.detail and "status 3" in c.assessment.detail
+    assert "ran past 1.0s" in h.assessment.detail and h.timings.scoring_s < 10
+    assert "not a number" in g.assessment.detail
+    assert ok1.reward == 1.0 and ok0.reward == 0.0
+    assert mean_reward([r.assessment for r in results]) == 0.2
 
 
 async def test_overall_budget_exhausted_is_missing(executor, tmp_path):

@@ -119,14 +119,18 @@ async def test_harness_file_counts_when_the_proxy_saw_nothing(tmp_path):
 # ---- the reference agent against a dead port: no proxy, no hook --------------------------------
 
 
-async def test_reference_agent_against_a_dead_port_is_missing_not_a_reward(tmp_path):
+async def test_reference_agent_against_a_dead_port_scores_its_zero_with_the_report(tmp_path):
+    """No proxy: only the harness says no call was answered, and its word cannot turn a zero
+    into missing (issue 19); the report is kept in the detail and in ``model_calls``.
+    (Was: Missing(model_unreachable) from the harness's file alone.)"""
     task = load_task(make_task(tmp_path))
     t0 = time.monotonic()
     (r,) = await run(tmp_path, [spec("dead", task, reference(), dead_url(), api_key="k")])
     a = r.assessment
-    assert isinstance(a, Missing) and a.reason == MissingReason.model_unreachable, a
+    assert isinstance(a, Scored) and a.reward == 0.0, a
+    assert "none answered by the policy (by the harness)" in a.detail, a.detail
     assert "Connection refused" in a.detail, a.detail
-    assert r.reward is None and r.harness.exit_code == 2
+    assert r.harness.exit_code == 2
     assert r.harness.model_calls == ModelCalls(1, 0, r.harness.model_calls.last_error, "harness")
     stderr = Path(r.harness.stderr_path).read_text()
     assert "reference agent: the model at" in stderr and "is unreachable" in stderr
@@ -149,14 +153,15 @@ async def test_sandboxed_reference_agent_against_a_dead_port(tmp_path, network):
     async with HarnessExecutor(cfg) as ex:
         r = await ex.run(spec(f"dead-{network}", task, reference(), dead_url(), api_key="k"))
     a = r.assessment
-    assert isinstance(a, Missing) and a.reason == MissingReason.model_unreachable, (
+    assert isinstance(a, Scored) and a.reward == 0.0, a  # its own word: a zero stays a zero
+    assert r.harness.model_calls is not None and r.harness.model_calls.source == "harness", (
         a,
         Path(r.harness.stderr_path).read_text()[-2000:],
     )
-    assert r.harness.model_calls is not None and r.harness.model_calls.source == "harness"
+    assert r.harness.model_calls.unreachable
 
 
-def test_cli_prints_missing_for_a_dead_port(tmp_path):
+def test_cli_prints_the_harness_report_for_a_dead_port(tmp_path):
     from typer.testing import CliRunner
 
     from gyre.harness.cli import app
@@ -175,9 +180,9 @@ def test_cli_prints_missing_for_a_dead_port(tmp_path):
             "--arg=stdlib",
         ],
     )
-    assert out.exit_code == 1, out.output
-    assert out.output.startswith("MISSING    model_unreachable: 1 model call attempted"), out.output
-    assert "reward" not in out.output
+    assert out.exit_code == 0, out.output  # scored: only the harness says the model was down
+    assert out.output.startswith("reward     0  [binary]"), out.output
+    assert "detail     " in out.output and "1 model call attempted, none answered" in out.output
 
 
 # ---- through the proxy -------------------------------------------------------------------------

@@ -47,6 +47,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     empty.write_text("")
     notjson = d / "notjson.jsonl"
     notjson.write_text("not json at all\n")
+    loop = d / "loop"  # a task folder that is a symlink loop
+    loop.symlink_to(d / "loop2")
+    (d / "loop2").symlink_to(loop)
     nomodel = d / "nomodel"  # a directory, but no config.json
     nomodel.mkdir()
     notok = d / "notok"  # config.json but no tokenizer
@@ -76,6 +79,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "empty": empty,
         "notjson": notjson,
         "nomodel": nomodel,
+        "loop": loop,
         "notok": notok,
         "badcfg": badcfg,
         "badtok": badtok,
@@ -364,6 +368,40 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
             + ["--base-url", DEAD]
         ),
         ("command: Input should be a valid list (got 5)",),
+    ),
+    (  # issue 19: an infinite timeout is a mistake, not "no timeout"
+        "harness-run-inf-timeout",
+        lambda f, p: ["harness", "run", str(TASK), "--base-url", DEAD, "--harness-timeout", "inf"],
+        ("--harness-timeout must be a finite number", "inf"),
+    ),
+    (
+        "harness-run-task-symlink-loop",
+        lambda f, p: ["harness", "run", str(f["loop"]), "--base-url", DEAD],
+        ("cannot be resolved", "loop"),
+    ),
+    (
+        "config-show-inf-executor-seconds",
+        lambda f, p: [
+            "config",
+            "show",
+            "--model-dir",
+            "m",
+            "--set",
+            "executor.kill_grace_s=Infinity",
+        ],
+        ("executor.kill_grace_s", "finite number"),
+    ),
+    (
+        "config-show-inf-run-timeout",
+        lambda f, p: [
+            "config",
+            "show",
+            "--model-dir",
+            "m",
+            "--set",
+            "run.harness_timeout_s=Infinity",
+        ],
+        ("run.harness_timeout_s", "finite number"),
     ),
     (
         "harness-tasks-no-such-set",

@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import TypeAdapter
 
-from gyre.harness.scorer import _read_result, _ResultError, apply_rule
+from gyre.harness.results import ResultError, VerifierResult, parse_result
+from gyre.harness.scorer import apply_rule
 from gyre.trace.assessment import (
     Assessment,
     Missing,
@@ -62,16 +63,13 @@ def test_reward_rules(rule, reward, passed, total, want):
     assert apply_rule(rule, reward, passed, total) == want
 
 
-def test_result_files(tmp_path):
-    assert _read_result(tmp_path) is None  # nothing written -> caller makes it Missing
-    (tmp_path / "junit.xml").write_text(
-        '<testsuites><testsuite name="a" tests="5" failures="1" errors="1" skipped="1"/></testsuites>'
-    )
-    assert _read_result(tmp_path) == (None, 2, 4, "junit.xml")
-    (tmp_path / "reward.txt").write_text("0.5\n")
-    assert _read_result(tmp_path) == (0.5, None, None, "reward.txt")
-    (tmp_path / "reward.json").write_text(json.dumps({"passed": 3, "total": 4}))
-    assert _read_result(tmp_path) == (None, 3, 4, "reward.json")
+def test_result_files():
+    junit = b'<testsuites><testsuite name="a" tests="5" failures="1" errors="1" skipped="1"/></testsuites>'
+    assert parse_result("junit.xml", junit) == VerifierResult(None, 2, 4, "junit.xml")
+    assert parse_result("reward.txt", b"0.5\n") == VerifierResult(0.5, None, None, "reward.txt")
+    body = json.dumps({"passed": 3, "total": 4}).encode()
+    assert parse_result("reward.json", body) == VerifierResult(None, 3, 4, "reward.json")
+    assert parse_result("reward.json", b'{"reward": 1}').reward == 1.0
 
 
 @pytest.mark.parametrize(
@@ -86,7 +84,6 @@ def test_result_files(tmp_path):
         ("junit.xml", "<testsuite"),
     ],
 )
-def test_unreadable_results_raise(tmp_path, name, content):
-    (tmp_path / name).write_text(content)
-    with pytest.raises(_ResultError):
-        _read_result(tmp_path)
+def test_unreadable_results_raise(name, content):
+    with pytest.raises(ResultError):
+        parse_result(name, content.encode())

@@ -102,6 +102,20 @@ def test_plain_harbor_task_defaults(tmp_path):
             lambda d: (d / "task.toml").write_text("agent = 3\n"),
             r"\[agent\] in task.toml must be a table",
         ),
+        # TOML spells infinity and NaN; neither is a timeout (issue 19)
+        (lambda d: (d / "task.toml").write_text("[agent]\ntimeout_sec = inf\n"), "finite, got inf"),
+        (
+            lambda d: (d / "task.toml").write_text("[verifier]\ntimeout_sec = nan\n"),
+            "finite, got nan",
+        ),
+        (
+            lambda d: (d / "task.toml").write_text("[gyre]\noverall_timeout_sec = inf\n"),
+            "finite, got inf",
+        ),
+        (
+            lambda d: (d / "task.toml").write_text("[gyre]\nresult = 'score.txt'\n"),
+            r"\[gyre\].result must be one of reward.txt, reward.json, junit.xml",
+        ),
     ],
 )
 def test_bad_task_folders_give_clear_errors(tmp_path, breakage, message):
@@ -109,6 +123,23 @@ def test_bad_task_folders_give_clear_errors(tmp_path, breakage, message):
     breakage(d)
     with pytest.raises(TaskError, match=message):
         load_task(d)
+
+
+def test_symlink_loop_is_a_task_error_not_a_traceback(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(TaskError, match="cannot be resolved"):
+        load_task(tmp_path / "a")
+
+
+def test_result_file_is_declared_or_harbors_default(tmp_path):
+    assert load_task(write_task(tmp_path / "x")).result_file == "reward.txt"
+    d = write_task(tmp_path / "y", toml='[gyre]\nresult = "junit.xml"\n')
+    assert load_task(d).result_file == "junit.xml"
+    from gyre.harness.task import load_taskset
+
+    assert {t.result_file for t in load_taskset("pyfix")} == {"junit.xml"}
+    assert {t.result_file for t in load_taskset("quickstart")} == {"reward.json"}
 
 
 def test_nonexistent_folder(tmp_path):

@@ -63,3 +63,25 @@ async def test_unreachable_execution_is_missing_with_its_reason_in_executions_js
     assert rows[0]["model_calls"] == {"attempted": 1, "answered": 0}
     assert rows[1]["reward"] == 0.0 and rows[1]["missing"] is None
     assert rows[1]["model_calls"] == {"attempted": 3, "answered": 3}
+
+
+async def test_missing_by_reason_reaches_the_step_metrics(tmp_path):
+    """Per step (so per policy version), each missing reason gets its own count (issue 19)."""
+    cfg = GyreConfig.model_validate({"model_dir": str(tmp_path), "policy": {"group_size": 2}})
+    rundir = RunDir(tmp_path / "run").create()
+    tasks = TaskStream("quickstart", ["digits"], [], seed=0)
+    cluster = SimpleNamespace(proxy=SimpleNamespace(url="http://127.0.0.1:9"))
+    ex = Executions(cfg, rundir, tasks, cluster)
+    ex.profile = load_profile("reference")
+    ex.admin = SimpleNamespace(revoke=lambda eid: 1)
+    dead = Missing(reason=MissingReason.model_unreachable, detail="HTTP 503")
+    ex.executor = FakeExecutor(
+        {
+            "r0-g00000-a00": (dead, ModelCalls(1, 0, "HTTP 503", "proxy")),
+            "r0-g00000-a01": (Scored(reward=0.0, rule="binary"), ModelCalls(3, 3, "", "proxy")),
+        }
+    )
+    await ex.run(0, 0)
+    await ex.run(0, 1)
+    _, _, info, _ = ex.pack_group(0, step=0, start_index=0)
+    assert info["missing"] == 1 and info["missing/model_unreachable"] == 1
