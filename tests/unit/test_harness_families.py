@@ -62,6 +62,24 @@ def test_unknown_family_and_split() -> None:
         problems("arith", 0, "test", 1)
 
 
+@pytest.mark.parametrize(
+    ("reply", "reward"), [("Answer: {a}", 1.0), ("Answer: {b}", 0.1), ("so {a}.", 0.5), ("", 0.0)]
+)
+async def test_scorer_reads_the_generated_verifier(tmp_path: Path, reply: str, reward: float) -> None:
+    """Through Gyre's own scorer (copy, verifier process, the task's declared result file)."""
+    from gyre.harness.scorer import Scorer
+    from gyre.trace.assessment import Scored
+
+    p = problems("arith", 0, "train", 1)[0]
+    write_taskset([p], tmp_path / "set")
+    task = load_taskset(tmp_path / "set")[0]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "answer.txt").write_text(reply.format(a=p.answer, b=int(p.answer) + 1))
+    got = await Scorer().score(task, ws, tmp_path / "scratch", timeout_s=60.0)
+    assert isinstance(got, Scored) and got.reward == reward
+
+
 def test_written_verifier_scores_answer(tmp_path: Path) -> None:
     items = problems("arith", 0, "train", 2) + problems("arith", 0, "held-out", 1)
     write_taskset(items, tmp_path / "set")

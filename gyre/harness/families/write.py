@@ -27,6 +27,7 @@ timeout_sec = {harness_timeout}
 timeout_sec = 30.0
 
 [gyre]
+result = "reward.json"
 reward = "fraction"
 overall_timeout_sec = {overall_timeout}
 """
