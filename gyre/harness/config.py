@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class SandboxConfig(BaseModel):
@@ -28,7 +28,10 @@ class SandboxConfig(BaseModel):
     the host's network namespace instead.
     """
 
-    enabled: bool = False
+    # On by default: a harness runs model-written commands. ``executor.sandbox = false`` (or
+    # ``enabled = false``) is the explicit opt-out; with it on and bubblewrap missing or not
+    # working, the executor refuses to start rather than run harnesses unconfined.
+    enabled: bool = True
     bwrap: str = "bwrap"
     # "shared": the host's network namespace (the harness reaches the proxy on loopback, but
     # also anything else the host can reach). "proxy-only": its own network namespace; the
@@ -63,7 +66,9 @@ class ScorerConfig(BaseModel):
     # Python whose bin directory goes first on the verifier's PATH (pytest lives there).
     python: str = sys.executable
     max_log_bytes: int = 4 * 1024 * 1024
-    sandbox: bool = True  # use bubblewrap for the verifier when the executor's sandbox is enabled
+    # Bubblewrap for the verifier whenever the executor's sandbox is enabled. Turning it off
+    # alone is refused (see ExecutorConfig): only ``executor.sandbox = false`` turns both off.
+    sandbox: bool = True
     keep_scratch: bool = False  # keep the scored copy (debugging a verifier)
 
 
@@ -84,3 +89,22 @@ class ExecutorConfig(BaseModel):
     overall_slack_s: float = 60.0
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     scorer: ScorerConfig = Field(default_factory=ScorerConfig)
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_switch(cls, v: Any) -> Any:
+        """``sandbox = false`` / ``true``: the whole section's switch, in one word."""
+        return {"enabled": v} if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _no_unconfined_verifier(self) -> ExecutorConfig:
+        """A sandboxed harness with an unsandboxed verifier is worse than either: the verifier
+        runs the harness's planted code (a ``pytest.py`` in the workspace) as the launcher."""
+        if self.sandbox.enabled and not self.scorer.sandbox:
+            raise ValueError(
+                "executor.scorer.sandbox = false with executor.sandbox on would run the "
+                "verifier on the harness's workspace unconfined, as you (a planted pytest.py "
+                "runs as the launcher): drop scorer.sandbox = false, or set "
+                "executor.sandbox = false to run without any sandbox"
+            )
+        return self

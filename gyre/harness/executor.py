@@ -35,13 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 
 from . import homeseed, netbridge
-from .config import ExecutorConfig
+from .config import ExecutorConfig, SandboxConfig
 from .forwarder import UnixForwarder
+from .fsmode import strip_tree
 from .model_calls import CALLS_FILE_ENV, CALLS_FILE_NAME, ModelCalls, read_calls_file
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_npm_harness
 from .quota import watch_tree
-from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available
+from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available, sandbox_unusable
 from .scorer import Scorer
 from .task import Task
 from .userns import chown_tree, make_userns
@@ -148,13 +149,9 @@ class HarnessExecutor:
     # ---- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        cfg.workspace_root.mkdir(parents=True, exist_ok=True)
+        _private_dir(cfg.workspace_root)
         if cfg.sandbox.enabled:
-            self._bwrap = bwrap_available(cfg.sandbox.bwrap)
-            if self._bwrap is None:
-                raise ExecutionError(
-                    f"sandbox enabled but {cfg.sandbox.bwrap!r} is not installed (Debian: apt-get install bubblewrap)"
-                )
+            self._bwrap = await asyncio.to_thread(_working_bwrap, cfg.sandbox)
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._scorer = Scorer(
             cfg.scorer,
@@ -428,7 +425,7 @@ class HarnessExecutor:
                     bwrap_argv,
                     argv,
                     workspace=ws,
-                    hide=[cfg.workspace_root.resolve(), task.hidden, *sb.hide_paths],
+                    hide=[cfg.workspace_root.resolve(), *_task_paths(task), *sb.hide_paths],
                     writable=writable,
                     ro_binds=ro_binds,
                     home=SANDBOX_HOME,
@@ -487,6 +484,9 @@ class HarnessExecutor:
                 await forwarder.stop()
             if sock_dir is not None:
                 shutil.rmtree(sock_dir, ignore_errors=True)
+            # The harness is gone: no set-id bit or open mode of its making reaches the host's
+            # kept workspace or the scoring copy (gyre.harness.fsmode).
+            await asyncio.to_thread(_strip_modes, ws, artifacts)
         timings.harness_s = pres.wall_s
         timings.launched_s = timings.queued_s + (pres.started_at - t_launch)
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
@@ -558,7 +558,7 @@ class HarnessExecutor:
         artifacts: Path,
         home: Path,
     ) -> None:
-        exec_dir.mkdir(parents=True)
+        exec_dir.mkdir(mode=0o700)  # the workspace root is checked private by start()
         skip = task.skip_files
         shutil.copytree(
             task.repository,
@@ -660,6 +660,58 @@ class HarnessExecutor:
             **spec.extra_env,
         }
         return argv, env, prof.render_home_files(values)
+
+
+def _private_dir(path: Path) -> None:
+    """Create the workspace root 0700, or close an existing one of ours to other users.
+
+    Workspaces hold whatever harnesses wrote (and, unsandboxed, as the launcher): no other
+    local user may walk in. A root owned by someone else is refused.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.geteuid():
+        raise ExecutionError(
+            f"workspace root {path} belongs to uid {st.st_uid}, not to this user: "
+            "choose a folder of your own (executor.workspace_root)"
+        )
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+
+
+_OPT_OUT = (
+    "or opt out with executor.sandbox = false (`gyre harness run --no-sandbox`): harnesses "
+    "then run as you, with your files and your network"
+)
+
+
+def _working_bwrap(sb: SandboxConfig) -> str:
+    """The bwrap binary, checked to confine on this machine; ExecutionError (one line) if not."""
+    bwrap = bwrap_available(sb.bwrap)
+    if bwrap is None:
+        raise ExecutionError(
+            f"the harness sandbox is on (the default) but {sb.bwrap!r} is not installed: "
+            f"install bubblewrap (Debian: apt-get install bubblewrap), {_OPT_OUT}"
+        )
+    why = sandbox_unusable(bwrap, sb.uid, sb.gid)
+    if why is not None:
+        raise ExecutionError(f"the harness sandbox is on but cannot work here ({why}); {_OPT_OUT}")
+    return bwrap
+
+
+def _task_paths(task: Task) -> list[Path]:
+    """What of the task a harness must not see, each resolved (bwrap_argv resolves too): its
+    hidden root (the whole task set), its folder, its tests and solution wherever they lie."""
+    paths = [task.hidden, task.root, task.tests_dir]
+    if task.solution_dir is not None:
+        paths.append(task.solution_dir)
+    return [p.resolve() for p in paths]
+
+
+def _strip_modes(*trees: Path) -> None:
+    for t in trees:
+        if t.is_dir():
+            strip_tree(t)
 
 
 def _write_files(root: Path, files: dict[str, str]) -> None:

@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,8 @@ ATTEMPTS = [
     "fork_bomb",
     "file_past_size_limit",
     "tmp_past_tmpfs_size",
+    "dev_shm_past_tmpfs_size",
+    "dev_past_tmpfs_size",
 ]
 # + "workspace_past_quota" (its own execution): len(ATTEMPTS) + 1 attempts per launcher.
 MAX_PROCS, MAX_FILE, TMPFS, QUOTA = 64, 8 << 20, 16 << 20, 32 << 20
@@ -267,6 +270,17 @@ def _probe(host: dict, who: str) -> dict:
     rep = Path(res["workspace"]) / "report.json"
     assert rep.is_file(), f"the probe wrote no report: {res}"
     report = json.loads(rep.read_text())
+    ws = Path(res["workspace"])
+    report["_modes"] = {
+        n: os.lstat(p).st_mode
+        for n, p in (
+            ("suid.bin", ws / "suid.bin"),
+            ("suid.dir", ws / "suid.dir"),
+            ("exec_dir", ws.parent),
+            ("workspace_root", ws.parent.parent),
+        )
+        if os.path.lexists(p)
+    }
     report["_host_files_written"] = [
         f for f in [*host["host_files"], host["host_home_file"]] if os.path.exists(f)
     ]
@@ -331,6 +345,17 @@ def test_proxy_still_reachable_and_no_host_file_written(reports, who):
     assert r["_host_files_written"] == []
     # The limits are real, not vacuous: the fork bomb was stopped by the kernel, near the limit.
     assert MAX_PROCS // 2 < r["fork_bomb"]["children"] < MAX_PROCS, r["fork_bomb"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_no_setid_bits_or_open_modes_left_on_the_host(reports, who):
+    """A setuid/setgid file the harness made is not setuid on the host (kept workspace, and so
+    the scoring copy); execution folders are closed to other users (0700)."""
+    modes = _report(reports, who)["_modes"]
+    assert set(modes) == {"suid.bin", "suid.dir", "exec_dir", "workspace_root"}, modes
+    for name, mode in modes.items():
+        assert mode & 0o7077 == 0, f"{who}: {name} is {stat.filemode(mode)} ({oct(mode)})"
 
 
 @pytest.mark.slow
