@@ -56,6 +56,9 @@ class SandboxConfig(BaseModel):
     # The workspace's total size, checked every ``disk_check_s``: past it the harness is
     # stopped (``disk_limit``) and its workspace scored like a timeout's. 0: unchecked.
     max_workspace_bytes: int = Field(default=8 << 30, ge=0)
+    # ... and its entries (files, directories, links: inodes cost no bytes). 0: unchecked.
+    # Also bounds each check's walk (~2 s per 100k entries on a busy 2-core machine).
+    max_workspace_files: int = Field(default=250_000, ge=0)
     disk_check_s: float = Field(default=1.0, gt=0)
 
 

@@ -441,9 +441,10 @@ class HarnessExecutor:
                     shutil.rmtree(sock_dir, ignore_errors=True)
                 raise
             env["HOME"] = SANDBOX_HOME
-            if sb.max_workspace_bytes:
+            if sb.max_workspace_bytes or sb.max_workspace_files:
+                limit = sb.max_workspace_bytes or 1 << 62
                 watcher = asyncio.ensure_future(
-                    watch_tree(ws, sb.max_workspace_bytes, sb.disk_check_s)
+                    watch_tree(ws, limit, sb.disk_check_s, sb.max_workspace_files)
                 )
 
         # 3. The harness, until it exits, its timeout, the overall deadline, or a log flood.
@@ -502,7 +503,8 @@ class HarnessExecutor:
             )
         elif pres.stop == "disk_limit":
             run.error = (
-                f"harness's workspace grew past {sb.max_workspace_bytes} bytes and it was stopped"
+                f"harness's workspace grew past {sb.max_workspace_bytes} bytes or "
+                f"{sb.max_workspace_files} entries and it was stopped"
             )
         timings.teardown_s = pres.kill_s
         if run.stop == "overall_timeout":

@@ -382,3 +382,30 @@ def test_workspace_past_quota_is_stopped(host, who):
     used = sum(f.stat().st_size for f in Path(res["workspace"]).iterdir() if f.name.startswith("f"))
     assert res["stop"] == "disk_limit", res
     assert QUOTA < used < 1 << 30, used  # stopped well before its 2 GiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_workspace_past_file_quota_is_stopped(host, who):
+    """Empty files cost no bytes but inodes: the entry count is a quota too."""
+    if who == "user" and (why := _unprivileged_unavailable()):
+        pytest.skip(f"unprivileged launcher unavailable: {why}")
+    if who == "root" and os.geteuid() != 0:
+        pytest.skip("not run as root")
+    py = sys.executable if who == "root" else SYSTEM_PY
+    writer = (
+        "import os\n"
+        "os.mkdir('m')\n"
+        "for i in range(400000):\n"
+        "    os.close(os.open('m/' + str(i), os.O_CREAT | os.O_WRONLY, 0o600))\n"
+    )
+    res = _launch(
+        host,
+        who,
+        "files",
+        [py, "-c", writer],
+        {"max_workspace_files": 5000, "disk_check_s": 0.2},
+    )
+    made = len(os.listdir(Path(res["workspace"]) / "m"))
+    assert res["stop"] == "disk_limit", res
+    assert 5000 < made < 400000, made  # stopped well before its 400k
