@@ -41,6 +41,9 @@ class SandboxConfig(BaseModel):
     hide_paths: list[Path] = Field(default_factory=list)
     # Extra read-only binds (src -> same path) for things under hidden trees.
     ro_binds: list[Path] = Field(default_factory=list)
+    # proxy-only: connections one harness may hold open to the proxy at once (more are closed
+    # at once), so one execution cannot take the proxy's file descriptors from the others.
+    max_proxy_connections: int = Field(default=64, ge=1)
     # The scorer needs no network at all, so it can run with --unshare-net.
     scorer_unshare_net: bool = True
     # The harness's (and verifier's) uid/gid inside the sandbox, and on the host when root

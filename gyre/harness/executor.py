@@ -403,7 +403,9 @@ class HarnessExecutor:
                 sock_dir = Path(
                     tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp")
                 )  # short: AF_UNIX paths <= 107 bytes
-                forwarder = UnixForwarder(sock_dir / "p.sock", bridge[0], bridge[1])
+                forwarder = UnixForwarder(
+                    sock_dir / "p.sock", bridge[0], bridge[1], sb.max_proxy_connections
+                )
                 # By file, isolated and without site: it is stdlib only, and it starts
                 # before every proxy-only harness.
                 argv = [

@@ -44,7 +44,9 @@ def spec(eid: str, task, profile: HarnessProfile, **kw) -> ExecutionSpec:
 @pytest.fixture
 async def executor(tmp_path):
     ex = HarnessExecutor(
-        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8)
+        ExecutorConfig(
+            sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8
+        )
     )
     await ex.start()
     yield ex
@@ -185,7 +187,9 @@ async def test_stop_kills_running_executions(tmp_path):
     task = load_task(make_task(tmp_path))
     # One slot: one execution runs, the other waits in the queue.
     ex = HarnessExecutor(
-        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1)
+        ExecutorConfig(
+            sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1
+        )
     )
     await ex.start()
     t = asyncio.create_task(ex.run(spec("s", task, shell_profile(f"sleep 900.{marker}"))))
@@ -223,8 +227,8 @@ async def test_stop_kills_running_executions(tmp_path):
 
 async def test_bad_input_recorded_while_others_are_served(tmp_path):
     task = load_task(make_task(tmp_path, agent_timeout=20.0))
-    cfg = ExecutorConfig(sandbox=OFF, 
-        workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024
+    cfg = ExecutorConfig(
+        sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024
     )
     async with HarnessExecutor(cfg) as ex:
         results = await ex.run_many(
@@ -361,7 +365,9 @@ async def test_sandbox_isolates_workspaces_and_hidden_tests(tmp_path):
         r.reward == 1.0 and other.reward == 0.0
     )  # the sandboxed harness still wrote its own workspace
     # Without the sandbox the same probe does see the hidden file (what the sandbox prevents).
-    async with HarnessExecutor(ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2")) as ex:
+    async with HarnessExecutor(
+        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2")
+    ) as ex:
         r2 = await ex.run(spec("probe2", task, shell_profile(f"cat {task_dir}/tests/secret.txt")))
     assert "TOP-SECRET" in Path(r2.harness.stdout_path).read_text()
 
@@ -458,7 +464,9 @@ async def test_harbor_style_verifier_paths_with_sandbox(tmp_path):
     # Without the sandbox those paths are the host's (it would write the host's /logs): the
     # verifier is refused before it runs -- a missing assessment saying why, not a zero.
     logs_before = os.path.exists("/logs/verifier/reward.txt")
-    async with HarnessExecutor(ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2")) as ex:
+    async with HarnessExecutor(
+        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2")
+    ) as ex:
         r = await ex.run(spec("h2", task, shell_profile("echo 42 > answer.txt")))
     assert (
         isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.evaluator_error

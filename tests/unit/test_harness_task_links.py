@@ -15,7 +15,15 @@ from test_harness_task import write_task
 
 @pytest.mark.parametrize(
     "part",
-    ["environment/repo", "environment", "instruction.md", "task.toml", "tests", "tests/test.sh", "solution"],
+    [
+        "environment/repo",
+        "environment",
+        "instruction.md",
+        "task.toml",
+        "tests",
+        "tests/test.sh",
+        "solution",
+    ],
 )
 def test_task_parts_linking_out_are_refused(tmp_path, part):
     task = write_task(tmp_path / "set")
