@@ -4,13 +4,11 @@ tests reach a workspace, a prompt or the sandbox through them."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
+from test_harness_task import write_task
 
 from gyre.harness.task import TaskError, load_task, load_taskset
-
-from test_harness_task import write_task
 
 
 @pytest.mark.parametrize(
