@@ -51,6 +51,8 @@ from .userns import chown_tree, make_userns
 RegisterKey = Callable[[str, str], Awaitable[str]]
 # execution_id -> that execution's model calls as the proxy counted them (None: unknown).
 CountCalls = Callable[[str], Awaitable[ModelCalls | None]]
+# execution_id -> revoke its API key (the proxy's admin route): called once its harness stopped.
+RevokeKey = Callable[[str], Awaitable[object]]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 HarnessStop = Literal[
     "exited",
@@ -135,10 +137,12 @@ class HarnessExecutor:
         *,
         register: RegisterKey | None = None,
         calls: CountCalls | None = None,
+        revoke: RevokeKey | None = None,
     ) -> None:
         self.config = config or ExecutorConfig()
         self._register = register
         self._calls = calls
+        self._revoke = revoke
         self._sem: asyncio.Semaphore | None = None
         self._scorer: Scorer | None = None
         self._bwrap: str | None = None
@@ -510,6 +514,7 @@ class HarnessExecutor:
             )
         timings.teardown_s = pres.kill_s
         if run.stop == "overall_timeout":
+            await self._revoke_key(spec.execution_id)
             return result(
                 Missing(
                     reason=MissingReason.overall_timeout,
@@ -518,6 +523,10 @@ class HarnessExecutor:
             )
         # Did the policy act? Calls made and none answered: missing, never scored (model_calls.py).
         run.model_calls = await self._model_calls(spec.execution_id, artifacts)
+        # The harness is done, its key too: a child that outlived it (setsid, unsandboxed)
+        # must not call the policy during scoring and land in the trace. (After the count:
+        # the proxy forgets an execution's counts with its keys.)
+        await self._revoke_key(spec.execution_id)
         if run.model_calls is not None and run.model_calls.unreachable:
             return result(
                 Missing(reason=MissingReason.model_unreachable, detail=run.model_calls.detail())
@@ -533,6 +542,14 @@ class HarnessExecutor:
         if not cfg.keep_workspaces:
             await asyncio.to_thread(shutil.rmtree, ws, True)
         return result(assessment)
+
+    async def _revoke_key(self, execution_id: str) -> None:
+        if self._revoke is None:
+            return
+        try:
+            await self._revoke(execution_id)
+        except Exception:  # the proxy is gone: nothing can call it either
+            pass
 
     async def _model_calls(self, execution_id: str, artifacts: Path) -> ModelCalls | None:
         """The proxy's counts when it saw a call of this execution, else the harness's own file.
