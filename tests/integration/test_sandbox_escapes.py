@@ -230,8 +230,7 @@ def _launch(host: dict, who: str, eid: str, command: list[str], sandbox: dict) -
     else:
         for p in (runs, runs / f"other-{eid}", other):
             os.chown(p, UNPRIV_UID, UNPRIV_UID)
-        site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
-        repo_root = Path(__import__("gyre").__file__).resolve().parent.parent
+        pythonpath = _user_pythonpath(host["base"])
         argv = [
             "setpriv",
             f"--reuid={UNPRIV_UID}",
@@ -241,12 +240,58 @@ def _launch(host: dict, who: str, eid: str, command: list[str], sandbox: dict) -
             str(driver),
             str(jf),
         ]
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{repo_root}:{site}", "HOME": "/tmp"}
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": "/tmp"}
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["other_secret_path"] = str(other / "secret.txt")
     return out
+
+
+# What the driver imports from the venv (gyre.harness.executor and friends).
+_DRIVER_PACKAGES = (
+    "pydantic",
+    "pydantic_core",
+    "typing_extensions.py",
+    "annotated_types",
+    "typing_inspection",
+    "numpy",
+    "numpy.libs",
+)
+_pythonpath: dict[str, str] = {}
+
+
+def _user_pythonpath(base: Path) -> str:
+    """PYTHONPATH for the unprivileged driver: the checkout and the venv themselves when that
+    user can read them, else a readable copy of what the driver imports (a CI clone under a
+    0700 ``/root`` is not readable by uid 65534)."""
+    if "p" in _pythonpath:
+        return _pythonpath["p"]
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    repo_root = Path(__import__("gyre").__file__).resolve().parent.parent
+    direct = f"{repo_root}:{site}"
+    probe = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIV_UID}", f"--regid={UNPRIV_UID}", "--clear-groups"]
+        + [SYSTEM_PY, "-c", "import gyre.harness.executor"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": direct, "HOME": "/tmp"},
+        capture_output=True,
+    )
+    if probe.returncode == 0 and not os.environ.get("GYRE_ESCAPE_STAGE"):  # (set: test staging)
+        _pythonpath["p"] = direct
+        return direct
+    staged = base / "py"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(repo_root / "gyre", staged / "gyre", ignore=ignore)
+    for name in _DRIVER_PACKAGES:
+        src = site / name
+        if src.is_dir():
+            shutil.copytree(src, staged / name, ignore=ignore)
+        elif src.is_file():
+            shutil.copy(src, staged / name)
+    for p in [staged, *staged.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644 | (p.stat().st_mode & 0o111))
+    _pythonpath["p"] = str(staged)
+    return str(staged)
 
 
 def _probe(host: dict, who: str) -> dict:
