@@ -63,6 +63,10 @@ def text_pieces(raw_items: list[Any]) -> Iterator[str]:
         if role in _COUNTED_ROLES:
             yield from _content_strings(m.get("content"))
         elif role == "assistant":
+            if isinstance(m.get("items"), list):  # a Responses turn, wrapped by its adapter
+                yield from text_pieces(
+                    [i for i in m["items"] if isinstance(i, dict) and "items" not in i]
+                )
             for text in _content_strings(m.get("content"), assistant=True):
                 yield _answer(text)
             calls = m.get("tool_calls")

@@ -154,10 +154,18 @@ def test_tool_call_arguments_and_assistant_text_are_counted():
             ],
         },
         {"type": "function_call", "call_id": "x", "name": "k", "arguments": '{"d": "D1"}'},
+        {
+            "role": "assistant",
+            "items": [  # a Responses turn as its adapter wraps it
+                {"type": "function_call", "call_id": "y", "name": "m", "arguments": '{"e": "E1"}'},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "no"}]},
+            ],
+        },
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "not counted"}]},
     ]
     got = sorted(text_pieces(items))
-    assert got == sorted(["kept", "f", "a", "A1", "b", "B1", "g", "h", "c", "C1", "k", "d", "D1"])
+    want = ["kept", "f", "a", "A1", "b", "B1", "g", "h", "c", "C1", "k", "d", "D1", "m", "e", "E1"]
+    assert got == sorted(want)
 
 
 async def test_huge_tool_call_arguments_are_refused_cheaply(tiny_tokenizer):
