@@ -108,9 +108,8 @@ class ExecutorConfig(BaseModel):
         runs the harness's planted code (a ``pytest.py`` in the workspace) as the launcher."""
         if self.sandbox.enabled and not self.scorer.sandbox:
             raise ValueError(
-                "executor.scorer.sandbox = false with executor.sandbox on would run the "
-                "verifier on the harness's workspace unconfined, as you (a planted pytest.py "
-                "runs as the launcher): drop scorer.sandbox = false, or set "
-                "executor.sandbox = false to run without any sandbox"
+                "executor.scorer.sandbox = false with executor.sandbox on runs the verifier "
+                "unconfined on the harness's workspace (its planted code as you); set "
+                "executor.sandbox = false to run with no sandbox at all"
             )
         return self

@@ -155,7 +155,7 @@ class HarnessExecutor:
         cfg = self.config
         _private_dir(cfg.workspace_root)
         if cfg.sandbox.enabled:
-            self._bwrap = await asyncio.to_thread(_working_bwrap, cfg.sandbox)
+            self._bwrap = await asyncio.to_thread(working_bwrap, cfg.sandbox)
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._scorer = Scorer(
             cfg.scorer,
@@ -447,6 +447,10 @@ class HarnessExecutor:
                     shutil.rmtree(sock_dir, ignore_errors=True)
                 raise
             env["HOME"] = SANDBOX_HOME
+            # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
+            # inside must import that one (`python -m gyre.harness.reference_agent`), not the
+            # one a venv's editable install names (which the sandbox does not show).
+            env.setdefault("PYTHONPATH", _GYRE_ROOT)
             if sb.max_workspace_bytes or sb.max_workspace_files:
                 limit = sb.max_workspace_bytes or 1 << 62
                 watcher = asyncio.ensure_future(
@@ -700,19 +704,17 @@ def _private_dir(path: Path) -> None:
         path.chmod(0o700)
 
 
-_OPT_OUT = (
-    "or opt out with executor.sandbox = false (`gyre harness run --no-sandbox`): harnesses "
-    "then run as you, with your files and your network"
-)
+_GYRE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+_OPT_OUT = "or opt out with executor.sandbox = false (harnesses then run as you, unconfined)"
 
 
-def _working_bwrap(sb: SandboxConfig) -> str:
+def working_bwrap(sb: SandboxConfig) -> str:
     """The bwrap binary, checked to confine on this machine; ExecutionError (one line) if not."""
     bwrap = bwrap_available(sb.bwrap)
     if bwrap is None:
         raise ExecutionError(
             f"the harness sandbox is on (the default) but {sb.bwrap!r} is not installed: "
-            f"install bubblewrap (Debian: apt-get install bubblewrap), {_OPT_OUT}"
+            f"apt-get install bubblewrap, {_OPT_OUT}"
         )
     why = sandbox_unusable(bwrap, sb.uid, sb.gid)
     if why is not None:

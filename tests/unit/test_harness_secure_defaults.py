@@ -25,7 +25,7 @@ def test_sandboxed_harness_with_unsandboxed_verifier_is_refused():
     with pytest.raises(ValidationError) as e:
         ExecutorConfig.model_validate({"scorer": {"sandbox": False}})
     msg = str(e.value)
-    assert "executor.scorer.sandbox = false with executor.sandbox on" in msg
+    assert "executor.scorer.sandbox = false with executor.sandbox on runs the verifier" in msg
     assert "executor.sandbox = false" in msg
 
 
