@@ -65,8 +65,8 @@ def raise_nofile() -> int:
 
 def connection_cap(wanted: int, nofile: int) -> int:
     """Client connections one server may hold: ``wanted``, below the file limit with a reserve
-    (pure)."""
-    return max(16, min(wanted, nofile - FD_RESERVE))
+    (``FD_RESERVE``, or a quarter of a small limit) for everything else (pure)."""
+    return max(16, min(wanted, nofile - min(FD_RESERVE, nofile // 4)))
 
 
 class _ReadTimeout:

@@ -306,3 +306,12 @@ def test_openai_image_url_parts(part, ok):
         with pytest.raises(ApiError) as e:
             _normalized(oa.parse_request, _oa(part))
         assert e.value.status == 400 and "image_url" in e.value.message
+
+
+def test_connection_cap_stays_below_the_file_limit():
+    from gyre.proxy.listeners import connection_cap
+
+    assert connection_cap(4096, 1 << 20) == 4096
+    assert connection_cap(4096, 1024) == 768  # 256 kept for traces, engines, the admin socket
+    assert connection_cap(4096, 256) == 192  # a small limit keeps a quarter
+    assert connection_cap(4096, 20) == 16
