@@ -35,14 +35,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 
 from . import homeseed, netbridge
-from .config import ExecutorConfig, SandboxConfig
+from .config import ExecutorConfig
 from .forwarder import UnixForwarder
-from .fsmode import strip_tree
+from .hostguard import (
+    GYRE_ROOT,
+    HostSetupError,
+    private_dir,
+    strip_modes,
+    task_paths,
+    working_bwrap,
+)
 from .model_calls import CALLS_FILE_ENV, CALLS_FILE_NAME, ModelCalls, read_calls_file
 from .process import run_process
 from .profiles import HarnessProfile, ProfileError, find_npm_harness
 from .quota import watch_tree
-from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available, sandbox_unusable
+from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv
 from .scorer import Scorer
 from .task import Task
 from .userns import chown_tree, make_userns
@@ -153,9 +160,15 @@ class HarnessExecutor:
     # ---- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        _private_dir(cfg.workspace_root)
+        try:
+            private_dir(cfg.workspace_root)
+        except HostSetupError as e:
+            raise ExecutionError(str(e)) from None
         if cfg.sandbox.enabled:
-            self._bwrap = await asyncio.to_thread(working_bwrap, cfg.sandbox)
+            try:
+                self._bwrap = await asyncio.to_thread(working_bwrap, cfg.sandbox)
+            except HostSetupError as e:
+                raise ExecutionError(str(e)) from None
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._scorer = Scorer(
             cfg.scorer,
@@ -431,7 +444,7 @@ class HarnessExecutor:
                     bwrap_argv,
                     argv,
                     workspace=ws,
-                    hide=[cfg.workspace_root.resolve(), *_task_paths(task), *sb.hide_paths],
+                    hide=[cfg.workspace_root.resolve(), *task_paths(task), *sb.hide_paths],
                     writable=writable,
                     ro_binds=ro_binds,
                     home=SANDBOX_HOME,
@@ -450,7 +463,7 @@ class HarnessExecutor:
             # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
             # inside must import that one (`python -m gyre.harness.reference_agent`), not the
             # one a venv's editable install names (which the sandbox does not show).
-            env.setdefault("PYTHONPATH", _GYRE_ROOT)
+            env.setdefault("PYTHONPATH", GYRE_ROOT)
             if sb.max_workspace_bytes or sb.max_workspace_files:
                 limit = sb.max_workspace_bytes or 1 << 62
                 watcher = asyncio.ensure_future(
@@ -497,7 +510,7 @@ class HarnessExecutor:
                 shutil.rmtree(sock_dir, ignore_errors=True)
             # The harness is gone: no set-id bit or open mode of its making reaches the host's
             # kept workspace or the scoring copy (gyre.harness.fsmode).
-            await asyncio.to_thread(_strip_modes, ws, artifacts)
+            await asyncio.to_thread(strip_modes, ws, artifacts)
         timings.harness_s = pres.wall_s
         timings.launched_s = timings.queued_s + (pres.started_at - t_launch)
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
@@ -685,56 +698,6 @@ class HarnessExecutor:
             **spec.extra_env,
         }
         return argv, env, prof.render_home_files(values)
-
-
-def _private_dir(path: Path) -> None:
-    """Create the workspace root 0700, or close an existing one of ours to other users.
-
-    Workspaces hold whatever harnesses wrote (and, unsandboxed, as the launcher): no other
-    local user may walk in. A root owned by someone else is refused.
-    """
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = path.stat()
-    if st.st_uid != os.geteuid():
-        raise ExecutionError(
-            f"workspace root {path} belongs to uid {st.st_uid}, not to this user: "
-            "choose a folder of your own (executor.workspace_root)"
-        )
-    if st.st_mode & 0o077:
-        path.chmod(0o700)
-
-
-_GYRE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-_OPT_OUT = "or opt out with executor.sandbox = false (harnesses then run as you, unconfined)"
-
-
-def working_bwrap(sb: SandboxConfig) -> str:
-    """The bwrap binary, checked to confine on this machine; ExecutionError (one line) if not."""
-    bwrap = bwrap_available(sb.bwrap)
-    if bwrap is None:
-        raise ExecutionError(
-            f"the harness sandbox is on (the default) but {sb.bwrap!r} is not installed: "
-            f"apt-get install bubblewrap, {_OPT_OUT}"
-        )
-    why = sandbox_unusable(bwrap, sb.uid, sb.gid)
-    if why is not None:
-        raise ExecutionError(f"the harness sandbox is on but cannot work here ({why}); {_OPT_OUT}")
-    return bwrap
-
-
-def _task_paths(task: Task) -> list[Path]:
-    """What of the task a harness must not see, each resolved (bwrap_argv resolves too): its
-    hidden root (the whole task set), its folder, its tests and solution wherever they lie."""
-    paths = [task.hidden, task.root, task.tests_dir]
-    if task.solution_dir is not None:
-        paths.append(task.solution_dir)
-    return [p.resolve() for p in paths]
-
-
-def _strip_modes(*trees: Path) -> None:
-    for t in trees:
-        if t.is_dir():
-            strip_tree(t)
 
 
 def _write_files(root: Path, files: dict[str, str]) -> None:

@@ -106,11 +106,11 @@ def check_run(cfg) -> None:
     except ValueError as e:
         raise ConfigProblem(str(e)) from None
     if cfg.executor.sandbox.enabled:  # on by default: a run without a working bwrap stops here
-        from gyre.harness.executor import ExecutionError, working_bwrap
+        from gyre.harness.hostguard import HostSetupError, working_bwrap
 
         try:
             working_bwrap(cfg.executor.sandbox)
-        except ExecutionError as e:
+        except HostSetupError as e:
             raise ConfigProblem(f"executor.sandbox: {e}") from None
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
