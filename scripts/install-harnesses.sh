@@ -31,11 +31,4 @@ npm_harness() {
 npm_harness claude-code @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" claude
 npm_harness qwen-code @qwen-code/qwen-code "$QWEN_CODE_VERSION" qwen
 npm_harness codex @openai/codex "$CODEX_VERSION" codex
-# bubblewrap: the optional harness sandbox (gyre.harness.sandbox). Non-fatal: the
-# executor runs without it and the sandbox tests skip with a reason.
-if ! command -v bwrap >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-  echo "[setup] installing bubblewrap (harness sandbox)"
-  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) \
-    || echo "[setup] WARNING: bubblewrap install failed (the harness sandbox will be unavailable)"
-fi
 exit 0

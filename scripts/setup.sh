@@ -24,3 +24,16 @@ fi
 if [ "${GYRE_SKIP_HARNESSES:-0}" != "1" ]; then
   bash scripts/install-harnesses.sh
 fi
+# bubblewrap: the harness sandbox, on by default (gyre.harness.sandbox); installed whether or
+# not the third-party harnesses are, since every sandboxed test and `gyre run` need it. Without
+# it an executor refuses to start unless told `executor.sandbox = false`.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing bubblewrap (harness sandbox)"
+  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) \
+    || echo "[setup] WARNING: bubblewrap install failed (the harness sandbox will be unavailable)"
+fi
+# The escape suite's unprivileged launcher (tests/integration/test_sandbox_escapes.py) runs
+# Gyre as another user with setpriv (util-linux) and the system Python.
+if ! command -v setpriv >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+  apt-get install -y -qq util-linux >/dev/null 2>&1 || echo "[setup] WARNING: setpriv unavailable"
+fi

@@ -55,7 +55,10 @@ def run(
         None, "--execution-id", help="Default: <task>-<random>."
     ),
     sandbox: bool = typer.Option(
-        False, "--sandbox/--no-sandbox", help="Run the harness and the verifier under bubblewrap."
+        True,
+        "--sandbox/--no-sandbox",
+        help="Run the harness and the verifier under bubblewrap (the default; --no-sandbox "
+        "runs them as you, with your files and network).",
     ),
     sandbox_network: str = typer.Option(
         "proxy-only",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class SandboxConfig(BaseModel):
@@ -30,7 +30,10 @@ class SandboxConfig(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)  # an `inf` timeout is a mistake
 
-    enabled: bool = False
+    # On by default: a harness runs model-written commands. ``executor.sandbox = false`` (or
+    # ``enabled = false``) is the explicit opt-out; with it on and bubblewrap missing or not
+    # working, the executor refuses to start rather than run harnesses unconfined.
+    enabled: bool = True
     bwrap: str = "bwrap"
     # "shared": the host's network namespace (the harness reaches the proxy on loopback, but
     # also anything else the host can reach). "proxy-only": its own network namespace; the
@@ -40,6 +43,9 @@ class SandboxConfig(BaseModel):
     hide_paths: list[Path] = Field(default_factory=list)
     # Extra read-only binds (src -> same path) for things under hidden trees.
     ro_binds: list[Path] = Field(default_factory=list)
+    # proxy-only: connections one harness may hold open to the proxy at once (more are closed
+    # at once), so one execution cannot take the proxy's file descriptors from the others.
+    max_proxy_connections: int = Field(default=64, ge=1)
     # The scorer needs no network at all, so it can run with --unshare-net.
     scorer_unshare_net: bool = True
     # The harness's (and verifier's) uid/gid inside the sandbox, and on the host when root
@@ -55,6 +61,9 @@ class SandboxConfig(BaseModel):
     # The workspace's total size, checked every ``disk_check_s``: past it the harness is
     # stopped (``disk_limit``) and its workspace scored like a timeout's. 0: unchecked.
     max_workspace_bytes: int = Field(default=8 << 30, ge=0)
+    # ... and its entries (files, directories, links: inodes cost no bytes). 0: unchecked.
+    # Also bounds each check's walk (~2 s per 100k entries on a busy 2-core machine).
+    max_workspace_files: int = Field(default=250_000, ge=0)
     disk_check_s: float = Field(default=1.0, gt=0)
 
 
@@ -67,7 +76,9 @@ class ScorerConfig(BaseModel):
     # Python whose bin directory goes first on the verifier's PATH (pytest lives there).
     python: str = sys.executable
     max_log_bytes: int = 4 * 1024 * 1024
-    sandbox: bool = True  # use bubblewrap for the verifier when the executor's sandbox is enabled
+    # Bubblewrap for the verifier whenever the executor's sandbox is enabled. Turning it off
+    # alone is refused (see ExecutorConfig): only ``executor.sandbox = false`` turns both off.
+    sandbox: bool = True
     keep_scratch: bool = False  # keep the scored copy (debugging a verifier)
     # Bounds of the scoring copy of a workspace (gyre.harness.safecopy): a workspace past
     # any of them is not run through the verifier and scores 0.
@@ -95,3 +106,21 @@ class ExecutorConfig(BaseModel):
     overall_slack_s: float = 60.0
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     scorer: ScorerConfig = Field(default_factory=ScorerConfig)
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_switch(cls, v: Any) -> Any:
+        """``sandbox = false`` / ``true``: the whole section's switch, in one word."""
+        return {"enabled": v} if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _no_unconfined_verifier(self) -> ExecutorConfig:
+        """A sandboxed harness with an unsandboxed verifier is worse than either: the verifier
+        runs the harness's planted code (a ``pytest.py`` in the workspace) as the launcher."""
+        if self.sandbox.enabled and not self.scorer.sandbox:
+            raise ValueError(
+                "executor.scorer.sandbox = false with executor.sandbox on runs the verifier "
+                "unconfined on the harness's workspace (its planted code as you); set "
+                "executor.sandbox = false to run with no sandbox at all"
+            )
+        return self

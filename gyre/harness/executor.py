@@ -41,6 +41,14 @@ from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 from . import homeseed, netbridge
 from .config import ExecutorConfig
 from .forwarder import UnixForwarder
+from .hostguard import (
+    GYRE_ROOT,
+    HostSetupError,
+    private_dir,
+    strip_modes,
+    task_paths,
+    working_bwrap,
+)
 from .model_calls import (
     CALLS_FILE_ENV,
     CALLS_FILE_NAME,
@@ -54,7 +62,7 @@ from .profiles import HarnessProfile, ProfileError, find_npm_harness
 from .quota import watch_tree
 from .safe_read import quote
 from .safecopy import remove_tree
-from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_available
+from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv
 from .scorer import Scorer
 from .task import Task
 from .userns import chown_tree, make_userns
@@ -63,6 +71,8 @@ from .userns import chown_tree, make_userns
 RegisterKey = Callable[[str, str], Awaitable[str]]
 # execution_id -> that execution's model calls as the proxy counted them (None: unknown).
 CountCalls = Callable[[str], Awaitable[ModelCalls | None]]
+# execution_id -> revoke its API key (the proxy's admin route): called once its harness stopped.
+RevokeKey = Callable[[str], Awaitable[object]]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 HarnessStop = Literal[
     "exited",
@@ -147,10 +157,12 @@ class HarnessExecutor:
         *,
         register: RegisterKey | None = None,
         calls: CountCalls | None = None,
+        revoke: RevokeKey | None = None,
     ) -> None:
         self.config = config or ExecutorConfig()
         self._register = register
         self._calls = calls
+        self._revoke = revoke
         self._sem: asyncio.Semaphore | None = None
         self._scorer: Scorer | None = None
         self._bwrap: str | None = None
@@ -161,13 +173,15 @@ class HarnessExecutor:
     # ---- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        cfg.workspace_root.mkdir(parents=True, exist_ok=True)
+        try:
+            private_dir(cfg.workspace_root)
+        except HostSetupError as e:
+            raise ExecutionError(str(e)) from None
         if cfg.sandbox.enabled:
-            self._bwrap = bwrap_available(cfg.sandbox.bwrap)
-            if self._bwrap is None:
-                raise ExecutionError(
-                    f"sandbox enabled but {cfg.sandbox.bwrap!r} is not installed (Debian: apt-get install bubblewrap)"
-                )
+            try:
+                self._bwrap = await asyncio.to_thread(working_bwrap, cfg.sandbox)
+            except HostSetupError as e:
+                raise ExecutionError(str(e)) from None
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._scorer = Scorer(
             cfg.scorer,
@@ -424,7 +438,9 @@ class HarnessExecutor:
                 sock_dir = Path(
                     tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp")
                 )  # short: AF_UNIX paths <= 107 bytes
-                forwarder = UnixForwarder(sock_dir / "p.sock", bridge[0], bridge[1])
+                forwarder = UnixForwarder(
+                    sock_dir / "p.sock", bridge[0], bridge[1], sb.max_proxy_connections
+                )
                 # By file, isolated and without site: it is stdlib only, and it starts
                 # before every proxy-only harness.
                 argv = [
@@ -446,7 +462,7 @@ class HarnessExecutor:
                     bwrap_argv,
                     argv,
                     workspace=ws,
-                    hide=[cfg.workspace_root.resolve(), task.hidden, *sb.hide_paths],
+                    hide=[cfg.workspace_root.resolve(), *task_paths(task), *sb.hide_paths],
                     writable=writable,
                     ro_binds=ro_binds,
                     home=SANDBOX_HOME,
@@ -462,9 +478,14 @@ class HarnessExecutor:
                     shutil.rmtree(sock_dir, ignore_errors=True)
                 raise
             env["HOME"] = SANDBOX_HOME
-            if sb.max_workspace_bytes:
+            # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
+            # inside must import that one (`python -m gyre.harness.reference_agent`), not the
+            # one a venv's editable install names (which the sandbox does not show).
+            env.setdefault("PYTHONPATH", GYRE_ROOT)
+            if sb.max_workspace_bytes or sb.max_workspace_files:
+                limit = sb.max_workspace_bytes or 1 << 62
                 watcher = asyncio.ensure_future(
-                    watch_tree(ws, sb.max_workspace_bytes, sb.disk_check_s)
+                    watch_tree(ws, limit, sb.disk_check_s, sb.max_workspace_files)
                 )
 
         # 3. The harness, until it exits, its timeout, the overall deadline, or a log flood.
@@ -505,6 +526,9 @@ class HarnessExecutor:
                 await forwarder.stop()
             if sock_dir is not None:
                 shutil.rmtree(sock_dir, ignore_errors=True)
+            # The harness is gone: no set-id bit or open mode of its making reaches the host's
+            # kept workspace or the scoring copy (gyre.harness.fsmode).
+            await asyncio.to_thread(strip_modes, ws, artifacts)
         timings.harness_s = pres.wall_s
         timings.launched_s = timings.queued_s + (pres.started_at - t_launch)
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
@@ -520,10 +544,12 @@ class HarnessExecutor:
             )
         elif pres.stop == "disk_limit":
             run.error = (
-                f"harness's workspace grew past {sb.max_workspace_bytes} bytes and it was stopped"
+                f"harness's workspace grew past {sb.max_workspace_bytes} bytes or "
+                f"{sb.max_workspace_files} entries and it was stopped"
             )
         timings.teardown_s = pres.kill_s
         if run.stop == "overall_timeout":
+            await self._revoke_key(spec.execution_id)
             return result(
                 Missing(
                     reason=MissingReason.overall_timeout,
@@ -532,6 +558,10 @@ class HarnessExecutor:
             )
         # Did the policy act? Only what the harness cannot forge drops it unscored (model_calls.py).
         run.model_calls, verdict = await self._model_calls(spec.execution_id, artifacts)
+        # The harness is done, its key too: a child that outlived it (setsid, unsandboxed)
+        # must not call the policy during scoring and land in the trace. (After the count:
+        # the proxy forgets an execution's counts with its keys.)
+        await self._revoke_key(spec.execution_id)
         if verdict == "drop":
             assert run.model_calls is not None
             return result(
@@ -550,6 +580,14 @@ class HarnessExecutor:
         if verdict == "drop_if_positive" and run.model_calls is not None:
             assessment = _unverified_unreachable(assessment, run.model_calls)
         return result(assessment)
+
+    async def _revoke_key(self, execution_id: str) -> None:
+        if self._revoke is None:
+            return
+        try:
+            await self._revoke(execution_id)
+        except Exception:  # the proxy is gone: nothing can call it either
+            pass
 
     async def _model_calls(
         self, execution_id: str, artifacts: Path
@@ -576,7 +614,7 @@ class HarnessExecutor:
         artifacts: Path,
         home: Path,
     ) -> None:
-        exec_dir.mkdir(parents=True)
+        exec_dir.mkdir(mode=0o700)  # the workspace root is checked private by start()
         skip = task.skip_files
         shutil.copytree(
             task.repository,

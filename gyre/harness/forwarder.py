@@ -35,12 +35,18 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 class UnixForwarder:
     """Accepts on a unix socket, forwards each connection to ``host:port`` (explicit start/stop)."""
 
-    def __init__(self, path: Path, host: str, port: int) -> None:
+    def __init__(self, path: Path, host: str, port: int, max_connections: int = 64) -> None:
         self.path, self.host, self.port = Path(path), host, port
+        # One execution's share of the proxy: 1100 idle connections from one harness used to
+        # take every file descriptor the proxy had (every other execution timed out).
+        self.max_connections = max_connections
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()
 
     async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if len(self._conns) >= self.max_connections:
+            w.close()  # past this execution's share: closed at once, the proxy never sees it
+            return
         me = asyncio.current_task()
         if me is not None:
             self._conns.add(me)

@@ -181,7 +181,17 @@ class _Child:
         try:
             popen, at, out, err = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            fut.add_done_callback(_discard_spawned)  # the fork cannot be stopped: undo it after
+            # The fork cannot be stopped: let it finish, then undo it -- here, before the
+            # cancellation goes on, so an executor's stop() never returns with it alive.
+            try:
+                popen, _, out, err = await fut
+            except BaseException:  # the spawn failed (nothing to undo), or cancelled again
+                fut.add_done_callback(_discard_spawned)
+                raise asyncio.CancelledError() from None
+            out.close()
+            err.close()
+            _discard(popen)
+            await _group_gone(popen.pid)
             raise
         transports: list[asyncio.BaseTransport] = []
         try:
@@ -267,6 +277,49 @@ def _descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
+
+
+def group_alive(pgid: int) -> bool:
+    """Does process group ``pgid`` still have a live (non-zombie) member?
+
+    ``killpg(pgid, 0)`` answers for most cases at no cost; only when it finds members is
+    ``/proc`` scanned, since a zombie nobody reaps (an init that does not) keeps the group.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):  # gone (or, reused, not ours)
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                data = f.read()
+            state, _ppid, pgrp = data[data.rindex(b")") + 2 :].split()[:3]
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(pgrp) == pgid and state != b"Z":
+            return True
+    return False
+
+
+async def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    """Wait (bounded) until a SIGKILLed group has no live member; True when it has none.
+
+    SIGKILL is delivered, and a killed process exits, asynchronously: the leader reaped is
+    not the group gone (a busy machine took seconds), and a caller told "stopped" must find
+    nothing of it left.
+    """
+    deadline = time.monotonic() + timeout_s
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def kill_tree(pid: int, sig: int, leader_alive: bool = True) -> None:
@@ -382,3 +435,5 @@ async def _terminate(proc: _Child, waiter: asyncio.Future, grace: float, gracefu
         await asyncio.wait_for(asyncio.shield(waiter), timeout=10.0)
     except TimeoutError:  # pragma: no cover - a process that ignores SIGKILL (D state)
         pass
+    # The leader is reaped; what else was in its group is killed but may not be gone yet.
+    await _group_gone(pid)

@@ -11,8 +11,9 @@ on the host -- the venv, node, Claude Code -- work unchanged):
   ``/var``, ``/mnt``, ``/work``... are absent: a filesystem unix socket of the
   host is not reachable because it is not there (``connect()`` works through a
   read-only bind, so read-only is not enough);
-- ``/tmp`` and ``$HOME`` fresh tmpfs of bounded size; a fresh ``/dev`` and a
-  ``/proc`` of its own pid namespace (no host process is visible);
+- ``/tmp``, ``$HOME`` and ``/dev/shm`` fresh tmpfs of bounded size; a fresh
+  ``/dev`` (read-only: bwrap's own is an unsized tmpfs) and a ``/proc`` of its
+  own pid namespace (no host process is visible);
 - every path in ``hide`` that lies inside something bound is covered again by
   an empty tmpfs (the task set inside a checkout, other workspaces);
 - the execution's own workspace bound read-write on top.
@@ -28,8 +29,9 @@ capability in any namespace, so no mount can be undone or remounted.
 
 Resources (:class:`Confinement`): RLIMIT_NPROC set inside the user namespace
 (bounds this sandbox's processes and threads), RLIMIT_FSIZE (largest file),
-sized tmpfs for ``/tmp`` and ``$HOME``; the workspace's total size is watched
-by the executor (``SandboxConfig.max_workspace_bytes``).
+sized tmpfs for ``/tmp``, ``$HOME`` and ``/dev/shm``; the workspace's total
+size and entry count are watched by the executor (``SandboxConfig.max_workspace_bytes``,
+``max_workspace_files``, :mod:`gyre.harness.quota`).
 
 Network: private pid, ipc, uts and cgroup namespaces always; with
 ``unshare_net`` its own network namespace too (only its own loopback: no host
@@ -68,6 +70,46 @@ class Confinement:
 def bwrap_available(bwrap: str = "bwrap") -> str | None:
     """Path of a working bwrap binary, or None."""
     return shutil.which(bwrap)
+
+
+def sandbox_unusable(bwrap: str, uid: int, gid: int) -> str | None:
+    """Why bubblewrap cannot confine a harness on this machine, or None when it can.
+
+    A present ``bwrap`` may still fail at every launch (unprivileged user namespaces
+    disabled, a container without them): one cheap real attempt at start says so once,
+    instead of every execution failing. Root: the namespace :mod:`gyre.harness.userns`
+    prepares; an ordinary user: bwrap's own ``--unshare-user``.
+    """
+    import subprocess
+
+    from .userns import make_userns
+
+    argv = [bwrap, "--die-with-parent", "--ro-bind", "/", "/"]
+    fds: tuple[int, ...] = ()
+    if os.geteuid() == 0:
+        try:
+            fd = make_userns(uid, gid)
+        except OSError as e:
+            return str(e)
+        fds, argv = (fd,), [*argv, "--userns", str(fd)]
+    else:
+        argv += ["--unshare-user", "--uid", str(uid), "--gid", str(gid)]
+    try:
+        p = subprocess.run(
+            [*argv, "--unshare-pid", "--", "/bin/sh", "-c", "exit 0"],
+            pass_fds=fds,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{bwrap} could not run: {e}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if p.returncode != 0:
+        return f"{bwrap} failed: {(p.stderr.strip().splitlines() or ['exit ' + str(p.returncode)])[-1]}"
+    return None
 
 
 def _covers(parent: Path, child: Path) -> bool:
@@ -243,12 +285,15 @@ def _sandbox(
 ) -> list[str]:
     size = ["--size", str(confine.tmpfs_bytes)]
     argv = [bwrap, *_namespaces(confine, userns_fd, unshare_net), *_system_root()]
-    argv += ["--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
+    # bwrap's /dev is an unsized tmpfs (writable by the sandbox user with an unprivileged
+    # launcher): /dev/shm gets a sized tmpfs of its own, and /dev is remounted read-only.
+    argv += ["--dev", "/dev", "--perms", "01777", *size, "--tmpfs", "/dev/shm"]
+    argv += ["--proc", "/proc", *size, "--tmpfs", "/tmp"]
     mounts = _tools_and_hide(hide, [confine.python, *command])
     mounts += [*size, "--tmpfs", home, "--setenv", "HOME", home]
     mounts += binds
     argv += _mount_dirs(mounts) + mounts
-    argv += ["--remount-ro", "/", "--chdir", chdir, "--"]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", chdir, "--"]
     return argv + _confined(command, confine, userns_fd, home)
 
 

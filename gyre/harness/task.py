@@ -73,6 +73,37 @@ def _positive(value: Any, where: str) -> float:
     return v
 
 
+# The parts of a task that are read or copied; none may link out of the task folder.
+_TASK_PARTS = (
+    "instruction.md",
+    "task.toml",
+    "environment",
+    "environment/repo",
+    "tests",
+    "tests/test.sh",
+    "solution",
+)
+
+
+def _refuse_links_out(root: Path) -> None:
+    """A link that leaves the task would copy host files into every workspace (``environment/repo
+    -> /home/...``), quote them in the prompt (``instruction.md``), or run and expose another
+    folder's hidden tests; the sandbox hides the task's own folder, not where links lead."""
+    for part in _TASK_PARTS:
+        p = root / part
+        if not p.is_symlink() and not p.exists():
+            continue
+        try:
+            real = p.resolve(strict=False)
+        except (OSError, RuntimeError):  # a loop
+            raise TaskError(f"task {root.name}: {part} is a link that cannot be resolved") from None
+        if not real.is_relative_to(root):
+            raise TaskError(
+                f"task {root.name}: {part} links out of the task folder (to {real}); "
+                "a task's files must lie inside it"
+            )
+
+
 def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
     """Load and check one task folder; raise TaskError naming the problem."""
     try:
@@ -81,6 +112,7 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         raise TaskError(f"task folder {path}: cannot be resolved ({e})") from None
     if not root.is_dir():
         raise TaskError(f"task folder {root} does not exist or is not a directory")
+    _refuse_links_out(root)
     instr = root / "instruction.md"
     if not instr.is_file():
         raise TaskError(f"task {root.name}: missing instruction.md in {root}")
@@ -155,9 +187,9 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         name=root.name,
         root=root,
         instruction=instruction,
-        repository=repo,
-        tests_dir=tests,
-        solution_dir=sol if sol.is_dir() else None,
+        repository=repo.resolve(),  # real paths: what the sandbox hides is where they are
+        tests_dir=tests.resolve(),
+        solution_dir=sol.resolve() if sol.is_dir() else None,
         reward_rule=rule,
         result_file=result,
         harness_timeout_s=harness_timeout,
@@ -199,10 +231,14 @@ def load_taskset(name_or_path: str | Path) -> list[Task]:
     The whole set is the hidden root, so a sandboxed harness sees no task's tests.
     Every bad task is reported at once.
     """
-    root = resolve_taskset(name_or_path)
+    root = resolve_taskset(name_or_path).resolve()
     tasks, errors = [], []
     for d in sorted(root.iterdir()):
         if not d.is_dir() or d.name.startswith(("_", ".")):
+            continue
+        if d.is_symlink() and not d.resolve().is_relative_to(root):
+            # Another folder's task (and its hidden tests), which the sandbox would not hide.
+            errors.append(f"task {d.name}: links out of the task set (to {d.resolve()})")
             continue
         try:
             tasks.append(load_task(d, hidden_root=root))

@@ -165,6 +165,7 @@ def serve(
         admin_sock,
         read_timeout_s=cfg.client_read_timeout_s,
         keep_alive_s=KEEP_ALIVE_S,
+        max_connections=cfg.max_client_connections,
     )
     # uvicorn re-raises the signal that stopped it once it is done; as KeyboardInterrupt (also
     # for SIGTERM) it ends here, so the admin socket and the generated token file are removed

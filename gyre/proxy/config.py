@@ -118,6 +118,13 @@ class ProxyConfig(BaseModel):
     execution_idle_s: float = Field(
         600.0, description="An execution unused this long has its state dropped, trace closed."
     )
+    max_client_connections: int = Field(
+        4096,
+        ge=16,
+        description="Client connections open at once on the API port; one past it is closed at "
+        "once (never an accept failing for want of file descriptors, which locked every other "
+        "client out). Also held below the process's file limit, raised to its hard limit at start.",
+    )
     client_read_timeout_s: float = Field(
         60.0,
         description="A client that leaves a request incomplete (headers or body) this long "

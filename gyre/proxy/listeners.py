@@ -12,6 +12,14 @@ Both also close client connections that stall mid-request (headers or body not
 completed within ``read_timeout_s`` of silence): uvicorn only times out idle
 keep-alive connections, so a client sending half a request held its socket
 (and, for a body, a task) forever.
+
+File descriptors: one harness holding 1100 idle connections used to exhaust a
+proxy at the common soft limit of 1024 -- every accept failed (every other
+client timed out) and asyncio logged each failure with a traceback (64 MB of
+log in 25 s). So the soft limit is raised to the hard one at start
+(:func:`raise_nofile`), and the API port keeps at most ``max_connections``
+client connections (held below that limit with room for traces and engine
+connections): one more is closed at once, and that is logged once a minute.
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +46,56 @@ log = logging.getLogger("gyre.proxy.listeners")
 ADMIN_SOCKET_NAME = "admin.sock"
 
 
+FD_RESERVE = 256  # descriptors kept for trace files, engine connections, the admin socket
+_REFUSAL_LOG_EVERY_S = 60.0
+
+
+def raise_nofile() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_cap(wanted: int, nofile: int) -> int:
+    """Client connections one server may hold: ``wanted``, below the file limit with a reserve
+    (``FD_RESERVE``, or a quarter of a small limit) for everything else (pure)."""
+    return max(16, min(wanted, nofile - min(FD_RESERVE, nofile // 4)))
+
+
 class _ReadTimeout:
     """Closes a connection silent for ``read_timeout_s`` mid-request (mixed into uvicorn's
-    protocols, which say when a request is incomplete)."""
+    protocols, which say when a request is incomplete), and one past ``max_connections``."""
 
     read_timeout_s: float = 60.0
+    max_connections: int = 1 << 30
     _read_timer: asyncio.TimerHandle | None = None
+    _last_refusal_log: float = -1e9  # class-wide: one log line a minute for every refusal
     # set by the uvicorn protocol this is mixed into
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     flow: FlowControl
+    server_state: Any
+
+    def _over_cap(self) -> bool:
+        """After connection_made: close this connection at once if one too many are open."""
+        if len(self.server_state.connections) <= self.max_connections:
+            return False
+        self.transport.abort()
+        now = time.monotonic()
+        if now - _ReadTimeout._last_refusal_log >= _REFUSAL_LOG_EVERY_S:
+            _ReadTimeout._last_refusal_log = now
+            log.warning(
+                "client connections at the limit (%d): new ones are closed at once",
+                self.max_connections,
+            )
+        return True
 
     def _owes_bytes(self) -> bool:
         """After data arrived: is the request still incomplete?"""
@@ -82,7 +132,8 @@ class _H11ReadTimeout(_ReadTimeout, H11Protocol):
     # uvicorn narrows asyncio.Protocol's BaseTransport to Transport (and ignores it too)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()  # a connection that never sends a byte is stalled too
+        if not self._over_cap():
+            self._arm()  # a connection that never sends a byte is stalled too
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -104,8 +155,9 @@ class _H11ReadTimeout(_ReadTimeout, H11Protocol):
         return st is h11.SEND_BODY or (st is h11.IDLE and between)
 
 
-def read_timeout_protocol(read_timeout_s: float) -> type[Any]:
-    """uvicorn's HTTP protocol closing a connection silent for ``read_timeout_s`` mid-request.
+def read_timeout_protocol(read_timeout_s: float, max_connections: int = 1 << 30) -> type[Any]:
+    """uvicorn's HTTP protocol closing a connection silent for ``read_timeout_s`` mid-request,
+    and any connection past ``max_connections`` open ones.
 
     httptools (C parser) when installed: on multi-MB agent bodies h11's pure-Python receive
     buffer tripled the proxy's CPU per call (3x at 510K tokens of context); h11 otherwise.
@@ -114,7 +166,9 @@ def read_timeout_protocol(read_timeout_s: float) -> type[Any]:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # uvicorn without its [standard] extras
         return type(
-            "ReadTimeoutH11Protocol", (_H11ReadTimeout,), {"read_timeout_s": read_timeout_s}
+            "ReadTimeoutH11Protocol",
+            (_H11ReadTimeout,),
+            {"read_timeout_s": read_timeout_s, "max_connections": max_connections},
         )
 
     class ReadTimeoutHttpToolsProtocol(_ReadTimeout, HttpToolsProtocol):
@@ -123,7 +177,8 @@ def read_timeout_protocol(read_timeout_s: float) -> type[Any]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm()  # a connection that never sends a byte is stalled too
+            if not self._over_cap():
+                self._arm()  # a connection that never sends a byte is stalled too
 
         def data_received(self, data: bytes) -> None:
             self._got_bytes = True
@@ -152,6 +207,7 @@ def read_timeout_protocol(read_timeout_s: float) -> type[Any]:
             return self._in_message or not self._got_bytes
 
     ReadTimeoutHttpToolsProtocol.read_timeout_s = read_timeout_s
+    ReadTimeoutHttpToolsProtocol.max_connections = max_connections
     return ReadTimeoutHttpToolsProtocol
 
 
@@ -220,8 +276,10 @@ class Listeners:
         read_timeout_s: float,
         keep_alive_s: float,
         log_level: str = "warning",
+        max_connections: int = 4096,
     ) -> None:
-        proto = read_timeout_protocol(read_timeout_s)
+        self.max_connections = connection_cap(max_connections, raise_nofile())
+        proto = read_timeout_protocol(read_timeout_s, self.max_connections)
         common: dict[str, Any] = dict(
             log_level=log_level,
             access_log=False,

@@ -90,6 +90,7 @@ class ProxyServer:
             admin_sock,
             read_timeout_s=self.config.client_read_timeout_s,
             keep_alive_s=KEEP_ALIVE_S,
+            max_connections=self.config.max_client_connections,
         )
 
         def run() -> None:

@@ -105,6 +105,13 @@ def check_run(cfg) -> None:
         check_vllm(cfg.engine, cfg.trainer.model_dir)
     except ValueError as e:
         raise ConfigProblem(str(e)) from None
+    if cfg.executor.sandbox.enabled:  # on by default: a run without a working bwrap stops here
+        from gyre.harness.hostguard import HostSetupError, working_bwrap
+
+        try:
+            working_bwrap(cfg.executor.sandbox)
+        except HostSetupError as e:
+            raise ConfigProblem(f"executor.sandbox: {e}") from None
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
         raise ConfigProblem(

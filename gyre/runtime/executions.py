@@ -67,7 +67,9 @@ class Executions:
         proxy = self.cluster.proxy
         self.admin = proxy.admin_client()  # its unix socket: harnesses never reach it
         ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
-        self.executor = HarnessExecutor(ecfg, register=self._register, calls=self._calls)
+        self.executor = HarnessExecutor(
+            ecfg, register=self._register, calls=self._calls, revoke=self._revoke
+        )
         await self.executor.start()
 
     def _started(self) -> tuple[HarnessExecutor, ProxyAdminClient, HarnessProfile]:
@@ -87,6 +89,11 @@ class Executions:
     async def _register(self, execution_id: str, label: str) -> str:
         _, admin, _ = self._started()
         return await asyncio.to_thread(admin.register, execution_id, label)
+
+    async def _revoke(self, execution_id: str) -> None:
+        """The key dies with the harness (before scoring: no survivor lands in the trace)."""
+        _, admin, _ = self._started()
+        await asyncio.to_thread(admin.revoke, execution_id)
 
     async def _calls(self, execution_id: str) -> Any:
         """The proxy's count of this execution's model calls (did the policy act at all?)."""

@@ -84,7 +84,9 @@ class RunDir:
             self.weights,
             Path(self.snapshots),
         ):
-            p.mkdir(parents=True, exist_ok=True)
+            # 0700: workspaces hold what harnesses wrote, traces the policy's calls; no other
+            # local user has business in either (an existing folder is left as it is).
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self
 
     # ------------------------------------------------------------------ writers

@@ -1,6 +1,6 @@
 """Run ProxyServers in processes of their own (kill -9 and soak tests, the soak bench).
 
-    python tests/integration/proxy_process.py '<ProxyConfig JSON>' INFO_PATH [NOFILE]
+    python tests/integration/proxy_process.py '<ProxyConfig JSON>' INFO_PATH [NOFILE[:soft]]
     python tests/integration/proxy_process.py --zygote     # one config JSON + info path per line
 
 One-shot: sets RLIMIT_NOFILE to NOFILE first (when given), starts the proxy,
@@ -65,9 +65,11 @@ def main() -> None:
         zygote()
         return
     cfg, info = json.loads(sys.argv[1]), sys.argv[2]
-    if len(sys.argv) > 3:
-        n = int(sys.argv[3])
-        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    if len(sys.argv) > 3:  # "N": soft and hard; "N:soft": the soft limit only
+        n_text, _, which = sys.argv[3].partition(":")
+        n = int(n_text)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1] if which == "soft" else n
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
     _serve(cfg, info)
 
 

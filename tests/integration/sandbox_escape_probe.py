@@ -233,6 +233,42 @@ for i in range(64):
         break
 record("tmp_past_tmpfs_size", total > cfg["tmpfs_bytes"], f"{total} bytes in /tmp, then {why}")
 
+
+def fill_dir(d: str, tag: str) -> tuple[int, str]:
+    total, why = 0, ""
+    for i in range(64):
+        n, why = fill(f"{d}/{tag}{i}", cfg["max_file_bytes"] // 2)
+        total += n
+        if why != "no refusal":
+            break
+    for i in range(64):
+        try:
+            os.unlink(f"{d}/{tag}{i}")
+        except OSError:
+            pass
+    return total, why
+
+
+# 12. /dev/shm (a tmpfs too) and /dev itself, past the tmpfs size.
+total, why = fill_dir("/dev/shm", "fill")
+record("dev_shm_past_tmpfs_size", total > cfg["tmpfs_bytes"], f"{total} bytes, then {why}")
+total, why = fill_dir("/dev", "gyre-fill")
+record("dev_past_tmpfs_size", total > cfg["tmpfs_bytes"], f"{total} bytes, then {why}")
+
+# 13. A setuid/setgid file left in the workspace (the scorer copies it on the host).
+try:
+    with open("suid.bin", "wb") as f:
+        f.write(b"#!/bin/sh\nid\n")
+    os.chmod("suid.bin", 0o6777)
+    record("setuid_file_kept", False, oct(os.stat("suid.bin").st_mode))
+except OSError as e:
+    record("setuid_file_kept", False, f"refused: {e}")
+try:
+    os.mkdir("suid.dir")
+    os.chmod("suid.dir", 0o3777)
+except OSError:
+    pass
+
 with open("report.json", "w") as f:
     json.dump(report, f, indent=1)
 with open("answer.txt", "w") as f:

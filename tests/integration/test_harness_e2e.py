@@ -30,6 +30,9 @@ FIXED_TEMPERATURE = (
 )
 BASH_FIX = "cat > temperature.py <<'EOF'\n" + FIXED_TEMPERATURE + "EOF"
 
+# Executor mechanics, not the sandbox (tested on its own): the explicit opt-out.
+OFF = SandboxConfig(enabled=False)
+
 
 def _call(name: str, **arguments) -> dict:
     return {"name": name, "arguments": arguments}
@@ -193,7 +196,7 @@ def roles_of(traces: Path, execution_id: str, profile_name: str) -> Counter:
 
 
 async def run_all(tmp_path, register, specs):
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs")
+    cfg = ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs")
     async with HarnessExecutor(cfg, register=register) as ex:
         return await ex.run_many(specs)
 

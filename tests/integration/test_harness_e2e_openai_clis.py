@@ -175,7 +175,9 @@ def roles_of(traces: Path, execution_id: str, profile_name: str) -> Counter:
 async def run_specs(tmp_path: Path, register, specs, sandbox: bool = False):
     cfg = ExecutorConfig(
         workspace_root=tmp_path / "runs",
-        sandbox=SandboxConfig(enabled=True, network="proxy-only") if sandbox else SandboxConfig(),
+        sandbox=SandboxConfig(enabled=True, network="proxy-only")
+        if sandbox
+        else SandboxConfig(enabled=False),
     )
     async with HarnessExecutor(cfg, register=register) as ex:
         return await ex.run_many(specs)

@@ -22,6 +22,9 @@ from gyre.trace.assessment import Missing, MissingReason, Scored, mean_reward
 sys.path.insert(0, str(Path(__file__).parent))  # robust to import modes / package layouts
 from test_harness_util import live_pids_with, make_task, shell_profile
 
+# Executor mechanics, not the sandbox (tested on its own): the explicit opt-out.
+OFF = SandboxConfig(enabled=False)
+
 needs_bwrap = pytest.mark.skipif(
     bwrap_available() is None, reason="bubblewrap (bwrap) is not installed"
 )
@@ -41,7 +44,9 @@ def spec(eid: str, task, profile: HarnessProfile, **kw) -> ExecutionSpec:
 @pytest.fixture
 async def executor(tmp_path):
     ex = HarnessExecutor(
-        ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8)
+        ExecutorConfig(
+            sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=8
+        )
     )
     await ex.start()
     yield ex
@@ -178,7 +183,9 @@ async def test_stop_kills_running_executions(tmp_path):
     task = load_task(make_task(tmp_path))
     # One slot: one execution runs, the other waits in the queue.
     ex = HarnessExecutor(
-        ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1)
+        ExecutorConfig(
+            sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_concurrency=1
+        )
     )
     await ex.start()
     t = asyncio.create_task(ex.run(spec("s", task, shell_profile(f"sleep 900.{marker}"))))
@@ -200,7 +207,7 @@ async def test_stop_kills_running_executions(tmp_path):
     assert live_pids_with(f"900.{marker}") == []
     # Cancelling the caller cancels its execution too (and kills its process group).
     async with HarnessExecutor(
-        ExecutorConfig(workspace_root=tmp_path / "runs2", kill_grace_s=0.5)
+        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2", kill_grace_s=0.5)
     ) as ex2:
         t2 = asyncio.create_task(ex2.run(spec("s2", task, shell_profile(f"sleep 901.{marker}"))))
         for _ in range(100):
@@ -217,7 +224,7 @@ async def test_stop_kills_running_executions(tmp_path):
 async def test_bad_input_recorded_while_others_are_served(tmp_path):
     task = load_task(make_task(tmp_path, agent_timeout=20.0))
     cfg = ExecutorConfig(
-        workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024
+        sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5, max_log_bytes=256 * 1024
     )
     async with HarnessExecutor(cfg) as ex:
         results = await ex.run_many(
@@ -265,7 +272,7 @@ async def test_missing_repository_is_a_clear_error(tmp_path):
 
 async def test_caller_errors(tmp_path):
     task = load_task(make_task(tmp_path))
-    ex = HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs"))
+    ex = HarnessExecutor(ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs"))
     with pytest.raises(ExecutionError, match="not started"):
         await ex.run(spec("x", task, shell_profile("true")))
     async with ex:
@@ -281,7 +288,7 @@ async def test_caller_errors(tmp_path):
         assert isinstance(r.assessment, Missing) and "register hook" in r.assessment.detail
     # A stale folder with the same id (another executor instance): Missing, and the old record is left alone.
     (tmp_path / "runs" / "x" / "result.json").write_text("old")
-    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs")) as ex:
+    async with HarnessExecutor(ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs")) as ex:
         r = await ex.run(spec("x", task, shell_profile("true")))
     assert isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.infra_error
     assert (tmp_path / "runs" / "x" / "result.json").read_text() == "old"
@@ -290,7 +297,7 @@ async def test_caller_errors(tmp_path):
         raise ConnectionError("proxy down")
 
     async with HarnessExecutor(
-        ExecutorConfig(workspace_root=tmp_path / "runs3"), register=failing_register
+        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs3"), register=failing_register
     ) as ex:
         r = await ex.run(
             ExecutionSpec(
@@ -308,7 +315,7 @@ async def test_concurrency_limit_and_register_hook(tmp_path):
         seen.append((eid, label))
         return f"key-{eid}"
 
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", max_concurrency=2)
+    cfg = ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs", max_concurrency=2)
     prof = shell_profile(
         'echo "$OPENAI_API_KEY $ANTHROPIC_API_KEY $OPENAI_BASE_URL $ANTHROPIC_BASE_URL"; sleep 0.6'
     )
@@ -354,7 +361,9 @@ async def test_sandbox_isolates_workspaces_and_hidden_tests(tmp_path):
         r.reward == 1.0 and other.reward == 0.0
     )  # the sandboxed harness still wrote its own workspace
     # Without the sandbox the same probe does see the hidden file (what the sandbox prevents).
-    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
+    async with HarnessExecutor(
+        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2")
+    ) as ex:
         r2 = await ex.run(spec("probe2", task, shell_profile(f"cat {task_dir}/tests/secret.txt")))
     assert "TOP-SECRET" in Path(r2.harness.stdout_path).read_text()
 
@@ -451,7 +460,9 @@ async def test_harbor_style_verifier_paths_with_sandbox(tmp_path):
     # Without the sandbox those paths are the host's (it would write the host's /logs): the
     # verifier is refused before it runs -- a missing assessment saying why, not a zero.
     logs_before = os.path.exists("/logs/verifier/reward.txt")
-    async with HarnessExecutor(ExecutorConfig(workspace_root=tmp_path / "runs2")) as ex:
+    async with HarnessExecutor(
+        ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs2")
+    ) as ex:
         r = await ex.run(spec("h2", task, shell_profile("echo 42 > answer.txt")))
     assert (
         isinstance(r.assessment, Missing) and r.assessment.reason == MissingReason.evaluator_error

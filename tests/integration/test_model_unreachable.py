@@ -28,6 +28,9 @@ from gyre.trace.assessment import Missing, MissingReason, Scored
 sys.path.insert(0, str(Path(__file__).parent))
 from test_harness_util import make_task, shell_profile
 
+# Executor mechanics, not the sandbox (tested on its own): the explicit opt-out.
+OFF = SandboxConfig(enabled=False)
+
 
 def dead_url() -> str:
     """A loopback port nothing listens on (bound, then closed)."""
@@ -49,7 +52,7 @@ def spec(eid: str, task, profile, base_url: str, **kw) -> ExecutionSpec:
 
 
 async def run(tmp_path: Path, specs, **hooks):
-    cfg = ExecutorConfig(workspace_root=tmp_path / "runs", kill_grace_s=0.5)
+    cfg = ExecutorConfig(sandbox=OFF, workspace_root=tmp_path / "runs", kill_grace_s=0.5)
     async with HarnessExecutor(cfg, **hooks) as ex:
         return await ex.run_many(specs)
 

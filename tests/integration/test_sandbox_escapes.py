@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,8 @@ ATTEMPTS = [
     "fork_bomb",
     "file_past_size_limit",
     "tmp_past_tmpfs_size",
+    "dev_shm_past_tmpfs_size",
+    "dev_past_tmpfs_size",
 ]
 # + "workspace_past_quota" (its own execution): len(ATTEMPTS) + 1 attempts per launcher.
 MAX_PROCS, MAX_FILE, TMPFS, QUOTA = 64, 8 << 20, 16 << 20, 32 << 20
@@ -227,8 +230,7 @@ def _launch(host: dict, who: str, eid: str, command: list[str], sandbox: dict) -
     else:
         for p in (runs, runs / f"other-{eid}", other):
             os.chown(p, UNPRIV_UID, UNPRIV_UID)
-        site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
-        repo_root = Path(__import__("gyre").__file__).resolve().parent.parent
+        pythonpath = _user_pythonpath(host["base"])
         argv = [
             "setpriv",
             f"--reuid={UNPRIV_UID}",
@@ -238,12 +240,58 @@ def _launch(host: dict, who: str, eid: str, command: list[str], sandbox: dict) -
             str(driver),
             str(jf),
         ]
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{repo_root}:{site}", "HOME": "/tmp"}
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": "/tmp"}
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["other_secret_path"] = str(other / "secret.txt")
     return out
+
+
+# What the driver imports from the venv (gyre.harness.executor and friends).
+_DRIVER_PACKAGES = (
+    "pydantic",
+    "pydantic_core",
+    "typing_extensions.py",
+    "annotated_types",
+    "typing_inspection",
+    "numpy",
+    "numpy.libs",
+)
+_pythonpath: dict[str, str] = {}
+
+
+def _user_pythonpath(base: Path) -> str:
+    """PYTHONPATH for the unprivileged driver: the checkout and the venv themselves when that
+    user can read them, else a readable copy of what the driver imports (a CI clone under a
+    0700 ``/root`` is not readable by uid 65534)."""
+    if "p" in _pythonpath:
+        return _pythonpath["p"]
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    repo_root = Path(__import__("gyre").__file__).resolve().parent.parent
+    direct = f"{repo_root}:{site}"
+    probe = subprocess.run(
+        ["setpriv", f"--reuid={UNPRIV_UID}", f"--regid={UNPRIV_UID}", "--clear-groups"]
+        + [SYSTEM_PY, "-c", "import gyre.harness.executor"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": direct, "HOME": "/tmp"},
+        capture_output=True,
+    )
+    if probe.returncode == 0 and not os.environ.get("GYRE_ESCAPE_STAGE"):  # (set: test staging)
+        _pythonpath["p"] = direct
+        return direct
+    staged = base / "py"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(repo_root / "gyre", staged / "gyre", ignore=ignore)
+    for name in _DRIVER_PACKAGES:
+        src = site / name
+        if src.is_dir():
+            shutil.copytree(src, staged / name, ignore=ignore)
+        elif src.is_file():
+            shutil.copy(src, staged / name)
+    for p in [staged, *staged.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644 | (p.stat().st_mode & 0o111))
+    _pythonpath["p"] = str(staged)
+    return str(staged)
 
 
 def _probe(host: dict, who: str) -> dict:
@@ -267,6 +315,17 @@ def _probe(host: dict, who: str) -> dict:
     rep = Path(res["workspace"]) / "report.json"
     assert rep.is_file(), f"the probe wrote no report: {res}"
     report = json.loads(rep.read_text())
+    ws = Path(res["workspace"])
+    report["_modes"] = {
+        n: os.lstat(p).st_mode
+        for n, p in (
+            ("suid.bin", ws / "suid.bin"),
+            ("suid.dir", ws / "suid.dir"),
+            ("exec_dir", ws.parent),
+            ("workspace_root", ws.parent.parent),
+        )
+        if os.path.lexists(p)
+    }
     report["_host_files_written"] = [
         f for f in [*host["host_files"], host["host_home_file"]] if os.path.exists(f)
     ]
@@ -335,6 +394,17 @@ def test_proxy_still_reachable_and_no_host_file_written(reports, who):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("who", ["root", "user"])
+def test_no_setid_bits_or_open_modes_left_on_the_host(reports, who):
+    """A setuid/setgid file the harness made is not setuid on the host (kept workspace, and so
+    the scoring copy); execution folders are closed to other users (0700)."""
+    modes = _report(reports, who)["_modes"]
+    assert set(modes) == {"suid.bin", "suid.dir", "exec_dir", "workspace_root"}, modes
+    for name, mode in modes.items():
+        assert mode & 0o7077 == 0, f"{who}: {name} is {stat.filemode(mode)} ({oct(mode)})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["root", "user"])
 def test_workspace_past_quota_is_stopped(host, who):
     if who == "user" and (why := _unprivileged_unavailable()):
         pytest.skip(f"unprivileged launcher unavailable: {why}")
@@ -357,3 +427,30 @@ def test_workspace_past_quota_is_stopped(host, who):
     used = sum(f.stat().st_size for f in Path(res["workspace"]).iterdir() if f.name.startswith("f"))
     assert res["stop"] == "disk_limit", res
     assert QUOTA < used < 1 << 30, used  # stopped well before its 2 GiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("who", ["root", "user"])
+def test_workspace_past_file_quota_is_stopped(host, who):
+    """Empty files cost no bytes but inodes: the entry count is a quota too."""
+    if who == "user" and (why := _unprivileged_unavailable()):
+        pytest.skip(f"unprivileged launcher unavailable: {why}")
+    if who == "root" and os.geteuid() != 0:
+        pytest.skip("not run as root")
+    py = sys.executable if who == "root" else SYSTEM_PY
+    writer = (
+        "import os\n"
+        "os.mkdir('m')\n"
+        "for i in range(400000):\n"
+        "    os.close(os.open('m/' + str(i), os.O_CREAT | os.O_WRONLY, 0o600))\n"
+    )
+    res = _launch(
+        host,
+        who,
+        "files",
+        [py, "-c", writer],
+        {"max_workspace_files": 5000, "disk_check_s": 0.2},
+    )
+    made = len(os.listdir(Path(res["workspace"]) / "m"))
+    assert res["stop"] == "disk_limit", res
+    assert 5000 < made < 400000, made  # stopped well before its 400k

@@ -326,6 +326,28 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("run.cell.cpu_quota", "4096", "more than this machine's"),
     ),
     (
+        "run-sandbox-without-bwrap",  # the sandbox is on by default: no bwrap, no run
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            f"model_dir={f['badtok']}",
+            "--set",
+            "executor.sandbox.bwrap=/nonexistent/bwrap",
+        ],
+        ("executor.sandbox", "not installed", "executor.sandbox = false"),
+    ),
+    (
+        "run-sandboxed-harness-unsandboxed-verifier",
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            "executor.scorer.sandbox=false",
+        ],
+        ("executor.scorer.sandbox = false", "unconfined"),
+    ),
+    (
         "sim-sweep-unknown-placement",
         lambda f, p: ["sim", "sweep", "--placement", "best", "--seeds", "1"],
         ("--placement", "'best'"),

@@ -152,6 +152,34 @@ async def test_cancel_during_the_spawn_kills_what_it_started(tmp_path, monkeypat
     assert pids and await _wait_gone(pids[0])
 
 
+async def test_nothing_of_the_group_is_left_when_it_returns(tmp_path, monkeypatch):
+    """Issue 19 (9): "stopped" means gone, not "will be gone soon" -- an executor's stop()
+    returned while a harness still ran on a busy machine. No polling after these awaits."""
+    code = (
+        "import subprocess, time; p = subprocess.Popen(['sleep', '60']);"
+        " print(p.pid, flush=True); time.sleep(60)"
+    )
+    r = await _run(tmp_path, [PY, "-c", code], timeout_s=1.0, kill_grace_s=0.5)
+    assert r.stop == "timeout"
+    assert _gone(int((tmp_path / "out").read_text().split()[0]))
+    pids: list[int] = []
+    real = process._popen
+
+    def popen_then_stall(*a):
+        spawned = real(*a)
+        pids.append(spawned[0].pid)
+        time.sleep(0.4)  # the caller is cancelled while the spawn thread is still busy
+        return spawned
+
+    monkeypatch.setattr(process, "_popen", popen_then_stall)
+    task = asyncio.ensure_future(_run(tmp_path, ["sleep", "60"]))
+    await asyncio.sleep(0.15)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pids and _gone(pids[0])
+
+
 async def test_a_missing_program_raises_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         await _run(tmp_path, [str(tmp_path / "no-such-program")])

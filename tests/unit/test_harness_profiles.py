@@ -77,7 +77,7 @@ def test_bwrap_argv_hides_and_binds(tmp_path):
         and "--die-with-parent" in s
     )
     assert "--unshare-net" not in argv  # the harness must reach the proxy on loopback
-    assert f"--bind {ws} {ws} --remount-ro / --chdir {ws}" in s
+    assert f"--bind {ws} {ws} --remount-ro /dev --remount-ro / --chdir {ws}" in s
     # Hidden trees are not bound at all (nothing exposes them here), absent ones not named.
     sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
     assert not any(x == str(other) or x == str(hidden) for x in sources)

@@ -78,8 +78,11 @@ def test_sandbox_sees_system_dirs_only_and_runs_without_capabilities(tmp_path):
     assert "--disable-userns" in argv and "--unshare-user" in argv
     assert argv[argv.index("--uid") + 1] == str(SANDBOX_UID) != "0"
     # The root filesystem is remounted read-only after every mount point was made.
-    assert argv[argv.index("--remount-ro") + 1] == "/"
+    ro = [argv[i + 1] for i, a in enumerate(argv) if a == "--remount-ro"]
+    assert ro == ["/dev", "/"]  # /dev too: bwrap's own is an unsized, writable tmpfs
     assert argv.index("--remount-ro") > max(i for i, a in enumerate(argv) if a == "--bind")
+    shm = argv.index("/dev/shm")  # a sized tmpfs of its own, world-writable with the sticky bit
+    assert argv[shm - 1] == "--tmpfs" and argv[shm - 3] == "--size" and argv[shm - 4] == "01777"
     # Limits reach the first process inside; the command follows confine's "--".
     c = Confinement(max_procs=99, max_file_bytes=1234, tmpfs_bytes=5678)
     argv = bwrap_argv(["true"], workspace=tmp_path / "ws", hide=[], confine=c, userns_fd=7)
@@ -98,7 +101,9 @@ def test_mount_point_parents_are_traversable(tmp_path):
     argv = bwrap_argv(["true"], workspace=ws, hide=[])
     # --perms MODE --dir PATH
     dirs = [argv[i + 3] for i, a in enumerate(argv) if a == "--perms" and argv[i + 2] == "--dir"]
-    assert {argv[i + 1] for i, a in enumerate(argv) if a == "--perms"} == {"0755"}
+    assert {
+        argv[i + 1] for i, a in enumerate(argv) if a == "--perms" and argv[i + 2] == "--dir"
+    } == {"0755"}
     assert str(ws.parent) in dirs and str(ws) not in dirs
     assert argv.index(str(ws.parent)) < argv.index("--bind")
 

@@ -67,11 +67,11 @@ def test_text_pieces_count_what_every_template_renders():
                 {"type": "text", "text": "U"},
             ],
         },
-        {"role": "assistant", "content": "not counted (templates may trim it)"},
+        {"role": "assistant", "content": "<think>not counted (templates trim it)</think>A"},
         {"role": "tool", "content": "T"},
         "junk",
     ]
-    assert list(text_pieces(items)) == ["S", "R", "R2", "U", "T"]
+    assert list(text_pieces(items)) == ["S", "R", "R2", "U", "A", "T"]
 
 
 async def test_check_refuses_early_with_the_context_length_error(tiny_tokenizer):
@@ -101,6 +101,97 @@ async def test_body_size_gate_never_skips_a_refusal(tiny_tokenizer, user, tool, 
     pb = PromptBound(tiny_tokenizer, max_context=ctx, slice_chars=17)
     if pb.cannot_trigger(len(body)):
         await pb.check(items, "openai")  # would raise if a floor reached the context
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(said=texts, arg=texts, user=texts)
+def test_floors_with_assistant_text_and_tool_calls_stay_below_the_render(
+    tiny_tokenizer, said, arg, user
+):
+    """Assistant text and tool-call arguments count too (templates render them) and the floors
+    still never exceed the real count."""
+    import json
+
+    items = [
+        {"role": "user", "content": user},
+        {
+            "role": "assistant",
+            "content": said,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "run", "arguments": json.dumps({"cmd": arg, arg: [arg]})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    norm = [m for it in items for m in oa.normalize_item(it, lambda _i: None)]
+    real = len(Renderer(tiny_tokenizer).full(norm))
+    pb = PromptBound(tiny_tokenizer, max_context=10**9, slice_chars=17)
+    assert pb.floor_from_chars(pb.chars(items)) <= real
+    assert pb.floor_by_counting(items) <= real
+
+
+def test_tool_call_arguments_and_assistant_text_are_counted():
+    items = [
+        {
+            "role": "assistant",
+            "content": "<think>trimmed</think>\nkept",
+            "tool_calls": [
+                {"function": {"name": "f", "arguments": '{"a": "A1", "b": ["B1", 2]}'}},
+                {
+                    "function": {"name": "g", "arguments": "not json"}
+                },  # rendered as what? not counted
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "not counted"},
+                {"type": "tool_use", "id": "t", "name": "h", "input": {"c": "C1"}},
+            ],
+        },
+        {"type": "function_call", "call_id": "x", "name": "k", "arguments": '{"d": "D1"}'},
+        {
+            "role": "assistant",
+            "items": [  # a Responses turn as its adapter wraps it
+                {"type": "function_call", "call_id": "y", "name": "m", "arguments": '{"e": "E1"}'},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "no"}]},
+            ],
+        },
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "not counted"}]},
+    ]
+    got = sorted(text_pieces(items))
+    want = ["kept", "f", "a", "A1", "b", "B1", "g", "h", "c", "C1", "k", "d", "D1", "m", "e", "E1"]
+    assert got == sorted(want)
+
+
+async def test_huge_tool_call_arguments_are_refused_cheaply(tiny_tokenizer):
+    """10 MB of assistant tool-call arguments used to be rendered in full (12 s, +2 GB) to learn
+    that they do not fit; the floor now counts them."""
+    import json
+    import time
+
+    big = json.dumps({"cmd": "echo " + "word " * (2 << 20)})  # ~10 MB
+    items = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "run", "arguments": big}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+    ]
+    pb = PromptBound(tiny_tokenizer, max_context=32768)
+    t0 = time.monotonic()
+    with pytest.raises(ApiError) as e:
+        await pb.check(items, "openai", body_bytes=len(big) + 200)
+    assert e.value.code == "context_length_exceeded"
+    assert time.monotonic() - t0 < 3.0
 
 
 # -- engine faults ------------------------------------------------------------------------------
@@ -215,3 +306,12 @@ def test_openai_image_url_parts(part, ok):
         with pytest.raises(ApiError) as e:
             _normalized(oa.parse_request, _oa(part))
         assert e.value.status == 400 and "image_url" in e.value.message
+
+
+def test_connection_cap_stays_below_the_file_limit():
+    from gyre.proxy.listeners import connection_cap
+
+    assert connection_cap(4096, 1 << 20) == 4096
+    assert connection_cap(4096, 1024) == 768  # 256 kept for traces, engines, the admin socket
+    assert connection_cap(4096, 256) == 192  # a small limit keeps a quarter
+    assert connection_cap(4096, 20) == 16
