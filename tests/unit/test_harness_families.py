@@ -62,13 +62,23 @@ def test_unknown_family_and_split() -> None:
         problems("arith", 0, "test", 1)
 
 
+@pytest.mark.parametrize("sandbox", [False, True])
 @pytest.mark.parametrize(
     ("reply", "reward"), [("Answer: {a}", 1.0), ("Answer: {b}", 0.1), ("so {a}.", 0.5), ("", 0.0)]
 )
-async def test_scorer_reads_the_generated_verifier(tmp_path: Path, reply: str, reward: float) -> None:
-    """Through Gyre's own scorer (copy, verifier process, the task's declared result file)."""
+async def test_scorer_reads_the_generated_verifier(
+    tmp_path: Path, reply: str, reward: float, sandbox: bool
+) -> None:
+    """Through Gyre's own scorer (copy, verifier process, the task's declared result file),
+    also in the sandbox, where Gyre's checkout may be out of sight: the verifier must not
+    need ``import gyre``."""
+    import shutil
+
     from gyre.harness.scorer import Scorer
     from gyre.trace.assessment import Scored
+
+    if sandbox and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
 
     p = problems("arith", 0, "train", 1)[0]
     write_taskset([p], tmp_path / "set")
@@ -76,8 +86,11 @@ async def test_scorer_reads_the_generated_verifier(tmp_path: Path, reply: str, r
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "answer.txt").write_text(reply.format(a=p.answer, b=int(p.answer) + 1))
-    got = await Scorer().score(task, ws, tmp_path / "scratch", timeout_s=60.0)
-    assert isinstance(got, Scored) and got.reward == reward
+    scorer = (
+        Scorer(bwrap="bwrap", hide=[Path(__file__).resolve().parents[2]]) if sandbox else Scorer()
+    )
+    got = await scorer.score(task, ws, tmp_path / "scratch", timeout_s=60.0)
+    assert isinstance(got, Scored) and got.reward == reward, got
 
 
 def test_written_verifier_scores_answer(tmp_path: Path) -> None:

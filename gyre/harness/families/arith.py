@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 
-from gyre.harness.families.base import (
+from .base import (
     MAX_REPLY_CHARS,
     Problem,
     Score,

@@ -12,7 +12,7 @@ import ast
 import random
 from collections import Counter
 
-from gyre.harness.families.base import Problem, Score, final_answer, graded, split_of
+from .base import Problem, Score, final_answer, graded, split_of
 
 INSTRUCTION = (
     "Using the numbers {nums}, each at most once, and the operations + - * and parentheses, "

@@ -1,16 +1,22 @@
 """Problems -> Harbor task folders (``<split>-<name>/``) that ``gyre run`` loads as a task set.
 
 Each folder's verifier (``tests/score.py``) scores ``answer.txt`` (the reference agent's
-final message) with the family's own :func:`~gyre.harness.families.score`, so the reward a
-run trains on is the one a peer trainer computes from the same reply.
+final message) with the family's own ``score``, so the reward a run trains on is the one a
+peer trainer computes from the same reply. The family's two source files are copied into
+``tests/_family/``: a sandboxed verifier sees the venv's Python but not necessarily Gyre's
+checkout (an editable install points there), and it runs with ``PYTHONSAFEPATH``, so it
+imports the family from its own folder, not from ``gyre``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from gyre.harness.families.base import Problem
+
+_HERE = Path(__file__).resolve().parent
 
 TASK_TOML = """version = "1.0"
 
@@ -33,16 +39,18 @@ overall_timeout_sec = {overall_timeout}
 """
 TEST_SH = '#!/usr/bin/env bash\n# Generated verifier: scores answer.txt (see score.py).\npython "$GYRE_TESTS_DIR/score.py"\n'
 SCORE_PY = '''"""Generated verifier: the family's reward for answer.txt, written to reward.json."""
+import importlib
 import json
 import os
 import sys
 
-from gyre.harness.families import Problem, score
-
 def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)  # the family's own copy (tests/_family), never the workspace
+    base = importlib.import_module("_family.base")
     with open(os.path.join(here, "problem.json"), encoding="utf-8") as f:
-        problem = Problem(**json.load(f))
+        problem = base.Problem(**json.load(f))
+    score = importlib.import_module("_family." + problem.family).score
     path = os.path.join(os.environ["GYRE_WORKSPACE"], "answer.txt")
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -84,6 +92,11 @@ def write_task(p: Problem, root: Path, harness_timeout: float = 600.0) -> Path:
     (d / "tests" / "test.sh").write_text(TEST_SH)
     (d / "tests" / "score.py").write_text(SCORE_PY)
     (d / "tests" / "problem.json").write_text(json.dumps(p.__dict__, indent=1) + "\n")
+    fam = d / "tests" / "_family"
+    fam.mkdir(exist_ok=True)
+    (fam / "__init__.py").write_text("")
+    for name in ("base.py", f"{p.family}.py"):
+        shutil.copyfile(_HERE / name, fam / name)
     return d
 
 
