@@ -104,6 +104,17 @@ API_KEY_ENV = "GYRE_ENGINE_API_KEY"
 """The engine API key of this process, when no explicit one is given (clients and servers)."""
 
 
+def use_api_key(key: str | None) -> None:
+    """Make ``key`` this process's engine key (servers and clients built from now on use it).
+
+    Set in ``os.environ`` by the process itself, so it is not in the environment block the
+    kernel shows in ``/proc/PID/environ`` (that is the one the process started with), nor in
+    any Ray log: ``gyre run`` passes it as an actor argument, never through ``runtime_env``,
+    whose env vars Ray's runtime-env agent writes to its world-readable log."""
+    if key:
+        os.environ[API_KEY_ENV] = key
+
+
 def auth_headers(api_key: str | None = None) -> dict[str, str]:
     """The ``Authorization`` header for ``api_key`` (default: ``$GYRE_ENGINE_API_KEY``); empty
     when there is none."""

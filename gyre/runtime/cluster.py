@@ -11,9 +11,10 @@ pauses, reloads it from disk with the new version number, and continues.
 Who can reach an engine: a local run binds every server of its cells to 127.0.0.1
 (``GYRE_BIND_HOST``, see :mod:`gyre.runtime.nodeaddr`); on any run, every route of every
 engine but ``/health`` wants the run's engine key, a secret made here per run and given only
-to the cells and standalone engines (their Ray ``runtime_env``) and to the proxy (this
-process's memory), never to the driver's environment that harness processes start from; and
-an engine reloads weights only from the run's ``weights/`` folder.
+to the cells and standalone engines (an actor argument) and to the proxy (this process's
+memory), never to the driver's environment that harness processes start from, nor to Ray's
+``runtime_env`` (logged world-readable); and an engine reloads weights only from the run's
+``weights/`` folder.
 """
 
 from __future__ import annotations
@@ -82,14 +83,15 @@ def init_ray(cfg: GyreConfig) -> None:
         raise RuntimeSetupError(f"the {where} did not start: {first}") from None
 
 
-def engine_env(cfg: GyreConfig, rundir: RunDir, key: str) -> dict[str, str]:
-    """The environment of a run's cells and standalone engines: the engine key, the only folder
-    their engines reload from, and on a local run the loopback address their servers bind."""
-    from gyre.engine.client import API_KEY_ENV
+def engine_env(cfg: GyreConfig, rundir: RunDir) -> dict[str, str]:
+    """The environment of a run's cells and standalone engines: the only folder their engines
+    reload from, and on a local run the loopback address their servers bind. Not the engine
+    key: Ray's runtime-env agent logs these variables in a world-readable file, so the key goes
+    as an actor argument."""
     from gyre.engine.service import RELOAD_ROOT_ENV
     from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK
 
-    env = {API_KEY_ENV: key, RELOAD_ROOT_ENV: str(rundir.weights)}
+    env = {RELOAD_ROOT_ENV: str(rundir.weights)}
     if not cfg.run.ray.address:
         env[BIND_HOST_ENV] = LOOPBACK
     return env
@@ -185,7 +187,7 @@ class Cluster:
         check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
         tcfg = self.cfg.trainer.model_dump(mode="json")
         ecfg = self.cfg.engine.model_dump(mode="json")
-        runtime_env = {"env_vars": engine_env(self.cfg, self.rundir, self.engine_key)}
+        runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
         self.cells = [
             ray.remote(Cell)
             .options(
@@ -195,7 +197,7 @@ class Cluster:
                 max_concurrency=1,
                 runtime_env=runtime_env,
             )
-            .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota)
+            .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota, self.engine_key)
             for i in range(self.K)
         ]
         # the gloo world is served by the core, on its node's IP and ports free there
@@ -248,7 +250,7 @@ class Cluster:
                     "weight_version": self.weights_version,
                     "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
                 }
-                a: Any = svc.remote(ecfg_j, res.torch_threads)  # actor: methods via .remote
+                a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
                 try:
                     self.standalone.append((a, await a.start.remote()))
                 except Exception as e:
