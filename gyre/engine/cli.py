@@ -82,6 +82,18 @@ def serve(
         None, "--vllm-python", help="vLLM: the vLLM venv's python (default .venv-vllm)."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="GYRE_ENGINE_API_KEY",
+        show_envvar=True,
+        help="Every route but /health wants 'Authorization: Bearer KEY' (default: none).",
+    ),
+    reload_root: Path | None = typer.Option(
+        None,
+        "--reload-root",
+        help="/update_weights_from_disk loads only directories inside this one (default: any).",
+    ),
 ) -> None:
     """Serve an engine speaking the SGLang-native /generate protocol."""
     from gyre.cli_errors import bind_port, fail, first_line, require_model_dir, user_errors
@@ -100,6 +112,10 @@ def serve(
             fail("engine", f"--vllm-python {vllm_python}: no such file")
     if log_level.lower() not in LOG_LEVELS:
         fail("engine", f"--log-level {log_level!r}: unknown; use one of {', '.join(LOG_LEVELS)}")
+    if api_key is not None and not api_key.strip():
+        fail("engine", "--api-key: empty; give a secret or leave it out")
+    if reload_root is not None and not reload_root.is_dir():
+        fail("engine", f"--reload-root {reload_root}: not a directory")
     with user_errors("engine"):
         if kind != "null" and model is not None:
             require_model_dir(model, "--model", need_config=kind in ("embedded", "vllm"))
@@ -145,6 +161,8 @@ def serve(
         incremental_streaming_output=incremental_streaming_output,
         stream_min_interval_s=stream_min_interval,
         stream_coalesce_after=stream_coalesce_after,
+        api_key=api_key,
+        reload_root=str(reload_root) if reload_root is not None else None,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
     one_line_startup_failures("engine")

@@ -15,12 +15,17 @@ Errors are split by what the caller should do about them:
 One client owns one ``httpx.AsyncClient`` (connection pooling); close it with
 ``await client.aclose()`` or ``async with EngineClient(url) as c``. Create it in
 the event loop that uses it.
+
+An engine started with an API key (every engine of ``gyre run``) answers 401 without it:
+``EngineClient(url, api_key=KEY)``, or ``GYRE_ENGINE_API_KEY`` in the environment (how a
+cell's own control calls get it).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any
@@ -95,6 +100,27 @@ def _raise_for_status(status: int, text: str, url: str) -> None:
 
 SamplingLike = SamplingParams | dict | None
 
+API_KEY_ENV = "GYRE_ENGINE_API_KEY"
+"""The engine API key of this process, when no explicit one is given (clients and servers)."""
+
+
+def use_api_key(key: str | None) -> None:
+    """Make ``key`` this process's engine key (servers and clients built from now on use it).
+
+    Set in ``os.environ`` by the process itself, so it is not in the environment block the
+    kernel shows in ``/proc/PID/environ`` (that is the one the process started with), nor in
+    any Ray log: ``gyre run`` passes it as an actor argument, never through ``runtime_env``,
+    whose env vars Ray's runtime-env agent writes to its world-readable log."""
+    if key:
+        os.environ[API_KEY_ENV] = key
+
+
+def auth_headers(api_key: str | None = None) -> dict[str, str]:
+    """The ``Authorization`` header for ``api_key`` (default: ``$GYRE_ENGINE_API_KEY``); empty
+    when there is none."""
+    key = api_key or os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
 
 @functools.lru_cache(maxsize=1)
 def _tls_context() -> ssl.SSLContext:
@@ -150,6 +176,7 @@ class EngineClient:
         read_timeout: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         incremental_stream: bool = False,
+        api_key: str | None = None,
     ):
         # read_timeout None: a long generation may legitimately take minutes.
         # incremental_stream: the server sends only new tokens per chunk (SGLang's
@@ -166,6 +193,7 @@ class EngineClient:
             transport=transport,
             limits=limits,
             verify=_tls_context(),
+            headers=auth_headers(api_key),
         )
 
     async def __aenter__(self) -> EngineClient:

@@ -4,14 +4,27 @@
 app's lifespan starts and stops the engine, so serving it with uvicorn (or
 :class:`~gyre.engine.runner.ServerRunner`) is all it takes. Bad input is a 400
 with ``{"error": {"message": ...}}`` naming the field; it is never a 500.
+
+Two guards, both off unless asked for (a standalone ``gyre engine`` on loopback needs neither;
+every engine ``gyre run`` starts has both):
+
+- ``api_key``: every route but ``/health`` wants ``Authorization: Bearer <key>``, else 401.
+  Generation too, not only control: a harness must reach the policy through the proxy only
+  (which records the trace and enforces the execution's key), never an engine directly.
+- ``reload_root``: ``/update_weights_from_disk`` loads only a directory inside it (the run's
+  published-weights folder), after resolving links, else 403: nobody can point the run's
+  engines at weights of their own choosing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +43,64 @@ from gyre.engine.protocol import (
 )
 
 _DISCONNECT_POLL_S = 0.25
+OPEN_PATHS = frozenset({"/health"})
+"""Routes that answer without the API key: liveness only, nothing that changes or generates."""
+
+
+class ReloadRefused(Exception):
+    """A reload outside the engine's allowed weights root (403)."""
+
+
+class RequireKey:
+    """ASGI middleware: HTTP requests outside :data:`OPEN_PATHS` must carry the bearer key.
+
+    Plain ASGI rather than a FastAPI dependency or ``BaseHTTPMiddleware``: nothing is added
+    to a streaming response's path, and the check (one constant-time compare) runs before any
+    body is read."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        if not key:
+            raise ValueError("an engine API key must not be empty")
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, self.expected):
+                msg = "missing or wrong engine API key (Authorization: Bearer ...)"
+                body = json.dumps(error_payload(msg, 401, "unauthorized")).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def allowed_reload(model_path: str, root: str | Path) -> str:
+    """``model_path`` resolved (links followed, ``..`` gone) if it lies inside ``root`` (itself
+    resolved), else :class:`ReloadRefused`. The engine then loads the resolved path: what was
+    checked is what is read."""
+    base = Path(root).resolve()
+    try:
+        path = Path(model_path).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a link loop, a NUL byte
+        raise ReloadRefused(f"model_path {model_path!r} cannot be resolved: {e}") from None
+    if path != base and not path.is_relative_to(base):
+        raise ReloadRefused(
+            f"model_path {model_path!r} (resolved: {path}) is outside this engine's reload "
+            f"root {base}; it reloads only the run's published weights"
+        )
+    return str(path)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -67,6 +138,8 @@ def create_app(
     incremental_streaming_output: bool = False,
     stream_min_interval_s: float = 0.05,
     stream_coalesce_after: int = 256,
+    api_key: str | None = None,
+    reload_root: str | None = None,
 ) -> FastAPI:
     """A FastAPI app serving ``engine`` (started/stopped by the app's lifespan).
 
@@ -79,9 +152,13 @@ def create_app(
     an output is ``stream_coalesce_after`` tokens long: at most one chunk per
     ``stream_min_interval_s`` (still cumulative, still ending with the finished chunk), which
     keeps a long stream's bytes bounded without changing the protocol.
+
+    ``api_key`` / ``reload_root``: the guards of the module doc (None: off).
     """
     if stream_interval < 1:
         raise ValueError("stream_interval must be >= 1")
+    if api_key is not None and not api_key:
+        raise ValueError("an engine API key must not be empty (None: no key)")
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -97,6 +174,12 @@ def create_app(
 
     app = FastAPI(title=f"gyre engine ({engine.kind})", lifespan=lifespan)
     app.state.engine = engine
+    if api_key is not None:
+        app.add_middleware(RequireKey, key=api_key)
+
+    @app.exception_handler(ReloadRefused)
+    async def _forbidden(_req: Request, exc: ReloadRefused) -> JSONResponse:
+        return JSONResponse(error_payload(str(exc), 403, "forbidden"), status_code=403)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -174,6 +257,9 @@ def create_app(
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> JSONResponse:
         req = await _parse(UpdateWeightsFromDiskRequest, request)
+        if reload_root is not None:
+            resolved = allowed_reload(req.model_path, reload_root)
+            req = req.model_copy(update={"model_path": resolved})
         out = await engine.update_weights_from_disk(req)
         return JSONResponse(out.model_dump(mode="json"), status_code=200 if out.success else 400)
 

@@ -12,8 +12,10 @@ on generation.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
+from gyre.engine.client import API_KEY_ENV
 from gyre.engine.config import (
     EmbeddedEngineConfig,
     NullEngineConfig,
@@ -24,6 +26,10 @@ from gyre.engine.config import (
 if TYPE_CHECKING:
     from gyre.engine.base import Engine
     from gyre.engine.runner import ServerRunner
+
+RELOAD_ROOT_ENV = "GYRE_ENGINE_RELOAD_ROOT"
+"""Set by ``gyre run`` for its cells (with :data:`~gyre.engine.client.API_KEY_ENV`): the only
+folder their engines reload weights from."""
 
 AnyEngineConfig = EmbeddedEngineConfig | ScriptedEngineConfig | NullEngineConfig | VllmEngineConfig
 
@@ -61,8 +67,15 @@ class EngineService:
         port: int = 0,
         stream_interval: int = 1,
         incremental_streaming_output: bool = False,
+        api_key: str | None = None,
+        reload_root: str | None = None,
     ):
+        """``api_key`` / ``reload_root`` (the server's guards, :mod:`gyre.engine.server`)
+        default to ``GYRE_ENGINE_API_KEY`` / ``GYRE_ENGINE_RELOAD_ROOT``: ``gyre run`` sets them
+        in its cells' environment only, so the cell code needs no argument for them."""
         self.config = config
+        self.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+        self.reload_root = reload_root or os.environ.get(RELOAD_ROOT_ENV) or None
         self.book = book
         self.host = host
         self.port = port
@@ -82,7 +95,9 @@ class EngineService:
             return self._runner.url
         engine = self.engine = make_engine(self.config, self.book)
         runner = ServerRunner(
-            create_app(engine, **self.stream_options),
+            create_app(
+                engine, api_key=self.api_key, reload_root=self.reload_root, **self.stream_options
+            ),
             host=self.host,
             port=self.port,
             name=f"engine-{engine.engine_id}",

@@ -85,6 +85,7 @@ def vllm_env(kv_cache_gb: float = 1.0, base: dict[str, str] | None = None) -> di
     env = dict(os.environ if base is None else base)
     # Gyre's paths must not shadow the vLLM venv's packages: only the extension's directory
     env["PYTHONPATH"] = str(PLUGIN_DIR)
+    env.pop("GYRE_ENGINE_API_KEY", None)  # the run's engine key stays in Gyre's own processes
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

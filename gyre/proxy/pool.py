@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 import aiohttp.payload
 
-from gyre.engine.client import EngineClient
+from gyre.engine.client import EngineClient, auth_headers
 from gyre.proxy import jsonfast
 from gyre.proxy.enginefaults import (
     Backoff,
@@ -128,6 +128,9 @@ class EnginePool:
         self.probe_timeout = probe_timeout
         self.backoff = backoff or Backoff()
         self._rng = random.Random()
+        # the engines' API key (None: $GYRE_ENGINE_API_KEY, or none); `gyre run` sets it before
+        # start() from the run's secret, which never enters the environment harnesses inherit
+        self.api_key: str | None = None
         self.engines: dict[str, EngineHandle] = {}
         self.affinity: dict[str, str] = {}
         self.counters = {
@@ -171,10 +174,14 @@ class EnginePool:
         )
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.read_timeout)
         session = aiohttp.ClientSession(
-            base_url=url, connector=connector, timeout=timeout, read_bufsize=1 << 20
+            base_url=url,
+            connector=connector,
+            timeout=timeout,
+            read_bufsize=1 << 20,
+            headers=auth_headers(self.api_key),
         )
         ctl = EngineClient(
-            url, read_timeout=30.0
+            url, read_timeout=30.0, api_key=self.api_key
         )  # control calls; a frozen engine cannot hang them
         engine_id = url
         try:

@@ -34,7 +34,11 @@ class Cell:
         engine_cfg: dict,
         torch_threads: int = 1,
         cpu_quota: float | None = None,
+        engine_key: str | None = None,
     ):
+        from gyre.engine.client import use_api_key
+
+        use_api_key(engine_key)  # the run's engine key: its engines want it, its clients send it
         self.cgroup: str | None = None  # the cell's own cgroup under run.cell.cpu_quota
         if cpu_quota is not None:  # before any thread starts: all of them land in the group
             from gyre.runtime.cpulimit import confine
@@ -372,11 +376,14 @@ async def _wake(url: str, weights_dir: str, version: int) -> None:
 class StandaloneEngine:
     """An engine of the standalone rollout pool (C_s): serves rollouts for the whole run, never trains."""
 
-    def __init__(self, engine_cfg: dict, torch_threads: int = 1):
+    def __init__(self, engine_cfg: dict, torch_threads: int = 1, engine_key: str | None = None):
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
+        from gyre.engine.client import use_api_key
         from gyre.engine.service import EngineService
         from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config
         from gyre.runtime.nodeaddr import node_ip
+
+        use_api_key(engine_key)  # before the service: it reads the key when built
 
         rc = RolloutEngineConfig.model_validate(engine_cfg)
         self.timeout = _start_timeout(rc)

@@ -217,7 +217,11 @@ def run_command(
     except ConfigProblem as e:
         typer.echo(f"gyre run: {e}", err=True)
         raise typer.Exit(2) from None
-    if state is not None and state["step"] >= cfg.policy.total_steps:
+    if (
+        state is not None
+        and state["step"] >= cfg.policy.total_steps
+        and (run_dir / "summary.json").is_file()
+    ):  # killed after its last step but before its summary: the resume finishes it
         typer.echo(
             f"gyre run: {run_dir} already finished its {cfg.policy.total_steps} steps", err=True
         )

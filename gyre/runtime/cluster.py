@@ -7,11 +7,20 @@ the replica is dropped (the core keeps its optimizer state in host memory), an
 engine starts on the newest published weights and joins the proxy's pool.
 Publication: the core writes a Hugging Face directory; every rollout engine
 pauses, reloads it from disk with the new version number, and continues.
+
+Who can reach an engine: a local run binds every server of its cells to 127.0.0.1
+(``GYRE_BIND_HOST``, see :mod:`gyre.runtime.nodeaddr`); on any run, every route of every
+engine but ``/health`` wants the run's engine key, a secret made here per run and given only
+to the cells and standalone engines (an actor argument) and to the proxy (this process's
+memory), never to the driver's environment that harness processes start from, nor to Ray's
+``runtime_env`` (logged world-readable); and an engine reloads weights only from the run's
+``weights/`` folder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import socket
 import time
 from pathlib import Path
@@ -64,12 +73,28 @@ def init_ray(cfg: GyreConfig) -> None:
     try:
         if rc.address:
             ray.init(address=rc.address, **kw)
-        else:
-            ray.init(num_cpus=rc.num_cpus, _node_ip_address=rc.node_ip, **kw)
+        else:  # Ray rewrites 127.0.0.1 to the routable address; 127.0.0.2 stays loopback
+            from gyre.runtime.nodeaddr import ray_local_ip
+
+            ray.init(num_cpus=rc.num_cpus, _node_ip_address=ray_local_ip(rc.node_ip), **kw)
     except Exception as e:  # a bad --address, or a local node that did not come up in time
         where = f"cluster at {rc.address}" if rc.address else "local Ray instance"
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise RuntimeSetupError(f"the {where} did not start: {first}") from None
+
+
+def engine_env(cfg: GyreConfig, rundir: RunDir) -> dict[str, str]:
+    """The environment of a run's cells and standalone engines: the only folder their engines
+    reload from, and on a local run the loopback address their servers bind. Not the engine
+    key: Ray's runtime-env agent logs these variables in a world-readable file, so the key goes
+    as an actor argument."""
+    from gyre.engine.service import RELOAD_ROOT_ENV
+    from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK
+
+    env = {RELOAD_ROOT_ENV: str(rundir.weights)}
+    if not cfg.run.ray.address:
+        env[BIND_HOST_ENV] = LOOPBACK
+    return env
 
 
 def cell_resources(cfg: GyreConfig, cell: int) -> dict[str, float]:
@@ -138,6 +163,7 @@ class Cluster:
             tuple[Any, str]
         ] = []  # (Ray actor, URL) of the standalone rollout pool
         self.dead_engines: list[str] = []
+        self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
 
     @property
     def live_proxy(self) -> ProxyServer:
@@ -161,6 +187,7 @@ class Cluster:
         check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
         tcfg = self.cfg.trainer.model_dump(mode="json")
         ecfg = self.cfg.engine.model_dump(mode="json")
+        runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
         self.cells = [
             ray.remote(Cell)
             .options(
@@ -168,8 +195,9 @@ class Cluster:
                 num_gpus=res.num_gpus,
                 resources=asks[i] or None,
                 max_concurrency=1,
+                runtime_env=runtime_env,
             )
-            .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota)
+            .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota, self.engine_key)
             for i in range(self.K)
         ]
         # the gloo world is served by the core, on its node's IP and ports free there
@@ -211,7 +239,9 @@ class Cluster:
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
             from gyre.runtime.cell import StandaloneEngine
 
-            svc = ray.remote(StandaloneEngine).options(num_cpus=0, resources=res.resources or None)
+            svc = ray.remote(StandaloneEngine).options(
+                num_cpus=0, resources=res.resources or None, runtime_env=runtime_env
+            )
             for j in range(self.cfg.run.standalone_engines):
                 ecfg_j = {
                     **ecfg,
@@ -220,7 +250,7 @@ class Cluster:
                     "weight_version": self.weights_version,
                     "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
                 }
-                a: Any = svc.remote(ecfg_j, res.torch_threads)  # actor: methods via .remote
+                a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
                 try:
                     self.standalone.append((a, await a.start.remote()))
                 except Exception as e:
@@ -248,6 +278,7 @@ class Cluster:
             }
         )
         proxy = self.proxy = ProxyServer(pcfg)
+        proxy.service.pool.api_key = self.engine_key  # before start(): every engine it adds
         await asyncio.to_thread(proxy.start)
 
     async def stop(self) -> None:
@@ -354,7 +385,7 @@ class Cluster:
             self.weights_dir, self.weights_version = path, version
 
             async def reload(url: str) -> None:
-                async with EngineClient(url) as c:
+                async with EngineClient(url, api_key=self.engine_key) as c:
                     await c.pause()
                     try:
                         await c.update_weights_from_disk(path, weight_version=version)

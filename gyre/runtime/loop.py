@@ -30,36 +30,45 @@ from gyre.runtime.world import RealWorld
 async def train(
     cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dict[str, Any] | None = None
 ) -> dict:
+    """Run the steps left (all of them, or those after ``resume``'s checkpoint), then finish:
+    final weights and evaluation, ``summary.json``, ``timeline.png``. A run killed after its
+    last step but before its summary has no step left: this segment only finishes it."""
+    from gyre.policy import CellRole
     from gyre.runtime.report import summarize, write_timeline
 
     tasks = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
     done = (resume or {}).get("step", 0)
+    left = cfg.policy.total_steps - done
     policy = SchedulingPolicy(
-        cfg.policy.model_copy(update={"total_steps": cfg.policy.total_steps - done})
+        cfg.policy.model_copy(update={"total_steps": max(left, 1)})  # left 0: never started
     )
     world = RealWorld(cfg, rundir, tasks, resume=resume)
     world.sched_status = policy.status
     progress.message(
         f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}"
     )
-    await world.start(list(policy.roles))
+    await world.start(list(policy.roles) if left > 0 else [CellRole.ROLLOUT] * cfg.policy.cells)
     progress.message(
         f"cells up; proxy at {world.cluster.live_proxy.url}; training steps {done}..{cfg.policy.total_steps}"
     )
-    if cfg.run.eval_interval:
+    if cfg.run.eval_interval and not _evaluated(rundir, world.base_step):
         world.execs.start_eval(world.base_step)  # the starting policy, for comparison
     try:
-        actions = policy.start(world.now())
-        while not policy.done:
-            world.carry_out(actions)
-            event = await world.next_event(timeout=cfg.run.step_timeout_s)
-            actions = policy.handle(event)
-            progress.update(world, policy)
-        world.carry_out(actions)  # EndRun: the makespan is taken here
-        progress.update(world, policy, force=True)
+        if left > 0:
+            actions = policy.start(world.now())
+            while not policy.done:
+                world.carry_out(actions)
+                event = await world.next_event(timeout=cfg.run.step_timeout_s)
+                actions = policy.handle(event)
+                progress.update(world, policy)
+            world.carry_out(actions)  # EndRun: the makespan is taken here
+            progress.update(world, policy, force=True)
+        else:  # the engines serve the last checkpoint; its evaluation (above) is the final one
+            world.makespan = 0.0
+            progress.message(f"all {done} steps were done before the restart: finishing the run")
         await world.finish(progress)  # final weights, final evaluation
         world.close_segments()
-        summary = summarize(world, rundir, policy)
+        summary = summarize(world, rundir, policy if left > 0 else None)
         rundir.write_summary(summary)
         write_timeline(world, rundir, summary)
         return summary
@@ -67,6 +76,14 @@ async def train(
         workload.save(world, rundir, progress)  # also when the run stops early, with what it has
         await world.stop()
         rundir.close()
+
+
+def _evaluated(rundir: RunDir, version: int) -> bool:
+    """Whether an earlier segment already evaluated ``version`` (a resumed run does not repeat
+    an evaluation it has)."""
+    return any(
+        r.get("version") == version and "error" not in r for r in rundir.read_jsonl("evals.jsonl")
+    )
 
 
 def run(

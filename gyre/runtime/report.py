@@ -33,7 +33,24 @@ def _quarters(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
 
 
+def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Finished / failed / missing training executions in ``executions.jsonl`` rows: every
+    segment of a resumed run, not only the last one (whose counters start at zero)."""
+    reasons: dict[str, int] = {}
+    for r in rows:
+        if r.get("missing") is not None:
+            reasons[str(r["missing"])] = reasons.get(str(r["missing"]), 0) + 1
+    return {
+        "finished": len(rows),
+        "failed": sum(1 for r in rows if r.get("failed")),
+        "missing": sum(reasons.values()),
+        "missing_by_reason": reasons,
+    }
+
+
 def summarize(world, rundir, policy) -> dict[str, Any]:
+    """``policy``: this segment's scheduling policy; None for a segment that only finished a
+    run whose steps were all done before it was killed."""
     stats = world.cluster.proxy_stats()
     counters = stats.get("counters", {})
     pool = stats.get("pool", {}).get("counters", {})
@@ -44,6 +61,7 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")
     }
     ex = world.execs
+    every = execution_counts(rundir.read_jsonl("executions.jsonl"))
     return {
         "placement": world.cfg.policy.placement.value,
         "makespan_s": world.makespan,
@@ -52,13 +70,18 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         "segment": world.segment,
         "reward_first_quarter": first,
         "reward_last_quarter": last,
-        "executions": {
-            "finished": ex.finished,
-            "failed": ex.failed,
-            "missing": ex.missing,
-            "missing_by_reason": dict(ex.missing_reasons),
+        "executions": {  # the whole run, all segments
+            **every,
+            "this_segment": {
+                "finished": ex.finished,
+                "failed": ex.failed,
+                "missing": ex.missing,
+                "missing_by_reason": dict(ex.missing_reasons),
+            },
         },
-        "interrupted_executions": ex.failed + int(counters.get("errors_5xx", 0)),
+        # failed harnesses of the whole run; 5xx answers of this segment's proxy (a killed
+        # segment's proxy counters die with it)
+        "interrupted_executions": every["failed"] + int(counters.get("errors_5xx", 0)),
         "proxy": {
             "answered": counters.get("answered", 0),
             "errors_5xx": counters.get("errors_5xx", 0),
@@ -85,7 +108,7 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
         "cells": world.cluster.placement,
         "engine_urls": world.cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": world.cluster.dead_engines,
-        "policy": policy.status(),
+        "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }
 
 

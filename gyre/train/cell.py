@@ -47,9 +47,7 @@ class TrainCell:
         (cell 0 serves it)."""
         import datetime
 
-        import torch.distributed as dist
-
-        from gyre.train.comm import init_cell_process
+        from gyre.train.comm import init_cell_process, tcp_store
 
         self.comm = init_cell_process(
             self.rank,
@@ -59,7 +57,7 @@ class TrainCell:
             host=self.host,
             timeout_s=self.timeout_s,
         )
-        self.store = dist.TCPStore(
+        self.store = tcp_store(
             self.host,
             self.store_port,
             self.world,

@@ -19,9 +19,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.sockets import ListenerLog
 
 N, B = 4, 2  # group size, groups per step
 STEPS = 4
@@ -102,8 +106,24 @@ def _args(model_dir: Path, out_dir: Path, name: str, steps: int, *extra: str) ->
     return out
 
 
-def _gyre(argv: list[str], log: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``gyre run ...`` to its end; its output goes to ``log`` (and into assertion messages)."""
+def _wait(p: subprocess.Popen, timeout: float, watch: Callable[[int], None] | None) -> int:
+    """``p.wait(timeout)``; with ``watch``, calls ``watch(p.pid)`` about every second meanwhile."""
+    if watch is None:
+        return p.wait(timeout=timeout)
+    end = time.monotonic() + timeout
+    while (rc := p.poll()) is None:
+        if time.monotonic() > end:
+            raise subprocess.TimeoutExpired(p.args, timeout)
+        watch(p.pid)
+        time.sleep(1.0)
+    return rc
+
+
+def _gyre(
+    argv: list[str], log: Path, timeout: float = 600, watch: Callable[[int], None] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``gyre run ...`` to its end; its output goes to ``log`` (and into assertion messages).
+    ``watch(pid)`` is called about every second while it runs."""
     for attempt in range(2):
         with open(log, "w") as f:
             p = subprocess.Popen(
@@ -115,7 +135,7 @@ def _gyre(argv: list[str], log: Path, timeout: float = 600) -> subprocess.Comple
                 start_new_session=True,
             )
             try:
-                rc = p.wait(timeout=timeout)
+                rc = _wait(p, timeout, watch)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -148,14 +168,53 @@ def _reap_group(pgid: int, wait_s: float = 20.0) -> None:
         pass
 
 
+class _Watch:
+    """While the shared run runs: every listening socket of its process tree (what `ss -ltnp`
+    shows), and, once, what its first engine answers a caller without the run's engine key."""
+
+    def __init__(self, rd: Path) -> None:
+        self.rd, self.log, self.driver = rd, None, 0
+        self.probe: dict[str, int] = {}
+        self.harness_envs: list[bool] = []  # per harness process seen: holds the engine key var
+
+    def __call__(self, pid: int) -> None:
+        if self.log is None or self.driver != pid:  # a retried start is a new tree
+            self.log, self.driver = ListenerLog(pid), pid
+        self.log.sample()
+        for q in self.log.tree:
+            try:
+                if b"gyre.harness.reference_agent" in Path(f"/proc/{q}/cmdline").read_bytes():
+                    env = Path(f"/proc/{q}/environ").read_bytes()
+                    self.harness_envs.append(b"GYRE_ENGINE_API_KEY=" in env)
+            except OSError:
+                continue
+        cells = self.rd / "cells.json"
+        if not self.probe and cells.exists():
+            try:
+                url = json.loads(cells.read_text())[0]["url"]
+            except (ValueError, KeyError, IndexError):
+                return  # being written, or cell 0 trains at start: next time
+            for path in ("/get_model_info", "/health"):
+                try:
+                    with urllib.request.urlopen(url + path, timeout=5) as r:
+                        self.probe[path] = r.status
+                except urllib.error.HTTPError as e:
+                    self.probe[path] = e.code
+                except OSError:
+                    self.probe.clear()  # the engine went (a switch): try another time
+                    return
+
+
 # ------------------------------------------------------------------------------ the shared run
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("gyre-run")
     t0 = time.monotonic()
     extra = ("run.eval_interval=2", "run.eval_attempts=1")
-    r = _gyre(_args(tiny_model_dir, out, "main", STEPS, *extra), out / "main.log")
+    watch = _Watch(out / "main")
+    r = _gyre(_args(tiny_model_dir, out, "main", STEPS, *extra), out / "main.log", watch=watch)
     return {
+        "watch": watch,
         "rc": r.returncode,
         "log": r.stdout,
         "dir": out / "main",
@@ -196,6 +255,39 @@ def test_run_exits_0_and_summary(done):
     assert s["policy"]["steps_done"] == STEPS and s["policy"]["done"] is True
     # the final progress line counts every step
     assert f"step {STEPS}/{STEPS}" in done["log"]
+
+
+def test_nothing_of_gyre_listens_outside_loopback(done):
+    """A local run binds every server of Gyre's (engines, gloo, the proxy) to 127.0.0.1. Sampled
+    from /proc every second while the run ran (what `ss -ltnp` shows for its process tree).
+    Left outside loopback: Ray 2.60's own gRPC servers, which bind every interface whatever the
+    node IP (one per Ray worker, the driver and every cell included; GCS, raylet, agents) and
+    its metrics ports; none is bound to a specific routable address any more (docs/runtime.md)."""
+    w = done["watch"]
+    seen, driver = w.log, w.driver
+    table = seen.table()
+    rows = list(seen.seen.values())
+    assert any(r.pid == driver and r.loopback for r in rows), table  # the proxy was seen
+    outside = [r for r in rows if not r.loopback]
+    assert all(r.wildcard for r in outside), table  # nothing on the machine's own address
+    cells = {c["pid"] for c in done["summary"]["cells"]}
+    assert cells and cells <= {r.pid for r in rows}, table
+    for pid in cells | {driver}:  # Ray's core-worker server is the one wildcard socket of each
+        assert len([r for r in outside if r.pid == pid]) <= 1, table
+    s = done["summary"]
+    urls = [u for per_cell in s["engine_urls"] for u in per_cell]
+    hosts = {re.match(r"http://([^:/]+):", u).group(1) for u in urls}  # type: ignore[union-attr]
+    assert hosts == {"127.0.0.1"}, urls
+    assert {c["gloo"].rsplit(":", 1)[0] for c in s["cells"]} == {"127.0.0.1"}
+    assert "proxy at http://127.0.0.1:" in done["log"]
+
+
+def test_the_runs_engines_answer_only_to_its_key(done):
+    """Without the run's engine key an engine of the run answers 401 (generation and control
+    alike); /health alone is open. No harness process had the key in its environment."""
+    w = done["watch"]
+    assert w.probe == {"/get_model_info": 401, "/health": 200}
+    assert w.harness_envs and not any(w.harness_envs)
 
 
 def test_metrics_one_line_per_step(done):
@@ -504,6 +596,9 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     ids = [e["execution"] for e in ex]
     assert len(ids) == len(set(ids))
     later = ex[len(first) :]
+    # the summary counts the executions of both segments, not only the resumed one's
+    assert s["executions"]["finished"] == len(ex) > len(later)
+    assert s["executions"]["this_segment"]["finished"] == len(later)
     assert later and all(e["segment"] == 1 and e["execution"].startswith("r1-") for e in later)
     # groups of the resumed segment are fresh: above every group id the first segment used
     assert min(e["group"] for e in later) > max(e["group"] for e in first)
@@ -516,6 +611,47 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     for x in m:
         for g in x["groups"]:
             assert sum(1 for e in ex if e["group"] == int(g[1:])) == N
+
+
+@pytest.mark.slow
+def test_killed_after_its_last_step_the_resume_finishes_the_run(done, tmp_path):
+    """A run killed after its last step, before its summary (in its final evaluation):
+    `gyre run --resume` serves the last checkpoint, evaluates it, and writes summary.json and
+    timeline.png, counting the killed segment's executions. The killed run is the shared run's
+    directory as a SIGKILL there leaves it (checkpoint and metrics of every step, no summary,
+    timeline, workload or final evaluation): a resume alone, not a second training run."""
+    rd = tmp_path / "last"
+    shutil.copytree(done["dir"], rd, symlinks=True)
+    for name in ("summary.json", "timeline.png", "workload.json"):
+        (rd / name).unlink()
+    evals = [e for e in _jsonl(rd / "evals.jsonl") if e["version"] != STEPS]
+    (rd / "evals.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    assert (rd / "checkpoints" / f"step-{STEPS}").is_dir()
+    first = _jsonl(rd / "executions.jsonl")
+    r = _gyre(
+        [sys.executable, "-m", "gyre.cli", "run", "--resume", str(rd), "--log-format", "plain"],
+        tmp_path / "resume.log",
+    )
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert "finishing the run" in r.stdout, r.stdout[-3000:]
+    s = json.loads((rd / "summary.json").read_text())
+    assert (rd / "timeline.png").stat().st_size > 0
+    assert s["steps"] == STEPS and s["steps_this_segment"] == 0 and s["segment"] == 1
+    finals = [e for e in _jsonl(rd / "evals.jsonl") if e["version"] == STEPS]
+    assert len(finals) == 1 and finals[0]["executions"] >= 1, finals  # the final evaluation
+    assert finals[0]["scored"] >= 1 and s["evals"][-1]["version"] == STEPS
+    assert s["executions"]["finished"] == len(first) == len(_jsonl(rd / "executions.jsonl"))
+    assert s["executions"]["this_segment"]["finished"] == 0
+    assert [x["step"] for x in _jsonl(rd / "metrics.jsonl")] == list(range(STEPS))
+    # a second resume has nothing left to do
+    again = subprocess.run(
+        [sys.executable, "-m", "gyre.cli", "run", "--resume", str(rd)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert again.returncode == 0 and "already finished" in again.stderr, again.stderr
 
 
 @pytest.mark.slow

@@ -157,7 +157,8 @@ def test_existing_run_is_not_overwritten(base, model_dir, tmp_path):
 
 
 def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_path):
-    """A run whose checkpoint holds every step: nothing to do (and no Ray started)."""
+    """A run whose checkpoint holds every step and that wrote its summary: nothing to do (and no
+    Ray started). Without the summary the resume finishes the run (test_runtime.py)."""
     from gyre.train.checkpoint import TrainerState
 
     cfg = load_config(base, [f"model_dir={model_dir}", "policy.total_steps=2"])
@@ -169,6 +170,7 @@ def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_
         json.dumps(TrainerState(2, 2, ["g0", "g1", "g2", "g3"], "m").__dict__)
     )
     (rd.checkpoints / "latest").write_text("step-2")
+    rd.write_summary({"steps": 2})
     r = _run(["--resume", str(rd.path)])
     assert r.exit_code == 0, r.output
     assert "already finished" in r.stderr
