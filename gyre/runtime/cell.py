@@ -236,7 +236,11 @@ class Cell:
         by_index = {t.index: t for t in (MicroStepTask.from_bytes(b) for b in tasks)}
         stats = ObjectiveStats()
         for i in indices:
-            stats.add(self.worker.compute(by_index[i], step=step, get_task=by_index.__getitem__))
+            stats.add(
+                self.worker.compute(
+                    by_index[i], step=step, get_task=by_index.__getitem__, version=version
+                )
+            )
         return stats.as_list()
 
     def reduce(self, k: int, stats: list) -> None:
@@ -284,6 +288,7 @@ class Cell:
             else 0.0,
             "actor/target_tokens": float(total.tokens),
             "actor/grad_norm": 0.0,
+            **total.mismatch_metrics(),
         }
         if E and total.tokens:
             with torch.no_grad():
