@@ -214,7 +214,7 @@ class Core:
         self.state.consumed_groups.extend(seal.meta.get("groups", []))
         self.buffer.commit(seal.meta.get("groups", []))
         ck = self.cfg.checkpoint
-        if ck.dir is not None and self.state.step % ck.every_steps == 0:
+        if ck.dir is not None and ck.due(self.state.step):
             save_checkpoint(ck.dir, self.model, self.live_optimizer, self.state, keep=ck.keep)
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
