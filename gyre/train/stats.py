@@ -8,6 +8,7 @@ loss and :func:`gyre.train.objective.mismatch_stats` for the ``mm_*`` fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass
@@ -50,12 +51,11 @@ class ObjectiveStats:
         vals = [float(x) for x in xs]
         if len(vals) != len(fields(cls)):
             raise ValueError(f"{len(vals)} stats values for {len(fields(cls))} fields")
-        return cls(
-            **{
-                f.name: int(round(v)) if f.type in ("int", int) else v
-                for f, v in zip(fields(cls), vals)
-            }
-        )
+        kw: dict[str, Any] = {
+            f.name: int(round(v)) if f.type in ("int", int) else v
+            for f, v in zip(fields(cls), vals)
+        }
+        return cls(**kw)
 
     def mismatch_metrics(self) -> dict[str, float]:
         """``mismatch/*`` scalars of a step: k3 KL, max |d|, token_mult_prob_error, tokens.

@@ -6,12 +6,14 @@ the tiny model) whose ``save_hf`` writes the HF directory and returns the finger
 serve over HTTP on 127.0.0.1 and reload through ``/update_weights_from_disk``. Faked: the Ray
 actor around the core (its method is called in this process, on a thread, as Ray would run
 it), and, in the second engine, the reload itself: it is patched to report success while
-keeping the old weights (an engine that lost or ignored the publication).
+keeping the old weights (an engine that lost or ignored the publication); the two engines'
+model loads take turns (they share this process).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -39,8 +41,21 @@ class _InProcess:
         return type("M", (), {"remote": staticmethod(lambda *a: asyncio.to_thread(fn, *a))})
 
 
+# Two engines in one process: transformers' from_pretrained is not thread-safe (concurrent loads
+# in two worker threads leave meta tensors), so their loads take turns here. In a run each engine
+# has its own process.
+_LOADS = threading.Lock()
+
+
 def _serve(model_dir, engine_id: str) -> ServerRunner:
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(model_dir), engine_id=engine_id))
+    load = engine._load
+
+    def one_at_a_time(path):
+        with _LOADS:
+            return load(path)
+
+    engine._load = one_at_a_time  # type: ignore[method-assign]
     runner = ServerRunner(create_app(engine)).start()
     runner.engine = engine
     return runner
