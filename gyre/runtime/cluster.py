@@ -133,6 +133,7 @@ class Cluster:
         self.weights_dir = resume_from or cfg.model_dir  # newest published weights (HF layout)
         self.weights_version = base_version
         self.weights_sums: dict[str, float] | None = None  # the core's fingerprints of weights_dir
+        self.engines_checked = 0  # engine loads found serving the published weights
         self.trainer_version = base_version
         self._publishing: asyncio.Event | None = None
         self.placement: list[dict[str, Any]] = []
@@ -301,8 +302,9 @@ class Cluster:
 
             async with EngineClient(url) as c:
                 info = await c.model_info()
-            check_served(
-                f"cell {cell}'s engine ({url})", self.weights_version, info, self.weights_sums
+            name = f"cell {cell}'s engine ({url})"
+            self.engines_checked += check_served(
+                name, self.weights_version, info, self.weights_sums
             )
         await asyncio.to_thread(self.live_proxy.add_engine, url)
         self._serving(cell, url)
@@ -382,6 +384,7 @@ class Cluster:
                     await self._engine_lost(u, r)
                 else:  # it reloaded: does it serve what the core wrote?
                     checked += check_served(self._engine_name(u), version, r, sums)
+            self.engines_checked += checked
             self._prune_weights(version, self.cfg.run.keep_published)
             return {"engines": len(urls), "checked": checked, "save_seconds": t_save}
         finally:

@@ -97,7 +97,9 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
             "mean_s": statistics.fmean([p["seconds"] for p in world.publications])
             if world.publications
             else None,
-            "engines_checked": sum(p.get("checked", 0) for p in world.publications),
+            # engine loads of published weights checked against the core's (publications, the
+            # final one too, and cells returning to rollout)
+            "engines_checked": world.cluster.engines_checked,
         },
         "role_shares": world.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),
