@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
+from gyre.engine.checksum import weights_checksum
 from gyre.engine.config import EmbeddedEngineConfig
 from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import (
@@ -115,6 +116,7 @@ class EmbeddedEngine(Engine):
         self._loaded_version = config.weight_version  # written by the worker thread only
         self.weight_version = config.weight_version
         self._rng = random.Random(config.seed)
+        self.weights_checksum: float | None = None  # of what the worker loaded (engine.checksum)
         self.steps = 0  # decode steps run (for tests/benchmarks)
         self.max_rows_seen = 0  # largest batch a decode step ran with
 
@@ -140,6 +142,7 @@ class EmbeddedEngine(Engine):
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         self.model = self._load(self.config.model_dir)
+        self.weights_checksum = weights_checksum(self.model)
         try:
             from transformers import AutoTokenizer
 
@@ -371,6 +374,7 @@ class EmbeddedEngine(Engine):
         new = self._load(path)
         missing = self._loaded_model().load_state_dict(new.state_dict(), strict=True)
         del new
+        self.weights_checksum = weights_checksum(self._loaded_model())
         self._loaded_version = version
         self._live_batch().new_weights(version)
         return str(missing)
@@ -403,6 +407,8 @@ class EmbeddedEngine(Engine):
             message=f"loaded {req.model_path}",
             num_paused_requests=self.live_requests,
             weight_version=new_version,
+            weights_checksum=self.weights_checksum,
+            weights_dtype=self.config.dtype,
         )
 
     def stats(self) -> dict:
@@ -437,4 +443,6 @@ class EmbeddedEngine(Engine):
             eos_token_ids=self.eos_token_ids,
             max_batch=self.config.max_batch,
             paused=self.paused,
+            weights_checksum=self.weights_checksum,
+            weights_dtype=self.config.dtype,
         )

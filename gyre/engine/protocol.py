@@ -187,6 +187,12 @@ class UpdateWeightsResponse(_Open):
     message: str = ""
     num_paused_requests: int = 0
     weight_version: WeightVersion | None = None
+    weights_checksum: float | None = Field(
+        None,
+        description="Gyre: fingerprint of the weights held in memory (gyre.engine.checksum), "
+        "compared with the trainer's after each publication; absent where not computed (vLLM).",
+    )
+    weights_dtype: str | None = Field(None, description="Gyre: dtype the weights are held in.")
 
 
 class ModelInfo(_Open):
@@ -204,6 +210,12 @@ class ModelInfo(_Open):
     eos_token_ids: list[int] | None = None
     max_batch: int | None = None
     paused: bool | None = None
+    weights_checksum: float | None = Field(
+        None,
+        description="Gyre: fingerprint of the weights held in memory (gyre.engine.checksum), "
+        "compared with the trainer's after each publication; absent where not computed (vLLM).",
+    )
+    weights_dtype: str | None = Field(None, description="Gyre: dtype the weights are held in.")
 
 
 class ErrorBody(_Open):

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from gyre.train.checkpoint import TrainerState
     from gyre.train.replica import ReplicaWorker
 
+# weight snapshots satellites pull (weights/snapshots, one model each): a step's participants pull
+# its version, and the next step starts only after every one of them has reduced, so the current
+# version plus one spare is enough
+SNAPSHOTS_KEPT = 2
+
 
 class Cell:
     def __init__(
@@ -240,7 +245,11 @@ class Cell:
         by_index = {t.index: t for t in (MicroStepTask.from_bytes(b) for b in tasks)}
         stats = ObjectiveStats()
         for i in indices:
-            stats.add(self.worker.compute(by_index[i], step=step, get_task=by_index.__getitem__))
+            stats.add(
+                self.worker.compute(
+                    by_index[i], step=step, get_task=by_index.__getitem__, version=version
+                )
+            )
         return stats.as_list()
 
     def reduce(self, k: int, stats: list) -> None:
@@ -288,6 +297,7 @@ class Cell:
             else 0.0,
             "actor/target_tokens": float(total.tokens),
             "actor/grad_norm": 0.0,
+            **total.mismatch_metrics(),
         }
         if E and total.tokens:
             with torch.no_grad():
@@ -308,7 +318,7 @@ class Cell:
         state.consumed_groups.extend(groups)
         self.version = state.policy_version
         t1 = time.perf_counter()
-        FileWeightChannel(snapshot_dir, keep=3).publish(
+        FileWeightChannel(snapshot_dir, keep=SNAPSHOTS_KEPT).publish(
             self.version, named_params(worker.live_model)
         )
         m["timing/snapshot"] = time.perf_counter() - t1
@@ -324,23 +334,26 @@ class Cell:
         """Core: publish the current weights for joining satellites (at start)."""
         from gyre.train.weights import FileWeightChannel, named_params
 
-        FileWeightChannel(snapshot_dir, keep=3).publish(
+        FileWeightChannel(snapshot_dir, keep=SNAPSHOTS_KEPT).publish(
             self.version, named_params(self._replica().live_model)
         )
         return self.version
 
-    def save_hf(self, out_dir: str) -> str:
-        """Core: the current weights as a Hugging Face directory (what engines reload from disk)."""
+    def save_hf(self, out_dir: str) -> dict[str, float]:
+        """Core: the current weights as a Hugging Face directory (what engines reload from disk);
+        returns their fingerprints, which every engine must report back (runtime.publication)."""
         import shutil
 
+        from gyre.engine.checksum import fingerprints
         from gyre.train.checkpoint import write_hf
 
+        model = self._replica().live_model
         tmp = Path(out_dir + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        write_hf(self._replica().live_model, self.tcfg.model_dir, tmp)
+        write_hf(model, self.tcfg.model_dir, tmp)
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
-        return out_dir
+        return fingerprints(model)
 
 
 def _start_timeout(ecfg: Any) -> float:

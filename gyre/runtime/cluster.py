@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gyre.config import GyreConfig
 from gyre.policy import CellRole
 from gyre.runtime.engines import engine_start_error
+from gyre.runtime.publication import check_served
 from gyre.runtime.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -156,6 +157,8 @@ class Cluster:
         self.proxy: ProxyServer | None = None
         self.weights_dir = resume_from or cfg.model_dir  # newest published weights (HF layout)
         self.weights_version = base_version
+        self.weights_sums: dict[str, float] | None = None  # the core's fingerprints of weights_dir
+        self.engines_checked = 0  # engine loads found serving the published weights
         self.trainer_version = base_version
         self._publishing: asyncio.Event | None = None
         self.placement: list[dict[str, Any]] = []
@@ -325,6 +328,15 @@ class Cluster:
             )  # a returning satellite serves the version being published
         await self.cells[cell].drop_replica.remote()
         url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
+        if self.weights_sums is not None:  # it serves a publication: check it like the others
+            from gyre.engine.client import EngineClient
+
+            async with EngineClient(url, api_key=self.engine_key) as c:
+                info = await c.model_info()
+            name = f"cell {cell}'s engine ({url})"
+            self.engines_checked += check_served(
+                name, self.weights_version, info, self.weights_sums
+            )
         await asyncio.to_thread(self.live_proxy.add_engine, url)
         self._serving(cell, url)
 
@@ -351,13 +363,14 @@ class Cluster:
         zero = ObjectiveStats().as_list()
         sats = [self.cells[c].reduce.remote(k, stats.get(c, zero)) for c in range(1, k)]
         ck = self.cfg.trainer.checkpoint
+        due = ck.due(self.trainer_version + 1, self.cfg.policy.total_steps)
         core = self.cells[0].finish_step.remote(
             k,
             stats.get(0, zero),
             n_scored,
             groups,
             self.rundir.snapshots,
-            str(self.rundir.checkpoints),
+            str(self.rundir.checkpoints) if due else None,
             ck.keep,
         )
         metrics, *_ = await asyncio.gather(core, *sats)
@@ -380,15 +393,15 @@ class Cluster:
         try:
             t0 = time.perf_counter()
             path = str(self.rundir.weights / f"v{version}")
-            await self.cells[0].save_hf.remote(path)
+            sums = await self.cells[0].save_hf.remote(path)
             t_save = time.perf_counter() - t0
-            self.weights_dir, self.weights_version = path, version
+            self.weights_dir, self.weights_version, self.weights_sums = path, version, sums
 
-            async def reload(url: str) -> None:
+            async def reload(url: str) -> Any:
                 async with EngineClient(url, api_key=self.engine_key) as c:
                     await c.pause()
                     try:
-                        await c.update_weights_from_disk(path, weight_version=version)
+                        return await c.update_weights_from_disk(path, weight_version=version)
                     finally:
                         await c.resume()
 
@@ -396,14 +409,22 @@ class Cluster:
                 u for _, u in self.standalone
             ]
             results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
+            checked = 0
             for u, r in zip(urls, results):
                 if isinstance(r, BaseException):
                     await self._engine_lost(u, r)
-            self._prune_weights(version)
-            return {"engines": len(urls), "save_seconds": t_save}
+                else:  # it reloaded: does it serve what the core wrote?
+                    checked += check_served(self._engine_name(u), version, r, sums)
+            self.engines_checked += checked
+            self._prune_weights(version, self.cfg.run.keep_published)
+            return {"engines": len(urls), "checked": checked, "save_seconds": t_save}
         finally:
             publishing.set()
             self._publishing = None
+
+    def _engine_name(self, url: str) -> str:
+        cells = [c for c, u in enumerate(self.urls) if u == url]
+        return f"cell {cells[0]}'s engine ({url})" if cells else f"standalone engine {url}"
 
     async def _engine_lost(self, url: str, why: BaseException) -> None:
         """An engine that cannot reload is gone (its process died): take it out of the pool so no
@@ -418,7 +439,9 @@ class Cluster:
         except Exception:
             pass
 
-    def _prune_weights(self, version: int, keep: int = 2) -> None:
+    def _prune_weights(self, version: int, keep: int) -> None:
+        """Keep the published weight directories of the newest ``keep`` versions (every engine has
+        reloaded ``version`` by now, and a returning cell starts on the newest)."""
         import shutil
 
         for p in Path(self.rundir.weights).glob("v*"):

@@ -109,3 +109,9 @@ class RunConfig(BaseModel):
     step_timeout_s: float = Field(
         1800.0, gt=0, description="abort the run if no event arrives this long"
     )
+    keep_published: int = Field(
+        2,
+        ge=1,
+        description="published weight directories (weights/v<N>, one model each) kept on disk: "
+        "the newest this many versions",
+    )

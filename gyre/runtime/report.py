@@ -26,6 +26,24 @@ def trace_reroutes(trace_dir: Path) -> dict[str, int]:
     return {"records": records, "resumed_with_partial_output": multi}
 
 
+def disk_bytes(rundir) -> dict[str, int]:
+    """Bytes the run directory holds, by what holds them (checkpoints and published weights are
+    one model each; their number is bounded by trainer.checkpoint.keep and run.keep_published)."""
+
+    def size(p: Path) -> int:
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.exists() else 0
+
+    snaps = size(Path(rundir.snapshots))
+    out = {
+        "checkpoints": size(rundir.checkpoints),
+        "published_weights": size(rundir.weights) - snaps,
+        "snapshots": snaps,
+        "traces": size(rundir.traces),
+    }
+    out["total"] = size(rundir.path)
+    return out
+
+
 def _quarters(values: list[float]) -> tuple[float | None, float | None]:
     q = max(1, len(values) // 4)
     if len(values) < 2:
@@ -102,12 +120,16 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
             "mean_s": statistics.fmean([p["seconds"] for p in world.publications])
             if world.publications
             else None,
+            # engine loads of published weights checked against the core's (publications, the
+            # final one too, and cells returning to rollout)
+            "engines_checked": world.cluster.engines_checked,
         },
         "role_shares": world.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": world.cluster.placement,
         "engine_urls": world.cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": world.cluster.dead_engines,
+        "disk_bytes": disk_bytes(rundir),
         "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }
 

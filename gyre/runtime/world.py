@@ -42,6 +42,7 @@ from gyre.runtime.cluster import Cluster
 from gyre.runtime.executions import Executions
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
+from gyre.train.stats import merge_stats
 
 
 @dataclass
@@ -285,8 +286,7 @@ class RealWorld:
             stats = await self.cluster.compute(
                 a.cell, rec.step, rec.version, self.group_tasks[a.group_id], shard
             )
-            prev = rec.stats.get(a.cell)
-            rec.stats[a.cell] = stats if prev is None else [x + y for x, y in zip(prev, stats)]
+            rec.stats[a.cell] = merge_stats(rec.stats.get(a.cell), stats)  # sums and maxes
         rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
         t1 = self.now()
         if t1 > t0:

@@ -5,6 +5,7 @@ Modules (each with one job; torch is imported only where a model is touched):
 * ``config``      typed configs (TrainerConfig and its parts)
 * ``rewards``     scores vs missing assessments, group advantages (pure python)
 * ``objective``   the GSPO loss with capped token weights and a per-execution clip
+* ``stats``       ObjectiveStats: loss counters and train/inference mismatch, summed or maxed
 * ``groups``      trace files -> trajectory trees -> admissions -> a ready group
 * ``buffer``      packing buffer: ready groups -> micro-step tasks, oldest version first
 * ``tasks``       the claimable unit (a packed micro-step + advantages), JSON on the wire

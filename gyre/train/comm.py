@@ -31,12 +31,19 @@ class PrefixCommunicators:
 
     def reduce_sum(self, k: int, tensor: torch.Tensor) -> torch.Tensor:
         """In-place sum over cells 0..k-1 (result valid on cell 0). No-op for k == 1."""
+        return self._reduce(k, tensor, dist.ReduceOp.SUM)
+
+    def reduce_max(self, k: int, tensor: torch.Tensor) -> torch.Tensor:
+        """In-place element-wise max over cells 0..k-1 (result valid on cell 0)."""
+        return self._reduce(k, tensor, dist.ReduceOp.MAX)
+
+    def _reduce(self, k: int, tensor: torch.Tensor, op) -> torch.Tensor:
         if k < 1 or k > self.world_size:
             raise ValueError(f"{k} participants but {self.world_size} cells")
         if self.rank >= k:
             raise RuntimeError(f"cell {self.rank} did not take part in a step of {k} cells")
         if k >= 2:
-            dist.reduce(tensor, dst=0, op=dist.ReduceOp.SUM, group=self.groups[k])
+            dist.reduce(tensor, dst=0, op=op, group=self.groups[k])
         return tensor
 
 

@@ -76,9 +76,26 @@ class StreamConfig(BaseModel):
 
 
 class CheckpointConfig(BaseModel):
-    dir: str | None = Field(None, description="checkpoint root; None disables checkpoints")
-    every_steps: int = Field(1, ge=1)
-    keep: int = Field(2, ge=1, description="how many checkpoints to keep")
+    """Core checkpoints (weights, optimizer state, version, data cursor: one model and its
+    optimizer state each, ~3x the model's size with AdamW)."""
+
+    dir: str | None = Field(
+        None,
+        description="checkpoint root; None disables checkpoints (gyre run always writes them to "
+        "the run directory's checkpoints/)",
+    )
+    every_steps: int = Field(
+        1, ge=1, description="checkpoint every this many steps (and always after the last)"
+    )
+    keep: int = Field(2, ge=1, description="how many checkpoints to keep (the newest)")
+
+    def due(self, steps_done: int, total_steps: int | None = None) -> bool:
+        """Whether the step that brings the run to ``steps_done`` steps ends with a checkpoint:
+        every ``every_steps`` steps, and always the run's last, so a resume repeats at most
+        ``every_steps - 1`` steps."""
+        return steps_done % self.every_steps == 0 or (
+            total_steps is not None and steps_done >= total_steps
+        )
 
 
 class TrainerConfig(BaseModel):

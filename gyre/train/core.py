@@ -31,7 +31,7 @@ from gyre.train.checkpoint import (
 from gyre.train.comm import PrefixCommunicators, flat_grads, unflatten_grads
 from gyre.train.config import TrainerConfig
 from gyre.train.coordinator import StepCoordinator, StepSeal
-from gyre.train.objective import ObjectiveStats
+from gyre.train.objective import N_SUM, ObjectiveStats
 from gyre.train.replica import ReplicaWorker
 from gyre.train.weights import WeightChannel, named_params
 
@@ -60,6 +60,7 @@ def claim_microsteps(
     max_claims: int | None,
     on_microstep: Callable[[int], None] | None,
     pump: Callable[[], None] | None = None,
+    version: int | None = None,
 ) -> tuple[ObjectiveStats, int, float]:
     """The claim loop every participant of a step runs (core and satellites alike).
 
@@ -73,7 +74,9 @@ def claim_microsteps(
         if task is None:
             break
         t0 = time.perf_counter()
-        stats.add(worker.compute(task, step=step, get_task=lambda i: coord.get(step, i)))
+        stats.add(
+            worker.compute(task, step=step, get_task=lambda i: coord.get(step, i), version=version)
+        )
         t_compute += time.perf_counter() - t0
         coord.done(step, task.index, cell)
         n += 1
@@ -95,7 +98,8 @@ def reduce_step(
         flat = flat_grads(params)
         comm.reduce_sum(k, flat)
         vec = torch.tensor(stats.as_list(), dtype=torch.float64, device=flat.device)
-        comm.reduce_sum(k, vec)
+        comm.reduce_sum(k, vec[:N_SUM])  # counters sum, the max fields max
+        comm.reduce_max(k, vec[N_SUM:])
         if comm.rank == 0:
             unflatten_grads(params, flat)
         return ObjectiveStats.from_list(vec.cpu().tolist())
@@ -210,7 +214,7 @@ class Core:
         self.state.consumed_groups.extend(seal.meta.get("groups", []))
         self.buffer.commit(seal.meta.get("groups", []))
         ck = self.cfg.checkpoint
-        if ck.dir is not None and self.state.step % ck.every_steps == 0:
+        if ck.dir is not None and ck.due(self.state.step):
             save_checkpoint(ck.dir, self.model, self.live_optimizer, self.state, keep=ck.keep)
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
@@ -242,7 +246,14 @@ class Core:
         """Claim and compute micro-steps until the queue is closed and empty (or the cap); seal."""
         feeder.pump()
         stats, n, t_compute = claim_microsteps(
-            self.coord, self.worker, self.cell, step, max_claims, on_microstep, pump=feeder.pump
+            self.coord,
+            self.worker,
+            self.cell,
+            step,
+            max_claims,
+            on_microstep,
+            pump=feeder.pump,
+            version=self.state.policy_version,
         )
         seal = self.coord.seal(step, idle=feeder.pump)
         return seal, stats, n, t_compute
@@ -258,6 +269,7 @@ class Core:
             else 0.0,
             "actor/executions_clipped": total.exec_clipped_weight,
             "actor/target_tokens": float(total.tokens),
+            **total.mismatch_metrics(),
         }
         if E == 0 or seal.n_items == 0:
             # no gradient signal (nothing scored, or every group all-equal): the groups are consumed,

@@ -36,50 +36,52 @@ terms, so any split of the tokens into micro-steps sums to the same gradient.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
+from gyre.train.stats import N_SUM, ObjectiveStats, merge_stats
+
+__all__ = [
+    "N_SUM",
+    "ObjectiveStats",
+    "execution_log_ratio",
+    "gspo_loss",
+    "merge_stats",
+    "mismatch_stats",
+]
 
 
-@dataclass
-class ObjectiveStats:
-    """Counters that reduce by summation across micro-steps and replicas."""
+def mismatch_stats(
+    logp: torch.Tensor,
+    behaviour: torch.Tensor,
+    token_version: torch.Tensor,
+    trainer_version: int | None,
+) -> ObjectiveStats:
+    """The train/inference mismatch of some targets, as the ``mm_*`` fields of ObjectiveStats.
 
-    loss_sum: float = 0.0  # sum of loss_e parts (divide by E for the batch loss)
-    tokens: int = 0  # target tokens
-    tokens_capped: int = 0  # targets with sg(r_t) > cap
-    exec_weight: float = (
-        0.0  # sum of token_weight (= executions seen, split ones counted once in total)
-    )
-    exec_clipped_weight: float = 0.0  # same, for clipped executions
-
-    def add(self, other: ObjectiveStats) -> None:
-        self.loss_sum += other.loss_sum
-        self.tokens += other.tokens
-        self.tokens_capped += other.tokens_capped
-        self.exec_weight += other.exec_weight
-        self.exec_clipped_weight += other.exec_clipped_weight
-
-    def as_list(self) -> list[float]:
-        return [
-            self.loss_sum,
-            float(self.tokens),
-            float(self.tokens_capped),
-            self.exec_weight,
-            self.exec_clipped_weight,
-        ]
-
-    @classmethod
-    def from_list(cls, xs) -> ObjectiveStats:
-        return cls(
-            float(xs[0]),
-            int(round(float(xs[1]))),
-            int(round(float(xs[2]))),
-            float(xs[3]),
-            float(xs[4]),
-        )
+    ``d = l - b`` per target; targets with ``token_version < 0`` carry no behaviour log-prob
+    and are left out. The KL estimate is NeMo-RL's ``gen_kl_error`` (the k3 estimator of
+    KL(pi_gen || pi_train) with tokens sampled from pi_gen: ``exp(d) - d - 1``, >= 0, zero
+    iff ``l == b``); ``token_mult_prob_error`` is NeMo-RL's mean of ``exp(|d|)`` (1 when the
+    two agree). ``trainer_version=None`` (unknown) counts every target as other-version.
+    """
+    d_all = logp.detach().to(torch.float64) - behaviour.detach().to(torch.float64)
+    ver = token_version.to(d_all.device)
+    out = ObjectiveStats()
+    if trainer_version is None:
+        same = torch.zeros_like(ver, dtype=torch.bool)
+    else:
+        same = ver == trainer_version
+    for name, mask in (("same", same & (ver >= 0)), ("other", ~same & (ver >= 0))):
+        d = d_all[mask]
+        if d.numel() == 0:
+            continue
+        setattr(out, f"mm_{name}_tokens", int(d.numel()))
+        setattr(out, f"mm_{name}_k3", float((torch.expm1(d) - d).sum()))
+        setattr(out, f"mm_{name}_mult", float(torch.exp(d.abs()).sum()))
+        setattr(out, f"mm_{name}_max", float(d.abs().max()))
+    return out
 
 
 def execution_log_ratio(

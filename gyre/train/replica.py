@@ -15,7 +15,7 @@ import torch
 
 from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
 from gyre.train.config import TrainerConfig
-from gyre.train.objective import ObjectiveStats, execution_log_ratio, gspo_loss
+from gyre.train.objective import ObjectiveStats, execution_log_ratio, gspo_loss, mismatch_stats
 from gyre.train.tasks import MicroStepTask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -78,9 +78,14 @@ class ReplicaWorker:
 
     # ---------------------------------------------------------------------------------
     def _targets(self, task: MicroStepTask, grad: bool):
-        """Concatenate l_t, b_t, execution index and token weight over the micro-step's targets."""
+        """Concatenate l_t, b_t, execution index and token weight over the micro-step's targets.
+
+        Returns ``(logp, ref, exec_index, token_weight, token_weight_f64, behaviour, version)``:
+        ``ref`` is ``None`` under the proximal reference; ``behaviour`` (float64) and ``version``
+        (each target's sampling weights version) are always there, for the mismatch metrics.
+        """
         dev = next(self.live_model.parameters()).device
-        logps, refs, exs, tws = [], [], [], []
+        logps, refs, exs, tws, vers = [], [], [], [], []
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:
             for seq in task.micro_step.sequences:
@@ -105,16 +110,16 @@ class ReplicaWorker:
                         [seq.token_weight[i] for i in idx], dtype=torch.float64, device=dev
                     )
                 )
+                vers.append(
+                    torch.tensor([seq.policy_version[i] for i in idx], dtype=torch.long, device=dev)
+                )
         if not logps:
             return None
         logp = torch.cat(logps)
-        ref = (
-            None
-            if self.cfg.objective.ratio_reference == "proximal"
-            else torch.cat(refs).to(logp.dtype)
-        )
+        beh = torch.cat(refs)
+        ref = None if self.cfg.objective.ratio_reference == "proximal" else beh.to(logp.dtype)
         tw64 = torch.cat(tws)
-        return logp, ref, torch.cat(exs), tw64.to(logp.dtype), tw64
+        return logp, ref, torch.cat(exs), tw64.to(logp.dtype), tw64, beh, torch.cat(vers)
 
     def _partials(self, step: int, task: MicroStepTask) -> dict[str, tuple[float, float]]:
         """No-grad per-execution (sum w*(l-b), sum w) of one micro-step, cached per step."""
@@ -123,7 +128,7 @@ class ReplicaWorker:
             got = self._targets(task, grad=False)
             out: dict[str, tuple[float, float]] = {}
             if got is not None:
-                logp, ref, ex, _tw, tw64 = got
+                logp, ref, ex, _tw, tw64, _beh, _ver = got
                 diff = logp - (logp if ref is None else ref)
                 num, den = execution_log_ratio(diff, ex, tw64, len(task.micro_step.executions))
                 for i, e in enumerate(task.micro_step.executions):
@@ -138,8 +143,13 @@ class ReplicaWorker:
         *,
         step: int = 0,
         get_task: Callable[[int], MicroStepTask] | None = None,
+        version: int | None = None,
     ) -> ObjectiveStats:
         """Forward + backward of one micro-step; gradients accumulate into ``param.grad``.
+
+        ``version`` is the weights version this replica holds: the stats' train/inference
+        mismatch (trainer log-prob vs the engine's behaviour log-prob, from this same forward)
+        is split by whether a target was sampled at that version.
 
         Executions listed in ``task.spans`` have targets in other micro-steps too: their
         s_e comes from a no-grad pre-pass over those micro-steps (exact, because the
@@ -150,7 +160,7 @@ class ReplicaWorker:
         got = self._targets(task, grad=True)
         if got is None:
             return ObjectiveStats()
-        logp, ref, ex, tw, tw64 = got
+        logp, ref, ex, tw, tw64, beh, ver = got
         execs = task.micro_step.executions
         adv = torch.tensor(task.advantages, dtype=logp.dtype, device=logp.device)
         if len(task.advantages) != len(execs):
@@ -201,4 +211,5 @@ class ReplicaWorker:
             token_weight_exact=tw64,
         )
         loss.backward()
+        stats.add(mismatch_stats(logp, beh, ver, version))
         return stats

@@ -90,7 +90,7 @@ class Satellite:
         self.worker.zero_grad()
         self.worker.new_step()
         stats, n, tc = claim_microsteps(
-            self.coord, self.worker, self.cell, step, max_claims, on_microstep
+            self.coord, self.worker, self.cell, step, max_claims, on_microstep, version=version
         )
         seal = self.coord.wait_seal(step)
         reduce_step(self.worker, self.comm, seal.participants, stats)

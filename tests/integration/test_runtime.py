@@ -377,10 +377,26 @@ def test_switches_and_publications(done):
     shares = s["role_shares"]
     assert any(sh.get("training", 0) > 0 for sh in shares[1:])  # a satellite trained
     assert all(sh.get("rollout", 0) > 0 for sh in shares)  # every cell served rollouts
-    # published weights are pruned (the newest two stay)
+    # published weights are pruned (the newest run.keep_published = 2 stay)
     assert (
         len([p for p in (done["dir"] / "weights").glob("v*") if not p.name.endswith(".tmp")]) <= 2
     )
+    # every engine reload was checked against the core's fingerprint (embedded engines)
+    assert s["publications"]["engines_checked"] >= 1
+    disk = s["disk_bytes"]
+    assert disk["checkpoints"] > 0 and disk["published_weights"] > 0 and disk["traces"] > 0
+
+
+def test_mismatch_metrics_per_step(done):
+    """Engine and trainer agree (float32 both sides, tiny model); versions split the targets."""
+    for r in done["metrics"]:
+        n = r["mismatch/tokens_same_version"] + r["mismatch/tokens_other_version"]
+        assert n == r["actor/target_tokens"], r
+    same = [r for r in done["metrics"] if r["mismatch/tokens_same_version"]]
+    assert same, "no step trained on tokens of its own version"
+    for r in same:
+        assert r["mismatch/max_abs_same_version"] < 1e-3, r
+        assert 1.0 <= r["mismatch/token_mult_prob_error_same_version"] < 1.001, r
 
 
 def test_evaluations(done):
@@ -660,7 +676,18 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
     as failed, and the summary counts it as interrupted."""
     steps = 2
     rd = tmp_path / "hk"
-    argv = _args(tiny_model_dir, tmp_path, "hk", steps, "run.eval_interval=0")
+    # the same run bounds its disk: a checkpoint every 3 steps (so only the final one, after step
+    # 2), one kept, one published weights directory kept
+    argv = _args(
+        tiny_model_dir,
+        tmp_path,
+        "hk",
+        steps,
+        "run.eval_interval=0",
+        "trainer.checkpoint.every_steps=3",
+        "trainer.checkpoint.keep=1",
+        "run.keep_published=1",
+    )
     log = tmp_path / "hk.log"
     victim = None
     for attempt in range(2):
@@ -716,3 +743,8 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
     assert [x["step"] for x in m] == list(range(steps))
     trained = [g for x in m for g in x["groups"]]
     assert len(trained) == len(set(trained))
+    assert sorted(p.name for p in (rd / "checkpoints").glob("step-*")) == [f"step-{steps}"]
+    assert len([p for p in (rd / "weights").glob("v*") if not p.name.endswith(".tmp")]) <= 1
+    assert s["disk_bytes"]["checkpoints"] > 0 and s["disk_bytes"]["total"] >= sum(
+        v for k, v in s["disk_bytes"].items() if k != "total"
+    )

@@ -151,6 +151,17 @@ def test_one_vs_three_cells_vs_late_joiners(cells_run, tiny_model_dir):
         assert m[name]["actor/loss"] == pytest.approx(
             m["core_alone"]["actor/loss"], rel=1e-6
         )  # float32 l_t sums
+        # the mismatch counters sum and its max max-reduces over the cells (summed, the max of
+        # 3 cells' shares would exceed the one cell's)
+        for c in ("same", "other"):
+            for key in (f"tokens_{c}_version", f"max_abs_{c}_version", f"kl_{c}_version"):
+                assert m[name][f"mismatch/{key}"] == pytest.approx(
+                    m["core_alone"][f"mismatch/{key}"], rel=1e-6
+                ), (name, key)
+    # synthetic groups are sampled at versions g % 3 with noise: both classes, d != 0
+    assert m["core_alone"]["mismatch/tokens_same_version"] > 0
+    assert m["core_alone"]["mismatch/tokens_other_version"] > 0
+    assert m["core_alone"]["mismatch/max_abs_same_version"] > 1e-4
 
 
 def test_split_executions_across_cells(cells_run):
