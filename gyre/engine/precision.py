@@ -19,14 +19,16 @@ weight reloads still fill both (``state_dict`` names both keys).
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 COMPUTE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
-def to_compute_dtype(model: torch.nn.Module, compute_dtype: str) -> torch.nn.Module:
+def to_compute_dtype(model: M, compute_dtype: str) -> M:
     """Give every linear layer a ``compute_dtype`` copy of its weight (no-op for float32)."""
     low = COMPUTE_DTYPES[compute_dtype]
     if low is None:

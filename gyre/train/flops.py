@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,8 +39,9 @@ class ModelShape:
     attn_width: int  # n_heads * head_dim (queries)
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> ModelShape:
-        head = model.get_output_embeddings()  # type: ignore[operator]
+    def of(cls, model: Any) -> ModelShape:
+        """From a Hugging Face causal LM (``get_output_embeddings`` and ``config``)."""
+        head = model.get_output_embeddings()
         head_w = head.weight if head is not None else None
         body = sum(
             m.weight.numel()
