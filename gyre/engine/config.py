@@ -54,6 +54,13 @@ class EmbeddedEngineConfig(BaseModel):
         description="Limit on input + max_new_tokens (default: the model's max_position_embeddings).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="precision of the matmuls: 'bfloat16' keeps a bfloat16 copy of the linear "
+        "weights (embeddings and norms stay in `dtype`) and runs every forward under "
+        "torch.autocast, the same arithmetic as a trainer with compute_dtype='bfloat16'; "
+        "log-probs are computed in float32 from the bfloat16 logits",
+    )
     device: str = "cpu"
     attn_implementation: str | None = Field(
         "sdpa", description="HF attn_implementation (sdpa, eager)."

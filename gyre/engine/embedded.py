@@ -32,6 +32,7 @@ from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
 from gyre.engine.checksum import weights_checksum
 from gyre.engine.config import EmbeddedEngineConfig
+from gyre.engine.precision import compute_autocast, to_compute_dtype
 from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import (
     GenerateRequest,
@@ -134,7 +135,7 @@ class EmbeddedEngine(Engine):
         # PreTrainedModel.to is @functools.wraps-decorated: mypy loses its bound self
         model = model.to(self.config.device)  # type: ignore[arg-type]
         model.eval()
-        return model
+        return to_compute_dtype(model, self.config.compute_dtype)
 
     def _start_worker(self) -> None:
         import torch
@@ -220,10 +221,12 @@ class EmbeddedEngine(Engine):
         return super().healthy() and self._scheduler is not None and not self._scheduler.done()
 
     async def _run(self, fn, *args):
+        dev, compute = self.config.device, self.config.compute_dtype
+
         def job():
             import torch
 
-            with torch.inference_mode():
+            with torch.inference_mode(), compute_autocast(dev, compute):
                 return fn(*args)
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)

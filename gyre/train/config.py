@@ -103,6 +103,12 @@ class TrainerConfig(BaseModel):
 
     model_dir: str
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="precision of the forward/backward matmuls: 'bfloat16' runs the log-prob "
+        "function under torch.autocast (AMX on recent x86 CPUs: ~6x the float32 matmul rate) "
+        "while weights, gradients and optimizer state stay in `dtype`; log-softmax stays float32",
+    )
     device: str = "cpu"
     seed: int = 0
     j_max: int | None = Field(

@@ -16,6 +16,7 @@ import torch
 from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
 from gyre.train.config import TrainerConfig
 from gyre.train.objective import ObjectiveStats, execution_log_ratio, gspo_loss, mismatch_stats
+from gyre.train.precision import compute_autocast
 from gyre.train.tasks import MicroStepTask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -92,7 +93,8 @@ class ReplicaWorker:
                 idx = [i for i, t in enumerate(seq.is_target) if t]
                 if not idx:
                     continue
-                lp = self._logprob_fn(self.model, seq)
+                with compute_autocast(dev, self.cfg.compute_dtype):  # bf16 matmuls, fp32 masters
+                    lp = self._logprob_fn(self.model, seq)
                 it = torch.tensor(idx, dtype=torch.long, device=dev)
                 logps.append(lp.index_select(0, it))
                 refs.append(
