@@ -43,6 +43,7 @@ def _rows(n: int, seed: int) -> PackedSequence:
     return PackedSequence.from_chain(torch.randint(16, 2000, (n,), generator=g).tolist())
 
 
+@pytest.mark.slow  # bf16 is emulated on AVX2-only cores: minutes under load
 def test_bf16_logprobs_close_to_fp32_and_float32_out(tiny_model_dir):
     model = load_causal_lm(str(tiny_model_dir))
     seq = _rows(200, 0)
@@ -77,6 +78,7 @@ def _step(cfg: TrainerConfig, groups, seen: list) -> tuple[Core, dict]:
     return core, {n: p.detach().clone() for n, p in core.model.named_parameters()}
 
 
+@pytest.mark.slow  # bf16 is emulated on AVX2-only cores: minutes under load
 def test_bf16_step_keeps_float32_masters_grads_and_optimizer_state(tiny_model_dir):
     model = load_causal_lm(str(tiny_model_dir))
     groups = synthetic_groups(model, 2, 3, seed=1, context_len=(6, 12), target_len=(6, 12))
