@@ -50,7 +50,9 @@ def test_example_trains_two_steps(tmp_path: Path) -> None:
         argv += ["--set", s]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     for _attempt in range(2):  # Ray's node start times out on an overloaded machine: once more
-        p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1400)
+        p = subprocess.run(
+            argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1400
+        )
         if p.returncode == 0 or "timed out during startup" not in p.stdout + p.stderr:
             break
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
