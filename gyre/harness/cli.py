@@ -175,6 +175,32 @@ def tasks(
         )
 
 
+@app.command("generate")
+def generate(
+    family: str = typer.Argument(..., help="Task family: arith or countdown."),
+    out_dir: Path = typer.Argument(..., help="Task-set folder to write (created if missing)."),
+    seed: int = typer.Option(0, help="Seed of the draw (the split does not depend on it)."),
+    train: int = typer.Option(256, min=0, help="Training problems (folders train-*)."),
+    held_out: int = typer.Option(64, "--held-out", min=0, help="Held-out problems (held-out-*)."),
+) -> None:
+    """Write a seeded task family as Harbor task folders, train and held-out splits disjoint."""
+    from gyre.harness.families import problems
+    from gyre.harness.families.write import write_taskset
+
+    with user_errors("harness generate"):
+        make_dir(out_dir, "OUT_DIR")
+    try:
+        items = problems(family, seed, "train", train) + problems(
+            family, seed, "held-out", held_out
+        )
+        write_taskset(items, out_dir)
+    except ValueError as e:
+        fail("harness generate", first_line(e))
+    except OSError as e:
+        fail("harness generate", f"cannot write {out_dir}: {e.strerror or e}")
+    typer.echo(f"{out_dir}: {train} train-* and {held_out} held-out-* {family} tasks (seed {seed})")
+
+
 @app.command("profiles")
 def profiles() -> None:
     """List the built-in harness profiles."""

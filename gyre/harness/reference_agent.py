@@ -105,6 +105,11 @@ class AgentConfig:
     command_timeout_s: float = 60.0
     max_output_chars: int = 4000
     allow_delegate: bool = True
+    # A chat policy rather than a coding agent: no tools, and the main system prompt replaced
+    # ("" sends none, so the model's chat template supplies its default). The generated task
+    # families use this: the reply is the answer, and a peer trainer renders the same prompt.
+    system: str | None = None
+    tools: bool = True
 
 
 @dataclass
@@ -206,7 +211,8 @@ class ReferenceAgent:
                     for c in m.get("tool_calls") or []
                 )
             )
-            for m in messages[1:]
+            for m in messages
+            if m["role"] != "system"
         )
         summary_system = MAIN_SUMMARY_SYSTEM if depth == 0 else SUB_SUMMARY_SYSTEM
         msg = self._complete(
@@ -217,8 +223,9 @@ class ReferenceAgent:
             None,
         )
         summary = msg.content or ""
+        head = [{"role": "system", "content": system}] if system else []
         return [
-            {"role": "system", "content": system},
+            *head,
             {"role": "user", "content": f"{task}\n\nSummary of your progress so far:\n{summary}"},
         ]
 
@@ -226,11 +233,9 @@ class ReferenceAgent:
         names = ["read_file", "write_file", "run_command", "submit"]
         if depth == 0 and self.cfg.allow_delegate:
             names.insert(3, "delegate")
-        tools = [TOOLS[n] for n in names]
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": task},
-        ]
+        tools = [TOOLS[n] for n in names] if self.cfg.tools else None
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": task})
         turns = self.cfg.max_turns if depth == 0 else self.cfg.max_sub_turns
         for _ in range(turns):
             if estimate_tokens(messages) > self.cfg.context_limit and len(messages) > 2:
@@ -269,7 +274,8 @@ class ReferenceAgent:
         return ""
 
     def run(self, instruction: str) -> RunStats:
-        self.stats.final = self._loop(MAIN_SYSTEM, instruction, depth=0)
+        system = MAIN_SYSTEM if self.cfg.system is None else self.cfg.system
+        self.stats.final = self._loop(system, instruction, depth=0)
         return self.stats
 
 
@@ -294,6 +300,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=AgentConfig.max_tokens)
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--no-delegate", action="store_true")
+    ap.add_argument(
+        "--system",
+        default=None,
+        help="replace the main system prompt ('' sends none: the chat template's default applies)",
+    )
+    ap.add_argument(
+        "--no-tools", action="store_true", help="offer no tools: the first reply is the answer"
+    )
     ap.add_argument("--request-timeout", type=float, default=3600.0)
     ap.add_argument(
         "--client",
@@ -330,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=a.max_tokens,
         temperature=a.temperature,
         allow_delegate=not a.no_delegate,
+        system=a.system,
+        tools=not a.no_tools,
     )
     agent = ReferenceAgent(client, Path(a.workspace), cfg)
     try:

@@ -7,6 +7,7 @@ next group id) instead of starting the data over.
 
 from __future__ import annotations
 
+import fnmatch
 import random
 
 from gyre.harness.task import Task, load_taskset
@@ -17,13 +18,22 @@ class TaskSetError(ValueError):
 
 
 def _pick(tasks: list[Task], names: list[str], what: str) -> list[Task]:
+    """The named tasks, in the order named; a name with ``*?[`` is a glob (``train-*``) that
+    picks every matching task, sorted (generated sets hold hundreds)."""
     if not names:
         return list(tasks)
     by = {t.name: t for t in tasks}
-    unknown = [n for n in names if n not in by]
+    picked: dict[str, Task] = {}
+    unknown = []
+    for n in names:
+        hits = sorted(fnmatch.filter(by, n)) if any(c in n for c in "*?[") else [n] * (n in by)
+        if not hits:
+            unknown.append(n)
+        picked.update((h, by[h]) for h in hits)
     if unknown:
-        raise TaskSetError(f"run.{what} names tasks not in the set: {unknown} (have: {sorted(by)})")
-    return [by[n] for n in names]
+        have = sorted(by) if len(by) <= 20 else [*sorted(by)[:20], "..."]
+        raise TaskSetError(f"run.{what} names tasks not in the set: {unknown} (have: {have})")
+    return list(picked.values())
 
 
 class TaskStream:

@@ -1,0 +1,51 @@
+"""What every family shares: the problem record, the score, the split rule, answer parsing."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+SPLITS = ("train", "held-out")
+HELD_OUT_SHARE = 0.2  # of the problem space; the split is a hash of the problem's content
+_ANSWER = re.compile(r"^\s*answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
+MAX_REPLY_CHARS = 4000  # what a verifier reads of a reply
+
+
+@dataclass(frozen=True)
+class Problem:
+    family: str
+    name: str  # unique within the family: the task folder's name
+    split: str
+    instruction: str  # the user message the harness sends
+    answer: str  # what the verifier checks (a number, or the target for countdown)
+    data: dict[str, Any] = field(default_factory=dict)  # what the verifier needs besides
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float  # in [0, 1]
+    formatted: bool  # the reply ends with an ``Answer: ...`` line
+    correct: bool
+
+
+def split_of(key: str) -> str:
+    """``train`` or ``held-out``, from a hash of the problem's content: stable across seeds
+    and sizes, so the two splits never share a problem."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return "held-out" if (h % 10_000) < HELD_OUT_SHARE * 10_000 else "train"
+
+
+def final_answer(reply: str) -> str | None:
+    """The text after the last ``Answer:`` line of the reply (None: no such line)."""
+    found = _ANSWER.findall(reply[:MAX_REPLY_CHARS])
+    return found[-1] if found else None
+
+
+def graded(formatted: bool, correct: bool) -> Score:
+    """The reward rule shared by the families: 1 for a correct answer in the required format,
+    0.1 for the format with a wrong answer (a small push towards answers that can be checked),
+    0 for a reply without an ``Answer:`` line."""
+    reward = 1.0 if (formatted and correct) else 0.1 if formatted else 0.0
+    return Score(reward=reward, formatted=formatted, correct=formatted and correct)

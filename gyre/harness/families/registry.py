@@ -1,0 +1,26 @@
+"""The families by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gyre.harness.families import arith, countdown
+from gyre.harness.families.base import SPLITS, Problem, Score
+
+FAMILIES: dict[str, tuple[Callable[..., list[Problem]], Callable[[str, Problem], Score]]] = {
+    "arith": (arith.make, arith.score),
+    "countdown": (countdown.make, countdown.score),
+}
+
+
+def problems(family: str, seed: int, split: str, n: int) -> list[Problem]:
+    """``n`` problems of ``family`` in ``split`` ('train' or 'held-out'), drawn from ``seed``."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown task family {family!r} (known: {', '.join(FAMILIES)})")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+    return FAMILIES[family][0](seed, split, n)
+
+
+def score(reply: str, problem: Problem) -> Score:
+    return FAMILIES[problem.family][1](reply, problem)

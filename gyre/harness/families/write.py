@@ -1,0 +1,89 @@
+"""Problems -> Harbor task folders (``<split>-<name>/``) that ``gyre run`` loads as a task set.
+
+Each folder's verifier (``tests/score.py``) scores ``answer.txt`` (the reference agent's
+final message) with the family's own :func:`~gyre.harness.families.score`, so the reward a
+run trains on is the one a peer trainer computes from the same reply.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gyre.harness.families.base import Problem
+
+TASK_TOML = """version = "1.0"
+
+[metadata]
+author_name = "Gyre"
+category = "{family}"
+split = "{split}"
+tags = ["generated", "{family}"]
+
+[agent]
+timeout_sec = {harness_timeout}
+
+[verifier]
+timeout_sec = 30.0
+
+[gyre]
+reward = "fraction"
+overall_timeout_sec = {overall_timeout}
+"""
+TEST_SH = '#!/usr/bin/env bash\n# Generated verifier: scores answer.txt (see score.py).\npython "$GYRE_TESTS_DIR/score.py"\n'
+SCORE_PY = '''"""Generated verifier: the family's reward for answer.txt, written to reward.json."""
+import json
+import os
+import sys
+
+from gyre.harness.families import Problem, score
+
+def main() -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "problem.json"), encoding="utf-8") as f:
+        problem = Problem(**json.load(f))
+    path = os.path.join(os.environ["GYRE_WORKSPACE"], "answer.txt")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            reply = f.read(8192)
+    except (FileNotFoundError, IsADirectoryError):
+        reply = ""
+    s = score(reply, problem)
+    with open(os.path.join(os.environ["GYRE_REWARD_DIR"], "reward.json"), "w") as f:
+        json.dump({"reward": s.reward, "formatted": s.formatted, "correct": s.correct}, f)
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+README = "Write your reply as your final message; the harness saves it to answer.txt.\n"
+
+
+def folder_name(p: Problem) -> str:
+    return f"{p.split}-{p.name}"
+
+
+def write_task(p: Problem, root: Path, harness_timeout: float = 120.0) -> Path:
+    d = root / folder_name(p)
+    (d / "environment" / "repo").mkdir(parents=True, exist_ok=True)
+    (d / "tests").mkdir(exist_ok=True)
+    (d / "instruction.md").write_text(p.instruction + "\n", encoding="utf-8")
+    (d / "task.toml").write_text(
+        TASK_TOML.format(
+            family=p.family,
+            split=p.split,
+            harness_timeout=harness_timeout,
+            overall_timeout=harness_timeout + 120.0,
+        )
+    )
+    (d / "environment" / "repo" / "README.md").write_text(README)
+    (d / "tests" / "test.sh").write_text(TEST_SH)
+    (d / "tests" / "score.py").write_text(SCORE_PY)
+    (d / "tests" / "problem.json").write_text(json.dumps(p.__dict__, indent=1) + "\n")
+    return d
+
+
+def write_taskset(problems: list[Problem], root: str | Path) -> list[Path]:
+    out = Path(root)
+    out.mkdir(parents=True, exist_ok=True)
+    return [write_task(p, out) for p in problems]
