@@ -78,14 +78,13 @@ def check(a: argparse.Namespace, cfg) -> str | None:
         )
     if not a.skip_trl and not Path(a.trl_python).is_file():
         return f"{a.trl_python} does not exist: run scripts/install-trl.sh (or --skip-trl)"
-    if a.precision == "bf16" and not a.skip_gyre:
-        from gyre.engine.config import EngineConfig
+    if (
+        a.precision == "bf16" and not a.skip_gyre
+    ):  # unknown keys would pass silently: ask the models
+        from gyre.runtime.engines import RolloutEngineConfig
         from gyre.train.config import TrainerConfig
 
-        if (
-            "compute_dtype" not in TrainerConfig.model_fields
-            or "compute_dtype" not in EngineConfig.model_fields
-        ):
+        if not all("compute_dtype" in c.model_fields for c in (TrainerConfig, RolloutEngineConfig)):
             return "--precision bf16: this Gyre has no trainer/engine compute_dtype option yet"
     if a.steps < 1 or a.held_out < 1 or a.train < cfg.policy.batch_groups:
         return "--steps and --held-out must be >= 1 and --train at least B"
@@ -95,7 +94,7 @@ def check(a: argparse.Namespace, cfg) -> str | None:
 def make_tasks(a: argparse.Namespace, out: Path):
     """The task folders Gyre loads, and the same problems as records for TRL."""
     from gyre.harness.families import problems
-    from gyre.harness.families.write import write_taskset
+    from gyre.harness.families.write import folder_name, write_taskset
 
     train = problems(a.family, a.task_seed, "train", a.train)
     held = problems(a.family, a.task_seed, "held-out", a.held_out)
@@ -103,7 +102,12 @@ def make_tasks(a: argparse.Namespace, out: Path):
     if not (d / ".done").exists():
         write_taskset(train + held, d)
         (d / ".done").write_text("")
-    return d, train, held
+
+    def as_read(p):  # the user message is instruction.md as the harness reads it (its "\n" too)
+        text = (d / folder_name(p) / "instruction.md").read_text(encoding="utf-8")
+        return dataclasses.replace(p, instruction=text)
+
+    return d, [as_read(p) for p in train], [as_read(p) for p in held]
 
 
 def run_tree(cmd: list[str], log: Path, marker: str | None = None) -> dict:
@@ -148,6 +152,10 @@ def run_gyre(a, seed: int, taskset: Path, out: Path) -> dict | None:
     cmd = [sys.executable, "-m", "gyre.cli", "run", a.config]
     for s in sets:
         cmd += ["--set", s]
+    saved = run_dir / "bench_tree.json"
+    if (run_dir / "summary.json").is_file() and saved.is_file():  # an interrupted bench goes on
+        say(f"Gyre seed {seed}: reusing the finished run in {run_dir}")
+        return gyre_result(run_dir, json.loads(saved.read_text()), seed)
     for attempt in range(3):  # Ray's local start gives up after 30 s on a loaded machine
         if run_dir.exists() and not (run_dir / "metrics.jsonl").exists():
             import shutil
@@ -156,10 +164,12 @@ def run_gyre(a, seed: int, taskset: Path, out: Path) -> dict | None:
         say(f"Gyre seed {seed} ({a.gyre_placement}): {' '.join(sets[:5])} ...")
         tree = run_tree(cmd, out / f"{name}.log", marker="cells up")
         if (run_dir / "summary.json").is_file():
+            saved.write_text(json.dumps(tree))
             return gyre_result(run_dir, tree, seed)
         if (run_dir / "metrics.jsonl").exists():
             break
-        say(f"Gyre seed {seed}: no run (exit {tree['rc']}); attempt {attempt + 2} of 3")
+        if attempt < 2:
+            say(f"Gyre seed {seed}: no run (exit {tree['rc']}); attempt {attempt + 2} of 3")
     say(f"Gyre seed {seed} failed: see {out / f'{name}.log'}")
     return None
 

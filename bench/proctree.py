@@ -123,9 +123,9 @@ class TreeSampler:
             st = _stat(pid)
             if st is None:
                 continue
-            if pid not in self._kinds:
-                self._kinds[pid] = kind_of(*_cmd(pid))
-            k = self._kinds[pid]
+            k = self._kinds.get(pid)
+            if k in (None, "ray"):  # a Ray worker renames itself when it becomes a cell
+                k = self._kinds[pid] = kind_of(*_cmd(pid))
             r, p = _mem_mb(pid)
             rss, pss = rss + r, pss + p
             by[k] = by.get(k, 0.0) + p

@@ -216,8 +216,8 @@ def time_to_target(gyre: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
     }
     if g is None:
         out["why"] = f"Gyre never reached {target:.3f} in {gyre.get('steps')} steps"
-    elif fin["time"] <= 0:
-        out["why"] = "TRL's final accuracy is its starting accuracy (no time to compare)"
+    elif fin["time"] <= 0 or (t_first is not None and t_first["step"] == 0):
+        out["why"] = "TRL did not improve on its starting accuracy"
     else:
         out["ratio"] = g["time"] / fin["time"]
         if t_first and t_first["time"] > 0:

@@ -93,6 +93,7 @@ def plot(runs: list[dict[str, Any]], path: Path, title: str) -> None:
     axes[0].set(xlabel="optimizer step (policy version)", ylabel="held-out accuracy")
     axes[1].set(xlabel="wall-clock since training began, s", ylabel="held-out accuracy")
     for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)

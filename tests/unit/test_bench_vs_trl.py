@@ -132,6 +132,9 @@ def test_time_to_target_ratio():
     slow = side("gyre", 0, [(0, 0, 0.1), (21, 300, 0.4)], 300)
     r2 = time_to_target(slow, trl)
     assert r2["ratio"] is None and "never reached" in r2["why"]
+    flat = side("trl", 0, [(0, 0, 0.2), (12, 80, 0.1), (21, 140, 0.2)], 140)
+    r3 = time_to_target(gyre, flat)  # TRL ended where it started: nothing to race to
+    assert r3["ratio"] is None and "did not improve" in r3["why"]
 
 
 def test_compare_and_table():
