@@ -109,7 +109,8 @@ def write_report(out: Path, runs, checks, a, notes: list[str]) -> str:
     ]
     head = (
         f"# Gyre vs TRL: {a.family}, {a.steps} steps, seeds {a.seeds}, {a.held_out} held-out, "
-        f"{a.precision}, Gyre {a.gyre_placement}"
+        f"{a.precision}"
+        + (f", Gyre {a.gyre_placement}" if _side(runs, "gyre") else "")
         + (f" (mean staleness {statistics.fmean(staleness):.2f})" if staleness else "")
         + f", model {a.model}\n\n"
     )
