@@ -57,6 +57,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32")
     ap.add_argument("--gyre-placement", choices=list(PAIRS), default="elastic")
     ap.add_argument("--trl-micro-batch", type=int, default=16, help="completions per TRL forward")
+    ap.add_argument(
+        "--trl-threads", type=int, default=None, help="torch threads of TRL (default: one per core)"
+    )
     ap.add_argument("--trl-python", default=".venv-trl/bin/python")
     ap.add_argument("--out", default="bench/results/vs_trl")
     ap.add_argument("--skip-gyre", action="store_true")
@@ -187,6 +190,7 @@ def run_trl(a, cfg, seed: int, train, held, eval_steps: list[int], out: Path) ->
         "model_dir": a.model,
         "precision": a.precision,
         "seed": seed,
+        "threads": a.trl_threads,
         "trl_args": trl_args(
             cfg,
             steps=a.steps,

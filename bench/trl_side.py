@@ -65,6 +65,8 @@ def main(spec_path: str) -> int:
 
     seed, bf16 = int(spec["seed"]), spec["precision"] == "bf16"
     torch.manual_seed(seed)
+    if spec.get("threads"):  # default: torch's own (one per core)
+        torch.set_num_threads(int(spec["threads"]))
     train = [Problem(**p) for p in spec["train"]]
     held = [Problem(**p) for p in spec["held_out"]]
     by_name = {p.name: p for p in [*train, *held]}
