@@ -241,6 +241,14 @@ def main() -> int:
         return fail(str(e))
     out = (ROOT / a.out) if not Path(a.out).is_absolute() else Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if (
+        load > cores
+    ):  # measured here at load 30 on 2 cores: 8 x 64 tokens, 1 thread 1.9 s, 2 threads 72 s
+        say(
+            f"load average {load:.1f} on {cores} cores: the timings will not be a comparison "
+            "(multi-threaded torch, TRL's default, suffers most; --trl-threads 1 limits that)"
+        )
     taskset, train, held = make_tasks(a, out)
     a.taskset = taskset
     say(f"{len(train)} train and {len(held)} held-out {a.family} problems in {taskset}")
