@@ -30,6 +30,11 @@ SKIP: dict[str, str] = {
     "--set policy.mu=4": "a full training run (minutes)",
     "gyre run examples/quickstart.toml --set policy.placement=async --set policy.phi=1.5 "
     "--set policy.mu=1": "a full training run (minutes)",
+    "gyre model import smollm2 runs/smollm2": "scripts/get-smollm2.sh runs it before the suite "
+    "(a second import refuses the non-empty directory); tests/integration/test_model_import.py "
+    "checks the result",
+    "gyre run examples/smollm2-arith.toml": "a full training run of a real model (tens of "
+    "minutes); tests/integration/test_real_model_example.py runs it for 2 steps",
     "gyre run --resume runs/NAME": "placeholder NAME: a killed run's directory",
     "gyre engine --model DIR --port 30000": "placeholder DIR",
     "gyre engine --kind vllm --model DIR": "placeholder DIR; needs the vLLM venv "
