@@ -254,23 +254,33 @@ class _Child:
             f.close()
 
 
-def _descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid`` (one /proc scan); catches children that left the group."""
-    children: dict[int, list[int]] = {}
+def _proc_stats() -> list[tuple[int, bytes, int, int]] | None:
+    """Every process as (pid, state, ppid, pgrp) from /proc/PID/stat (after the command
+    name, which may hold anything); None where /proc cannot be listed. Processes that vanish
+    mid-scan are left out."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return None
+    out = []
     for e in entries:
         if not e.isdigit():
             continue
         try:
             with open(f"/proc/{e}/stat", "rb") as f:
                 data = f.read()
-            ppid = int(data[data.rindex(b")") + 2 :].split()[1])
+            state, ppid, pgrp = data[data.rindex(b")") + 2 :].split()[:3]
+            out.append((int(e), state, int(ppid), int(pgrp)))
         except (OSError, ValueError, IndexError):
             continue
-        children.setdefault(ppid, []).append(int(e))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid`` (one /proc scan); catches children that left the group."""
+    children: dict[int, list[int]] = {}
+    for p, _state, ppid, _pgrp in _proc_stats() or ():
+        children.setdefault(ppid, []).append(p)
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -289,20 +299,11 @@ def group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):  # gone (or, reused, not ours)
         return False
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
+    stats = _proc_stats()
+    if stats is None:
         return True
-    for e in entries:
-        if not e.isdigit():
-            continue
-        try:
-            with open(f"/proc/{e}/stat", "rb") as f:
-                data = f.read()
-            state, _ppid, pgrp = data[data.rindex(b")") + 2 :].split()[:3]
-        except (OSError, ValueError, IndexError):
-            continue
-        if int(pgrp) == pgid and state != b"Z":
+    for _p, state, _ppid, pgrp in stats:
+        if pgrp == pgid and state != b"Z":
             return True
     return False
 

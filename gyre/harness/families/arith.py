@@ -18,9 +18,9 @@ from .base import (
     MAX_REPLY_CHARS,
     Problem,
     Score,
+    draw,
     final_answer,
     graded,
-    split_of,
 )
 
 INSTRUCTION = "What is {a} {op} {b}? End your reply with a line of the form 'Answer: <number>'."
@@ -41,20 +41,18 @@ def make(seed: int, split: str, n: int, low: int = LOW, high: int = HIGH) -> lis
     if n > space * share * 0.9:
         raise ValueError(f"arith: {n} {split} problems asked of a space of {space} ({lo}..{hi})")
     rng = random.Random(f"arith-{seed}-{split}-{lo}-{hi}")
-    out: dict[str, Problem] = {}
-    while len(out) < n:
+
+    def propose() -> Problem:
         a, b, op = rng.randint(lo, hi), rng.randint(lo, hi), rng.choice("+-")
-        key = f"arith-{a}{'p' if op == '+' else 'm'}{b}"
-        if key in out or split_of(key) != split:
-            continue
-        out[key] = Problem(
+        return Problem(
             family="arith",
-            name=key,
+            name=f"arith-{a}{'p' if op == '+' else 'm'}{b}",
             split=split,
             instruction=INSTRUCTION.format(a=a, op=op, b=b),
             answer=str(_value(a, op, b)),
         )
-    return list(out.values())
+
+    return draw(n, split, propose)
 
 
 def score(reply: str, problem: Problem) -> Score:

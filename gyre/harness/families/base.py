@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,3 +50,14 @@ def graded(formatted: bool, correct: bool) -> Score:
     0 for a reply without an ``Answer:`` line."""
     reward = 1.0 if (formatted and correct) else 0.1 if formatted else 0.0
     return Score(reward=reward, formatted=formatted, correct=formatted and correct)
+
+
+def draw(n: int, split: str, propose: Callable[[], Problem | None]) -> list[Problem]:
+    """``n`` distinct problems of ``split`` from repeated ``propose()`` calls (None: rejected);
+    the caller's generator is seeded, so the draw is too."""
+    out: dict[str, Problem] = {}
+    while len(out) < n:
+        p = propose()
+        if p is not None and p.name not in out and split_of(p.name) == split:
+            out[p.name] = p
+    return list(out.values())

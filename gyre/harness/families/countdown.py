@@ -11,15 +11,21 @@ from __future__ import annotations
 import ast
 import random
 from collections import Counter
+from collections.abc import Callable
 
-from .base import Problem, Score, final_answer, graded, split_of
+from .base import Problem, Score, draw, final_answer, graded
 
 INSTRUCTION = (
     "Using the numbers {nums}, each at most once, and the operations + - * and parentheses, "
     "write an expression equal to {target}. Work it out step by step, then give the "
     "expression on the last line as 'Answer: <expression>'."
 )
-_OPS = {ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y}
+_BY_SYMBOL: dict[str, Callable[[int, int], int]] = {
+    "+": lambda x, y: x + y,
+    "-": lambda x, y: x - y,
+    "*": lambda x, y: x * y,
+}
+_OPS = {ast.Add: _BY_SYMBOL["+"], ast.Sub: _BY_SYMBOL["-"], ast.Mult: _BY_SYMBOL["*"]}
 MAX_EXPR_CHARS = 200
 
 
@@ -27,26 +33,24 @@ def make(seed: int, split: str, n: int) -> list[Problem]:
     """``n`` distinct solvable problems of ``split``: three numbers in 1..12, a target in 1..100
     built from all three (so a solution exists)."""
     rng = random.Random(f"countdown-{seed}-{split}")
-    out: dict[str, Problem] = {}
-    while len(out) < n:
+
+    def propose() -> Problem | None:
         nums = sorted(rng.randint(1, 12) for _ in range(3))
         a, b, c = rng.sample(nums, 3)
         o1, o2 = rng.choice("+-*"), rng.choice("+-*")
-        target = eval(f"({a} {o1} {b}) {o2} {c}")  # digits and operators we chose: safe
+        target = _BY_SYMBOL[o2](_BY_SYMBOL[o1](a, b), c)
         if not 1 <= target <= 100:
-            continue
-        key = f"countdown-{'-'.join(map(str, nums))}-t{target}"
-        if key in out or split_of(key) != split:
-            continue
-        out[key] = Problem(
+            return None
+        return Problem(
             family="countdown",
-            name=key,
+            name=f"countdown-{'-'.join(map(str, nums))}-t{target}",
             split=split,
             instruction=INSTRUCTION.format(nums=", ".join(map(str, nums)), target=target),
             answer=str(target),
             data={"numbers": nums},
         )
-    return list(out.values())
+
+    return draw(n, split, propose)
 
 
 def _eval(node: ast.AST, used: list[int]) -> int:
