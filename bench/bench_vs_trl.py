@@ -206,6 +206,13 @@ def run_trl(a, cfg, seed: int, train, held, eval_steps: list[int], out: Path) ->
     }
     (out / "runs").mkdir(parents=True, exist_ok=True)
     spec_path = out / "runs" / f"{name}.spec.json"
+    saved = out / "runs" / f"{name}.tree.json"
+    if saved.is_file() and Path(spec["out"]).is_file() and _same_spec(spec_path, spec):
+        say(f"TRL seed {seed}: reusing the finished run {spec['out']}")  # an interrupted bench
+        return trl_result(
+            json.loads(Path(spec["out"]).read_text()), json.loads(saved.read_text()), seed
+        )
+    saved.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec, indent=1))
     say(f"TRL seed {seed}: GRPOTrainer, {a.steps} steps, evaluations at {eval_steps} ...")
     tree = run_tree(
@@ -214,7 +221,16 @@ def run_trl(a, cfg, seed: int, train, held, eval_steps: list[int], out: Path) ->
     if tree["rc"] != 0 or not Path(spec["out"]).is_file():
         say(f"TRL seed {seed} failed (exit {tree['rc']}): see {out / f'{name}.log'}")
         return None
+    saved.write_text(json.dumps(tree))
     return trl_result(json.loads(Path(spec["out"]).read_text()), tree, seed)
+
+
+def _same_spec(path: Path, spec: dict) -> bool:
+    """A finished TRL run is reused only for the very same spec (steps, seed, problems...)."""
+    try:
+        return json.loads(path.read_text()) == json.loads(json.dumps(spec))
+    except (OSError, ValueError):
+        return False
 
 
 def main() -> int:
