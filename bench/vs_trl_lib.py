@@ -181,29 +181,36 @@ def eval_versions(steps: int, every: int, mu: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- the comparison
-def first_reach(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The first evaluation (in step order) whose accuracy is at least ``target``."""
+METRICS = ("accuracy", "reward_mean")  # held-out pass rate (reward 1), held-out mean reward
+
+
+def first_reach(
+    evals: list[dict[str, Any]], target: float, key: str = "accuracy"
+) -> dict[str, Any] | None:
+    """The first evaluation (in step order) whose ``key`` is at least ``target``."""
     for e in sorted(evals, key=lambda e: e["step"]):
-        if e["accuracy"] is not None and e["accuracy"] >= target - 1e-12:
+        if e.get(key) is not None and e[key] >= target - 1e-12:
             return e
     return None
 
 
-def final_eval(side: dict[str, Any]) -> dict[str, Any] | None:
-    ev = [e for e in side.get("evals", []) if e["accuracy"] is not None]
+def final_eval(side: dict[str, Any], key: str = "accuracy") -> dict[str, Any] | None:
+    ev = [e for e in side.get("evals", []) if e.get(key) is not None]
     return max(ev, key=lambda e: e["step"]) if ev else None
 
 
-def time_to_target(gyre: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
-    """Gyre's wall-clock to TRL's final held-out accuracy, as a ratio to TRL's wall-clock to
-    it (the time TRL's final evaluation's weights existed: its whole training run). Also
-    the same ratio when TRL is timed to its own *first* reach of that accuracy."""
-    fin = final_eval(trl)
+def time_to_target(
+    gyre: dict[str, Any], trl: dict[str, Any], key: str = "accuracy"
+) -> dict[str, Any]:
+    """Gyre's wall-clock to TRL's final held-out ``key`` (accuracy or mean reward), as a ratio
+    to TRL's wall-clock to it (the time TRL's final evaluation's weights existed: its whole
+    training run). Also the same ratio when TRL is timed to its own *first* reach of it."""
+    fin = final_eval(trl, key)
     if fin is None:
         return {"target": None, "ratio": None, "why": "TRL has no held-out evaluation"}
-    target = fin["accuracy"]
-    g = first_reach(gyre.get("evals", []), target)
-    t_first = first_reach(trl["evals"], target)
+    target = fin[key]
+    g = first_reach(gyre.get("evals", []), target, key)
+    t_first = first_reach(trl["evals"], target, key)
     out: dict[str, Any] = {
         "target": target,
         "trl_time_s": fin["time"],
@@ -242,6 +249,8 @@ def _fmt(x: float | None, digits: int = 2, sd: float | None = None) -> str:
 ROWS = [  # (label, key in a side's summary, digits)
     ("held-out accuracy, start", "acc_start", 3),
     ("held-out accuracy, end", "acc_end", 3),
+    ("held-out mean reward, start", "reward_start", 3),
+    ("held-out mean reward, end", "reward_end", 3),
     ("training wall-clock, s", "wall_s", 1),
     ("time per step, s", "step_s", 2),
     ("tokens/s (prompt + completion)", "tokens_per_s", 1),
@@ -263,6 +272,8 @@ def side_summary(side: dict[str, Any]) -> dict[str, Any]:
     return {
         "acc_start": ev[0]["accuracy"] if ev and ev[0]["step"] == 0 else None,
         "acc_end": ev[-1]["accuracy"] if ev else None,
+        "reward_start": ev[0].get("reward_mean") if ev and ev[0]["step"] == 0 else None,
+        "reward_end": ev[-1].get("reward_mean") if ev else None,
         "wall_s": wall or None,
         "step_s": wall / side["steps"] if wall and side.get("steps") else None,
         "tokens_per_s": tok / wall if wall else None,
@@ -284,17 +295,39 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         side: {k: _mean_sd([s[k] for s in per.values()]) for _, k, _ in ROWS}
         for side, per in summ.items()
     }
-    ratios = {}
-    for seed in sorted(set(by.get("gyre", {})) & set(by.get("trl", {}))):
-        ratios[seed] = time_to_target(by["gyre"][seed], by["trl"][seed])
-    vals = [r["ratio"] for r in ratios.values() if r["ratio"] is not None]
-    return {
-        "per_seed": summ,
-        "mean_sd": agg,
-        "time_to_target": ratios,
-        "ratio_mean": statistics.fmean(vals) if vals else None,
-        "ratio_seeds": len(vals),
-    }
+    both = sorted(set(by.get("gyre", {})) & set(by.get("trl", {})))
+    out: dict[str, Any] = {"per_seed": summ, "mean_sd": agg}
+    for key, suffix in zip(METRICS, ("", "_reward"), strict=True):
+        ratios = {seed: time_to_target(by["gyre"][seed], by["trl"][seed], key) for seed in both}
+        vals = [r["ratio"] for r in ratios.values() if r["ratio"] is not None]
+        out[f"time_to_target{suffix}"] = ratios
+        out[f"ratio_mean{suffix}"] = statistics.fmean(vals) if vals else None
+        out[f"ratio_seeds{suffix}"] = len(vals)
+    return out
+
+
+def _ratio_table(result: dict[str, Any], suffix: str, what: str) -> list[str]:
+    """Per seed: TRL's final held-out ``what``, Gyre's wall-clock to it, and the ratio."""
+    ratios = result.get(f"time_to_target{suffix}") or {}
+    if not ratios:
+        return []
+    out = [
+        f"| seed | TRL final {what} | TRL s | Gyre s to it (step) | ratio | "
+        "ratio to TRL's first reach |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for seed, r in ratios.items():
+        g = "-" if r["gyre_time_s"] is None else f"{r['gyre_time_s']:.1f} ({r['gyre_step']})"
+        ratio = _fmt(r["ratio"]) if r["ratio"] is not None else f"- ({r['why']})"
+        out.append(
+            f"| {seed} | {_fmt(r['target'], 3)} | {_fmt(r.get('trl_time_s'), 1)} | {g} | "
+            f"{ratio} | {_fmt(r.get('ratio_first'))} |"
+        )
+    mean = result.get(f"ratio_mean{suffix}")
+    if mean is not None:
+        n = result[f"ratio_seeds{suffix}"]
+        out.append(f"\nmean ratio ({what}) over {n} seed(s): {mean:.2f}")
+    return [*out, ""]
 
 
 def markdown(result: dict[str, Any], notes: list[str]) -> str:
@@ -309,22 +342,7 @@ def markdown(result: dict[str, Any], notes: list[str]) -> str:
             continue
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     out = ["\n".join(lines), ""]
-    if result["time_to_target"]:
-        out.append(
-            "| seed | TRL final accuracy | TRL s | Gyre s to it (step) | ratio | ratio to TRL's first reach |"
-        )
-        out.append("| --- | --- | --- | --- | --- | --- |")
-        for seed, r in result["time_to_target"].items():
-            g = "-" if r["gyre_time_s"] is None else f"{r['gyre_time_s']:.1f} ({r['gyre_step']})"
-            ratio = _fmt(r["ratio"]) if r["ratio"] is not None else f"- ({r['why']})"
-            out.append(
-                f"| {seed} | {_fmt(r['target'], 3)} | {_fmt(r.get('trl_time_s'), 1)} | {g} | "
-                f"{ratio} | {_fmt(r.get('ratio_first'))} |"
-            )
-        if result["ratio_mean"] is not None:
-            out.append(
-                f"\nmean ratio over {result['ratio_seeds']} seed(s): {result['ratio_mean']:.2f}"
-            )
-        out.append("")
+    for suffix, what in (("", "accuracy"), ("_reward", "mean reward")):
+        out += _ratio_table(result, suffix, what)
     out += [f"- {n}" for n in notes]
     return "\n".join(out) + "\n"

@@ -80,20 +80,38 @@ def plot(runs: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, grid = plt.subplots(2, 2, figsize=(11, 7.5))
     colors = {"gyre": "tab:blue", "trl": "tab:orange"}
-    for side, label in (("gyre", "Gyre"), ("trl", "TRL")):
-        rs = _side(runs, side)
-        for r in rs:
-            ev = sorted(r["evals"], key=lambda e: e["step"])
-            kw = {"color": colors[side], "alpha": 0.85, "marker": "o", "ms": 3}
-            lab = f"{label} seed {r['seed']}" if len(rs) > 1 else label
-            axes[0].plot([e["step"] for e in ev], [e["accuracy"] for e in ev], label=lab, **kw)
-            axes[1].plot([e["time"] for e in ev], [e["accuracy"] for e in ev], label=lab, **kw)
-    axes[0].set(xlabel="optimizer step (policy version)", ylabel="held-out accuracy")
-    axes[1].set(xlabel="wall-clock since training began, s", ylabel="held-out accuracy")
-    for ax in axes:
-        ax.set_ylim(-0.02, 1.02)
+    styles = ["-", "--", ":", "-."]
+    for row, (key, name) in zip(
+        grid,
+        (("accuracy", "held-out accuracy"), ("reward_mean", "held-out mean reward")),
+        strict=True,
+    ):
+        for side, label in (("gyre", "Gyre"), ("trl", "TRL")):
+            rs = _side(runs, side)
+            for i, r in enumerate(rs):
+                ev = [
+                    e for e in sorted(r["evals"], key=lambda e: e["step"]) if e.get(key) is not None
+                ]
+                kw = {
+                    "color": colors[side],
+                    "alpha": 0.85,
+                    "marker": "o",
+                    "ms": 3,
+                    "ls": styles[i % 4],
+                }
+                lab = f"{label} seed {r['seed']}" if len(rs) > 1 else label
+                row[0].plot([e["step"] for e in ev], [e[key] for e in ev], label=lab, **kw)
+                row[1].plot([e["time"] for e in ev], [e[key] for e in ev], label=lab, **kw)
+        row[0].set(xlabel="optimizer step (policy version)", ylabel=name)
+        row[1].set(xlabel="wall-clock since training began, s", ylabel=name)
+    top = max(
+        [e.get(k) or 0 for r in runs for e in r["evals"] for k in ("accuracy", "reward_mean")]
+        + [0.05]
+    )
+    for ax in grid.flat:
+        ax.set_ylim(-0.01, min(1.02, 1.15 * top))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)

@@ -157,3 +157,32 @@ def test_compare_and_table():
     assert "| held-out accuracy, end | 0.400 ± 0.141 | 0.400 |" in md
     assert "| 0 | 0.400 | 100.0 | 50.0 (21) | 0.50 |" in md
     assert md.rstrip().endswith("- a note")
+
+
+def test_reward_target_is_raced_apart_from_accuracy():
+    """Accuracy (reward 1) can stay flat while the mean reward moves: each gets its own race."""
+
+    def ev(rows):
+        return [{"step": s, "time": t, "accuracy": a, "reward_mean": r} for s, t, a, r in rows]
+
+    trl = {
+        "side": "trl",
+        "seed": 0,
+        "steps": 21,
+        "wall_s": 100,
+        "evals": ev([(0, 0, 0.0, 0.02), (21, 100, 0.0, 0.12)]),
+    }
+    gyre = {
+        "side": "gyre",
+        "seed": 0,
+        "steps": 21,
+        "wall_s": 60,
+        "evals": ev([(0, 0, 0.0, 0.01), (6, 15, 0.0, 0.08), (12, 30, 0.0, 0.15)]),
+    }
+    res = compare([gyre, trl])  # fmt: skip
+    assert res["time_to_target"][0]["ratio"] is None  # TRL's accuracy never moved
+    assert res["time_to_target_reward"][0]["ratio"] == pytest.approx(0.3)
+    assert res["mean_sd"]["gyre"]["reward_end"][0] == pytest.approx(0.15)
+    md = markdown(res, [])
+    assert "| 0 | 0.120 | 100.0 | 30.0 (12) | 0.30 |" in md
+    assert "mean ratio (mean reward) over 1 seed(s): 0.30" in md
