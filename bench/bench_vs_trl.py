@@ -117,7 +117,14 @@ def run_tree(cmd: list[str], log: Path, marker: str | None = None) -> dict:
     """Run ``cmd`` with its output teed to ``log``; sample its process tree; time the line
     that holds ``marker`` (Gyre's "cells up": its training clock starts there)."""
     t0 = time.time()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    # Ray starts its workers (Gyre's cells) at nice 15; TRL's process runs at the caller's
+    # nice. Any other load on the machine would then slow Gyre's cells first: run both at 0.
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT),
+        "RAY_worker_niceness": "0",
+    }
     p = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
     )
