@@ -397,23 +397,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the driver's main thread")
     ap.add_argument("--no-sim", action="store_true", help="skip the simulator baseline")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (run dir, traces)")
-    ap.add_argument(
-        "--old-spawn",
-        action="store_true",
-        help="spawn harnesses and verifiers on the event loop, as before (bench_spawn.OldChild)",
-    )
     a = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from gyre.models.tiny import build_tiny_model
-
-    if a.old_spawn:  # for a before/after in one window: the previous spawn path
-        from bench_spawn import OldChild
-
-        from gyre.harness import process
-
-        process._Child = OldChild  # type: ignore[misc,assignment]
 
     tmp = Path(tempfile.mkdtemp(prefix="gyre-bench-scale-"))
     try:

@@ -1,15 +1,17 @@
-"""Spawning children on the event loop vs off it: what a burst of launches costs the loop.
+"""Spawning children off the event loop: what a burst of launches costs the loop.
 
     python bench/bench_spawn.py                     # 100 sleeping children at once, 3 rounds
     python bench/bench_spawn.py --executor          # 100 synthetic executions (harness + verifier)
-    python bench/bench_spawn.py --executor --profile  # + cProfile of the loop thread, old path
+    python bench/bench_spawn.py --executor --profile  # + cProfile of the loop thread
 
-Two spawn paths, same run, rounds interleaved (old, new, old, new, ...), both through
-``gyre.harness.process.run_process`` (logs, deadline, group kill all included):
+Bare children: two spawners, same run, rounds interleaved (asyncio, gyre, asyncio, ...):
 
-- old: ``asyncio.create_subprocess_exec`` on the loop thread (what ``run_process`` did before);
-- new: ``subprocess.Popen`` on a spawn thread, pipes and exit attached to the loop afterwards
-  (what it does now).
+- asyncio (the baseline: what a user of asyncio writes): ``asyncio.create_subprocess_exec`` on
+  the loop thread, the two log files opened there, then waiting for the exit;
+- gyre: ``gyre.harness.process.run_process`` (``subprocess.Popen`` on a spawn thread, pipes and
+  exit attached to the loop afterwards; logs, deadline and group kill included).
+
+``--executor``: whole executions through the executor (gyre's spawner only).
 
 While the burst runs, a ticker on the loop sleeps 5 ms again and again; its overshoot is the
 loop's lag (what a controller event or an admin call waits). Columns: loop stalled per launch
@@ -39,52 +41,6 @@ from typing import Any
 
 from gyre.harness import process
 
-
-class OldChild:
-    """The previous spawn: ``asyncio.create_subprocess_exec`` on the loop, log files opened on
-    the loop too (as the pumps did), same interface."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, at: float, logs: tuple) -> None:
-        self._proc, self.spawned_at, self.pid, self.logs = proc, at, proc.pid, logs
-        assert proc.stdout is not None and proc.stderr is not None
-        self.stdout, self.stderr = proc.stdout, proc.stderr
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
-
-    @classmethod
-    async def spawn(
-        cls,
-        argv: list[str],
-        *,
-        cwd: Path,
-        env: dict[str, str],
-        pass_fds: tuple[int, ...],
-        logs: tuple[Path, Path],
-    ) -> OldChild:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=str(cwd),
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
-        at = time.monotonic()
-        return cls(proc, at, (open(logs[0], "wb"), open(logs[1], "wb")))  # noqa: ASYNC230
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
-
-    def close(self) -> None:
-        for f in self.logs:
-            f.close()
-
-
-NEW_CHILD = process._Child
 STALL = 0.002  # ticker overshoot up to this is timer noise, not a stall
 FORKS: list[tuple[float, bool]] = []  # (seconds in fork_exec, on the loop thread)
 LOOP_THREAD = threading.get_ident()
@@ -106,7 +62,9 @@ async def ticker(lags: list[float], stop: asyncio.Event, period: float = 0.005) 
         lags.append(max(0.0, time.perf_counter() - t - period))
 
 
-async def burst_processes(n: int, hold_s: float, root: Path, child: str) -> list[float]:
+async def burst_processes(
+    n: int, hold_s: float, root: Path, child: str, spawner: str
+) -> list[float]:
     """n children at once, each sleeping ``hold_s`` (a Python, or /bin/sleep); launch latencies."""
     argv = (
         [sys.executable, "-S", "-c", f"import time; time.sleep({hold_s})"]
@@ -128,7 +86,29 @@ async def burst_processes(n: int, hold_s: float, root: Path, child: str) -> list
         assert r.stop == "exited" and r.exit_code == 0, r
         return r.started_at - t0
 
-    return list(await asyncio.gather(*(one(i) for i in range(n))))
+    async def base(i: int) -> float:  # the baseline: asyncio's own spawner on the loop
+        t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=str(root),
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        at = time.monotonic()
+        logs = [open(root / f"{i}.{x}", "wb") for x in ("out", "err")]  # noqa: ASYNC230
+        try:
+            await proc.communicate()
+        finally:
+            for f in logs:
+                f.close()
+        assert proc.returncode == 0, proc.returncode
+        return at - t0
+
+    run = base if spawner == "asyncio" else one
+    return list(await asyncio.gather(*(run(i) for i in range(n))))
 
 
 async def burst_executions(n: int, hold_s: float, root: Path, sandbox: bool) -> list[float]:
@@ -141,7 +121,6 @@ async def burst_executions(n: int, hold_s: float, root: Path, sandbox: bool) -> 
 
 
 async def one_round(path: str, a: argparse.Namespace, profile: cProfile.Profile | None) -> dict:
-    process._Child = OldChild if path == "old" else NEW_CHILD  # type: ignore[misc,assignment]
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-spawn-"))
     lags: list[float] = []
     stop = asyncio.Event()
@@ -154,7 +133,7 @@ async def one_round(path: str, a: argparse.Namespace, profile: cProfile.Profile 
         if a.executor:
             launch = await burst_executions(a.n, a.hold_s, root, a.sandbox)
         else:
-            launch = await burst_processes(a.n, a.hold_s, root, a.child)
+            launch = await burst_processes(a.n, a.hold_s, root, a.child, path)
     finally:
         if profile is not None:
             profile.disable()
@@ -194,7 +173,7 @@ def ballast(mb: int, threads: int) -> list[Any]:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=100, help="launches at once")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per path, interleaved")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per spawner, interleaved")
     ap.add_argument("--hold-s", type=float, default=3.0, help="how long each child lives (s)")
     ap.add_argument(
         "--child",
@@ -207,7 +186,7 @@ async def main() -> None:
     ap.add_argument("--ballast-mb", type=int, default=0, help="grow the parent first (MiB)")
     ap.add_argument("--threads", type=int, default=0, help="idle threads in the parent")
     ap.add_argument(
-        "--profile", action="store_true", help="cProfile the loop thread in an extra old round"
+        "--profile", action="store_true", help="cProfile the loop thread in an extra round"
     )
     a = ap.parse_args()
     if a.n < 1 or a.rounds < 1:
@@ -215,16 +194,17 @@ async def main() -> None:
     subprocess._fork_exec = _timed_fork_exec  # type: ignore[attr-defined]
     keep = ballast(a.ballast_mb, a.threads)
     prof = cProfile.Profile() if a.profile else None
+    paths = ("gyre",) if a.executor else ("asyncio", "gyre")
     if prof is not None:  # a round of its own: the profiler slows the loop thread
-        await one_round("old", a, prof)
+        await one_round("gyre", a, prof)
     rows = []
     for _ in range(a.rounds):
-        for path in ("old", "new"):
+        for path in paths:
             rows.append(await one_round(path, a, None))
     del keep
     what = "executions (harness + verifier)" if a.executor else f"sleeping children ({a.child})"
     print(
-        f"\n{a.n} {what} launched at once, {a.rounds} rounds per path; parent ballast "
+        f"\n{a.n} {what} launched at once, {a.rounds} rounds per spawner; parent ballast "
         f"{a.ballast_mb} MiB, {a.threads} extra threads\n"
     )
     cols = [
@@ -243,7 +223,7 @@ async def main() -> None:
     print("|" + " --- |" * len(cols))
     for row in rows:
         print("| " + " | ".join(f.format(row[k]) for _, k, f in cols) + " |")
-    for path in ("old", "new"):
+    for path in paths:
         mine = [r for r in rows if r["path"] == path]
         print(
             f"{path}: median over rounds: stalled/launch {statistics.median(r['stalled_ms'] for r in mine):.2f} ms,"
@@ -253,7 +233,7 @@ async def main() -> None:
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
-        print("\nloop thread, old path, an extra round (cProfile, by own time):")
+        print("\nloop thread, gyre's spawner, an extra round (cProfile, by own time):")
         print("\n".join(out.getvalue().splitlines()[:45]))
 
 
