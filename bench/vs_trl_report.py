@@ -30,6 +30,9 @@ NOTES = [
     "per engine) behind the proxy, one harness process per execution (the reference agent) "
     "and a verifier process per score. TRL has no proxy or harness process: their cost is "
     "under 'Gyre's harness and proxy'.",
+    "Priority: both sides run at the caller's nice; Gyre's Ray workers too "
+    "(RAY_worker_niceness=0: Ray's default of 15 would let any other load on the machine "
+    "slow Gyre's cells before TRL's process).",
     "Memory: the peak over the run of the summed RSS (and PSS, which counts shared pages once) "
     "of the whole process tree, sampled every 0.5 s: TRL's one process; Gyre's driver (with "
     "the proxy thread), Ray's processes and cells, harness and verifier processes.",
