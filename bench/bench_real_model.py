@@ -161,11 +161,11 @@ def trainer_cell(a) -> dict:
     from gyre.trace.packing import PackedSequence
     from gyre.train.checkpoint import write_hf
     from gyre.train.config import OptimConfig, TrainerConfig
-    from gyre.train.core import build_optimizer
     from gyre.train.flops import ModelShape
     from gyre.train.packed import plan_segments, token_logprobs
     from gyre.train.precision import compute_autocast
     from gyre.train.replica import ReplicaWorker
+    from gyre.train.step import build_optimizer
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

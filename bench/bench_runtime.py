@@ -136,7 +136,7 @@ class TimedActor:
 
 def wrap_proxy(proxy, rec: Timed) -> None:
     """Time the proxy calls the cluster makes (instance attributes; the class is untouched)."""
-    for name in ("drain", "add_engine", "call"):
+    for name in ("drain", "add_engine", "remove_engine"):
         fn = getattr(proxy, name)
 
         def timed(*a, _fn=fn, _name=name, **kw):
@@ -267,7 +267,7 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
             t_train = time.perf_counter() - t0
             tr = dict(
                 drain=rec.last("drain"),
-                remove=rec.last("call"),
+                remove=rec.last("remove_engine"),
                 stop=rec.last("stop_engine"),
                 load=rec.last("load_replica"),
             )
@@ -318,7 +318,7 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
         resources=res.resources or None,
         max_concurrency=1,
     )
-    tcfg, ecfg = cfg.trainer.model_dump(mode="json"), cfg.engine.model_dump(mode="json")
+    tcfg, ecfg = cfg.trainer, cfg.engine
     snap_version = cluster.trainer_version
     for _ in range(a.cold):
         for to in ("training", "rollout"):

@@ -146,6 +146,11 @@ class ProxyServer:
     def add_engine(self, engine_url: str) -> None:
         self.call(self.service.pool.add(engine_url))
 
+    def remove_engine(self, engine_url: str, timeout: float | None = None) -> None:
+        """Take an engine out of the pool (drained first: the calls it holds move elsewhere); no
+        call is routed there again."""
+        self.call(self.service.pool.remove(engine_url), timeout)
+
     def __enter__(self) -> ProxyServer:
         return self.start()
 

@@ -79,6 +79,12 @@ def check_run(cfg) -> None:
     from gyre.policy import Placement
     from gyre.runtime.tasks import TaskSetError, TaskStream
 
+    if cfg.trainer.checkpoint.dir is not None:  # resume reads them from the run directory only
+        raise ConfigProblem(
+            f"trainer.checkpoint.dir = {cfg.trainer.checkpoint.dir}: gyre run writes its "
+            "checkpoints to the run directory's checkpoints/ (where --resume reads them); leave it "
+            "unset (trainer.checkpoint.every_steps and trainer.checkpoint.keep do apply)"
+        )
     md = Path(cfg.model_dir)
     if not (md / "config.json").is_file():
         raise ConfigProblem(

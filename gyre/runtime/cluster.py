@@ -21,19 +21,30 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ray
+
 from gyre.config import GyreConfig
+from gyre.engine.client import EngineClient
+from gyre.engine.service import RELOAD_ROOT_ENV
 from gyre.policy import CellRole
+from gyre.proxy.config import ProxyConfig
+from gyre.proxy.server import ProxyServer
+from gyre.runtime.cell import CELL_SEED_STRIDE, Cell, StandaloneEngine
+from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
+from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK, ray_local_ip
 from gyre.runtime.publication import check_served
 from gyre.runtime.rundir import RunDir
+from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
-    from gyre.proxy.server import ProxyServer
+    from gyre.train.tasks import MicroStepTask
 
 
 async def _settle(refs: list, timeout_s: float = 30.0) -> None:
@@ -50,7 +61,6 @@ class RuntimeSetupError(RuntimeError):
 
 
 def init_ray(cfg: GyreConfig) -> None:
-    import ray
 
     rc = cfg.run.ray
     if ray.is_initialized():
@@ -75,8 +85,6 @@ def init_ray(cfg: GyreConfig) -> None:
         if rc.address:
             ray.init(address=rc.address, **kw)
         else:  # Ray rewrites 127.0.0.1 to the routable address; 127.0.0.2 stays loopback
-            from gyre.runtime.nodeaddr import ray_local_ip
-
             ray.init(num_cpus=rc.num_cpus, _node_ip_address=ray_local_ip(rc.node_ip), **kw)
     except Exception as e:  # a bad --address, or a local node that did not come up in time
         where = f"cluster at {rc.address}" if rc.address else "local Ray instance"
@@ -89,9 +97,6 @@ def engine_env(cfg: GyreConfig, rundir: RunDir) -> dict[str, str]:
     reload from, and on a local run the loopback address their servers bind. Not the engine
     key: Ray's runtime-env agent logs these variables in a world-readable file, so the key goes
     as an actor argument."""
-    from gyre.engine.service import RELOAD_ROOT_ENV
-    from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK
-
     env = {RELOAD_ROOT_ENV: str(rundir.weights)}
     if not cfg.run.ray.address:
         env[BIND_HOST_ENV] = LOOPBACK
@@ -126,8 +131,6 @@ def check_resources(asks: list[dict[str, float]], offered: dict[str, float]) -> 
 
 def _sweep_cgroups() -> None:
     """Remove the cell cgroups whose processes have exited (killed actors take a moment)."""
-    from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
-
     try:
         c = find_controller()
     except CpuLimitError:
@@ -177,19 +180,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, roles: list[CellRole]) -> None:
-        import ray
-
-        from gyre.proxy.config import ProxyConfig
-        from gyre.proxy.server import ProxyServer
-        from gyre.runtime.cell import Cell
 
         init_ray(self.cfg)
         res = self.cfg.run.cell
         asks = [cell_resources(self.cfg, i) for i in range(self.K)]
         standalone = self.cfg.run.standalone_engines if self.cfg.policy.standalone_capacity else 0
         check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
-        tcfg = self.cfg.trainer.model_dump(mode="json")
-        ecfg = self.cfg.engine.model_dump(mode="json")
+        tcfg, ecfg = self.cfg.trainer, self.cfg.engine  # pydantic models cross into the actors
         runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
         self.cells = [
             ray.remote(Cell)
@@ -240,19 +237,18 @@ class Cluster:
                 self._serving(i, next(it))
                 self.placement[i]["url"] = self.urls[i]
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
-            from gyre.runtime.cell import StandaloneEngine
-
             svc = ray.remote(StandaloneEngine).options(
                 num_cpus=0, resources=res.resources or None, runtime_env=runtime_env
             )
             for j in range(self.cfg.run.standalone_engines):
-                ecfg_j = {
-                    **ecfg,
-                    "model_dir": self.weights_dir,
-                    "engine_id": f"standalone-{j}",
-                    "weight_version": self.weights_version,
-                    "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
-                }
+                ecfg_j = ecfg.model_copy(
+                    update={
+                        "model_dir": self.weights_dir,
+                        "engine_id": f"standalone-{j}",
+                        "weight_version": self.weights_version,
+                        "seed": ecfg.seed * CELL_SEED_STRIDE + 104729 + j,
+                    }
+                )
                 a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
                 try:
                     self.standalone.append((a, await a.start.remote()))
@@ -285,8 +281,6 @@ class Cluster:
         await asyncio.to_thread(proxy.start)
 
     async def stop(self) -> None:
-        import ray
-
         if self.proxy is not None:
             await asyncio.to_thread(self.proxy.stop)
             self.proxy = None
@@ -311,7 +305,7 @@ class Cluster:
         if url is not None:
             proxy = self.live_proxy
             moved = await asyncio.to_thread(proxy.drain, url)
-            await asyncio.to_thread(proxy.call, proxy.service.pool.remove(url))
+            await asyncio.to_thread(proxy.remove_engine, url)
             self.urls[cell] = None
             await self.cells[cell].park_engine.remote()  # vLLM: paused and kept, not stopped
         await self.cells[cell].load_replica.remote(
@@ -329,8 +323,6 @@ class Cluster:
         await self.cells[cell].drop_replica.remote()
         url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
         if self.weights_sums is not None:  # it serves a publication: check it like the others
-            from gyre.engine.client import EngineClient
-
             async with EngineClient(url, api_key=self.engine_key) as c:
                 info = await c.model_info()
             name = f"cell {cell}'s engine ({url})"
@@ -348,30 +340,40 @@ class Cluster:
             self.engine_urls[cell].append(url)
 
     # ------------------------------------------------------------------ training
+    def put_tasks(self, tasks: list[MicroStepTask]) -> list[ray.ObjectRef]:
+        """A group's micro-step tasks, put in the object store once: every claim of the group
+        sends this reference (wrapped in a list, so Ray leaves fetching to the cell, which does
+        it once per group), not the tasks."""
+        return [ray.put(tasks)]
+
     async def compute(
-        self, cell: int, step: int, version: int, tasks: list[bytes], shard: list[int]
-    ) -> list:
+        self,
+        cell: int,
+        step: int,
+        version: int,
+        group: int,
+        tasks: list[ray.ObjectRef],
+        shard: list[int],
+    ) -> ObjectiveStats:
         return await self.cells[cell].compute.remote(
-            step, version, tasks, shard, self.rundir.snapshots
+            step, version, group, tasks, shard, self.rundir.snapshots
         )
 
     async def finish_step(
-        self, k: int, stats: dict[int, list], n_scored: int, groups: list[str]
+        self, k: int, stats: dict[int, ObjectiveStats], n_scored: int, groups: list[str]
     ) -> dict:
-        from gyre.train.objective import ObjectiveStats
-
-        zero = ObjectiveStats().as_list()
+        """The step's reduce over cells 0..k-1 and the core's optimizer step; the core
+        checkpoints into the run directory when ``trainer.checkpoint`` says it is due."""
+        zero = ObjectiveStats()
         sats = [self.cells[c].reduce.remote(k, stats.get(c, zero)) for c in range(1, k)]
-        ck = self.cfg.trainer.checkpoint
-        due = ck.due(self.trainer_version + 1, self.cfg.policy.total_steps)
         core = self.cells[0].finish_step.remote(
             k,
             stats.get(0, zero),
             n_scored,
             groups,
             self.rundir.snapshots,
-            str(self.rundir.checkpoints) if due else None,
-            ck.keep,
+            str(self.rundir.checkpoints),
+            self.cfg.policy.total_steps,
         )
         metrics, *_ = await asyncio.gather(core, *sats)
         self.trainer_version += 1
@@ -385,8 +387,6 @@ class Cluster:
 
     async def publish(self, version: int, rollout_cells: list[int]) -> dict[str, Any]:
         """The core writes version ``version``; every rollout engine pauses, reloads it, continues."""
-        from gyre.engine.client import EngineClient
-
         self.begin_publish()
         publishing = self._publishing
         assert publishing is not None  # begin_publish made it; only this method clears it
@@ -435,15 +435,13 @@ class Cluster:
         self.dead_engines.append(url)
         try:
             proxy = self.live_proxy
-            await asyncio.to_thread(proxy.call, proxy.service.pool.remove(url), 30)
+            await asyncio.to_thread(proxy.remove_engine, url, 30)
         except Exception:
             pass
 
     def _prune_weights(self, version: int, keep: int) -> None:
         """Keep the published weight directories of the newest ``keep`` versions (every engine has
         reloaded ``version`` by now, and a returning cell starts on the newest)."""
-        import shutil
-
         for p in Path(self.rundir.weights).glob("v*"):
             try:
                 v = int(p.name[1:])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,7 +51,7 @@ class RolloutEngineConfig(EmbeddedEngineConfig):
 
 
 def cell_engine_config(
-    engine_cfg: dict[str, Any],
+    rc: RolloutEngineConfig,
     *,
     model_dir: str,
     engine_id: str,
@@ -59,11 +59,8 @@ def cell_engine_config(
     seed: int,
     torch_threads: int,
 ) -> EmbeddedEngineConfig | VllmEngineConfig:
-    """The engine config one rollout engine is built from (a cell's or a standalone one's).
-
-    ``engine_cfg`` is the run's ``[engine]`` section as plain data (it crosses into Ray actors).
-    """
-    rc = RolloutEngineConfig.model_validate(engine_cfg)
+    """The engine config one rollout engine is built from (a cell's or a standalone one's),
+    from the run's ``[engine]`` section (the model itself crosses into the Ray actors)."""
     if rc.kind == "vllm":
         return VllmEngineConfig(
             engine_id=engine_id,
@@ -90,9 +87,9 @@ def engine_start_error(e: BaseException) -> str:
     return text[-1][:600] if text[0].startswith("ray::") else text[0][:600]
 
 
-def keeps_engine(engine_cfg: dict[str, Any]) -> bool:
+def keeps_engine(rc: RolloutEngineConfig) -> bool:
     """Whether a cell keeps its engine while it trains (paused) instead of dropping it."""
-    return engine_cfg.get("kind", "embedded") == "vllm"
+    return rc.kind == "vllm"
 
 
 def check_vllm(cfg: RolloutEngineConfig, model_dir: str) -> None:

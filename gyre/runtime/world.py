@@ -42,7 +42,7 @@ from gyre.runtime.cluster import Cluster
 from gyre.runtime.executions import Executions
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
-from gyre.train.stats import merge_stats
+from gyre.train.stats import ObjectiveStats
 
 
 @dataclass
@@ -55,7 +55,7 @@ class StepRecord:
     groups: list[tuple[int, int]] = field(default_factory=list)  # (group id, dispatch version)
     n_scored: int = 0
     pack: dict[str, float] = field(default_factory=dict)
-    stats: dict[int, list] = field(default_factory=dict)  # cell -> summed ObjectiveStats list
+    stats: dict[int, ObjectiveStats] = field(default_factory=dict)  # cell -> its summed stats
     claims: dict[int, int] = field(default_factory=dict)  # cell -> policy micro-steps it ran
 
 
@@ -93,7 +93,7 @@ class RealWorld:
         self.finished_steps: list[StepRecord] = []
         self.group_version: dict[int, int] = {}
         self.shards: dict[int, list[list[int]]] = {}  # group -> policy micro-step -> task indices
-        self.group_tasks: dict[int, list[bytes]] = {}
+        self.group_tasks: dict[int, list[Any]] = {}  # group -> its tasks' object-store reference
         self._task_index = 0
         self.makespan: float | None = None
         self._bg: set[asyncio.Task] = set()
@@ -275,7 +275,7 @@ class RealWorld:
         for k, v in pack.items():
             rec.pack[k] = rec.pack.get(k, 0) + v
         n = a.micro_steps
-        self.group_tasks[a.group_id] = [t.to_bytes() for t in tasks]
+        self.group_tasks[a.group_id] = self.cluster.put_tasks(tasks)  # once, whatever claims it
         self.shards[a.group_id] = [[t.index for t in tasks[i::n]] for i in range(n)] if n else []
 
     async def _micro(self, a: ClaimMicroStep) -> None:
@@ -284,9 +284,9 @@ class RealWorld:
         t0 = self.now()
         if shard:
             stats = await self.cluster.compute(
-                a.cell, rec.step, rec.version, self.group_tasks[a.group_id], shard
+                a.cell, rec.step, rec.version, a.group_id, self.group_tasks[a.group_id], shard
             )
-            rec.stats[a.cell] = merge_stats(rec.stats.get(a.cell), stats)  # sums and maxes
+            rec.stats.setdefault(a.cell, ObjectiveStats()).add(stats)  # sums and maxes
         rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
         t1 = self.now()
         if t1 > t0:

@@ -15,8 +15,13 @@ One *step* = one batch = one optimizer step on the core. Its coordinator state:
 
 Two backends: :class:`LocalCoordinator` (one process) and
 :class:`StoreCoordinator` (any ``torch.distributed.Store``, e.g. a TCPStore on
-127.0.0.1, shared by separate processes). A Ray actor can implement the same
-methods later; nothing here is global.
+127.0.0.1, shared by separate processes). Nothing here is global.
+
+**Whose it is:** the rig of ``gyre train demo`` (:mod:`gyre.train.local`), its tests and the
+training benchmarks, where replicas claim work themselves. It is not part of ``gyre run``:
+there the scheduling policy assigns every micro-step (``ClaimMicroStep``) and the runtime's
+world carries it to a cell, so no claim queue exists. Both share the replica, the reduce and
+the optimizer step (:mod:`gyre.train.step`).
 """
 
 from __future__ import annotations

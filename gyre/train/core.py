@@ -7,13 +7,13 @@ One step (= one batch = one optimizer step)::
     seal (all micro-steps done; membership frozen at k cells)
     reduce gradients over the prefix communicator of k cells
     scale by 1/E, clip, optimizer.step, v -> v+1, commit the data cursor, checkpoint
+      (gyre.train.step: the same optimizer step as gyre run's core cell)
 
 Satellites (:mod:`gyre.train.satellite`) can join at any point before the seal.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,18 +21,13 @@ from dataclasses import dataclass, field
 import torch
 
 from gyre.train.buffer import Packer, PackingBuffer, ReadyGroup, StepFeeder, pack_rows
-from gyre.train.checkpoint import (
-    TrainerState,
-    latest_checkpoint,
-    load_optimizer,
-    load_state,
-    save_checkpoint,
-)
-from gyre.train.comm import PrefixCommunicators, flat_grads, unflatten_grads
+from gyre.train.checkpoint import TrainerState, latest_checkpoint, load_optimizer, load_state
+from gyre.train.comm import PrefixCommunicators
 from gyre.train.config import TrainerConfig
 from gyre.train.coordinator import StepCoordinator, StepSeal
-from gyre.train.objective import N_SUM, ObjectiveStats
+from gyre.train.objective import ObjectiveStats
 from gyre.train.replica import ReplicaWorker
+from gyre.train.step import build_optimizer, checkpoint_if_due, optimizer_step, reduce_step
 from gyre.train.weights import WeightChannel, named_params
 
 
@@ -42,14 +37,6 @@ class StepResult:
     policy_version: int  # after the step
     seal: StepSeal
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-def build_optimizer(params, cfg) -> torch.optim.Optimizer:
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(
-            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
-        )
-    return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 def claim_microsteps(
@@ -85,25 +72,6 @@ def claim_microsteps(
         if pump is not None:
             pump()
     return stats, n, t_compute
-
-
-def reduce_step(
-    worker: ReplicaWorker, comm: PrefixCommunicators | None, k: int, stats: ObjectiveStats
-) -> ObjectiveStats:
-    """Sum gradients and objective counters over cells 0..k-1 (result on the core)."""
-    if k > 1:
-        if comm is None:
-            raise RuntimeError(f"{k} cells took part but this replica has no communicators")
-        params = worker.params
-        flat = flat_grads(params)
-        comm.reduce_sum(k, flat)
-        vec = torch.tensor(stats.as_list(), dtype=torch.float64, device=flat.device)
-        comm.reduce_sum(k, vec[:N_SUM])  # counters sum, the max fields max
-        comm.reduce_max(k, vec[N_SUM:])
-        if comm.rank == 0:
-            unflatten_grads(params, flat)
-        return ObjectiveStats.from_list(vec.cpu().tolist())
-    return stats
 
 
 class Core:
@@ -209,13 +177,19 @@ class Core:
         t_reduce = time.perf_counter()
         total = reduce_step(self.worker, self.comm, seal.participants, stats)
         t_reduce = time.perf_counter() - t_reduce
-        metrics = self._optimizer_step(seal, total)
-        self.state.step += 1
-        self.state.consumed_groups.extend(seal.meta.get("groups", []))
-        self.buffer.commit(seal.meta.get("groups", []))
+        groups = seal.meta.get("groups", [])
+        metrics = optimizer_step(
+            self.worker,
+            self.live_optimizer,
+            self.state,
+            total,
+            n_scored=seal.n_scored,
+            groups=groups,
+            grad_clip=self.cfg.optim.grad_clip,
+        )
+        self.buffer.commit(groups)
         ck = self.cfg.checkpoint
-        if ck.dir is not None and ck.due(self.state.step):
-            save_checkpoint(ck.dir, self.model, self.live_optimizer, self.state, keep=ck.keep)
+        checkpoint_if_due(ck, ck.dir, self.worker, self.live_optimizer, self.state)
         dt = time.perf_counter() - t0
         pack = seal.meta.get("pack", {})
         metrics.update(
@@ -257,34 +231,3 @@ class Core:
         )
         seal = self.coord.seal(step, idle=feeder.pump)
         return seal, stats, n, t_compute
-
-    def _optimizer_step(self, seal: StepSeal, total: ObjectiveStats) -> dict[str, float]:
-        params = self.worker.params
-        E = seal.n_scored
-        m: dict[str, float] = {
-            "actor/loss": total.loss_sum / E if E else 0.0,
-            "actor/token_capfrac": total.tokens_capped / total.tokens if total.tokens else 0.0,
-            "actor/pg_clipfrac": total.exec_clipped_weight / total.exec_weight
-            if total.exec_weight
-            else 0.0,
-            "actor/executions_clipped": total.exec_clipped_weight,
-            "actor/target_tokens": float(total.tokens),
-            **total.mismatch_metrics(),
-        }
-        if E == 0 or seal.n_items == 0:
-            # no gradient signal (nothing scored, or every group all-equal): the groups are consumed,
-            # the weights and the policy version stay (no needless publication, no decay-only step)
-            self.worker.zero_grad()
-            m["actor/grad_norm"] = 0.0
-            return m
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.grad.div_(E)
-        clip = self.cfg.optim.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
-        self.live_optimizer.step()
-        self.worker.zero_grad()
-        self.state.policy_version += 1
-        m["actor/grad_norm"] = float(norm)
-        return m

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from gyre.train.comm import PrefixCommunicators
 from gyre.train.config import TrainerConfig
 from gyre.train.coordinator import StepCoordinator, StepSeal
-from gyre.train.core import claim_microsteps, reduce_step
+from gyre.train.core import claim_microsteps
 from gyre.train.replica import ReplicaWorker
+from gyre.train.step import reduce_step
 from gyre.train.weights import WeightChannel, load_params
 
 
@@ -84,7 +85,7 @@ class Satellite:
         if version is None or not self.coord.join(step, self.cell):
             return None
         c0 = time.process_time()
-        if version != self._version:  # a step without signal keeps the version: nothing to pull
+        if version != self._version:  # a satellite that joins two steps in a row pulls once each
             load_params(self.worker.live_model, self.weights.pull(version))
             self._version = version
         self.worker.zero_grad()

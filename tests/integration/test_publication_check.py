@@ -66,14 +66,8 @@ def world(tiny_model_dir, tmp_path):
     cfg = GyreConfig.model_validate(
         {"model_dir": str(tiny_model_dir), "policy": {"cells": 3}, "run": {"keep_published": 1}}
     )
-    core = Cell(
-        0,
-        3,
-        cfg.trainer.model_dump(),
-        {"model_dir": str(tiny_model_dir)},
-        torch_threads=torch.get_num_threads(),
-    )
-    core._start_core(None)
+    core = Cell(0, 3, cfg.trainer, cfg.engine, torch_threads=torch.get_num_threads())
+    core.load_replica(0, str(tmp_path / "snapshots"))
     cluster = Cluster(cfg, RunDir(tmp_path / "run").create())
     cluster.cells = [_InProcess(core)]
     engines = [_serve(tiny_model_dir, f"cell-{c}") for c in (1, 2)]
@@ -86,7 +80,7 @@ def world(tiny_model_dir, tmp_path):
 def _train(core: Cell) -> None:
     """Stand-in for an optimizer step: every weight moves (the next version differs)."""
     with torch.no_grad():
-        for p in core._replica().params:
+        for p in core.trainer.replica().params:
             p.add_(1e-3)
 
 

@@ -326,6 +326,16 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("run.cell.cpu_quota", "4096", "more than this machine's"),
     ),
     (
+        "run-checkpoint-dir-it-cannot-honour",  # checkpoints live in the run directory
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            f"trainer.checkpoint.dir={f['dir']}",
+        ],
+        ("trainer.checkpoint.dir", "run directory's checkpoints/", "leave it unset"),
+    ),
+    (
         "run-sandbox-without-bwrap",  # the sandbox is on by default: no bwrap, no run
         lambda f, p: [
             "run",

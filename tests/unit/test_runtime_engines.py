@@ -23,6 +23,7 @@ from gyre.engine.config import EmbeddedEngineConfig, NullEngineConfig, VllmEngin
 from gyre.engine.service import EngineService
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
 from gyre.runtime.rundir import to_toml
+from gyre.train.config import TrainerConfig
 
 KW = dict(model_dir="/w/v3", engine_id="cell-1", version=3, seed=77, torch_threads=2)
 
@@ -30,11 +31,11 @@ KW = dict(model_dir="/w/v3", engine_id="cell-1", version=3, seed=77, torch_threa
 def test_default_is_the_embedded_engine_with_the_cells_settings():
     cfg = load_config(model_dir="/m", overrides=["engine.max_batch=5"])
     assert cfg.engine.kind == "embedded"
-    ec = cell_engine_config(cfg.engine.model_dump(mode="json"), **KW)
+    ec = cell_engine_config(cfg.engine, **KW)
     assert type(ec) is EmbeddedEngineConfig
     assert (ec.model_dir, ec.engine_id, ec.weight_version) == ("/w/v3", "cell-1", 3)
     assert (ec.seed, ec.torch_threads, ec.max_batch) == (77, 2, 5)
-    assert not keeps_engine(cfg.engine.model_dump(mode="json"))
+    assert not keeps_engine(cfg.engine)
 
 
 def test_vllm_kind_builds_the_adapter_config_with_its_launch_options():
@@ -42,12 +43,11 @@ def test_vllm_kind_builds_the_adapter_config_with_its_launch_options():
         model_dir="/m",
         overrides=["engine.kind=vllm", "engine.vllm.kv_cache_gb=3", "engine.vllm.python=/py"],
     )
-    data = cfg.engine.model_dump(mode="json")
-    ec = cell_engine_config(data, **KW)
+    ec = cell_engine_config(cfg.engine, **KW)
     assert type(ec) is VllmEngineConfig
     assert (ec.model_dir, ec.engine_id, ec.weight_version) == ("/w/v3", "cell-1", 3)
     assert (ec.kv_cache_gb, ec.python, ec.url) == (3, "/py", None)
-    assert keeps_engine(data)
+    assert keeps_engine(cfg.engine)
 
 
 def test_engine_kind_and_vllm_options_are_validated():
@@ -127,7 +127,7 @@ def test_tied_model_passes_the_vllm_check(tmp_path):
 def _cell(kind: str):
     from gyre.runtime.cell import Cell
 
-    return Cell(0, 1, {"model_dir": "/m"}, {"model_dir": "/m", "kind": kind})
+    return Cell(0, 1, TrainerConfig(model_dir="/m"), RolloutEngineConfig(model_dir="/m", kind=kind))
 
 
 async def _info(url: str):

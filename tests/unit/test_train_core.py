@@ -257,8 +257,10 @@ def test_batch_without_signal_consumes_groups_without_an_update(tiny_model_dir, 
     for g in eq:
         g.rewards = {e: 0.0 for e in g.rewards}
     p, r = step_params(cfg_for(tiny_model_dir), eq)
-    assert moved(tiny_model_dir, p) == 0.0
-    assert r[0].policy_version == 0 and r[0].metrics["batch/groups_all_equal"] == 2
+    assert moved(tiny_model_dir, p) == 0.0  # no optimizer step
+    # the version advances all the same: versions and steps stay one count (gyre.train.step)
+    assert r[0].policy_version == 1 and r[0].metrics["batch/groups_all_equal"] == 2
+    assert r[0].metrics["actor/grad_norm"] == 0.0 and r[0].metrics["actor/target_tokens"] == 0
     assert r[0].seal.meta["groups"] == ["g0", "g1"] and r[0].seal.n_items == 0
 
 
