@@ -103,9 +103,7 @@ def _executions(
     return executions
 
 
-def _costs(
-    records: Records, policy: PolicyConfig, calls: list[Call], end: float
-) -> dict[str, Any]:
+def _costs(records: Records, policy: PolicyConfig, calls: list[Call], end: float) -> dict[str, Any]:
     """The costs this run measured (gyre.runtime.measure), in the simulator's terms."""
     sw = records.switch_seconds()
     exec_iv = [(s, end if e is None else e) for s, e in records.exec_times.values()]
