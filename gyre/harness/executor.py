@@ -27,10 +27,8 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -39,17 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 
-from . import homeseed, netbridge
 from .config import ExecutorConfig
-from .forwarder import UnixForwarder
 from .hostguard import (
-    GYRE_ROOT,
     HostSetupError,
     private_dir,
-    strip_modes,
-    task_paths,
     working_bwrap,
 )
+from .launch import Abort, Exec, Launch, sandbox, undo_sandbox
 from .model_calls import (
     CALLS_FILE_ENV,
     CALLS_FILE_NAME,
@@ -60,13 +54,11 @@ from .model_calls import (
 )
 from .process import ProcessResult, run_process
 from .profiles import HarnessProfile, ProfileError, find_npm_harness
-from .quota import watch_tree
 from .safe_read import quote
 from .safecopy import remove_tree
-from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv
+from .sandbox import SANDBOX_HOME, Confinement
 from .scorer import Scorer
 from .task import Task
-from .userns import chown_tree, make_userns
 
 # (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
 RegisterKey = Callable[[str, str], Awaitable[str]]
@@ -90,23 +82,6 @@ class _Finish(Protocol):
     """``run``'s closure that turns an assessment into the execution's result (and writes it)."""
 
     def __call__(self, assessment: Scored | Missing, write: bool = True) -> ExecutionResult: ...
-
-
-class _Abort(Exception):
-    """Ends an execution before it is scored: ``Missing(reason)``, ``detail`` recorded as the
-    harness's error (and ``stop`` as its stop, when given); ``write``: into result.json
-    (never into a folder this execution did not create)."""
-
-    def __init__(
-        self,
-        reason: MissingReason,
-        detail: str,
-        *,
-        stop: HarnessStop | None = None,
-        write: bool = True,
-    ) -> None:
-        super().__init__(detail)
-        self.reason, self.detail, self.stop, self.write = reason, detail, stop, write
 
 
 class ExecutionError(RuntimeError):
@@ -166,38 +141,6 @@ class ExecutionResult(BaseModel):
     def reward(self) -> float | None:
         """The reward, or None when the assessment is missing (never 0 for missing)."""
         return self.assessment.reward if isinstance(self.assessment, Scored) else None
-
-
-@dataclass
-class _Exec:
-    """One execution from launch to result: its budget, its folders, what is recorded."""
-
-    spec: ExecutionSpec
-    t_launch: float
-    deadline: float  # monotonic: the overall budget (or the caller's deadline) ends here
-    overall: float
-    exec_dir: Path
-    ws: Path
-    inputs: Path
-    artifacts: Path
-    home: Path
-    run: HarnessRun
-    timings: Timings
-
-
-@dataclass
-class _Launch:
-    """The harness's command line and environment, and what its sandbox holds open (undone
-    once it stopped)."""
-
-    argv: list[str]
-    env: dict[str, str]
-    home_files: dict[str, str]
-    bridge: tuple[str, int, str] | None  # proxy-only network: see _bridge_target
-    forwarder: UnixForwarder | None = None
-    sock_dir: Path | None = None
-    userns_fd: int | None = None
-    watcher: asyncio.Task | None = None
 
 
 class HarnessExecutor:
@@ -360,7 +303,7 @@ class HarnessExecutor:
                     pass
             return r
 
-        x = _Exec(
+        x = Exec(
             spec, t_launch, deadline, overall, exec_dir, ws, inputs, artifacts, home, run, timings
         )
         try:
@@ -376,16 +319,16 @@ class HarnessExecutor:
             mine = await asyncio.to_thread(os.path.isdir, inputs)
             return result(Missing(reason=MissingReason.infra_error, detail=run.error), write=mine)
 
-    async def _execute(self, x: _Exec, result: _Finish) -> ExecutionResult:
+    async def _execute(self, x: Exec, result: _Finish) -> ExecutionResult:
         """Fresh workspace, key and command line, sandbox, the harness, then its assessment."""
         run = x.run
         try:
             await self._fresh_workspace(x)
             launch = await self._launch(x)
             if self._bwrap:
-                await self._sandbox(x, launch, self._bwrap)
+                await sandbox(self.config, self._bwrap, self._confinement(), x, launch)
             pres, cut_by_overall = await self._harness(x, launch)
-        except _Abort as a:
+        except Abort as a:
             if a.stop is not None:
                 run.stop = a.stop
             run.error = a.detail
@@ -415,10 +358,10 @@ class HarnessExecutor:
             assessment = _unverified_unreachable(assessment, run.model_calls)
         return result(assessment)
 
-    async def _fresh_workspace(self, x: _Exec) -> None:
+    async def _fresh_workspace(self, x: Exec) -> None:
         """1. The execution's own folder: workspace (the task's repository), inputs, HOME."""
         if x.exec_dir.exists():
-            raise _Abort(
+            raise Abort(
                 MissingReason.infra_error,
                 f"execution folder {x.exec_dir} already exists (stale run with the same id?); "
                 "left untouched",
@@ -436,9 +379,9 @@ class HarnessExecutor:
                 x.home,
             )
         except OSError as e:
-            raise _Abort(MissingReason.infra_error, f"workspace setup failed: {e}") from None
+            raise Abort(MissingReason.infra_error, f"workspace setup failed: {e}") from None
 
-    async def _launch(self, x: _Exec) -> _Launch:
+    async def _launch(self, x: Exec) -> Launch:
         """2. The execution's API key, its command line and the profile's config files."""
         spec, run = x.spec, x.run
         key = spec.api_key
@@ -452,7 +395,7 @@ class HarnessExecutor:
                     spec.execution_id, spec.label or f"{spec.task.name}/{spec.profile.name}"
                 )
             except Exception as e:  # proxy down, HTTP error, no hook
-                raise _Abort(
+                raise Abort(
                     MissingReason.launch_failed,
                     f"key registration failed: {type(e).__name__}: {e}",
                     stop="launch_failed",
@@ -465,118 +408,28 @@ class HarnessExecutor:
                 self._command, spec, base_url, key, x.ws, x.inputs, x.artifacts, x.home
             )
         except (ProfileError, ExecutionError) as e:
-            raise _Abort(MissingReason.launch_failed, str(e), stop="launch_failed") from None
+            raise Abort(MissingReason.launch_failed, str(e), stop="launch_failed") from None
         # The profile's config files: straight into HOME, or (sandbox: HOME is a tmpfs made at
         # start) under the read-only inputs, copied into HOME inside by gyre.harness.homeseed.
         try:
             await asyncio.to_thread(_write_files, self._seed_dir(x), home_files)
         except OSError as e:
-            raise _Abort(
+            raise Abort(
                 MissingReason.infra_error, f"harness config files could not be written: {e}"
             ) from None
         run.argv = argv
         if shutil.which(argv[0], path=env.get("PATH")) is None:
-            raise _Abort(
+            raise Abort(
                 MissingReason.launch_failed,
                 f"harness command not found or not executable: {argv[0]!r}",
                 stop="launch_failed",
             )
-        return _Launch(argv, env, home_files, bridge)
+        return Launch(argv, env, home_files, bridge)
 
-    def _seed_dir(self, x: _Exec) -> Path:
+    def _seed_dir(self, x: Exec) -> Path:
         return x.inputs / "home" if self._bwrap else x.home
 
-    async def _sandbox(self, x: _Exec, launch: _Launch, bwrap: str) -> None:
-        """The harness inside bubblewrap: HOME seeded, owned files, the proxy-only bridge,
-        the workspace watcher. What it opens, ``_harness`` closes."""
-        sb = self.config.sandbox
-        argv = launch.argv
-        if launch.home_files:  # by file, isolated: stdlib only, like netbridge
-            argv = [
-                sys.executable,
-                "-S",
-                "-I",
-                homeseed.__file__,
-                "--from",
-                str(self._seed_dir(x)),
-                "--",
-                *argv,
-            ]
-        if os.geteuid() == 0:  # the harness runs as sb.uid on the host too: hand it what it writes
-            try:
-                for d in (x.ws, x.artifacts):
-                    await asyncio.to_thread(chown_tree, d, sb.uid, sb.gid)
-                launch.userns_fd = await asyncio.to_thread(make_userns, sb.uid, sb.gid)
-            except OSError as e:
-                raise _Abort(MissingReason.infra_error, f"sandbox setup failed: {e}") from None
-        ro_binds = [x.inputs, *sb.ro_binds]
-        if launch.bridge is not None:
-            argv = self._bridged(launch, argv)
-            assert launch.sock_dir is not None
-            ro_binds.append(launch.sock_dir)  # connect() needs no write access to the mount
-        # Off the loop: resolving the mounts stats hundreds of paths (~25 ms per call).
-        try:
-            launch.argv = await asyncio.to_thread(
-                bwrap_argv,
-                argv,
-                workspace=x.ws,
-                hide=[
-                    self.config.workspace_root.resolve(),
-                    *task_paths(x.spec.task),
-                    *sb.hide_paths,
-                ],
-                writable=[x.artifacts],
-                ro_binds=ro_binds,
-                home=SANDBOX_HOME,
-                bwrap=bwrap,
-                unshare_net=launch.bridge is not None,
-                confine=self._confinement(),
-                userns_fd=launch.userns_fd,
-            )
-        except BaseException:  # cancelled or failed before _harness owns these
-            if launch.userns_fd is not None:
-                os.close(launch.userns_fd)
-            if launch.sock_dir is not None:
-                shutil.rmtree(launch.sock_dir, ignore_errors=True)
-            raise
-        env = launch.env
-        env["HOME"] = SANDBOX_HOME
-        # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
-        # inside must import that one (`python -m gyre.harness.reference_agent`), not the
-        # one a venv's editable install names (which the sandbox does not show).
-        env.setdefault("PYTHONPATH", GYRE_ROOT)
-        if sb.max_workspace_bytes or sb.max_workspace_files:
-            limit = sb.max_workspace_bytes or 1 << 62
-            launch.watcher = asyncio.ensure_future(
-                watch_tree(x.ws, limit, sb.disk_check_s, sb.max_workspace_files)
-            )
-
-    def _bridged(self, launch: _Launch, argv: list[str]) -> list[str]:
-        """Proxy-only network: own network namespace, the proxy reachable through a unix
-        socket that ``launch.forwarder`` serves; ``argv`` behind the in-sandbox bridge."""
-        assert launch.bridge is not None
-        sb = self.config.sandbox
-        # short: AF_UNIX paths <= 107 bytes
-        sock_dir = launch.sock_dir = Path(tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp"))
-        launch.forwarder = UnixForwarder(
-            sock_dir / "p.sock", launch.bridge[0], launch.bridge[1], sb.max_proxy_connections
-        )
-        # By file, isolated and without site: it is stdlib only, and it starts
-        # before every proxy-only harness.
-        return [
-            sys.executable,
-            "-S",
-            "-I",
-            netbridge.__file__,
-            "--listen",
-            f"127.0.0.1:{urlsplit(launch.bridge[2]).port}",
-            "--unix",
-            str(sock_dir / "p.sock"),
-            "--",
-            *argv,
-        ]
-
-    async def _harness(self, x: _Exec, launch: _Launch) -> tuple[ProcessResult, bool]:
+    async def _harness(self, x: Exec, launch: Launch) -> tuple[ProcessResult, bool]:
         """3. The harness, until it exits, its timeout, the overall deadline, or a log flood;
         then the sandbox's pieces are undone. Returns the process result and whether the
         overall budget, not the harness timeout, set its time limit."""
@@ -607,27 +460,14 @@ class HarnessExecutor:
                 abort=launch.watcher,
             )
         except OSError as e:
-            raise _Abort(
+            raise Abort(
                 MissingReason.launch_failed, f"harness could not start: {e}", stop="launch_failed"
             ) from None
         finally:
-            await self._undo_sandbox(x, launch)
+            await undo_sandbox(x, launch)
         return pres, cut_by_overall
 
-    async def _undo_sandbox(self, x: _Exec, launch: _Launch) -> None:
-        if launch.watcher is not None:
-            launch.watcher.cancel()
-        if launch.userns_fd is not None:
-            os.close(launch.userns_fd)
-        if launch.forwarder is not None:
-            await launch.forwarder.stop()
-        if launch.sock_dir is not None:
-            shutil.rmtree(launch.sock_dir, ignore_errors=True)
-        # The harness is gone: no set-id bit or open mode of its making reaches the host's
-        # kept workspace or the scoring copy (gyre.harness.fsmode).
-        await asyncio.to_thread(strip_modes, x.ws, x.artifacts)
-
-    def _record_stop(self, x: _Exec, pres: ProcessResult, cut_by_overall: bool) -> None:
+    def _record_stop(self, x: Exec, pres: ProcessResult, cut_by_overall: bool) -> None:
         """How the harness stopped, into the execution's record and timings."""
         cfg, run, timings = self.config, x.run, x.timings
         timings.harness_s = pres.wall_s
@@ -651,7 +491,7 @@ class HarnessExecutor:
             )
         timings.teardown_s = pres.kill_s
 
-    async def _score(self, x: _Exec) -> Scored | Missing:
+    async def _score(self, x: Exec) -> Scored | Missing:
         """4. Score a copy of the workspace with the hidden tests (own process, own timeout)."""
         t_score = time.monotonic()
         left = x.deadline - t_score
