@@ -621,14 +621,14 @@ def print_idle(run: dict) -> None:
     print(hdr)
     print("-" * len(hdr))
     tot_train = tot_wait = 0.0
-    for i, (s, e) in enumerate(world.steps):
+    for i, (s, e) in enumerate(world.records.steps):
         cells = ""
         train_all = wait_all = switching = 0.0
         for c in range(K):
-            segs = world.segments[c]
+            segs = world.records.segments[c]
             tr = overlap([(a, b) for a, b, r in segs if r == "training"], s, e)
             sw = overlap([(a, b) for a, b, r in segs if r.startswith("to_")], s, e)
-            busy = overlap(world.busy[c], s, e)
+            busy = overlap(world.records.busy[c], s, e)
             wait = max(0.0, tr - busy)
             train_all += tr
             wait_all += wait

@@ -5,7 +5,9 @@ Keep heavy imports inside the commands (``gyre --help`` must stay fast).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,6 +19,10 @@ from gyre.cli_errors import (
     require_http_url,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from .config import ExecutorConfig
+    from .executor import ExecutionResult
 
 app = typer.Typer(
     help="Run harnesses on tasks: debug a task or a harness profile before training.",
@@ -80,10 +86,8 @@ def run(
 ) -> None:
     """Run one execution of one task and print its outcome (reward or missing, why, timings, workspace)."""
     import asyncio
-    import math
     import uuid
 
-    from .config import ExecutorConfig, SandboxConfig
     from .executor import ExecutionSpec, HarnessExecutor
     from .profiles import ProfileError, load_profile
     from .task import TaskError, load_task
@@ -101,17 +105,7 @@ def run(
             make_dir(workspace_root, "--workspace-root")
     if arg:
         prof = prof.model_copy(update={"args": [*prof.args, *arg]})
-    if sandbox_network not in ("proxy-only", "shared"):
-        fail(
-            "harness run",
-            f"--sandbox-network must be proxy-only or shared, got {sandbox_network!r}",
-        )
-    # checked just above; pydantic validates the CLI string into the Literal field
-    cfg = ExecutorConfig(
-        sandbox=SandboxConfig.model_validate({"enabled": sandbox, "network": sandbox_network})
-    )
-    if workspace_root is not None:
-        cfg.workspace_root = workspace_root
+    cfg = _executor_config(sandbox, sandbox_network, workspace_root)
     for flag, v in (("--harness-timeout", harness_timeout), ("--overall-timeout", overall_timeout)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             fail("harness run", f"{flag} must be a finite number of seconds > 0, got {v}")
@@ -141,24 +135,48 @@ def run(
     if as_json:
         typer.echo(res.model_dump_json(indent=2))
     else:
-        a = res.assessment
-        if a.kind == "scored":
-            extra = f" ({a.passed}/{a.total} tests)" if a.total is not None else ""
-            typer.echo(f"reward     {a.reward:.4g}{extra}  [{a.rule}]")
-            if a.detail.startswith("scored 0: ") or "none answered" in a.detail:
-                typer.echo(f"detail     {a.detail}")  # why it is a zero, or the harness's report
-        else:
-            typer.echo(f"MISSING    {a.reason.value}: {a.detail}")
-        h, t = res.harness, res.timings
-        typer.echo(
-            f"harness    {h.stop} (exit status {h.exit_code}){'  ' + h.error if h.error else ''}"
-        )
-        typer.echo(
-            f"timings    setup {t.setup_s:.2f}s  harness {t.harness_s:.2f}s  scoring {t.scoring_s:.2f}s  total {t.total_s:.2f}s"
-        )
-        typer.echo(f"workspace  {res.workspace}")
-        typer.echo(f"logs       {h.stdout_path}  {h.stderr_path}")
+        _print_result(res)
     raise typer.Exit(0 if res.assessment.kind == "scored" else 1)
+
+
+def _executor_config(
+    sandbox: bool, sandbox_network: str, workspace_root: Path | None
+) -> ExecutorConfig:
+    from .config import ExecutorConfig, SandboxConfig
+
+    if sandbox_network not in ("proxy-only", "shared"):
+        fail(
+            "harness run",
+            f"--sandbox-network must be proxy-only or shared, got {sandbox_network!r}",
+        )
+    # checked just above; pydantic validates the CLI string into the Literal field
+    cfg = ExecutorConfig(
+        sandbox=SandboxConfig.model_validate({"enabled": sandbox, "network": sandbox_network})
+    )
+    if workspace_root is not None:
+        cfg.workspace_root = workspace_root
+    return cfg
+
+
+def _print_result(res: ExecutionResult) -> None:
+    """The outcome for a person: reward or missing and why, how the harness stopped, timings."""
+    a = res.assessment
+    if a.kind == "scored":
+        extra = f" ({a.passed}/{a.total} tests)" if a.total is not None else ""
+        typer.echo(f"reward     {a.reward:.4g}{extra}  [{a.rule}]")
+        if a.detail.startswith("scored 0: ") or "none answered" in a.detail:
+            typer.echo(f"detail     {a.detail}")  # why it is a zero, or the harness's report
+    else:
+        typer.echo(f"MISSING    {a.reason.value}: {a.detail}")
+    h, t = res.harness, res.timings
+    typer.echo(
+        f"harness    {h.stop} (exit status {h.exit_code}){'  ' + h.error if h.error else ''}"
+    )
+    typer.echo(
+        f"timings    setup {t.setup_s:.2f}s  harness {t.harness_s:.2f}s  scoring {t.scoring_s:.2f}s  total {t.total_s:.2f}s"
+    )
+    typer.echo(f"workspace  {res.workspace}")
+    typer.echo(f"logs       {h.stdout_path}  {h.stderr_path}")
 
 
 @app.command("tasks")

@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,17 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
 
-from . import homeseed, netbridge
 from .config import ExecutorConfig
-from .forwarder import UnixForwarder
 from .hostguard import (
-    GYRE_ROOT,
     HostSetupError,
     private_dir,
-    strip_modes,
-    task_paths,
     working_bwrap,
 )
+from .launch import Abort, Exec, Launch, sandbox, undo_sandbox
 from .model_calls import (
     CALLS_FILE_ENV,
     CALLS_FILE_NAME,
@@ -57,15 +52,13 @@ from .model_calls import (
     decide,
     read_calls_file,
 )
-from .process import run_process
+from .process import ProcessResult, run_process
 from .profiles import HarnessProfile, ProfileError, find_npm_harness
-from .quota import watch_tree
 from .safe_read import quote
 from .safecopy import remove_tree
-from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv
+from .sandbox import SANDBOX_HOME, Confinement
 from .scorer import Scorer
 from .task import Task
-from .userns import chown_tree, make_userns
 
 # (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
 RegisterKey = Callable[[str, str], Awaitable[str]]
@@ -310,21 +303,11 @@ class HarnessExecutor:
                     pass
             return r
 
+        x = Exec(
+            spec, t_launch, deadline, overall, exec_dir, ws, inputs, artifacts, home, run, timings
+        )
         try:
-            return await self._execute(
-                spec,
-                t_launch,
-                deadline,
-                overall,
-                exec_dir,
-                ws,
-                inputs,
-                artifacts,
-                home,
-                run,
-                timings,
-                result,
-            )
+            return await self._execute(x, result)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
@@ -336,35 +319,71 @@ class HarnessExecutor:
             mine = await asyncio.to_thread(os.path.isdir, inputs)
             return result(Missing(reason=MissingReason.infra_error, detail=run.error), write=mine)
 
-    async def _execute(
-        self,
-        spec: ExecutionSpec,
-        t_launch: float,
-        deadline: float,
-        overall: float,
-        exec_dir: Path,
-        ws: Path,
-        inputs: Path,
-        artifacts: Path,
-        home: Path,
-        run: HarnessRun,
-        timings: Timings,
-        result: _Finish,
-    ) -> ExecutionResult:
-        cfg, task, prof = self.config, spec.task, spec.profile
-        # 1. Fresh workspace.
-        if exec_dir.exists():
-            run.error = f"execution folder {exec_dir} already exists (stale run with the same id?); left untouched"
-            return result(Missing(reason=MissingReason.infra_error, detail=run.error), write=False)
+    async def _execute(self, x: Exec, result: _Finish) -> ExecutionResult:
+        """Fresh workspace, key and command line, sandbox, the harness, then its assessment."""
+        run = x.run
+        try:
+            await self._fresh_workspace(x)
+            launch = await self._launch(x)
+            if self._bwrap:
+                await sandbox(self.config, self._bwrap, self._confinement(), x, launch)
+            pres, cut_by_overall = await self._harness(x, launch)
+        except Abort as a:
+            if a.stop is not None:
+                run.stop = a.stop
+            run.error = a.detail
+            return result(Missing(reason=a.reason, detail=a.detail), write=a.write)
+        self._record_stop(x, pres, cut_by_overall)
+        if run.stop == "overall_timeout":
+            await self._revoke_key(x.spec.execution_id)
+            return result(
+                Missing(
+                    reason=MissingReason.overall_timeout,
+                    detail=f"overall budget ({x.overall:.1f}s) ran out while the harness was running",
+                )
+            )
+        # Did the policy act? Only what the harness cannot forge drops it unscored (model_calls.py).
+        run.model_calls, verdict = await self._model_calls(x.spec.execution_id, x.artifacts)
+        # The harness is done, its key too: a child that outlived it (setsid, unsandboxed)
+        # must not call the policy during scoring and land in the trace. (After the count:
+        # the proxy forgets an execution's counts with its keys.)
+        await self._revoke_key(x.spec.execution_id)
+        if verdict == "drop":
+            assert run.model_calls is not None
+            return result(
+                Missing(reason=MissingReason.model_unreachable, detail=run.model_calls.detail())
+            )
+        assessment = await self._score(x)
+        if verdict == "drop_if_positive" and run.model_calls is not None:
+            assessment = _unverified_unreachable(assessment, run.model_calls)
+        return result(assessment)
+
+    async def _fresh_workspace(self, x: Exec) -> None:
+        """1. The execution's own folder: workspace (the task's repository), inputs, HOME."""
+        if x.exec_dir.exists():
+            raise Abort(
+                MissingReason.infra_error,
+                f"execution folder {x.exec_dir} already exists (stale run with the same id?); "
+                "left untouched",
+                write=False,
+            )
         try:
             await asyncio.to_thread(
-                self._prepare, task, prof, exec_dir, ws, inputs, artifacts, home
+                self._prepare,
+                x.spec.task,
+                x.spec.profile,
+                x.exec_dir,
+                x.ws,
+                x.inputs,
+                x.artifacts,
+                x.home,
             )
         except OSError as e:
-            run.error = f"workspace setup failed: {e}"
-            return result(Missing(reason=MissingReason.infra_error, detail=run.error))
+            raise Abort(MissingReason.infra_error, f"workspace setup failed: {e}") from None
 
-        # 2. Key and command line.
+    async def _launch(self, x: Exec) -> Launch:
+        """2. The execution's API key, its command line and the profile's config files."""
+        spec, run = x.spec, x.run
         key = spec.api_key
         if key is None:
             try:
@@ -373,164 +392,86 @@ class HarnessExecutor:
                         "no api_key in the spec and no register hook on the executor"
                     )
                 key = await self._register(
-                    spec.execution_id, spec.label or f"{task.name}/{prof.name}"
+                    spec.execution_id, spec.label or f"{spec.task.name}/{spec.profile.name}"
                 )
             except Exception as e:  # proxy down, HTTP error, no hook
-                run.stop, run.error = (
-                    "launch_failed",
+                raise Abort(
+                    MissingReason.launch_failed,
                     f"key registration failed: {type(e).__name__}: {e}",
-                )
-                return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+                    stop="launch_failed",
+                ) from None
         try:
             bridge = self._bridge_target(spec.base_url)
             base_url = spec.base_url if bridge is None else bridge[2]
             # Off the loop: the npm harness lookups stat a dozen paths (docs/runtime.md).
             argv, env, home_files = await asyncio.to_thread(
-                self._command, spec, base_url, key, ws, inputs, artifacts, home
+                self._command, spec, base_url, key, x.ws, x.inputs, x.artifacts, x.home
             )
         except (ProfileError, ExecutionError) as e:
-            run.stop, run.error = "launch_failed", str(e)
-            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+            raise Abort(MissingReason.launch_failed, str(e), stop="launch_failed") from None
         # The profile's config files: straight into HOME, or (sandbox: HOME is a tmpfs made at
         # start) under the read-only inputs, copied into HOME inside by gyre.harness.homeseed.
-        seed_dir = inputs / "home" if self._bwrap else home
         try:
-            await asyncio.to_thread(_write_files, seed_dir, home_files)
+            await asyncio.to_thread(_write_files, self._seed_dir(x), home_files)
         except OSError as e:
-            run.error = f"harness config files could not be written: {e}"
-            return result(Missing(reason=MissingReason.infra_error, detail=run.error))
+            raise Abort(
+                MissingReason.infra_error, f"harness config files could not be written: {e}"
+            ) from None
         run.argv = argv
         if shutil.which(argv[0], path=env.get("PATH")) is None:
-            run.stop, run.error = (
-                "launch_failed",
+            raise Abort(
+                MissingReason.launch_failed,
                 f"harness command not found or not executable: {argv[0]!r}",
+                stop="launch_failed",
             )
-            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
-        forwarder: UnixForwarder | None = None
-        sock_dir: Path | None = None
-        userns_fd: int | None = None
-        watcher: asyncio.Task | None = None
-        sb = cfg.sandbox
-        as_root = os.geteuid() == 0
-        if self._bwrap:
-            writable, ro_binds = [artifacts], [inputs, *sb.ro_binds]
-            if home_files:  # by file, isolated: stdlib only, like netbridge
-                argv = [
-                    sys.executable,
-                    "-S",
-                    "-I",
-                    homeseed.__file__,
-                    "--from",
-                    str(seed_dir),
-                    "--",
-                    *argv,
-                ]
-            if as_root:  # the harness runs as sb.uid on the host too: hand it what it writes
-                try:
-                    for d in (ws, artifacts):
-                        await asyncio.to_thread(chown_tree, d, sb.uid, sb.gid)
-                    userns_fd = await asyncio.to_thread(make_userns, sb.uid, sb.gid)
-                except OSError as e:
-                    run.error = f"sandbox setup failed: {e}"
-                    return result(Missing(reason=MissingReason.infra_error, detail=run.error))
-            if bridge is not None:
-                # Proxy-only network: own network namespace, the proxy reachable through a unix socket.
-                sock_dir = Path(
-                    tempfile.mkdtemp(prefix="gyre-nb-", dir="/tmp")
-                )  # short: AF_UNIX paths <= 107 bytes
-                forwarder = UnixForwarder(
-                    sock_dir / "p.sock", bridge[0], bridge[1], sb.max_proxy_connections
-                )
-                # By file, isolated and without site: it is stdlib only, and it starts
-                # before every proxy-only harness.
-                argv = [
-                    sys.executable,
-                    "-S",
-                    "-I",
-                    netbridge.__file__,
-                    "--listen",
-                    f"127.0.0.1:{urlsplit(bridge[2]).port}",
-                    "--unix",
-                    str(sock_dir / "p.sock"),
-                    "--",
-                    *argv,
-                ]
-                ro_binds.append(sock_dir)  # connect() needs no write access to the mount
-            # Off the loop: resolving the mounts stats hundreds of paths (~25 ms per call).
-            try:
-                argv = await asyncio.to_thread(
-                    bwrap_argv,
-                    argv,
-                    workspace=ws,
-                    hide=[cfg.workspace_root.resolve(), *task_paths(task), *sb.hide_paths],
-                    writable=writable,
-                    ro_binds=ro_binds,
-                    home=SANDBOX_HOME,
-                    bwrap=self._bwrap,
-                    unshare_net=bridge is not None,
-                    confine=self._confinement(),
-                    userns_fd=userns_fd,
-                )
-            except BaseException:  # cancelled or failed before the try below owns these
-                if userns_fd is not None:
-                    os.close(userns_fd)
-                if sock_dir is not None:
-                    shutil.rmtree(sock_dir, ignore_errors=True)
-                raise
-            env["HOME"] = SANDBOX_HOME
-            # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
-            # inside must import that one (`python -m gyre.harness.reference_agent`), not the
-            # one a venv's editable install names (which the sandbox does not show).
-            env.setdefault("PYTHONPATH", GYRE_ROOT)
-            if sb.max_workspace_bytes or sb.max_workspace_files:
-                limit = sb.max_workspace_bytes or 1 << 62
-                watcher = asyncio.ensure_future(
-                    watch_tree(ws, limit, sb.disk_check_s, sb.max_workspace_files)
-                )
+        return Launch(argv, env, home_files, bridge)
 
-        # 3. The harness, until it exits, its timeout, the overall deadline, or a log flood.
-        harness_timeout = spec.harness_timeout_s or task.harness_timeout_s
+    def _seed_dir(self, x: Exec) -> Path:
+        return x.inputs / "home" if self._bwrap else x.home
+
+    async def _harness(self, x: Exec, launch: Launch) -> tuple[ProcessResult, bool]:
+        """3. The harness, until it exits, its timeout, the overall deadline, or a log flood;
+        then the sandbox's pieces are undone. Returns the process result and whether the
+        overall budget, not the harness timeout, set its time limit."""
+        cfg, sb, run = self.config, self.config.sandbox, x.run
+        harness_timeout = x.spec.harness_timeout_s or x.spec.task.harness_timeout_s
         now = time.monotonic()
-        timeout = min(harness_timeout, deadline - now)
-        cut_by_overall = deadline - now < harness_timeout
-        timings.setup_s = now - t_launch
+        timeout = min(harness_timeout, x.deadline - now)
+        cut_by_overall = x.deadline - now < harness_timeout
+        x.timings.setup_s = now - x.t_launch
         started = asyncio.get_running_loop().create_future()
         try:
-            if forwarder is not None:
-                await forwarder.start()
-                if as_root and sock_dir is not None:
-                    for p in (sock_dir, sock_dir / "p.sock"):
+            if launch.forwarder is not None:
+                await launch.forwarder.start()
+                if os.geteuid() == 0 and launch.sock_dir is not None:
+                    for p in (launch.sock_dir, launch.sock_dir / "p.sock"):
                         os.chown(p, sb.uid, sb.gid)
             pres = await run_process(
-                argv,
-                cwd=ws,
-                env=env,
+                launch.argv,
+                cwd=x.ws,
+                env=launch.env,
                 stdout_path=Path(run.stdout_path),
                 stderr_path=Path(run.stderr_path),
                 timeout_s=timeout,
                 max_log_bytes=cfg.max_log_bytes,
                 kill_grace_s=cfg.kill_grace_s,
                 on_start=started,
-                pass_fds=() if userns_fd is None else (userns_fd,),
-                abort=watcher,
+                pass_fds=() if launch.userns_fd is None else (launch.userns_fd,),
+                abort=launch.watcher,
             )
         except OSError as e:
-            run.stop, run.error = "launch_failed", f"harness could not start: {e}"
-            return result(Missing(reason=MissingReason.launch_failed, detail=run.error))
+            raise Abort(
+                MissingReason.launch_failed, f"harness could not start: {e}", stop="launch_failed"
+            ) from None
         finally:
-            if watcher is not None:
-                watcher.cancel()
-            if userns_fd is not None:
-                os.close(userns_fd)
-            if forwarder is not None:
-                await forwarder.stop()
-            if sock_dir is not None:
-                shutil.rmtree(sock_dir, ignore_errors=True)
-            # The harness is gone: no set-id bit or open mode of its making reaches the host's
-            # kept workspace or the scoring copy (gyre.harness.fsmode).
-            await asyncio.to_thread(strip_modes, ws, artifacts)
+            await undo_sandbox(x, launch)
+        return pres, cut_by_overall
+
+    def _record_stop(self, x: Exec, pres: ProcessResult, cut_by_overall: bool) -> None:
+        """How the harness stopped, into the execution's record and timings."""
+        cfg, run, timings = self.config, x.run, x.timings
         timings.harness_s = pres.wall_s
-        timings.launched_s = timings.queued_s + (pres.started_at - t_launch)
+        timings.launched_s = timings.queued_s + (pres.started_at - x.t_launch)
         run.exit_code, run.log_truncated = pres.exit_code, pres.truncated
         if pres.stop == "timeout":
             run.stop = "overall_timeout" if cut_by_overall else "harness_timeout"
@@ -543,43 +484,24 @@ class HarnessExecutor:
                 f"harness wrote more than {cfg.max_log_bytes} bytes to a stream and was stopped"
             )
         elif pres.stop == "disk_limit":
+            sb = cfg.sandbox
             run.error = (
                 f"harness's workspace grew past {sb.max_workspace_bytes} bytes or "
                 f"{sb.max_workspace_files} entries and it was stopped"
             )
         timings.teardown_s = pres.kill_s
-        if run.stop == "overall_timeout":
-            await self._revoke_key(spec.execution_id)
-            return result(
-                Missing(
-                    reason=MissingReason.overall_timeout,
-                    detail=f"overall budget ({overall:.1f}s) ran out while the harness was running",
-                )
-            )
-        # Did the policy act? Only what the harness cannot forge drops it unscored (model_calls.py).
-        run.model_calls, verdict = await self._model_calls(spec.execution_id, artifacts)
-        # The harness is done, its key too: a child that outlived it (setsid, unsandboxed)
-        # must not call the policy during scoring and land in the trace. (After the count:
-        # the proxy forgets an execution's counts with its keys.)
-        await self._revoke_key(spec.execution_id)
-        if verdict == "drop":
-            assert run.model_calls is not None
-            return result(
-                Missing(reason=MissingReason.model_unreachable, detail=run.model_calls.detail())
-            )
 
-        # 4. Score a copy of the workspace with the hidden tests (own process, own timeout).
+    async def _score(self, x: Exec) -> Scored | Missing:
+        """4. Score a copy of the workspace with the hidden tests (own process, own timeout)."""
         t_score = time.monotonic()
-        left = deadline - t_score
+        left = x.deadline - t_score
         scorer = self._scorer
         assert scorer is not None  # run() refuses to start an execution before start()
-        assessment = await scorer.score(task, ws, exec_dir / "scoring", timeout_s=left)
-        timings.scoring_s = time.monotonic() - t_score
-        if not cfg.keep_workspaces:
-            await asyncio.to_thread(remove_tree, ws)
-        if verdict == "drop_if_positive" and run.model_calls is not None:
-            assessment = _unverified_unreachable(assessment, run.model_calls)
-        return result(assessment)
+        assessment = await scorer.score(x.spec.task, x.ws, x.exec_dir / "scoring", timeout_s=left)
+        x.timings.scoring_s = time.monotonic() - t_score
+        if not self.config.keep_workspaces:
+            await asyncio.to_thread(remove_tree, x.ws)
+        return assessment
 
     async def _revoke_key(self, execution_id: str) -> None:
         if self._revoke is None:

@@ -113,72 +113,19 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
     if not root.is_dir():
         raise TaskError(f"task folder {root} does not exist or is not a directory")
     _refuse_links_out(root)
-    instr = root / "instruction.md"
-    if not instr.is_file():
-        raise TaskError(f"task {root.name}: missing instruction.md in {root}")
-    instruction = instr.read_text(encoding="utf-8").strip()
-    if not instruction:
-        raise TaskError(f"task {root.name}: instruction.md is empty")
-    toml_path = root / "task.toml"
-    if not toml_path.is_file():
-        raise TaskError(f"task {root.name}: missing task.toml in {root}")
-    try:
-        conf = tomllib.loads(toml_path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise TaskError(f"task {root.name}: task.toml is not valid TOML ({e})") from None
+    instruction, conf = _read_folder(root)
     agent = conf.get("agent", {}) or {}
     verifier = conf.get("verifier", {}) or {}
     gyre = conf.get("gyre", {}) or {}
     for tbl, name in ((agent, "agent"), (verifier, "verifier"), (gyre, "gyre")):
         if not isinstance(tbl, dict):
             raise TaskError(f"task {root.name}: [{name}] in task.toml must be a table")
-    harness_timeout = _positive(
-        agent.get("timeout_sec", 600.0), f"task {root.name}: [agent].timeout_sec"
-    )
-    verifier_timeout = _positive(
-        verifier.get("timeout_sec", 120.0), f"task {root.name}: [verifier].timeout_sec"
-    )
-    overall = gyre.get("overall_timeout_sec")
-    overall_timeout = (
-        None
-        if overall is None
-        else _positive(overall, f"task {root.name}: [gyre].overall_timeout_sec")
-    )
-    if overall_timeout is not None and overall_timeout < harness_timeout:
-        raise TaskError(
-            f"task {root.name}: [gyre].overall_timeout_sec ({overall_timeout}) is shorter than "
-            f"[agent].timeout_sec ({harness_timeout}); the harness timeout must come first"
-        )
-    rule = gyre.get("reward", "binary")
-    if rule not in ("binary", "fraction"):
-        raise TaskError(
-            f"task {root.name}: [gyre].reward must be 'binary' or 'fraction', got {rule!r}"
-        )
-    result = gyre.get("result", "reward.txt")
-    if result not in RESULT_FILES:
-        raise TaskError(
-            f"task {root.name}: [gyre].result must be one of {', '.join(RESULT_FILES)}, "
-            f"got {result!r}"
-        )
+    harness_timeout, verifier_timeout, overall_timeout = _timeouts(root, agent, verifier, gyre)
+    rule, result = _scoring(root, gyre)
     env = verifier.get("env", {}) or {}
     if not isinstance(env, dict):
         raise TaskError(f"task {root.name}: [verifier].env must be a table of strings")
-
-    skip: frozenset[str] = frozenset()
-    if "repository" in gyre:
-        repo = (root / str(gyre["repository"])).resolve()
-        if not repo.is_relative_to(root):
-            raise TaskError(f"task {root.name}: [gyre].repository escapes the task folder")
-    elif (root / "environment" / "repo").exists():
-        repo = root / "environment" / "repo"
-    else:
-        repo = root / "environment"
-        skip = frozenset(_ENV_FILES_NOT_COPIED)
-    if not repo.is_dir():
-        raise TaskError(
-            f"task {root.name}: starting repository {repo} is missing "
-            "(expected environment/repo/, environment/, or [gyre].repository)"
-        )
+    repo, skip = _repository(root, gyre)
     tests = root / "tests"
     if not (tests / "test.sh").is_file():
         raise TaskError(f"task {root.name}: missing tests/test.sh (the verifier) in {root}")
@@ -200,6 +147,84 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         metadata=dict(conf.get("metadata", {}) or {}),
         skip_files=skip,
     )
+
+
+def _read_folder(root: Path) -> tuple[str, dict[str, Any]]:
+    """The instruction (non-empty) and the parsed task.toml."""
+    instr = root / "instruction.md"
+    if not instr.is_file():
+        raise TaskError(f"task {root.name}: missing instruction.md in {root}")
+    instruction = instr.read_text(encoding="utf-8").strip()
+    if not instruction:
+        raise TaskError(f"task {root.name}: instruction.md is empty")
+    toml_path = root / "task.toml"
+    if not toml_path.is_file():
+        raise TaskError(f"task {root.name}: missing task.toml in {root}")
+    try:
+        conf = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"task {root.name}: task.toml is not valid TOML ({e})") from None
+    return instruction, conf
+
+
+def _timeouts(
+    root: Path, agent: dict, verifier: dict, gyre: dict
+) -> tuple[float, float, float | None]:
+    """(harness, verifier, overall or None) seconds; the harness timeout comes first."""
+    harness_timeout = _positive(
+        agent.get("timeout_sec", 600.0), f"task {root.name}: [agent].timeout_sec"
+    )
+    verifier_timeout = _positive(
+        verifier.get("timeout_sec", 120.0), f"task {root.name}: [verifier].timeout_sec"
+    )
+    overall = gyre.get("overall_timeout_sec")
+    overall_timeout = (
+        None
+        if overall is None
+        else _positive(overall, f"task {root.name}: [gyre].overall_timeout_sec")
+    )
+    if overall_timeout is not None and overall_timeout < harness_timeout:
+        raise TaskError(
+            f"task {root.name}: [gyre].overall_timeout_sec ({overall_timeout}) is shorter than "
+            f"[agent].timeout_sec ({harness_timeout}); the harness timeout must come first"
+        )
+    return harness_timeout, verifier_timeout, overall_timeout
+
+
+def _scoring(root: Path, gyre: dict) -> tuple[RewardRule, str]:
+    """The reward rule and the result file the verifier writes."""
+    rule = gyre.get("reward", "binary")
+    if rule not in ("binary", "fraction"):
+        raise TaskError(
+            f"task {root.name}: [gyre].reward must be 'binary' or 'fraction', got {rule!r}"
+        )
+    result = gyre.get("result", "reward.txt")
+    if result not in RESULT_FILES:
+        raise TaskError(
+            f"task {root.name}: [gyre].result must be one of {', '.join(RESULT_FILES)}, "
+            f"got {result!r}"
+        )
+    return rule, result
+
+
+def _repository(root: Path, gyre: dict) -> tuple[Path, frozenset[str]]:
+    """The starting repository and the names not copied into the workspace."""
+    skip: frozenset[str] = frozenset()
+    if "repository" in gyre:
+        repo = (root / str(gyre["repository"])).resolve()
+        if not repo.is_relative_to(root):
+            raise TaskError(f"task {root.name}: [gyre].repository escapes the task folder")
+    elif (root / "environment" / "repo").exists():
+        repo = root / "environment" / "repo"
+    else:
+        repo = root / "environment"
+        skip = frozenset(_ENV_FILES_NOT_COPIED)
+    if not repo.is_dir():
+        raise TaskError(
+            f"task {root.name}: starting repository {repo} is missing "
+            "(expected environment/repo/, environment/, or [gyre].repository)"
+        )
+    return repo, skip
 
 
 def builtin_tasksets_dir() -> Path:

@@ -76,7 +76,6 @@ def check_run(cfg) -> None:
     from gyre.cli_errors import error_line
     from gyre.harness.profiles import ProfileError, load_profile
     from gyre.harness.task import TaskError
-    from gyre.policy import Placement
     from gyre.runtime.tasks import TaskSetError, TaskStream
 
     if cfg.trainer.checkpoint.dir is not None:  # resume reads them from the run directory only
@@ -118,6 +117,13 @@ def check_run(cfg) -> None:
             working_bwrap(cfg.executor.sandbox)
         except HostSetupError as e:
             raise ConfigProblem(f"executor.sandbox: {e}") from None
+    _check_cells(cfg)
+
+
+def _check_cells(cfg) -> None:
+    """The placement's needs: enough cells and capacity, a working CPU limit, resources."""
+    from gyre.policy import Placement
+
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
         raise ConfigProblem(

@@ -180,14 +180,26 @@ class Cluster:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, roles: list[CellRole]) -> None:
-
+        """Cells up (Ray actors, their gloo world), each in its initial role, the standalone
+        engines, then the proxy in front of every engine."""
         init_ray(self.cfg)
         res = self.cfg.run.cell
         asks = [cell_resources(self.cfg, i) for i in range(self.K)]
         standalone = self.cfg.run.standalone_engines if self.cfg.policy.standalone_capacity else 0
         check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
-        tcfg, ecfg = self.cfg.trainer, self.cfg.engine  # pydantic models cross into the actors
         runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
+        await self._start_cells(asks, runtime_env)
+        await self._take_roles(roles)
+        if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
+            await self._start_standalone(runtime_env)
+        self.rundir.write_cells(self.placement)
+        await self._start_proxy()
+
+    async def _start_cells(self, asks: list[dict[str, float]], runtime_env: dict) -> None:
+        """One actor per cell; the gloo world is served by the core, on its node's IP and
+        ports free there. Fills ``placement`` (pid, node, cgroup of each cell)."""
+        res = self.cfg.run.cell
+        tcfg, ecfg = self.cfg.trainer, self.cfg.engine  # pydantic models cross into the actors
         self.cells = [
             ray.remote(Cell)
             .options(
@@ -200,7 +212,6 @@ class Cluster:
             .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota, self.engine_key)
             for i in range(self.K)
         ]
-        # the gloo world is served by the core, on its node's IP and ports free there
         ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
         dist_port, store_port = await self.cells[0].free_ports.remote(2)
         await asyncio.gather(*[c.setup.remote(dist_port, store_port, ips[0]) for c in self.cells])
@@ -213,7 +224,10 @@ class Cluster:
             | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
             for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
         ]
-        # initial roles: training cells load replicas (core first), rollout cells start engines
+
+    async def _take_roles(self, roles: list[CellRole]) -> None:
+        """Initial roles: training cells load replicas (core first), rollout cells start
+        engines (a failed start stops everything: one clear line, no process left)."""
         for i in [i for i in range(self.K) if roles[i] is CellRole.TRAINING]:
             await self.cells[i].load_replica.remote(
                 self.trainer_version, self.rundir.snapshots, self.resume_from
@@ -236,37 +250,43 @@ class Cluster:
             if roles[i] is CellRole.ROLLOUT:
                 self._serving(i, next(it))
                 self.placement[i]["url"] = self.urls[i]
-        if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
-            svc = ray.remote(StandaloneEngine).options(
-                num_cpus=0, resources=res.resources or None, runtime_env=runtime_env
+
+    async def _start_standalone(self, runtime_env: dict) -> None:
+        """The standalone rollout pool: engines that never train, one actor each."""
+        res = self.cfg.run.cell
+        ecfg = self.cfg.engine
+        svc = ray.remote(StandaloneEngine).options(
+            num_cpus=0, resources=res.resources or None, runtime_env=runtime_env
+        )
+        for j in range(self.cfg.run.standalone_engines):
+            ecfg_j = ecfg.model_copy(
+                update={
+                    "model_dir": self.weights_dir,
+                    "engine_id": f"standalone-{j}",
+                    "weight_version": self.weights_version,
+                    "seed": ecfg.seed * CELL_SEED_STRIDE + 104729 + j,
+                }
             )
-            for j in range(self.cfg.run.standalone_engines):
-                ecfg_j = ecfg.model_copy(
-                    update={
-                        "model_dir": self.weights_dir,
-                        "engine_id": f"standalone-{j}",
-                        "weight_version": self.weights_version,
-                        "seed": ecfg.seed * CELL_SEED_STRIDE + 104729 + j,
-                    }
-                )
-                a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
-                try:
-                    self.standalone.append((a, await a.start.remote()))
-                except Exception as e:
-                    self.standalone.append((a, ""))  # stopped with the rest
-                    await self.stop()
-                    raise RuntimeSetupError(
-                        f"standalone engine {j} did not start: {engine_start_error(e)}"
-                    ) from None
-                self.placement.append(
-                    {
-                        "standalone": j,
-                        "pid": await a.pid.remote(),
-                        "node": await a.node.remote(),
-                        "url": self.standalone[-1][1],
-                    }
-                )
-        self.rundir.write_cells(self.placement)
+            a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
+            try:
+                self.standalone.append((a, await a.start.remote()))
+            except Exception as e:
+                self.standalone.append((a, ""))  # stopped with the rest
+                await self.stop()
+                raise RuntimeSetupError(
+                    f"standalone engine {j} did not start: {engine_start_error(e)}"
+                ) from None
+            self.placement.append(
+                {
+                    "standalone": j,
+                    "pid": await a.pid.remote(),
+                    "node": await a.node.remote(),
+                    "url": self.standalone[-1][1],
+                }
+            )
+
+    async def _start_proxy(self) -> None:
+        """The managed proxy in front of every engine, with this run's engine key."""
         engines = [u for u in self.urls if u] + [u for _, u in self.standalone]
         pcfg = ProxyConfig.model_validate(
             {

@@ -60,22 +60,36 @@ async def train(
                 world.carry_out(actions)
                 event = await world.next_event(timeout=cfg.run.step_timeout_s)
                 actions = policy.handle(event)
-                progress.update(world, policy)
+                _show(progress, world, policy)
             world.carry_out(actions)  # EndRun: the makespan is taken here
-            progress.update(world, policy, force=True)
+            _show(progress, world, policy, force=True)
         else:  # the engines serve the last checkpoint; its evaluation (above) is the final one
-            world.makespan = 0.0
+            world.records.makespan = 0.0
             progress.message(f"all {done} steps were done before the restart: finishing the run")
         await world.finish(progress)  # final weights, final evaluation
-        world.close_segments()
-        summary = summarize(world, rundir, policy if left > 0 else None)
+        records = world.records
+        records.close_segments()
+        summary = summarize(
+            records, world.cluster, world.execs, rundir, policy if left > 0 else None
+        )
         rundir.write_summary(summary)
-        write_timeline(world, rundir, summary)
+        write_timeline(records, rundir, summary)
         return summary
-    finally:
-        workload.save(world, rundir, progress)  # also when the run stops early, with what it has
+    finally:  # workload.json also when the run stops early, with what it has
+        workload.save(world.records, world.cluster, world.execs, rundir, progress)
         await world.stop()
         rundir.close()
+
+
+def _show(progress: Progress, world: RealWorld, policy, *, force: bool = False) -> None:
+    progress.update(
+        world.records,
+        policy,
+        world.rundir.step_rows,
+        running=world.execs.running,
+        version=world.cluster.trainer_version,
+        force=force,
+    )
 
 
 def _evaluated(rundir: RunDir, version: int) -> bool:

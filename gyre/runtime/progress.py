@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.live import Live
 
+    from gyre.runtime.records import Records
+
 _ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R"}
 
 
@@ -49,12 +51,15 @@ class Progress:
         elif self.mode != "quiet":
             print(f"[gyre run] {text}", file=sys.stderr, flush=True)
 
-    def snapshot(self, world, policy) -> dict[str, Any]:
+    def snapshot(
+        self, records: Records, policy, rows: list[dict[str, Any]], running: int, version: int
+    ) -> dict[str, Any]:
+        """``rows``: the run's metrics lines so far (every segment); ``running``: executions
+        live now; ``version``: the trainer's."""
         st = policy.status()
-        rows = world.rundir.step_rows
         done = len(rows)
-        elapsed = world.now()
-        seg_steps = len(world.finished_steps)
+        elapsed = records.now()
+        seg_steps = len(records.finished_steps)
         eta = elapsed / seg_steps * (self.total - done) if seg_steps else None
         return {
             "step": done,
@@ -63,23 +68,33 @@ class Progress:
             "roles": st["roles"],
             "waterlevel": st["waterlevel"],
             "capacity": st["capacity"],
-            "running": world.execs.running,
+            "running": running,
             "queued": st["queued"],
-            "version": world.cluster.trainer_version,
+            "version": version,
             "elapsed_s": round(elapsed, 1),
             "eta_s": None if eta is None else round(eta, 1),
         }
 
-    def update(self, world, policy, *, force: bool = False) -> None:
+    def update(
+        self,
+        records: Records,
+        policy,
+        rows: list[dict[str, Any]],
+        *,
+        running: int,
+        version: int,
+        force: bool = False,
+    ) -> None:
+        """Show the run's state (at most every 0.25 s, and at each new step)."""
         if self.mode == "quiet":
             return
         now = time.monotonic()
-        steps = len(world.rundir.step_rows)
+        steps = len(rows)
         new_step = steps != self._last_step
         if not force and not new_step and now - self._last < 0.25:
             return
         self._last = now
-        s = self.snapshot(world, policy)
+        s = self.snapshot(records, policy, rows, running, version)
         if self.mode == "json":
             if new_step or force:
                 print(json.dumps({"event": "progress", **s}), flush=True)

@@ -10,7 +10,13 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gyre.runtime.cluster import Cluster
+    from gyre.runtime.executions import Executions
+    from gyre.runtime.records import Records
+    from gyre.runtime.rundir import RunDir
 
 
 def trace_reroutes(trace_dir: Path) -> dict[str, int]:
@@ -66,26 +72,28 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summarize(world, rundir, policy) -> dict[str, Any]:
+def summarize(
+    records: Records, cluster: Cluster, execs: Executions, rundir: RunDir, policy
+) -> dict[str, Any]:
     """``policy``: this segment's scheduling policy; None for a segment that only finished a
-    run whose steps were all done before it was killed."""
-    stats = world.cluster.proxy_stats()
+    run whose steps were all done before it was killed. ``cluster`` and ``execs`` give their
+    live counters (proxy, engines, executions of this segment)."""
+    stats = cluster.proxy_stats()
     counters = stats.get("counters", {})
     pool = stats.get("pool", {}).get("counters", {})
     rows = rundir.read_jsonl("metrics.jsonl")
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     first, last = _quarters(rewards)
-    sw = {
-        d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")
-    }
-    ex = world.execs
+    sw = records.switch_seconds()
+    ex = execs
+    pubs = records.publications
     every = execution_counts(rundir.read_jsonl("executions.jsonl"))
     return {
-        "placement": world.cfg.policy.placement.value,
-        "makespan_s": world.makespan,
+        "placement": cluster.cfg.policy.placement.value,
+        "makespan_s": records.makespan,
         "steps": len(rows),
-        "steps_this_segment": len(world.finished_steps),
-        "segment": world.segment,
+        "steps_this_segment": len(records.finished_steps),
+        "segment": records.segment,
         "reward_first_quarter": first,
         "reward_last_quarter": last,
         "executions": {  # the whole run, all segments
@@ -116,19 +124,17 @@ def summarize(world, rundir, policy) -> dict[str, Any]:
             for d, v in sw.items()
         },
         "publications": {
-            "count": len(world.publications),
-            "mean_s": statistics.fmean([p["seconds"] for p in world.publications])
-            if world.publications
-            else None,
+            "count": len(pubs),
+            "mean_s": statistics.fmean([p["seconds"] for p in pubs]) if pubs else None,
             # engine loads of published weights checked against the core's (publications, the
             # final one too, and cells returning to rollout)
-            "engines_checked": world.cluster.engines_checked,
+            "engines_checked": cluster.engines_checked,
         },
-        "role_shares": world.role_shares(),
+        "role_shares": records.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),
-        "cells": world.cluster.placement,
-        "engine_urls": world.cluster.engine_urls,  # per cell, every URL its engines served at
-        "dead_engines": world.cluster.dead_engines,
+        "cells": cluster.placement,
+        "engine_urls": cluster.engine_urls,  # per cell, every URL its engines served at
+        "dead_engines": cluster.dead_engines,
         "disk_bytes": disk_bytes(rundir),
         "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }
@@ -147,24 +153,24 @@ class Timeline:
     timeline: dict[str, Any]
 
 
-def write_timeline(world, rundir, summary: dict[str, Any]) -> Path:
+def write_timeline(records: Records, rundir: RunDir, summary: dict[str, Any]) -> Path:
     from gyre.sim.plot import plot_gantt
 
-    end = world.makespan or world.now()
+    end = records.makespan or records.now()
     rows = rundir.read_jsonl("metrics.jsonl")
     stale = [r["batch/staleness_mean"] for r in rows]
     tl = Timeline(
         makespan_h=end,
-        training_share=[s.get("training", 0.0) for s in world.role_shares()],
+        training_share=[s.get("training", 0.0) for s in records.role_shares()],
         lower_bound_h=0.0,
         efficiency=float("nan"),
         mean_staleness=statistics.fmean(stale) if stale else 0.0,
         interrupted_executions=summary["interrupted_executions"],
         timeline={
-            "segments": world.segments,
-            "busy": world.busy,
-            "steps": world.steps,
-            "publications": [p["time"] for p in world.publications],
+            "segments": records.segments,
+            "busy": records.busy,
+            "steps": records.steps,
+            "publications": [p["time"] for p in records.publications],
         },
     )
     path = rundir.path / "timeline.png"

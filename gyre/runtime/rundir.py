@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
+    from gyre.runtime.records import Records, StepRecord
+
 
 def to_toml(data: dict[str, Any]) -> str:
     """A small TOML writer for configs (tables, scalars, lists of scalars or inline tables); None
@@ -125,13 +127,16 @@ class RunDir:
                 w.add_scalar(f"{prefix}{k}", v, step)
         w.flush()
 
-    def write_step(self, world, rec, metrics: dict[str, Any]) -> dict[str, Any]:
-        """One metrics line for a finished step (and the same scalars to TensorBoard)."""
+    def write_step(
+        self, records: Records, rec: StepRecord, metrics: dict[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One metrics line for a finished step (and the same scalars to TensorBoard);
+        ``status``: the scheduling policy's (waterlevel, capacity, running, queued)."""
         p = rec.pack
         scored = p.get("scored", 0)
         stale = [rec.version - v for _, v in rec.groups]
-        dt = world.steps[-1][1] - world.steps[-1][0]
-        now = world.now()
+        dt = records.steps[-1][1] - records.steps[-1][0]
+        now = records.now()
         row: dict[str, Any] = {
             "step": rec.step,
             "version": rec.version + 1,
@@ -156,7 +161,6 @@ class RunDir:
             **metrics,
             "groups": [f"g{g}" for g, _ in rec.groups],
         }
-        status = world.sched_status()
         row.update(
             {
                 "sched/waterlevel": status.get("waterlevel"),
@@ -165,7 +169,7 @@ class RunDir:
                 "sched/queued": status.get("queued"),
             }
         )
-        for c, share in enumerate(world.role_shares()):
+        for c, share in enumerate(records.role_shares()):
             for role, s in share.items():
                 row[f"cells/{c}/{role}_share"] = s
         self.step_rows.append(row)

@@ -14,10 +14,18 @@ import re
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gyre.runtime import measure
 from gyre.runtime.measure import Call
+
+if TYPE_CHECKING:
+    from gyre.policy.config import PolicyConfig
+    from gyre.runtime.cluster import Cluster
+    from gyre.runtime.executions import Executions
+    from gyre.runtime.longtail import LongTail
+    from gyre.runtime.records import Records
+    from gyre.runtime.rundir import RunDir
 
 FORMAT = "gyre-workload/1"
 _EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
@@ -49,12 +57,12 @@ def read_calls(trace_dir: Path, wall_offset: float) -> list[Call]:
     return calls
 
 
-def capacity_intervals(world, end: float) -> list[tuple[float, float, float]]:
-    """(start, end, executions the rollout cells can serve) from the world's role segments."""
-    p = world.cfg.policy
-    segs = [
-        [*world.segments[c], (world._since[c], end, world.roles[c].value)] for c in range(world.K)
-    ]
+def capacity_intervals(
+    records: Records, policy: PolicyConfig, end: float
+) -> list[tuple[float, float, float]]:
+    """(start, end, executions the rollout cells can serve) from the run's role segments."""
+    p = policy
+    segs = records.role_segments(end)
     cuts = sorted({t for cs in segs for s, e, _ in cs for t in (s, e) if t <= end} | {0.0, end})
     out = []
     for a, b in zip(cuts, cuts[1:]):
@@ -66,25 +74,22 @@ def capacity_intervals(world, end: float) -> list[tuple[float, float, float]]:
     return out
 
 
-def build(world, rundir) -> dict[str, Any]:
-    cfg = world.cfg
-    p = cfg.policy
-    end = world.makespan if world.makespan is not None else world.now()
-    wall_offset = time.time() - world.now()
-    calls = read_calls(rundir.traces, wall_offset)
-    rows = {(r["group"], r["attempt"]): r for r in rundir.read_jsonl("executions.jsonl")}
-    lt = world.execs.longtail
+def _executions(
+    records: Records, rows: dict[tuple[int, int], dict[str, Any]], lt: LongTail | None, end: float
+) -> list[dict[str, Any]]:
+    """Every training execution in launch order: realised duration, calls, outcome."""
     executions = []
-    for (gid, att), (t0, t1) in sorted(world.exec_times.items(), key=lambda kv: kv[1][0]):
+    for (gid, att), (t0, t1) in sorted(records.exec_times.items(), key=lambda kv: kv[1][0]):
         r = rows.get((gid, att), {})
         cut = t1 is None  # still running when the run ended: cut short, not realised
+        t_end = end if t1 is None else t1
         executions.append(
             {
                 "group": gid,
                 "attempt": att,
                 "cell": None,  # serving is pooled: the proxy moves calls between engines
                 "launched_s": round(t0, 4),
-                "duration_s": round((end if cut else t1) - t0, 4),
+                "duration_s": round(t_end - t0, 4),
                 "drawn_s": None if lt is None else round(lt.planned(gid, att).duration_s, 4),
                 "calls": (r.get("model_calls") or {}).get("attempted"),
                 "reward": r.get("reward"),
@@ -95,28 +100,37 @@ def build(world, rundir) -> dict[str, Any]:
                 "interrupted": bool(r.get("failed", False)),
             }
         )
-    stats = world.cluster.proxy_stats()
-    errors_5xx = int(stats.get("counters", {}).get("errors_5xx", 0))
-    sw = {
-        d: [s["seconds"] for s in world.switches if s["to"] == d] for d in ("training", "rollout")
-    }
-    exec_iv = [(s, end if e is None else e) for s, e in world.exec_times.values()]
-    costs = {
-        "train_microstep_s": measure.microstep_s(world.micros),
-        "optim_s": measure.median(e - s for s, e in world.optims),
-        "publish_s": measure.median(x["seconds"] for x in world.publications),
+    return executions
+
+
+def _costs(records: Records, policy: PolicyConfig, calls: list[Call], end: float) -> dict[str, Any]:
+    """The costs this run measured (gyre.runtime.measure), in the simulator's terms."""
+    sw = records.switch_seconds()
+    exec_iv = [(s, end if e is None else e) for s, e in records.exec_times.values()]
+    return {
+        "train_microstep_s": measure.microstep_s(records.micros),
+        "optim_s": measure.median(e - s for s, e in records.optims),
+        "publish_s": measure.median(x["seconds"] for x in records.publications),
         "switch_to_training_s": measure.median(sw["training"]),
         "switch_to_rollout_s": measure.median(sw["rollout"]),
         "reshard_s": None,  # no resharding apart from the switch itself (engine <-> replica)
-        "satellite_refresh_s": measure.refresh_s(world.micros, world.segments),
+        "satellite_refresh_s": measure.refresh_s(records.micros, records.segments),
         "reroute_delay_s": measure.reroute_delay_s(calls),
-        "rollout_speed": measure.rollout_speed(calls, exec_iv, capacity_intervals(world, end)),
+        "rollout_speed": measure.rollout_speed(
+            calls, exec_iv, capacity_intervals(records, policy, end)
+        ),
     }
+
+
+def _staleness(records: Records, policy: PolicyConfig, calls: list[Call]) -> dict[str, Any]:
+    """Staleness per finished step three ways (tokens, executions, dispatch) and their
+    steady-state means."""
+    p = policy
     by_exec: dict[tuple[int, int], list[Call]] = {}
     for c in calls:
         by_exec.setdefault((c.gid, c.attempt), []).append(c)
     token_st, exec_st, dispatch_st = [], [], []
-    for rec in world.finished_steps:
+    for rec in records.finished_steps:
         toks = [
             c
             for gid, _ in rec.groups
@@ -131,6 +145,45 @@ def build(world, rundir) -> dict[str, Any]:
     steady_tok = [s for s in token_st[k:] if s is not None]
     steady_exec = [s for s in exec_st[k:] if s is not None]
     return {
+        "staleness_mean": statistics.fmean(steady_tok) if steady_tok else None,
+        "staleness_dispatch_mean": statistics.fmean(dispatch_st[k:]) if dispatch_st[k:] else None,
+        # by serving version, each execution weighing alike (E[d] counts groups, not tokens)
+        "staleness_execution_mean": statistics.fmean(steady_exec) if steady_exec else None,
+        "staleness_per_step": {
+            "tokens": token_st,
+            "executions": exec_st,
+            "dispatch": dispatch_st,
+            "steady_from": k,
+        },
+    }
+
+
+def _timeline(records: Records, end: float) -> dict[str, Any]:
+    """Role segments (switching as one role), compute intervals, steps and publications."""
+    return {
+        "segments": [
+            [c, _SWITCHING.get(r, r), round(s, 4), round(min(e, end), 4)]
+            for c, segs in enumerate(records.role_segments(end))
+            for s, e, r in segs
+            if min(e, end) > s
+        ],
+        "busy": [[c, round(s, 4), round(e, 4)] for c, iv in enumerate(records.busy) for s, e in iv],
+        "steps": [[round(s, 4), round(e, 4)] for s, e in records.steps],
+        "publications": [round(x["time"], 4) for x in records.publications],
+    }
+
+
+def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir) -> dict[str, Any]:
+    """The workload.json document; ``cluster`` and ``execs`` give their live counters."""
+    cfg = cluster.cfg
+    p = cfg.policy
+    end = records.makespan if records.makespan is not None else records.now()
+    wall_offset = time.time() - records.now()
+    calls = read_calls(rundir.traces, wall_offset)
+    rows = {(r["group"], r["attempt"]): r for r in rundir.read_jsonl("executions.jsonl")}
+    lt = execs.longtail
+    errors_5xx = int(cluster.proxy_stats().get("counters", {}).get("errors_5xx", 0))
+    return {
         "format": FORMAT,
         "seed": cfg.seed,
         "placement": p.placement.value,
@@ -138,49 +191,28 @@ def build(world, rundir) -> dict[str, Any]:
         "draw": None
         if lt is None
         else {**lt.cfg.describe(), "groups": lt.groups, "group_size": p.group_size},
-        "executions": executions,
-        "costs": costs,
+        "executions": _executions(records, rows, lt, end),
+        "costs": _costs(records, p, calls, end),
         "measured": {
-            "makespan_s": world.makespan,
-            "steps_done": len(world.finished_steps),
-            "staleness_mean": statistics.fmean(steady_tok) if steady_tok else None,
-            "staleness_dispatch_mean": statistics.fmean(dispatch_st[k:])
-            if dispatch_st[k:]
-            else None,
-            # by serving version, each execution weighing alike (E[d] counts groups, not tokens)
-            "staleness_execution_mean": statistics.fmean(steady_exec) if steady_exec else None,
-            "staleness_per_step": {
-                "tokens": token_st,
-                "executions": exec_st,
-                "dispatch": dispatch_st,
-                "steady_from": k,
-            },
-            "interrupted": world.execs.failed + errors_5xx,
+            "makespan_s": records.makespan,
+            "steps_done": len(records.finished_steps),
+            **_staleness(records, p, calls),
+            "interrupted": execs.failed + errors_5xx,
             "moved_calls": sum(1 for c in calls if c.engines > 1),
-            "segments": [
-                [c, _SWITCHING.get(r, r), round(s, 4), round(min(e, end), 4)]
-                for c in range(world.K)
-                for s, e, r in [*world.segments[c], (world._since[c], end, world.roles[c].value)]
-                if min(e, end) > s
-            ],
-            "busy": [
-                [c, round(s, 4), round(e, 4)] for c in range(world.K) for s, e in world.busy[c]
-            ],
-            "steps": [[round(s, 4), round(e, 4)] for s, e in world.steps],
-            "publications": [round(x["time"], 4) for x in world.publications],
+            **_timeline(records, end),
         },
     }
 
 
-def write(world, rundir) -> Path:
+def write(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir) -> Path:
     path = Path(rundir.path) / "workload.json"
-    path.write_text(json.dumps(build(world, rundir), indent=1))
+    path.write_text(json.dumps(build(records, cluster, execs, rundir), indent=1))
     return path
 
 
-def save(world, rundir, progress) -> None:
+def save(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir, progress) -> None:
     """Write workload.json; a failure is reported and never hides how the run itself ended."""
     try:
-        write(world, rundir)
+        write(records, cluster, execs, rundir)
     except Exception as e:  # a record of the run must not mask how the run ended
         progress.message(f"workload.json not written: {type(e).__name__}: {e}")

@@ -3,17 +3,16 @@
 The twin of :class:`gyre.sim.world.World`, in wall-clock seconds. Each action of the
 table in docs/scheduling.md starts an asyncio task; when the work is done the task
 puts the matching event on one queue, which the main loop (:mod:`gyre.runtime.loop`)
-feeds back to the policy. The world adds no scheduling rule: it only keeps its own
-records (roles over time, who computed when, every execution's outcome, every call
-the proxy moved) so the run can be checked against the policy rather than trusted.
+feeds back to the policy. The world adds no scheduling rule: it writes its own
+records (:class:`gyre.runtime.records.Records`: roles over time, who computed when,
+every switch, publication, execution and step) so the run can be checked against the
+policy rather than trusted; the reports read those records, not the world.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.config import GyreConfig
@@ -40,23 +39,10 @@ from gyre.policy import (
 )
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.executions import Executions
+from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.train.stats import ObjectiveStats
-
-
-@dataclass
-class StepRecord:
-    """What the world saw of one optimizer step (metrics are written from this)."""
-
-    step: int  # global step index
-    version: int  # policy version the step's gradients were taken at
-    start: float
-    groups: list[tuple[int, int]] = field(default_factory=list)  # (group id, dispatch version)
-    n_scored: int = 0
-    pack: dict[str, float] = field(default_factory=dict)
-    stats: dict[int, ObjectiveStats] = field(default_factory=dict)  # cell -> its summed stats
-    claims: dict[int, int] = field(default_factory=dict)  # cell -> policy micro-steps it ran
 
 
 class RealWorld:
@@ -71,31 +57,17 @@ class RealWorld:
         self.base_step = r.get("step", 0)  # global index of the policy's step 0
         self.base_gid = r.get("next_group", 0)  # global id of the policy's group 0
         self.segment = r.get("segment", 0)  # how many times this run was (re)started
-        self.t0 = time.monotonic()
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cluster = Cluster(
             cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
         )
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
-        self.roles: list[CellRole] = [CellRole.ROLLOUT] * self.K
-        self._since = [0.0] * self.K
-        self.segments: list[list[tuple[float, float, str]]] = [[] for _ in range(self.K)]
-        self.busy: list[list[tuple[float, float]]] = [[] for _ in range(self.K)]
-        self.switches: list[dict[str, Any]] = []
-        self.publications: list[dict[str, Any]] = []
-        self.steps: list[tuple[float, float]] = []
-        # what workload.json is measured from (gyre.runtime.workload)
-        # (gid, att) -> launch, end (None while it runs)
-        self.exec_times: dict[tuple[int, int], tuple[float, float | None]] = {}
-        self.micros: list[tuple[int, int, float, float]] = []  # (cell, version, start, end)
-        self.optims: list[tuple[float, float]] = []  # the core's FinishStep (reduce, clip, step)
+        self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         self.step_rec: StepRecord | None = None
-        self.finished_steps: list[StepRecord] = []
         self.group_version: dict[int, int] = {}
         self.shards: dict[int, list[list[int]]] = {}  # group -> policy micro-step -> task indices
         self.group_tasks: dict[int, list[Any]] = {}  # group -> its tasks' object-store reference
         self._task_index = 0
-        self.makespan: float | None = None
         self._bg: set[asyncio.Task] = set()
         self.errors: list[BaseException] = []
         # the loop points this at policy.status
@@ -103,7 +75,12 @@ class RealWorld:
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return self.records.now()
+
+    @property
+    def roles(self) -> list[CellRole]:
+        """Each cell's role now (the records' role timeline is the one copy)."""
+        return self.records.roles
 
     async def next_event(self, timeout: float) -> Event:
         """The next event; raises whatever a background task raised, or TimeoutError."""
@@ -152,9 +129,9 @@ class RealWorld:
     async def start(self, initial_roles: list[CellRole]) -> None:
         self._last_event = 0.0
         await self.cluster.start(initial_roles)
-        self.roles = list(initial_roles)
+        self.records.roles[:] = initial_roles
         await self.execs.start()
-        self.t0 = time.monotonic()
+        self.records.restart_clock()
         self._last_event = 0.0
 
     async def stop(self) -> None:
@@ -165,28 +142,12 @@ class RealWorld:
         await self.cluster.stop()
 
     def _set_role(self, cell: int, role: CellRole) -> None:
-        now = self.now()
-        if now > self._since[cell]:
-            self.segments[cell].append((self._since[cell], now, self.roles[cell].value))
-        self._since[cell] = now
-        self.roles[cell] = role
-
-    def role_shares(self) -> list[dict[str, float]]:
-        """Each cell's share of the time so far in each role (switching counted apart)."""
-        now = self.now()
-        out = []
-        for c in range(self.K):
-            acc: dict[str, float] = {}
-            for s, e, role in [*self.segments[c], (self._since[c], now, self.roles[c].value)]:
-                acc[role] = acc.get(role, 0.0) + max(0.0, e - s)
-            tot = sum(acc.values()) or 1.0
-            out.append({r: round(v / tot, 4) for r, v in acc.items()})
-        return out
+        self.records.set_role(cell, role, self.now())
 
     async def finish(self, progress) -> None:
         """After EndRun: publish the final weights and evaluate them (outside the makespan)."""
-        final = self.base_step + len(self.finished_steps)
-        if self.cfg.run.eval_interval and self.finished_steps:
+        final = self.base_step + len(self.records.finished_steps)
+        if self.cfg.run.eval_interval and self.records.finished_steps:
             rollout = [c for c in range(self.K) if self.roles[c] is CellRole.ROLLOUT]
             if final > self.cluster.weights_version:
                 await self.cluster.publish(final, rollout)
@@ -198,56 +159,66 @@ class RealWorld:
             self.execs.start_eval(final)
         await self.execs.wait_evals()
 
-    def close_segments(self) -> None:
-        for c in range(self.K):
-            self._set_role(c, self.roles[c])
-
     # ------------------------------------------------------------------ actions
     def carry_out(self, actions: list) -> None:
+        """Start each action (one method per action type); what it leads to comes back as
+        events, through ``next_event``."""
         if any(type(a) is PublishWeights for a in actions):
             self.cluster.begin_publish()  # satellites returning at this boundary wait for the new weights
         for a in actions:
-            t = type(a)
-            if t is LaunchExecutions:
-                for gid, att in a.executions:
-                    self._spawn(self._execution(gid, att))
-                self._emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
-            elif t is DispatchGroups:
-                for gid in a.group_ids:
-                    self.group_version[gid] = self.base_step + a.version
-            elif t is SwitchCell:
-                target = (
-                    CellRole.TO_TRAINING if a.role is CellRole.TRAINING else CellRole.TO_ROLLOUT
-                )
-                self._set_role(a.cell, target)
-                self._spawn(self._switch(a.cell, a.role))
-            elif t is StartStep:
-                self.step_rec = StepRecord(
-                    step=self.base_step + a.step,
-                    version=self.base_step + a.version,
-                    start=self.now(),
-                )
-            elif t is AssignGroup:
-                self._assign(a)
-            elif t is ClaimMicroStep:
-                self._spawn(self._micro(a))
-            elif t is FinishStep:
-                self._spawn(self._finish(a.step))
-            elif t is PublishWeights:
-                self._spawn(self._publish(a.version))
-            elif t is WakeAt:
-                delay = max(0.0, a.time - self.now())
-                asyncio.get_running_loop().call_later(delay, self._tick, a.time)
-            elif t is EndRun:
-                self.makespan = self.now()
-            else:  # pragma: no cover - a new action type must be handled here
-                raise RuntimeError(f"the runtime cannot carry out {t.__name__}")
+            match a:
+                case LaunchExecutions():
+                    self._launch(a)
+                case DispatchGroups():
+                    self._dispatch(a)
+                case SwitchCell():
+                    self._switch_cell(a)
+                case StartStep():
+                    self._start_step(a)
+                case AssignGroup():
+                    self._assign(a)
+                case ClaimMicroStep():
+                    self._spawn(self._micro(a))
+                case FinishStep():
+                    self._spawn(self._finish(a.step))
+                case PublishWeights():
+                    self._spawn(self._publish(a.version))
+                case WakeAt():
+                    self._wake(a)
+                case EndRun():
+                    self.records.makespan = self.now()
+                case _:  # pragma: no cover - a new action type must be handled here
+                    raise RuntimeError(f"the runtime cannot carry out {type(a).__name__}")
+
+    def _launch(self, a: LaunchExecutions) -> None:
+        for gid, att in a.executions:
+            self._spawn(self._execution(gid, att))
+        self._emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
+
+    def _dispatch(self, a: DispatchGroups) -> None:
+        for gid in a.group_ids:
+            self.group_version[gid] = self.base_step + a.version
+
+    def _switch_cell(self, a: SwitchCell) -> None:
+        target = CellRole.TO_TRAINING if a.role is CellRole.TRAINING else CellRole.TO_ROLLOUT
+        self._set_role(a.cell, target)
+        self._spawn(self._switch(a.cell, a.role))
+
+    def _start_step(self, a: StartStep) -> None:
+        self.step_rec = StepRecord(
+            step=self.base_step + a.step, version=self.base_step + a.version, start=self.now()
+        )
+
+    def _wake(self, a: WakeAt) -> None:
+        delay = max(0.0, a.time - self.now())
+        asyncio.get_running_loop().call_later(delay, self._tick, a.time)
 
     async def _execution(self, gid: int, att: int) -> None:
         t0 = self.now()
-        self.exec_times[(self.base_gid + gid, att)] = (t0, None)
+        times = self.records.exec_times
+        times[(self.base_gid + gid, att)] = (t0, None)
         reward = await self.execs.run(self.base_gid + gid, att)
-        self.exec_times[(self.base_gid + gid, att)] = (t0, self.now())
+        times[(self.base_gid + gid, att)] = (t0, self.now())
         self._emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
 
     async def _switch(self, cell: int, role: CellRole) -> None:
@@ -258,7 +229,7 @@ class RealWorld:
             moved = 0
             await self.cluster.to_rollout(cell)
         t1 = self.now()
-        self.switches.append(
+        self.records.switches.append(
             {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
         )
         self._set_role(cell, role)
@@ -290,8 +261,10 @@ class RealWorld:
         rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
         t1 = self.now()
         if t1 > t0:
-            self.busy[a.cell].append((t0, t1))
-        self.micros.append((a.cell, rec.version if shard else -1, t0, t1))  # -1: empty share
+            self.records.busy[a.cell].append((t0, t1))
+        self.records.micros.append(
+            (a.cell, rec.version if shard else -1, t0, t1)
+        )  # -1: empty share
         self._emit(
             MicroStepDone(time=t1, cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
         )
@@ -306,13 +279,14 @@ class RealWorld:
             k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
         )
         t1 = self.now()
-        self.busy[0].append((t0, t1))
-        self.optims.append((t0, t1))
-        self.steps.append((rec.start, t1))
+        records = self.records
+        records.busy[0].append((t0, t1))
+        records.optims.append((t0, t1))
+        records.steps.append((rec.start, t1))
         metrics["train/participants"] = k
         rec.pack.update({f"actor/{m}": v for m, v in metrics.items() if "/" not in m})
-        self.finished_steps.append(rec)
-        self.rundir.write_step(self, rec, metrics)
+        records.finished_steps.append(rec)
+        self.rundir.write_step(records, rec, metrics, self.sched_status())
         for gid, _ in rec.groups:
             self.shards.pop(gid - self.base_gid, None)
             self.group_tasks.pop(gid - self.base_gid, None)
@@ -324,6 +298,6 @@ class RealWorld:
         rollout = [c for c in range(self.K) if self.roles[c] is CellRole.ROLLOUT]
         info = await self.cluster.publish(gv, rollout)
         t1 = self.now()
-        self.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
+        self.records.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
         self.execs.maybe_evaluate(gv)
         self._emit(WeightsPublished(time=t1, version=version))

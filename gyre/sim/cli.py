@@ -312,9 +312,8 @@ def sweep(
     from pydantic import ValidationError
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
-    from gyre.sim.sweep import STUDIES, grid_points, run_sweep
+    from gyre.sim.sweep import run_sweep
 
     cfg = _load(preset, sets, None)
     if placement not in PLACEMENT_CHOICES:
@@ -322,19 +321,7 @@ def sweep(
     if study and grid:
         _fail("use either --study or --grid, not both")
     try:
-        names: list[str] | None = None if placement == "all" else [placement]
-        if grid:
-            points = {", ".join(f"{k}={v}" for k, v in p.items()): p for p in grid_points(grid)}
-        elif study == "bands":
-            from gyre.sim.bands import BAND_PLACEMENTS, band_points
-
-            points = band_points(cfg.name, cfg.policy.cell_capacity)
-            names = names or BAND_PLACEMENTS.get(cfg.name)
-        else:
-            name = study or "defaults"
-            if name not in STUDIES:
-                _fail(f"unknown study {name!r}; choose one of {sorted(STUDIES)}")
-            points = STUDIES[name]
+        points, names = _sweep_points(cfg, study, grid, placement)
         err = Console(stderr=True)
         with Progress(console=err, transient=False) as prog:
             task = prog.add_task("simulating", total=len(points) * seeds)
@@ -366,8 +353,37 @@ def sweep(
     if band_list is not None:
         _print_bands(console, cfg.name, band_list, sum(s.interrupted for s in summaries))
         return
+    _print_sweep(console, cfg.name, seeds, summaries)
+    sys.stdout.flush()
+
+
+def _sweep_points(
+    cfg, study: str | None, grid: list[str], placement: str
+) -> tuple[dict, list[str] | None]:
+    """The sweep's parameter points (by label) and the placements to run (None: all)."""
+    from gyre.sim.sweep import STUDIES, grid_points
+
+    names: list[str] | None = None if placement == "all" else [placement]
+    if grid:
+        return {", ".join(f"{k}={v}" for k, v in p.items()): p for p in grid_points(grid)}, names
+    if study == "bands":
+        from gyre.sim.bands import BAND_PLACEMENTS, band_points
+
+        return band_points(cfg.name, cfg.policy.cell_capacity), names or BAND_PLACEMENTS.get(
+            cfg.name
+        )
+    name = study or "defaults"
+    if name not in STUDIES:
+        _fail(f"unknown study {name!r}; choose one of {sorted(STUDIES)}")
+    return STUDIES[name], names
+
+
+def _print_sweep(console, preset_name: str, seeds: int, summaries: list) -> None:
+    """One table per point: each placement's median makespan, spread and ratios to Elastic."""
+    from rich.table import Table
+
     for s in summaries:
-        t = Table(title=f"{cfg.name}: {s.label} ({seeds} seeds)", title_justify="left")
+        t = Table(title=f"{preset_name}: {s.label} ({seeds} seeds)", title_justify="left")
         for col in (
             "placement",
             "median h",
@@ -389,4 +405,3 @@ def sweep(
             )
         console.print(t)
         console.print(f"[dim]interrupted executions across all runs: {s.interrupted}[/dim]")
-    sys.stdout.flush()

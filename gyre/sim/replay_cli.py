@@ -82,6 +82,28 @@ def replay_command(
         )
     if placement not in (None, "all", *COMPARED):
         fail("sim", f"--placement with --workload must be one of {', '.join(COMPARED)}, all")
+    rows = _predict_rows(paths, placement)
+    _compare(rows)
+    report = {
+        "rows": [{k: v for k, v in r.items() if k not in ("prediction", "cells")} for r in rows],
+        "predictions": {r["placement"]: r["prediction"] for r in rows},
+    }
+    if out is not None:
+        out.write_text(json.dumps(report))
+    if plot is not None:
+        _plot(rows, plot)
+    if as_json:
+        print(json.dumps(report))
+        return
+    _table(rows)
+    if out is not None:
+        print(f"written: {out}")
+    if plot is not None:
+        print(f"plot: {plot}")
+
+
+def _predict_rows(paths: list[Path], placement: str | None) -> list[dict[str, Any]]:
+    """One row per (run, predicted placement): measured and predicted makespans."""
     rows: list[dict[str, Any]] = []
     try:
         files = [(p, load_workload(p)) for p in paths]
@@ -108,6 +130,11 @@ def replay_command(
                 )
     except WorkloadFileError as e:
         fail("sim", str(e))
+    return rows
+
+
+def _compare(rows: list[dict[str, Any]]) -> None:
+    """Add each row's errors and ratios to Elastic (measured and predicted)."""
     by = {r["placement"]: r for r in rows}
     ref = by.get("elastic")
     for r in rows:
@@ -129,22 +156,6 @@ def replay_command(
         r["ratio_error"] = pr / mr - 1 if mr and pr else None
         r["predicted_staleness"] = p["staleness_mean"]
         r["predicted_staleness_dispatch"] = p["staleness_dispatch"]
-    report = {
-        "rows": [{k: v for k, v in r.items() if k not in ("prediction", "cells")} for r in rows],
-        "predictions": {r["placement"]: r["prediction"] for r in rows},
-    }
-    if out is not None:
-        out.write_text(json.dumps(report))
-    if plot is not None:
-        _plot(rows, plot)
-    if as_json:
-        print(json.dumps(report))
-        return
-    _table(rows)
-    if out is not None:
-        print(f"written: {out}")
-    if plot is not None:
-        print(f"plot: {plot}")
 
 
 def _table(rows: list[dict[str, Any]]) -> None:

@@ -146,6 +146,34 @@ class World:
         self._missing = draw.missing.tolist()
         self._groups_drawn = draw.groups
         self._calls = draw.calls.tolist() if draw.calls is not None else None
+        self._init_costs(cfg)
+        self._init_staleness()
+        K = self.pcfg.cells
+        self.K = K
+        self.Ce = self.pcfg.cell_capacity
+        self.roles: list[CellRole] = list(self.policy.roles)
+        self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(CellRole.ROLLOUT)
+        self.running = 0
+        self.now = 0.0
+        self._heap: list[tuple[float, int, _Scheduled]] = []
+        self._seq = 0
+        # progress clock
+        self._P = 0.0
+        self._P_t = 0.0
+        self._rate = 1.0
+        self._run_heap: list[tuple[float, int, int]] = []  # (progress target, group, attempt)
+        self._init_accounting(K)
+        self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
+        # which serving unit runs each execution (cells, -1 = standalone pool); only kept when
+        # a reroute costs something
+        self._where: dict[ExecutionId, int] = {}
+        self._members: dict[int, set[ExecutionId]] = {}
+        if self._reroute_h > 0:
+            self._members = {i: set() for i in range(K)}
+            self._members[-1] = set()
+
+    def _init_costs(self, cfg: SimConfig) -> None:
+        """What each action costs, in hours (the cost model of this placement)."""
         p = self.pcfg
         self._micro_h = cfg.costs.train_step_cell_h / (
             p.batch_groups * p.group_size * p.micro_steps_per_execution
@@ -162,6 +190,8 @@ class World:
         self._fresh_at = [-math.inf] * self.pcfg.cells
         self._reroute_h = c.reroute_delay_h
         self.rerouted = 0  # executions moved off a leaving cell (each lost reroute_delay_h)
+
+    def _init_staleness(self) -> None:
         # serving-version staleness: (progress, version) at each publication; launch progress
         self._pub_P: list[float] = []
         self._pub_v: list[int] = []
@@ -171,21 +201,9 @@ class World:
         # over trained executions: [executions, sum of staleness, tokens, tokens * staleness]
         self.serve_acc = [0.0, 0.0, 0.0, 0.0]
         self.serve_acc_steady = [0.0, 0.0, 0.0, 0.0]  # the same after the first burst
-        K = self.pcfg.cells
-        self.K = K
-        self.Ce = self.pcfg.cell_capacity
-        self.roles: list[CellRole] = list(self.policy.roles)
-        self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(CellRole.ROLLOUT)
-        self.running = 0
-        self.now = 0.0
-        self._heap: list[tuple[float, int, _Scheduled]] = []
-        self._seq = 0
-        # progress clock
-        self._P = 0.0
-        self._P_t = 0.0
-        self._rate = 1.0
-        self._run_heap: list[tuple[float, int, int]] = []  # (progress target, group, attempt)
-        # accounting
+
+    def _init_accounting(self, K: int) -> None:
+        """The world's own counters (it checks the policy rather than trusting it)."""
         self.interrupted = 0
         self.order_violations = 0
         self.overbooked = 0
@@ -205,14 +223,6 @@ class World:
         self.missing_execs = 0
         self._step_start: dict[int, float] = {}
         self._group_finished: dict[int, int] = {}
-        self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
-        # which serving unit runs each execution (cells, -1 = standalone pool); only kept when
-        # a reroute costs something
-        self._where: dict[ExecutionId, int] = {}
-        self._members: dict[int, set[ExecutionId]] = {}
-        if self._reroute_h > 0:
-            self._members = {i: set() for i in range(K)}
-            self._members[-1] = set()
 
     # ------------------------------------------------------------------ helpers
     def _push(self, t: float, what: _Scheduled) -> None:
@@ -286,11 +296,15 @@ class World:
         for key in moved:
             self._place(key)
 
+    def _book_role(self, cell: int, t: float) -> None:
+        """Close ``cell``'s open role segment at ``t``: its hours, and its trace segment."""
+        since, role = self._role_since[cell], self.roles[cell].value
+        self.role_h[cell][role] += max(0.0, t - since)
+        if self.record and t > since:
+            self.trace.segments[cell].append((since, t, role))
+
     def _set_role(self, cell: int, role: CellRole) -> None:
-        old = self.roles[cell]
-        self.role_h[cell][old.value] += self.now - self._role_since[cell]
-        if self.record and self.now > self._role_since[cell]:
-            self.trace.segments[cell].append((self._role_since[cell], self.now, old.value))
+        self._book_role(cell, self.now)
         self._role_since[cell] = self.now
         self.roles[cell] = role
 
@@ -327,144 +341,201 @@ class World:
 
     # ------------------------------------------------------------------ actions
     def _apply(self, acts: list) -> None:
-        costs = self.cfg.costs
+        """Carry out each action (one method per action type); what takes time is scheduled."""
         for a in acts:
-            t = type(a)
-            if t is LaunchExecutions:
-                self._account()
-                n = len(a.executions)
-                self.running += n
-                if self.running > self.capacity:
-                    self.overbooked += self.running - self.capacity
-                P = self._progress_now()
-                dur = self._dur
-                P0 = self._P0
-                for gid, att in a.executions:
-                    if gid >= self._groups_drawn:
-                        raise RuntimeError(
-                            "workload draw too small for this run (pool_groups is wrong)"
-                        )
-                    heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
-                    P0[(gid, att)] = P
-                if self._members:
-                    for key in a.executions:
-                        self._place(key)
-                self._rerate()
-                self._push(self.now, _Launched(a.executions))
-            elif t is DispatchGroups:
-                self.dispatched_execs += len(a.group_ids) * a.group_size
-            elif t is AssignGroup:
-                self.trace.consumed.append((a.step, a.group_id, a.version))
-                gt = self._group_tokens.pop(a.group_id, None)
-                if gt is not None:
-                    acc = [gt[0], a.step * gt[0] - gt[1], gt[2], a.step * gt[2] - gt[3]]
-                    for i in range(4):
-                        self.serve_acc[i] += acc[i]
-                        if a.step >= self.pcfg.mu:
-                            self.serve_acc_steady[i] += acc[i]
-                if self.record:
-                    self.trace.group_assigned[a.group_id] = self.now
-            elif t is ClaimMicroStep:
-                self._busy_start(a.cell)
-                done = _MicroDone(
-                    cell=a.cell, step=a.step, group_id=a.group_id, micro_index=a.index
-                )
-                start = self.now
-                if a.cell and self._refresh_h:  # a satellite first loads the core's new weights
-                    start = max(start, self._fresh_at[a.cell])
-                self._push(start + self._micro_h, done)
-            elif t is SwitchCell:
-                self.trace.switch_order.append((self.now, a.cell, a.role.value))
-                if a.role is CellRole.TRAINING:
-                    self._check_order(a.cell)
-                    if self.roles[a.cell] is not CellRole.ROLLOUT:
-                        self.protocol_errors.append(
-                            f"cell {a.cell} switched to training from {self.roles[a.cell]}"
-                        )
+            match a:
+                case LaunchExecutions():
+                    self._launch(a)
+                case DispatchGroups():
+                    self.dispatched_execs += len(a.group_ids) * a.group_size
+                case AssignGroup():
+                    self._assign(a)
+                case ClaimMicroStep():
+                    self._claim(a)
+                case SwitchCell():
+                    self._switch(a)
+                case StartStep():
+                    self._step_start[a.step] = self.now
+                case FinishStep():
+                    self._finish_step(a)
+                case PublishWeights():
+                    self._publish(a)
+                case WakeAt():
+                    self._push(max(a.time, self.now), _Wake())
+                case EndRun():
                     self._account()
-                    self.capacity -= self.Ce
-                    slack = self.capacity - self.running
-                    self.trace.min_slack = min(self.trace.min_slack, slack)
-                    if slack < 0:
-                        self.interrupted += -slack  # these executions lost their model mid-run
-                    self._set_role(a.cell, CellRole.TO_TRAINING)
-                    if self._members:
-                        self._reroute(a.cell)
-                    self._rerate()
-                    self._push(
-                        self.now + self._to_training_h,
-                        _Switched(cell=a.cell, role=CellRole.TRAINING),
-                    )
-                else:
-                    if self.roles[a.cell] is not CellRole.TRAINING:
-                        self.protocol_errors.append(
-                            f"cell {a.cell} switched to rollout from {self.roles[a.cell]}"
-                        )
-                    self._set_role(a.cell, CellRole.TO_ROLLOUT)
-                    self._push(
-                        self.now + self._to_rollout_h,
-                        _Switched(cell=a.cell, role=CellRole.ROLLOUT),
-                    )
-            elif t is StartStep:
-                self._step_start[a.step] = self.now
-            elif t is FinishStep:
-                self.trace.optimizer_cells.add(a.cell)
-                self._busy_start(a.cell)
-                self._push(self.now + costs.optim_h, _OptimDone(cell=a.cell, step=a.step))
-            elif t is PublishWeights:
-                self.trace.optimizer_cells.add(a.cell)
-                self._busy_start(a.cell)
-                if self._stall_h > 0:  # every engine pauses, reloads, resumes
-                    self._account()
-                    self._stall_until = max(self._stall_until, self.now + self._stall_h)
-                self._push(self.now + costs.publish_h, _Published(cell=a.cell, version=a.version))
-            elif t is WakeAt:
-                self._push(max(a.time, self.now), _Wake())
-            elif t is EndRun:
-                self._account()
-                self.makespan = self.now
-                self.idle_slot_h_at_end = self.idle_slot_h
-            else:  # pragma: no cover - new action types must be handled here
-                raise RuntimeError(f"world cannot carry out {t.__name__}")
+                    self.makespan = self.now
+                    self.idle_slot_h_at_end = self.idle_slot_h
+                case _:  # pragma: no cover - new action types must be handled here
+                    raise RuntimeError(f"world cannot carry out {type(a).__name__}")
+
+    def _launch(self, a: LaunchExecutions) -> None:
+        self._account()
+        n = len(a.executions)
+        self.running += n
+        if self.running > self.capacity:
+            self.overbooked += self.running - self.capacity
+        P = self._progress_now()
+        dur = self._dur
+        P0 = self._P0
+        for gid, att in a.executions:
+            if gid >= self._groups_drawn:
+                raise RuntimeError("workload draw too small for this run (pool_groups is wrong)")
+            heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
+            P0[(gid, att)] = P
+        if self._members:
+            for key in a.executions:
+                self._place(key)
+        self._rerate()
+        self._push(self.now, _Launched(a.executions))
+
+    def _assign(self, a: AssignGroup) -> None:
+        self.trace.consumed.append((a.step, a.group_id, a.version))
+        gt = self._group_tokens.pop(a.group_id, None)
+        if gt is not None:
+            acc = [gt[0], a.step * gt[0] - gt[1], gt[2], a.step * gt[2] - gt[3]]
+            for i in range(4):
+                self.serve_acc[i] += acc[i]
+                if a.step >= self.pcfg.mu:
+                    self.serve_acc_steady[i] += acc[i]
+        if self.record:
+            self.trace.group_assigned[a.group_id] = self.now
+
+    def _claim(self, a: ClaimMicroStep) -> None:
+        self._busy_start(a.cell)
+        done = _MicroDone(cell=a.cell, step=a.step, group_id=a.group_id, micro_index=a.index)
+        start = self.now
+        if a.cell and self._refresh_h:  # a satellite first loads the core's new weights
+            start = max(start, self._fresh_at[a.cell])
+        self._push(start + self._micro_h, done)
+
+    def _switch(self, a: SwitchCell) -> None:
+        self.trace.switch_order.append((self.now, a.cell, a.role.value))
+        if a.role is CellRole.TRAINING:
+            self._to_training(a.cell)
+            return
+        if self.roles[a.cell] is not CellRole.TRAINING:
+            self.protocol_errors.append(
+                f"cell {a.cell} switched to rollout from {self.roles[a.cell]}"
+            )
+        self._set_role(a.cell, CellRole.TO_ROLLOUT)
+        self._push(self.now + self._to_rollout_h, _Switched(cell=a.cell, role=CellRole.ROLLOUT))
+
+    def _to_training(self, cell: int) -> None:
+        """``cell`` stops serving now: executions beyond the capacity left are interrupted."""
+        self._check_order(cell)
+        if self.roles[cell] is not CellRole.ROLLOUT:
+            self.protocol_errors.append(f"cell {cell} switched to training from {self.roles[cell]}")
+        self._account()
+        self.capacity -= self.Ce
+        slack = self.capacity - self.running
+        self.trace.min_slack = min(self.trace.min_slack, slack)
+        if slack < 0:
+            self.interrupted += -slack  # these executions lost their model mid-run
+        self._set_role(cell, CellRole.TO_TRAINING)
+        if self._members:
+            self._reroute(cell)
+        self._rerate()
+        self._push(self.now + self._to_training_h, _Switched(cell=cell, role=CellRole.TRAINING))
+
+    def _finish_step(self, a: FinishStep) -> None:
+        self.trace.optimizer_cells.add(a.cell)
+        self._busy_start(a.cell)
+        self._push(self.now + self.cfg.costs.optim_h, _OptimDone(cell=a.cell, step=a.step))
+
+    def _publish(self, a: PublishWeights) -> None:
+        self.trace.optimizer_cells.add(a.cell)
+        self._busy_start(a.cell)
+        if self._stall_h > 0:  # every engine pauses, reloads, resumes
+            self._account()
+            self._stall_until = max(self._stall_until, self.now + self._stall_h)
+        self._push(self.now + self.cfg.costs.publish_h, _Published(cell=a.cell, version=a.version))
 
     def _arrive(self, t: float, what: _Scheduled) -> Event:
         """A scheduled completion is due: update the world, and return the policy's event."""
-        if isinstance(what, _Launched):
-            return ExecutionsLaunched(time=t, executions=what.executions)
-        if isinstance(what, _MicroDone):
-            self._busy_end(what.cell)
-            return MicroStepDone(
-                time=t,
-                cell=what.cell,
-                step=what.step,
-                group_id=what.group_id,
-                index=what.micro_index,
-            )
-        if isinstance(what, _Switched):
-            self._account()
-            self._set_role(what.cell, what.role)
-            self._fresh_at[what.cell] = -math.inf  # joining pulls the core's current weights
-            if what.role is CellRole.ROLLOUT:
-                self.capacity += self.Ce
-            self._rerate()
-            return CellSwitched(time=t, cell=what.cell, role=what.role)
-        if isinstance(what, _OptimDone):
-            self._busy_end(what.cell)
-            if self._refresh_h:
-                for c in range(1, self.K):
-                    if self.roles[c] is CellRole.TRAINING:
-                        self._fresh_at[c] = t + self._refresh_h
-            if self.record:
-                self.trace.steps.append((self._step_start.get(what.step, t), t))
-            return StepDone(time=t, step=what.step)
-        if isinstance(what, _Published):
-            self._busy_end(what.cell)
-            self._pub_P.append(self._progress_now())
-            self._pub_v.append(what.version)
-            if self.record:
-                self.trace.publications.append(t)
-            return WeightsPublished(time=t, version=what.version)
+        match what:
+            case _Launched():
+                return ExecutionsLaunched(time=t, executions=what.executions)
+            case _MicroDone():
+                self._busy_end(what.cell)
+                return MicroStepDone(
+                    time=t,
+                    cell=what.cell,
+                    step=what.step,
+                    group_id=what.group_id,
+                    index=what.micro_index,
+                )
+            case _Switched():
+                return self._switched(t, what)
+            case _OptimDone():
+                return self._optim_done(t, what)
+            case _Published():
+                self._busy_end(what.cell)
+                self._pub_P.append(self._progress_now())
+                self._pub_v.append(what.version)
+                if self.record:
+                    self.trace.publications.append(t)
+                return WeightsPublished(time=t, version=what.version)
         return Tick(time=t)
+
+    def _switched(self, t: float, what: _Switched) -> CellSwitched:
+        self._account()
+        self._set_role(what.cell, what.role)
+        self._fresh_at[what.cell] = -math.inf  # joining pulls the core's current weights
+        if what.role is CellRole.ROLLOUT:
+            self.capacity += self.Ce
+        self._rerate()
+        return CellSwitched(time=t, cell=what.cell, role=what.role)
+
+    def _optim_done(self, t: float, what: _OptimDone) -> StepDone:
+        self._busy_end(what.cell)
+        if self._refresh_h:
+            for c in range(1, self.K):
+                if self.roles[c] is CellRole.TRAINING:
+                    self._fresh_at[c] = t + self._refresh_h
+        if self.record:
+            self.trace.steps.append((self._step_start.get(what.step, t), t))
+        return StepDone(time=t, step=what.step)
+
+    def _execution_done(self, t_fin: float) -> ExecutionFinished:
+        """The earliest running execution reaches its progress target at ``t_fin``."""
+        self.now = max(t_fin, self.now)
+        self._account()
+        _, gid, att = heapq.heappop(self._run_heap)
+        self.running -= 1
+        self.finished_execs += 1
+        key = (gid, att)
+        fc = self.trace.finish_count
+        fc[key] = fc.get(key, 0) + 1
+        if self.record:
+            gf = self._group_finished
+            gf[gid] = gf.get(gid, 0) + 1
+            if gf[gid] == self.pcfg.group_size:
+                self.trace.group_ready[gid] = self.now
+        missing = self._missing[gid][att]
+        p0 = self._P0.pop(key)
+        if missing:
+            self.missing_execs += 1
+        else:
+            self._served_tokens(gid, att, p0)
+        if self._members:
+            self._members[self._where.pop(key)].discard(key)
+        self._rerate()
+        return ExecutionFinished(time=self.now, execution=key, reward=None if missing else 1.0)
+
+    def _served_tokens(self, gid: int, att: int, p0: float) -> None:
+        """Book a scored execution's tokens and their mean serving version on its group."""
+        gt = self._group_tokens.get(gid)
+        if gt is None:
+            gt = self._group_tokens[gid] = [0.0, 0.0, 0.0, 0.0]
+        x = self._P - p0
+        served = self._served(p0, self._P)
+        mean_v = served / x if x > 0 else self._served(p0, p0 + 1.0)
+        tokens = x if self._calls is None else self._calls[gid][att]
+        gt[0] += 1.0
+        gt[1] += mean_v
+        gt[2] += tokens
+        gt[3] += tokens * mean_v
 
     # ------------------------------------------------------------------ loop
     def run(self) -> World:
@@ -488,62 +559,24 @@ class World:
                 break
             ev: Event
             if t_fin < t_ev:
-                # an execution finishes
-                self.now = max(t_fin, self.now)
-                self._account()
-                _, gid, att = heapq.heappop(run_heap)
-                self.running -= 1
-                self.finished_execs += 1
-                key = (gid, att)
-                fc = self.trace.finish_count
-                fc[key] = fc.get(key, 0) + 1
-                if self.record:
-                    gf = self._group_finished
-                    gf[gid] = gf.get(gid, 0) + 1
-                    if gf[gid] == self.pcfg.group_size:
-                        self.trace.group_ready[gid] = self.now
-                missing = self._missing[gid][att]
-                p0 = self._P0.pop(key)
-                if missing:
-                    self.missing_execs += 1
-                else:
-                    gt = self._group_tokens.get(gid)
-                    if gt is None:
-                        gt = self._group_tokens[gid] = [0.0, 0.0, 0.0, 0.0]
-                    x = self._P - p0
-                    served = self._served(p0, self._P)
-                    mean_v = served / x if x > 0 else self._served(p0, p0 + 1.0)
-                    tokens = x if self._calls is None else self._calls[gid][att]
-                    gt[0] += 1.0
-                    gt[1] += mean_v
-                    gt[2] += tokens
-                    gt[3] += tokens * mean_v
-                if self._members:
-                    self._members[self._where.pop(key)].discard(key)
-                self._rerate()
-                ev = ExecutionFinished(
-                    time=self.now, execution=key, reward=None if missing else 1.0
-                )
+                ev = self._execution_done(t_fin)
             else:
                 t, _, what = heapq.heappop(heap)
                 self.now = t
                 ev = self._arrive(t, what)
             self._apply(pol.handle(ev))
+        self._close()
+        self.wall_s = _time.perf_counter() - t0
+        return self
+
+    def _close(self) -> None:
+        """Close open role segments and compute intervals at the makespan."""
         self.end_time = self.now if self.makespan is None else self.makespan
-        # close open role segments at the makespan
         for cell in range(self.K):
-            self.role_h[cell][self.roles[cell].value] += max(
-                0.0, self.end_time - self._role_since[cell]
-            )
-            if self.record and self.end_time > self._role_since[cell]:
-                self.trace.segments[cell].append(
-                    (self._role_since[cell], self.end_time, self.roles[cell].value)
-                )
+            self._book_role(cell, self.end_time)
             s = self._busy_since[cell]
             if s is not None:
                 self.busy_h[cell] += max(0.0, self.end_time - s)
         if self.idle_slot_h_at_end is None:
             self._account()
             self.idle_slot_h_at_end = self.idle_slot_h
-        self.wall_s = _time.perf_counter() - t0
-        return self

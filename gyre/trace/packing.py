@@ -257,6 +257,12 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
         units.extend(
             _path_units(ai, adm) if mode == "paths" else _tree_units(ai, adm, token_budget)
         )
+    return [_row(b, units, admissions, mode) for b in _first_fit(units, token_budget)]
+
+
+def _first_fit(units: list[_Unit], token_budget: int) -> list[list[int]]:
+    """Bin-pack units first-fit-decreasing into rows of at most ``token_budget`` tokens (a unit
+    longer than the budget gets a row of its own); each row keeps its units in order."""
     order = sorted(range(len(units)), key=lambda u: -len(units[u]))
     bins: list[list[int]] = []
     room: list[int] = []
@@ -270,47 +276,50 @@ def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
         else:
             bins.append([u])
             room.append(token_budget - n)
-    steps = []
     for b in bins:
         b.sort()  # keep admission/path order inside a row
-        executions: list[str] = []
-        ex_index: dict[int, int] = {}
-        parts: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix")
-        }
-        off = 0
-        for u in b:
-            unit = units[u]
-            adm = admissions[unit.adm]
-            arr = _tree_arrays(adm.tree)
-            if unit.adm not in ex_index:
-                ex_index[unit.adm] = len(executions)
-                executions.append(adm.execution_id)
-            t = unit.tokens
-            tg = unit.owner >= 0
-            parts["ids"].append(arr["tokens"][t])
-            parts["pos"].append(arr["depth"][t])
-            parts["par"].append(np.where(unit.parent >= 0, unit.parent + off, -1))
-            parts["tgt"].append(tg)
-            parts["blp"].append(np.where(tg, arr["logprob"][t], 0.0))
-            parts["ver"].append(np.where(tg, arr["version"][t], -1))
-            parts["exe"].append(np.where(tg, ex_index[unit.adm], -1))
-            parts["w"].append(np.where(tg, adm.weight, 0.0))
-            parts["tix"].append(t)
-            parts["pix"].append(unit.owner)
-            off += len(t)
-        cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
-        row = PackedSequence(
-            input_ids=cat["ids"],
-            position_ids=cat["pos"],
-            parent=cat["par"],
-            is_target=cat["tgt"],
-            behaviour_logprob=cat["blp"],
-            policy_version=cat["ver"],
-            execution_index=cat["exe"],
-            token_weight=cat["w"],
-            tree_index=cat["tix"],
-            path_index=cat["pix"],
-        )
-        steps.append(MicroStep(mode=mode, sequences=[row], executions=executions))
-    return steps
+    return bins
+
+
+def _row(b: list[int], units: list[_Unit], admissions: list, mode: str) -> MicroStep:
+    """One micro-step: the units of bin ``b`` laid side by side in one row (a forest)."""
+    executions: list[str] = []
+    ex_index: dict[int, int] = {}
+    parts: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix")
+    }
+    off = 0
+    for u in b:
+        unit = units[u]
+        adm = admissions[unit.adm]
+        arr = _tree_arrays(adm.tree)
+        if unit.adm not in ex_index:
+            ex_index[unit.adm] = len(executions)
+            executions.append(adm.execution_id)
+        t = unit.tokens
+        tg = unit.owner >= 0
+        parts["ids"].append(arr["tokens"][t])
+        parts["pos"].append(arr["depth"][t])
+        parts["par"].append(np.where(unit.parent >= 0, unit.parent + off, -1))
+        parts["tgt"].append(tg)
+        parts["blp"].append(np.where(tg, arr["logprob"][t], 0.0))
+        parts["ver"].append(np.where(tg, arr["version"][t], -1))
+        parts["exe"].append(np.where(tg, ex_index[unit.adm], -1))
+        parts["w"].append(np.where(tg, adm.weight, 0.0))
+        parts["tix"].append(t)
+        parts["pix"].append(unit.owner)
+        off += len(t)
+    cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
+    row = PackedSequence(
+        input_ids=cat["ids"],
+        position_ids=cat["pos"],
+        parent=cat["par"],
+        is_target=cat["tgt"],
+        behaviour_logprob=cat["blp"],
+        policy_version=cat["ver"],
+        execution_index=cat["exe"],
+        token_weight=cat["w"],
+        tree_index=cat["tix"],
+        path_index=cat["pix"],
+    )
+    return MicroStep(mode=mode, sequences=[row], executions=executions)

@@ -306,6 +306,17 @@ class TrajectoryTree:
     # ------------------------------------------------------------------ derived structure
     def finalize(self) -> TrajectoryTree:
         """Derive radix nodes, leaves and leaf roles from the flat arrays."""
+        nodes, roots, node_of = self._radix_nodes()
+        self.nodes, self.roots, self.node_of = nodes, roots, node_of
+        for ri, r in enumerate(self.requests):
+            if r.end >= 0:
+                nodes[int(node_of[r.end])].requests.append(ri)
+        self._leaf_roles()
+        return self
+
+    def _radix_nodes(self) -> tuple[list[Node], list[int], np.ndarray]:
+        """The radix nodes (runs of single-child tokens, pre-order), the roots, and each
+        token's node."""
         N = len(self.tokens)
         P = np.asarray(self.parent, dtype=np.int64) if N else np.zeros(0, dtype=np.int64)
         nch = np.bincount(P[P >= 0], minlength=N) if N else np.zeros(0, dtype=np.int64)
@@ -363,14 +374,13 @@ class TrajectoryTree:
                 roots.append(nid)
             for c in reversed(children_of_tok.get(e, [])):
                 stack.append((c, nid))
-        self.nodes, self.roots, self.node_of = nodes, roots, node_of
-        for ri, r in enumerate(self.requests):
-            if r.end >= 0:
-                nodes[int(node_of[r.end])].requests.append(ri)
-        # leaf role: the last request (highest seq) whose sequence lies on the root-to-leaf path
+        return nodes, roots, node_of
+
+    def _leaf_roles(self) -> None:
+        """Leaf role: the last request (highest seq) whose sequence lies on the root-to-leaf path."""
         best: dict[int, int] = {}
         self.leaves = []
-        for node in nodes:  # parents precede children (pre-order)
+        for node in self.nodes:  # parents precede children (pre-order)
             cand = best.get(node.parent, -1)
             for ri in node.requests:
                 if cand < 0 or self.requests[ri].seq > self.requests[cand].seq:
@@ -379,7 +389,6 @@ class TrajectoryTree:
             if not node.children:
                 self.leaves.append(node.id)
         self.leaf_request = {lf: best[lf] for lf in self.leaves}
-        return self
 
     def node_path(self, node_id: int) -> list[int]:
         """Node ids from the root to ``node_id`` inclusive."""
