@@ -37,13 +37,14 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import aiohttp.payload
 
 from gyre.engine.client import EngineClient, auth_headers
 from gyre.proxy import jsonfast
+from gyre.proxy.counters import PoolCounters
 from gyre.proxy.enginefaults import (
     Backoff,
     CallFaults,
@@ -56,6 +57,9 @@ from gyre.proxy.errors import ApiError
 from gyre.trace.record import OutputSegment
 
 log = logging.getLogger("gyre.proxy.pool")
+
+EngineState = Literal["active", "draining"]
+GenFinish = Literal["stop", "length"]
 
 
 @dataclass(eq=False)
@@ -73,7 +77,7 @@ class EngineHandle:
     session: aiohttp.ClientSession  # the /generate hot path (see EnginePool.add)
     ctl: EngineClient
     engine_id: str
-    state: str = "active"  # active | draining
+    state: EngineState = "active"
     inflight: set = field(default_factory=set)
     failures: int = 0
     served: int = 0
@@ -89,7 +93,7 @@ class GenResult:
     output_ids: list[int]
     logprobs: list[float]
     segments: list[OutputSegment]
-    finish: str  # stop | length | abort
+    finish: GenFinish  # an engine's "abort" is a move, never a result
     moves: int = 0
 
 
@@ -133,16 +137,7 @@ class EnginePool:
         self.api_key: str | None = None
         self.engines: dict[str, EngineHandle] = {}
         self.affinity: dict[str, str] = {}
-        self.counters = {
-            "requests": 0,
-            "moved": 0,
-            "engine_errors": 0,
-            "engine_timeouts": 0,
-            "protocol_errors": 0,
-            "backoff_waits": 0,
-            "probes": 0,
-            "probes_failed": 0,
-        }
+        self.counters = PoolCounters()
         self._rr = itertools.count()
         self._changed: asyncio.Event | None = None
 
@@ -298,7 +293,7 @@ class EnginePool:
             if deadline is not None and time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
-        self.counters["moved"] += moved
+        self.counters.moved += moved
         return moved
 
     # -- generation ---------------------------------------------------------------------------
@@ -347,7 +342,7 @@ class EnginePool:
         Survives drains and engine failures by resuming elsewhere with the tokens
         generated so far. Cancelling the consumer aborts the engine request.
         """
-        self.counters["requests"] += 1
+        self.counters.requests += 1
         out_ids: list[int] = []
         out_lps: list[float] = []
         segments: list[OutputSegment] = []
@@ -361,7 +356,7 @@ class EnginePool:
                 now = time.monotonic()
                 delay = faults.next_delay(engine.down_until <= now, now, self._rng)
                 if delay > 0:  # no engine is up: back off before trying a failed one again
-                    self.counters["backoff_waits"] += 1
+                    self.counters.backoff_waits += 1
                     await asyncio.sleep(delay)
                     engine = await self._wait_engine(execution_id, avoid)
             rid = f"gyre-{uuid.uuid4().hex[:16]}"
@@ -402,14 +397,17 @@ class EnginePool:
                 broke = True
                 silent = isinstance(err, EngineSilent)
                 self._mark_broken(engine)
-                self.counters["engine_timeouts" if silent else "engine_errors"] += 1
+                if silent:
+                    self.counters.engine_timeouts += 1
+                else:
+                    self.counters.engine_errors += 1
                 faults.note(engine.url, err, time.monotonic())
                 log.warning("engine %s failed (%s); trying again", engine.url, err)
             except EngineProtocolError as err:
                 engine.failures += 1
                 engine.suspect = str(err)[:300]
                 engine.down_until = time.monotonic() + SUSPECT_S
-                self.counters["protocol_errors"] += 1
+                self.counters.protocol_errors += 1
                 log.error("engine %s broke the /generate protocol: %s", engine.url, err)
                 raise protocol_error(engine.url, str(err)) from None
             finally:
@@ -442,7 +440,7 @@ class EnginePool:
                 output_ids=out_ids,
                 logprobs=out_lps,
                 segments=_merge(segments),
-                finish=finish,
+                finish="length" if finish == "length" else "stop",
                 moves=moves,
             )
             return
@@ -470,7 +468,7 @@ class EnginePool:
         return await asyncio.shield(engine.probe)
 
     async def _probe(self, engine: EngineHandle) -> bool:
-        self.counters["probes"] += 1
+        self.counters.probes += 1
         try:
             ok = await asyncio.wait_for(engine.ctl.ping(), self.probe_timeout)
         except Exception:  # timeout, refused, reset: no sign of life
@@ -478,7 +476,7 @@ class EnginePool:
         if ok:
             engine.last_alive = time.monotonic()
         else:
-            self.counters["probes_failed"] += 1
+            self.counters.probes_failed += 1
         return ok
 
     def _frozen(self, what: str) -> EngineSilent:

@@ -276,7 +276,7 @@ def test_abandoned_upload_logs_one_line_without_traceback(make_proxy):
         lg.addHandler(h)
         lg.setLevel(logging.INFO)
     try:
-        before = px.service.counters["client_disconnects"]
+        before = px.service.counters.client_disconnects
         with _connect(px) as s:
             s.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -286,7 +286,7 @@ def test_abandoned_upload_logs_one_line_without_traceback(make_proxy):
             )
             time.sleep(0.2)
         deadline = time.monotonic() + 10
-        while px.service.counters["client_disconnects"] == before:
+        while px.service.counters.client_disconnects == before:
             assert time.monotonic() < deadline, "the disconnect was never noticed"
             time.sleep(0.05)
         time.sleep(0.2)
