@@ -128,7 +128,7 @@ def serve(
     from pydantic import ValidationError
 
     from gyre.cli_errors import one_line_startup_failures, validation_line
-    from gyre.engine.server import create_app
+    from gyre.engine.app import create_app
 
     try:
         engine = build_engine(

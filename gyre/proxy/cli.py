@@ -105,7 +105,7 @@ def serve(
 
     from gyre.proxy.app import build_admin_app, build_app
     from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import KEEP_ALIVE_S
+    from gyre.proxy.runner import KEEP_ALIVE_S
 
     given = {
         "max_body_bytes": None if max_body_mb is None else max_body_mb << 20,

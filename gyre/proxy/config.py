@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 
 class ProxyConfig(BaseModel):
-    """Everything ``gyre proxy`` and :class:`gyre.proxy.server.ProxyServer` need."""
+    """Everything ``gyre proxy`` and :class:`gyre.proxy.runner.ProxyServer` need."""
 
     model_dir: str = Field(
         description="HF model directory; its tokenizer and chat template render requests."

@@ -33,7 +33,7 @@ from gyre.runtime.publication import check_served
 from gyre.runtime.rundir import RunDir
 
 if TYPE_CHECKING:
-    from gyre.proxy.server import ProxyServer
+    from gyre.proxy.runner import ProxyServer
 
 
 async def _settle(refs: list, timeout_s: float = 30.0) -> None:
@@ -180,7 +180,7 @@ class Cluster:
         import ray
 
         from gyre.proxy.config import ProxyConfig
-        from gyre.proxy.server import ProxyServer
+        from gyre.proxy.runner import ProxyServer
         from gyre.runtime.cell import Cell
 
         init_ray(self.cfg)

@@ -433,11 +433,11 @@ async def test_synthetic_harness_e2e(stack, tmp_path):
 async def test_quickstart_with_tiny_model(tiny_model_dir, tmp_path):
     """The quickstart path with a real (tiny, untrained) model: embedded engine -> proxy -> reference
     agent -> answer.txt -> a graded reward in [0, 1], never missing."""
+    from gyre.engine.app import create_app
     from gyre.engine.cli import build_engine
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
     from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import ProxyServer
+    from gyre.proxy.runner import ProxyServer
     from gyre.trace.store import read_trace
 
     eng = ServerRunner(

@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gyre.engine.app import create_app
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.proxy.admin import ProxyAdminError
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 from gyre.trace import read_trace, trace_path
 
 PROC = str(Path(__file__).with_name("proxy_process.py"))

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from gyre.engine.runner import ServerRunner
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 
 OA = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 AN = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -234,9 +234,9 @@ def test_frozen_mid_stream_moves_to_another_engine_with_its_output(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
     """Silent after three tokens: the call moves to a working engine, which continues from there."""
+    from gyre.engine.app import create_app
     from gyre.engine.config import NullEngineConfig
     from gyre.engine.null import NullEngine
-    from gyre.engine.server import create_app
 
     null = NullEngine(NullEngineConfig(engine_id="null-good"))
     with (

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from gyre.proxy.adapters import anthropic_messages as an
 from gyre.proxy.adapters import openai_chat as oa
-from gyre.proxy.enginefaults import Backoff, CallFaults, EngineBroke, EngineSilent
 from gyre.proxy.adapters.dialects import ANTHROPIC, OPENAI
+from gyre.proxy.enginefaults import Backoff, CallFaults, EngineBroke, EngineSilent
 from gyre.proxy.errors import ApiError
 from gyre.proxy.promptsize import PromptBound, _slices, text_pieces
 from gyre.proxy.render import Renderer
