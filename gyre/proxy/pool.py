@@ -44,6 +44,7 @@ import aiohttp.payload
 
 from gyre.engine.client import EngineClient, auth_headers
 from gyre.proxy import jsonfast
+from gyre.proxy.config import PoolConfig
 from gyre.proxy.counters import PoolCounters
 from gyre.proxy.enginefaults import (
     Backoff,
@@ -112,25 +113,13 @@ class EnginePool:
     def __init__(
         self,
         urls: list[str],
-        *,
-        read_timeout: float | None = None,
-        max_resumes: int = 16,
-        wait_for_engine_s: float = 600.0,
-        first_byte_timeout: float | None = None,
-        idle_timeout: float | None = None,
-        probe_after: float | None = None,
-        probe_timeout: float = 10.0,
-        backoff: Backoff | None = None,
+        config: PoolConfig | None = None,
     ) -> None:
         self._urls = [u.rstrip("/") for u in urls]
-        self.read_timeout = read_timeout
-        self.max_resumes = max_resumes
-        self.wait_for_engine_s = wait_for_engine_s
-        self.first_byte_timeout = first_byte_timeout
-        self.idle_timeout = idle_timeout
-        self.probe_after = probe_after
-        self.probe_timeout = probe_timeout
-        self.backoff = backoff or Backoff()
+        self.config = cfg = config or PoolConfig()
+        self.backoff = Backoff(
+            max_attempts=cfg.engine_max_attempts, budget_s=cfg.engine_retry_budget_s
+        )
         self._rng = random.Random()
         # the engines' API key (None: $GYRE_ENGINE_API_KEY, or none); `gyre run` sets it before
         # start() from the run's secret, which never enters the environment harnesses inherit
@@ -167,7 +156,9 @@ class EnginePool:
         connector = aiohttp.TCPConnector(
             limit=0, keepalive_timeout=2.0, socket_factory=_big_send_buffer
         )
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.read_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=10.0, sock_read=self.config.engine_timeout_s
+        )
         session = aiohttp.ClientSession(
             base_url=url,
             connector=connector,
@@ -240,7 +231,7 @@ class EnginePool:
         return best
 
     async def _wait_engine(self, execution_id: str, avoid: EngineHandle | None) -> EngineHandle:
-        deadline = time.monotonic() + self.wait_for_engine_s
+        deadline = time.monotonic() + self.config.engine_wait_s
         while True:
             e = self.pick(execution_id, avoid)
             if e is not None:
@@ -248,7 +239,7 @@ class EnginePool:
             if time.monotonic() > deadline:
                 raise ApiError(
                     503,
-                    f"no inference engine joined the pool within {self.wait_for_engine_s:g} s",
+                    f"no inference engine joined the pool within {self.config.engine_wait_s:g} s",
                     "overloaded",
                     headers={"retry-after": "5"},
                 )
@@ -424,7 +415,7 @@ class EnginePool:
                 segments.extend(_segments(start, len(out_ids), engine.engine_id, version_marks))
             if broke or finish == "abort" or finish is None:
                 moves += 1
-                if moves > self.max_resumes:
+                if moves > self.config.max_resumes:
                     raise ApiError(
                         503,
                         f"request moved {moves} times without finishing",
@@ -461,7 +452,10 @@ class EnginePool:
     async def _alive(self, engine: EngineHandle) -> bool:
         """Does the engine answer a cheap control request? One probe per engine at a time, shared
         by every call waiting on it; an engine that sent anything lately counts as alive."""
-        if self.probe_after is None or time.monotonic() - engine.last_alive < self.probe_after:
+        if (
+            self.config.engine_probe_after_s is None
+            or time.monotonic() - engine.last_alive < self.config.engine_probe_after_s
+        ):
             return True
         if engine.probe is None or engine.probe.done():
             engine.probe = asyncio.get_running_loop().create_task(self._probe(engine))
@@ -470,7 +464,7 @@ class EnginePool:
     async def _probe(self, engine: EngineHandle) -> bool:
         self.counters.probes += 1
         try:
-            ok = await asyncio.wait_for(engine.ctl.ping(), self.probe_timeout)
+            ok = await asyncio.wait_for(engine.ctl.ping(), self.config.engine_probe_timeout_s)
         except Exception:  # timeout, refused, reset: no sign of life
             ok = False
         if ok:
@@ -481,8 +475,8 @@ class EnginePool:
 
     def _frozen(self, what: str) -> EngineSilent:
         return EngineSilent(
-            f"{what}: silent for {self.probe_after:g} s and no answer to a liveness probe "
-            f"within {self.probe_timeout:g} s (frozen?)"
+            f"{what}: silent for {self.config.engine_probe_after_s:g} s and no answer to a liveness probe "
+            f"within {self.config.engine_probe_timeout_s:g} s (frozen?)"
         )
 
     async def _await(self, engine: EngineHandle, aw: Any, limit_at: float | None, what: str):
@@ -493,8 +487,8 @@ class EnginePool:
         try:
             while True:
                 until = limit_at
-                if self.probe_after is not None:
-                    p = loop.time() + self.probe_after
+                if self.config.engine_probe_after_s is not None:
+                    p = loop.time() + self.config.engine_probe_after_s
                     until = p if until is None else min(until, p)
                 done, _ = await asyncio.wait(
                     {fut}, timeout=None if until is None else max(until - loop.time(), 0)
@@ -515,8 +509,8 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         while True:
             until = limit_at
-            if self.probe_after is not None:
-                p = loop.time() + self.probe_after
+            if self.config.engine_probe_after_s is not None:
+                p = loop.time() + self.config.engine_probe_after_s
                 until = p if until is None else min(until, p)
             cm = asyncio.timeout_at(until)
             try:
@@ -538,7 +532,7 @@ class EnginePool:
                 return await resp.read(), resp.status
 
         loop = asyncio.get_running_loop()
-        first = self.first_byte_timeout
+        first = self.config.engine_first_byte_timeout_s
         try:
             raw, status = await self._await(
                 engine, request(), None if first is None else loop.time() + first, "the answer"
@@ -557,7 +551,7 @@ class EnginePool:
         return _unpack_checked(data)
 
     async def _stream_attempt(self, engine: EngineHandle, body: PartsPayload):
-        first, idle = self.first_byte_timeout, self.idle_timeout
+        first, idle = self.config.engine_first_byte_timeout_s, self.config.engine_idle_timeout_s
         loop = asyncio.get_running_loop()
         deadline = None if first is None else loop.time() + first
         try:

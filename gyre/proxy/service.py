@@ -28,7 +28,6 @@ from gyre.proxy.calltally import CallTallies
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.counters import BridgeMode, ProxyCounters
 from gyre.proxy.detok import Detokenizer
-from gyre.proxy.enginefaults import Backoff
 from gyre.proxy.errors import ApiError, bad_request
 from gyre.proxy.identity import Identity, KeyRegistry, key_from_headers
 from gyre.proxy.parsing import make_parser
@@ -83,19 +82,7 @@ class ProxyService:
         self.prompt_bound = PromptBound(tokenizer, self.max_context)
         self.served_model = config.served_model_name or Path(config.model_dir).name
         self.keys = KeyRegistry(config.mode)
-        self.pool = EnginePool(
-            config.engines,
-            read_timeout=config.engine_timeout_s,
-            max_resumes=config.max_resumes,
-            wait_for_engine_s=config.engine_wait_s,
-            first_byte_timeout=config.engine_first_byte_timeout_s,
-            idle_timeout=config.engine_idle_timeout_s,
-            probe_after=config.engine_probe_after_s,
-            probe_timeout=config.engine_probe_timeout_s,
-            backoff=Backoff(
-                max_attempts=config.engine_max_attempts, budget_s=config.engine_retry_budget_s
-            ),
-        )
+        self.pool = EnginePool(config.engines, config)
         self.writer = TraceWriter(
             config.trace_dir, fsync=config.fsync, max_open=config.max_open_traces
         )
