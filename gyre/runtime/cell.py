@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gyre.runtime.seeds import SEED_STRIDE
+
 if TYPE_CHECKING:
     import torch
 
@@ -141,7 +143,7 @@ class Cell:
             self.parked = False
             return self.engine.url
         seed = (
-            self.ecfg.seed * 1_000_003 + self.index * 7919 + version
+            self.ecfg.seed * SEED_STRIDE + self.index * 7919 + version
         )  # distinct streams per cell and start
         cfg = cell_engine_config(
             self.engine_cfg,

@@ -31,6 +31,7 @@ from gyre.policy import CellRole
 from gyre.runtime.engines import engine_start_error
 from gyre.runtime.publication import check_served
 from gyre.runtime.rundir import RunDir
+from gyre.runtime.seeds import SEED_STRIDE
 
 if TYPE_CHECKING:
     from gyre.proxy.runner import ProxyServer
@@ -251,7 +252,7 @@ class Cluster:
                     "model_dir": self.weights_dir,
                     "engine_id": f"standalone-{j}",
                     "weight_version": self.weights_version,
-                    "seed": self.cfg.engine.seed * 1_000_003 + 104729 + j,
+                    "seed": self.cfg.engine.seed * SEED_STRIDE + 104729 + j,
                 }
                 a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
                 try:
