@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -49,9 +48,6 @@ from gyre.proxy.types import (
     TurnFinish,
 )
 from gyre.trace.store import TraceWriter, read_trace, trace_path
-
-log = logging.getLogger("gyre.proxy")
-
 
 @dataclass
 class Execution:
