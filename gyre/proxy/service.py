@@ -49,6 +49,7 @@ from gyre.proxy.types import (
 )
 from gyre.trace.store import TraceWriter, read_trace, trace_path
 
+
 @dataclass
 class Execution:
     ident: Identity
