@@ -54,11 +54,11 @@ def hf_generate_tps(
 async def embedded_tps(
     model_dir: str, ps: list[list[int]], n_tok: int, repeat: int
 ) -> tuple[float, float, int]:
+    from gyre.engine.app import create_app
     from gyre.engine.client import EngineClient
     from gyre.engine.config import EmbeddedEngineConfig
     from gyre.engine.embedded import EmbeddedEngine
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
 
     engine = EmbeddedEngine(EmbeddedEngineConfig(model_dir=model_dir, max_batch=len(ps)))
     sp = {"max_new_tokens": n_tok, "temperature": 0.0, "ignore_eos": True}
@@ -165,11 +165,11 @@ async def conversation_s(
 ) -> tuple[float, int]:
     """Seconds for one agent-like conversation (each turn = previous input + output + `grow` new
     tokens), and the input tokens the engine reused from its prefix cache."""
+    from gyre.engine.app import create_app
     from gyre.engine.client import EngineClient
     from gyre.engine.config import EmbeddedEngineConfig
     from gyre.engine.embedded import EmbeddedEngine
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
 
     engine = EmbeddedEngine(
         EmbeddedEngineConfig(model_dir=model_dir, prefix_cache_mb=prefix_cache_mb)
@@ -192,9 +192,9 @@ async def stream_cost(n_tok: int, **app_options) -> tuple[float, int, int]:
     every 0.2 ms, with the given create_app streaming options; and the number of chunks."""
     import httpx
 
+    from gyre.engine.app import create_app
     from gyre.engine.null import NullEngine
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
 
     engine = NullEngine(num_tokens=n_tok, token_delay_s=0.0002)
     body = {"input_ids": [1], "sampling_params": {"max_new_tokens": n_tok}, "stream": True}

@@ -34,7 +34,7 @@ def serve(cfg_json: str, info: str, nofile: int) -> None:
     """Child process: the proxy under RLIMIT_NOFILE ``nofile``; its addresses go to ``info``."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import ProxyServer
+    from gyre.proxy.runner import ProxyServer
 
     px = ProxyServer(ProxyConfig(**json.loads(cfg_json))).start()
     doc = {"url": px.url, "admin_socket": px.admin_socket, "token": px.admin_token}
@@ -155,9 +155,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/results/bench_proxy_soak.json"))
     args = ap.parse_args()
 
+    from gyre.engine.app import create_app
     from gyre.engine.null import NullEngine
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
 
     work = Path(tempfile.mkdtemp(prefix="gyre-soak-"))
     model = args.model

@@ -28,6 +28,7 @@ from gyre.runtime.engines import RolloutEngineConfig
 from gyre.train.config import TrainerConfig
 
 _SECTIONS_WITH_MODEL = ("engine", "proxy", "trainer")
+_SECTIONS_WITH_SEED = ("engine", "trainer")  # one seed: engines sample, the trainer inits
 
 
 class GyreConfig(BaseModel):
@@ -40,7 +41,7 @@ class GyreConfig(BaseModel):
         "runs/gyre", description="traces, workspaces, checkpoints and logs go below this"
     )
     seed: int = 0
-    policy: PolicyConfig = Field(default_factory=lambda: PolicyConfig(placement=Placement.ELASTIC))
+    policy: PolicyConfig  # placement defaults to elastic (_share_model_dir fills it in)
     engine: RolloutEngineConfig  # the embedded engine's settings, or kind = "vllm"
     proxy: ProxyConfig
     trainer: TrainerConfig
@@ -57,16 +58,14 @@ class GyreConfig(BaseModel):
             section = dict(data.get(name) or {})
             section.setdefault("model_dir", data["model_dir"])
             data[name] = section
-        if (
-            "seed" in data
-        ):  # one seed for the run: engines sample and the trainer initialises from it
-            for name in ("engine", "trainer"):
+        if "seed" in data:
+            for name in _SECTIONS_WITH_SEED:
                 section = dict(data.get(name) or {})
                 section.setdefault("seed", data["seed"])
                 data[name] = section
-        policy = data.get("policy")
+        policy = data.get("policy", {})  # the run's placement default, written once
         if isinstance(policy, dict) and "placement" not in policy:
-            data["policy"] = policy = {**policy, "placement": Placement.ELASTIC}
+            data["policy"] = {**policy, "placement": Placement.ELASTIC}
         return data
 
     @model_validator(mode="after")
@@ -114,7 +113,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_config(
     path: str | Path | None = None, overrides: list[str] | None = None, **top: Any
 ) -> GyreConfig:
-    """Read a TOML file (optional), apply overrides, validate.
+    """Read a TOML (or a run directory's JSON) file (optional), apply overrides, validate.
 
     Keyword arguments set top-level fields (``model_dir=...``) before overrides.
     A validation error names the offending field path.
@@ -124,8 +123,48 @@ def load_config(
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"config file {p} does not exist")
-        with open(p, "rb") as f:
-            data = tomllib.load(f)
+        if p.suffix == ".json":  # a run directory's exact copy (gyre run --resume)
+            data = json.loads(p.read_text())
+        else:
+            with open(p, "rb") as f:
+                data = tomllib.load(f)
     data.update({k: v for k, v in top.items() if v is not None})
     data = apply_overrides(data, overrides or [])
     return GyreConfig.model_validate(data)
+
+
+def load_section(
+    path: str | Path | None,
+    section: str,
+    overrides: list[str] | None = None,
+    given: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One component's section of a run config, for ``gyre proxy CONFIG`` and
+    ``gyre engine CONFIG``: the same file and the same ``--set section.field=value`` as
+    ``gyre run``, so a run's ``[proxy]`` or ``[engine]`` serves standalone unchanged.
+
+    The file's top-level ``model_dir`` and ``seed`` reach the section as in a run (the
+    section's own win); ``given`` (the command's flags the user typed) come next and the
+    overrides last. Returns plain data: the caller validates it with its own model, so each
+    default stays the model's. Raises FileNotFoundError / ValueError (TOML syntax, overrides).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file {p} does not exist")
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    body = data.get(section) or {}
+    if not isinstance(body, dict):
+        raise ValueError(f"[{section}] in {path} is a value, not a section")
+    shared = {
+        k: data[k]
+        for k, sections in (("model_dir", _SECTIONS_WITH_MODEL), ("seed", _SECTIONS_WITH_SEED))
+        if k in data and section in sections
+    }
+    merged = {**shared, **body, **{k: v for k, v in (given or {}).items() if v is not None}}
+    for item in overrides or []:
+        if not item.strip().startswith(f"{section}."):
+            raise ValueError(f"override {item!r}: only {section}.field=value applies here")
+    return apply_overrides({section: merged}, overrides or [])[section]

@@ -5,7 +5,7 @@ Modules (import what you need; nothing heavy is imported here):
 - ``protocol``: pydantic request/response types of the wire protocol.
 - ``client``: ``EngineClient``, the async httpx client (works against SGLang too).
 - ``runner``: ``ServerRunner``, serves any ASGI app with uvicorn on 127.0.0.1 (tests, benchmarks).
-- ``server``: ``create_app(engine)``, the FastAPI app of any engine.
+- ``app``: ``create_app(engine)``, the FastAPI app of any engine.
 - ``base``: ``Engine``, what every engine shares (requests, abort, pause, weights version).
 - ``embedded``: ``EmbeddedEngine``, a Hugging Face causal LM on CPU with continuous batching
   (``batch``, ``sampling``, ``prefix_cache`` are its parts).

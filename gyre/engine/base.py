@@ -2,7 +2,7 @@
 
 An engine is an asyncio object (explicit ``await start()`` / ``await stop()``,
 no global state; two engines live happily in one process). The HTTP layer
-(:mod:`gyre.engine.server`) only translates routes into these calls, so a Ray
+(:mod:`gyre.engine.app`) only translates routes into these calls, so a Ray
 actor or a test can also drive an engine in-process without HTTP.
 
 A request's life: :meth:`Engine.submit` validates (raising

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class NullEngineConfig(BaseModel):
@@ -98,11 +98,34 @@ class EmbeddedEngineConfig(BaseModel):
     )
 
 
-class VllmEngineConfig(BaseModel):
+class VllmLaunchConfig(BaseModel):
+    """How a vLLM server is launched: ``gyre run``'s ``[engine.vllm]``, and the launch half of
+    :class:`VllmEngineConfig` (one model, so each default is written once)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str | None = Field(
+        None, description="the vLLM venv's python (default GYRE_VLLM_PYTHON, then .venv-vllm)"
+    )
+    kv_cache_gb: int = Field(
+        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per server (whole GiB: vLLM reads an int)"
+    )
+    start_timeout_s: float = Field(600.0, gt=0, description="wait this long for a server's /health")
+    abort_grace_s: float = Field(
+        2.0,
+        gt=0,
+        description="after an abort, wait this long for vLLM's own 'abort' answer (with the "
+        "partial output's version spans) before closing the stream",
+    )
+
+
+class VllmEngineConfig(VllmLaunchConfig):
     """vLLM adapter (:mod:`gyre.engine.vllm`): a Gyre engine whose tokens come from a vLLM server's
     token-in/token-out route. ``url`` names a running server; without it the adapter launches one
-    from ``model_dir`` with the vLLM venv's Python (:mod:`gyre.engine.vllm_launch`) and stops it
+    from ``model_dir`` with the launch settings (:mod:`gyre.engine.vllm_launch`) and stops it
     with itself."""
+
+    model_config = ConfigDict(extra="ignore")
 
     engine_id: str | None = None
     model_dir: str | None = Field(
@@ -111,17 +134,6 @@ class VllmEngineConfig(BaseModel):
     url: str | None = Field(None, description="A running vLLM server (started with dev mode on).")
     weight_version: int = Field(
         0, ge=0, description="Policy version of the weights the server starts with."
-    )
-    python: str | None = Field(
-        None, description="Launch: the vLLM venv's python (default GYRE_VLLM_PYTHON / .venv-vllm)."
-    )
-    kv_cache_gb: float = Field(1.0, gt=0, description="Launch: VLLM_CPU_KVCACHE_SPACE (GiB).")
-    start_timeout_s: float = Field(600.0, gt=0, description="Launch: wait this long for /health.")
-    abort_grace_s: float = Field(
-        2.0,
-        gt=0,
-        description="After an abort, wait this long for vLLM's own 'abort' answer (with the "
-        "partial output's version spans) before closing the stream.",
     )
 
 

@@ -70,7 +70,7 @@ class EngineService:
         api_key: str | None = None,
         reload_root: str | None = None,
     ):
-        """``api_key`` / ``reload_root`` (the server's guards, :mod:`gyre.engine.server`)
+        """``api_key`` / ``reload_root`` (the server's guards, :mod:`gyre.engine.app`)
         default to ``GYRE_ENGINE_API_KEY`` / ``GYRE_ENGINE_RELOAD_ROOT``: ``gyre run`` sets them
         in its cells' environment only, so the cell code needs no argument for them."""
         self.config = config
@@ -88,8 +88,8 @@ class EngineService:
 
     def start(self, timeout: float = 120.0) -> str:
         """Build the engine, serve it, return its URL (blocks until it accepts requests)."""
+        from gyre.engine.app import create_app
         from gyre.engine.runner import ServerRunner
-        from gyre.engine.server import create_app
 
         if self._runner is not None:
             return self._runner.url

@@ -33,6 +33,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gyre.engine.config import VllmLaunchConfig
+
+KV_CACHE_GB: int = VllmLaunchConfig.model_fields["kv_cache_gb"].default
+"""The launch config's K/V budget, for callers that start a server without one."""
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".venv-vllm"
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
@@ -81,7 +86,7 @@ def vllm_command(
     ]
 
 
-def vllm_env(kv_cache_gb: float = 1.0, base: dict[str, str] | None = None) -> dict[str, str]:
+def vllm_env(kv_cache_gb: int = KV_CACHE_GB, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     # Gyre's paths must not shadow the vLLM venv's packages: only the extension's directory
     env["PYTHONPATH"] = str(PLUGIN_DIR)
@@ -108,7 +113,7 @@ class VllmServer:
         python: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        kv_cache_gb: float = 1.0,
+        kv_cache_gb: int = KV_CACHE_GB,
         extra_args: tuple[str, ...] = (),
         log_path: str | None = None,
     ) -> None:

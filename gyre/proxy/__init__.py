@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return ProxyConfig
     if name == "ProxyServer":
-        from gyre.proxy.server import ProxyServer
+        from gyre.proxy.runner import ProxyServer
 
         return ProxyServer
     if name == "ProxyAdminClient":

@@ -2,7 +2,7 @@
 
 The admin routes listen only on the proxy's unix socket (never on the API port
 harnesses reach): ``ProxyAdminClient(server.admin_socket, token)``, or
-``server.admin_client()`` for an in-process :class:`~gyre.proxy.server.ProxyServer`.
+``server.admin_client()`` for an in-process :class:`~gyre.proxy.runner.ProxyServer`.
 """
 
 from __future__ import annotations

@@ -36,15 +36,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gyre.proxy import jsonfast
+from gyre.proxy.adapters.dialects import ANTHROPIC, OPENAI, RESPONSES, for_path
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.errors import ApiError
 from gyre.proxy.service import ProxyService
 
 log = logging.getLogger("gyre.proxy.app")
-
-
-def _dialect(path: str) -> str:
-    return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
 async def _probe(svc: ProxyService) -> tuple[bool, list[dict[str, Any]]]:
@@ -69,7 +66,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         exc.detail or "error",
         "not_found" if exc.status_code == 404 else "invalid_request",
     )
-    return JSONResponse(err.body(_dialect(request.url.path)), status_code=exc.status_code)
+    return JSONResponse(for_path(request.url.path).error_body(err), status_code=exc.status_code)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -77,7 +74,7 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     log.info("client disconnected before sending its whole request (%s)", request.url.path)
     svc = getattr(request.app.state, "service", None)
     if svc is not None:
-        svc.counters["client_disconnects"] += 1
+        svc.counters.client_disconnects += 1
     return Response(status_code=499)
 
 
@@ -88,13 +85,13 @@ def build_app(
     svc = service or ProxyService(config, tokenizer)
 
     async def chat(request: Request) -> Response:
-        return await svc.handle("openai", request)
+        return await svc.handle(OPENAI, request)
 
     async def messages(request: Request) -> Response:
-        return await svc.handle("anthropic", request)
+        return await svc.handle(ANTHROPIC, request)
 
     async def responses(request: Request) -> Response:
-        return await svc.handle("responses", request)
+        return await svc.handle(RESPONSES, request)
 
     async def count_tokens(request: Request) -> Response:
         return await svc.count_tokens(request)
@@ -143,7 +140,7 @@ def build_app(
     async def crash(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
         err = ApiError(500, f"internal proxy error: {type(exc).__name__}", "server")
-        return JSONResponse(err.body(_dialect(request.url.path)), status_code=500)
+        return JSONResponse(for_path(request.url.path).error_body(err), status_code=500)
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),

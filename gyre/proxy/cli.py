@@ -1,29 +1,64 @@
-"""`gyre proxy`: serve. Keep heavy imports inside the command."""
+"""`gyre proxy [CONFIG] [--set proxy.k=v]`: serve. Keep heavy imports inside the command.
+
+The proxy's settings are :class:`~gyre.proxy.config.ProxyConfig`'s (defaults included, the
+help texts read them); a run config's ``[proxy]`` serves standalone, and the flags win.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
+import socket
+from pathlib import Path
+from typing import Any
 
 import typer
 
+from gyre.proxy.config import ProxyConfig
+
+CLI_PORT = 8000
+"""``gyre proxy``'s port when neither a flag nor the config names one (ProxyConfig's own, 0,
+is "any free port", what tests and the runtime want)."""
+
+
+def _default(field: str) -> Any:
+    return ProxyConfig.model_fields[field].default
+
 
 def serve(
-    model: str = typer.Option(
-        ..., "--model", help="HF model directory (tokenizer + chat template)."
+    config: Path | None = typer.Argument(
+        None,
+        help="A run config (TOML; gyre run's): its [proxy] section and model_dir. Flags win.",
     ),
-    engine: list[str] = typer.Option(..., "--engine", help="Engine base URL; repeat for a pool."),
-    port: int = typer.Option(
-        8000, "--port", min=0, max=65535, help="Port to listen on (0: a free one)."
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override: proxy.field=value (repeatable; after the flags)."
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
-    trace_dir: str = typer.Option(
-        "traces", "--trace-dir", help="Where per-execution JSONL traces go."
+    model: str | None = typer.Option(
+        None, "--model", help="HF model directory (tokenizer + chat template)."
     ),
-    mode: str = typer.Option(
-        "open", "--mode", help="open (any key = its own execution) or managed."
+    engine: list[str] = typer.Option([], "--engine", help="Engine base URL; repeat for a pool."),
+    port: int | None = typer.Option(
+        None,
+        "--port",
+        min=0,
+        max=65535,
+        help=f"Port to listen on (default {CLI_PORT}; 0: a free one).",
+    ),
+    host: str | None = typer.Option(
+        None, "--host", help=f"Interface to bind (default {_default('host')})."
+    ),
+    trace_dir: str | None = typer.Option(
+        None,
+        "--trace-dir",
+        help=f"Where per-execution JSONL traces go (default {_default('trace_dir')}).",
+    ),
+    mode: str | None = typer.Option(
+        None,
+        "--mode",
+        help=f"open (any key = its own execution) or managed (default {_default('mode')}).",
     ),
     admin_token_file: str | None = typer.Option(
         None,
@@ -39,7 +74,9 @@ def serve(
         "private directory). The API port never serves them.",
     ),
     admin_token: str | None = typer.Option(None, "--admin-token", hidden=True),
-    parser: str = typer.Option("hermes", "--parser", help="Output parser: hermes | plain."),
+    parser: str | None = typer.Option(
+        None, "--parser", help=f"Output parser: hermes | plain (default {_default('parser')})."
+    ),
     max_context: int | None = typer.Option(
         None, "--max-context", min=1, help="Token limit (default: model config)."
     ),
@@ -47,10 +84,16 @@ def serve(
         False, "--no-fsync", help="Do not fsync each trace record (faster, less durable)."
     ),
     max_body_mb: int | None = typer.Option(
-        None, "--max-body-mb", min=1, help="Largest request body in MiB (default 64; 413 above)."
+        None,
+        "--max-body-mb",
+        min=1,
+        help=f"Largest request body in MiB (default {_default('max_body_bytes') >> 20}; 413 above).",
     ),
     engine_wait: float | None = typer.Option(
-        None, "--engine-wait", min=0, help="Seconds a call waits for an engine (default 600)."
+        None,
+        "--engine-wait",
+        min=0,
+        help=f"Seconds a call waits for an engine (default {_default('engine_wait_s'):g}).",
     ),
     engine_first_byte_timeout: float | None = typer.Option(
         None,
@@ -63,98 +106,118 @@ def serve(
         None,
         "--engine-idle-timeout",
         min=0,
-        help="Hard limit on the silence between stream chunks (default 600).",
+        help="Hard limit on the silence between stream chunks "
+        f"(default {_default('engine_idle_timeout_s'):g}).",
     ),
 ) -> None:
     """Serve the OpenAI and Anthropic APIs in front of engines, recording token-exact traces."""
-    import secrets
+    from gyre.cli_errors import fail
 
-    from gyre.cli_errors import (
-        bind_port,
-        fail,
-        first_line,
-        make_dir,
-        require_http_url,
-        require_model_dir,
-        user_errors,
-        validation_line,
-    )
-
-    if mode not in ("open", "managed"):
-        raise typer.BadParameter("--mode must be open or managed")
     if admin_token is not None:
         fail(
             "proxy",
             "--admin-token would put the token on the command line (readable in /proc); "
             "write it to a file only you can read and pass --admin-token-file",
         )
-    with user_errors("proxy"):
-        token = read_admin_token(admin_token_file) if admin_token_file else None
-        require_model_dir(model, "--model")
-        for url in engine:
-            require_http_url(url, "--engine")
-        from gyre.proxy.parsing import PARSERS
-
-        if parser not in PARSERS:
-            fail("proxy", f"--parser {parser!r}: unknown; use one of {', '.join(sorted(PARSERS))}")
-        make_dir(trace_dir, "--trace-dir")
-        # Bound before the tokenizer loads (a busy port is reported at once), and here
-        # so --port 0 can print the port it got.
-        sock = bind_port(host, port)
-    from pydantic import ValidationError
-
-    from gyre.proxy.app import build_admin_app, build_app
-    from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import KEEP_ALIVE_S
-
     given = {
+        "model_dir": model,
+        "engines": list(engine) or None,
+        "port": port,
+        "host": host,
+        "trace_dir": trace_dir,
+        "mode": mode,
+        "admin_socket": admin_socket,
+        "parser": parser,
+        "max_context_tokens": max_context,
+        "fsync": False if no_fsync else None,
         "max_body_bytes": None if max_body_mb is None else max_body_mb << 20,
         "engine_wait_s": engine_wait,
         "engine_first_byte_timeout_s": engine_first_byte_timeout,
         "engine_idle_timeout_s": engine_idle_timeout,
     }
-    limits = {k: v for k, v in given.items() if v is not None}  # unset: the config's defaults
-    token = token or secrets.token_urlsafe(24)
+    cfg = _config(config, set_, given)
+    token = read_admin_token(admin_token_file) if admin_token_file else None
+    sock = _check(cfg)
+    cfg = cfg.model_copy(update={"admin_token": token or secrets.token_urlsafe(24)})
+    _serve(cfg, sock, admin_token_file)
+
+
+def _config(path: Path | None, overrides: list[str], given: dict[str, Any]) -> ProxyConfig:
+    """The proxy's config: CONFIG's [proxy], then the flags typed, then ``--set``; one line
+    (exit 2) for anything wrong with it."""
+    from pydantic import ValidationError
+
+    from gyre.cli_errors import fail, first_line, validation_line
+    from gyre.config import load_section
+
+    try:
+        data = load_section(path, "proxy", overrides, given)
+    except (OSError, ValueError) as e:
+        fail("proxy", first_line(e))
+    data.setdefault("port", CLI_PORT)
+    if not data.get("model_dir"):
+        fail("proxy", "give --model DIR (or model_dir in CONFIG)")
+    if not data.get("engines"):
+        fail("proxy", "give --engine URL (repeat for a pool; or proxy.engines in CONFIG)")
     try:
         # CLI strings and optional limits: pydantic validates them (mode, ranges) as a whole
-        cfg = ProxyConfig.model_validate(
-            dict(
-                model_dir=model,
-                engines=list(engine),
-                host=host,
-                port=port,
-                trace_dir=trace_dir,
-                mode=mode,
-                admin_token=token,
-                admin_socket=admin_socket,
-                parser=parser,
-                max_context_tokens=max_context,
-                fsync=not no_fsync,
-                **limits,
-            )
-        )
+        return ProxyConfig.model_validate(data)
     except ValidationError as e:
-        sock.close()
         fail("proxy", validation_line(e))
+
+
+def _check(cfg: ProxyConfig) -> socket.socket:
+    """The checks a user's mistake would otherwise fail minutes later; returns the bound port."""
+    from gyre.cli_errors import (
+        bind_port,
+        fail,
+        make_dir,
+        require_http_url,
+        require_model_dir,
+        user_errors,
+    )
+    from gyre.proxy.parsing import PARSERS
+
+    with user_errors("proxy"):
+        require_model_dir(cfg.model_dir, "--model")
+        for url in cfg.engines:
+            require_http_url(url, "--engine")
+        if cfg.parser not in PARSERS:
+            fail(
+                "proxy",
+                f"--parser {cfg.parser!r}: unknown; use one of {', '.join(sorted(PARSERS))}",
+            )
+        make_dir(cfg.trace_dir, "--trace-dir")
+        # Bound before the tokenizer loads (a busy port is reported at once), and here
+        # so --port 0 can print the port it got.
+        return bind_port(cfg.host, cfg.port)
+
+
+def _serve(cfg: ProxyConfig, sock: socket.socket, admin_token_file: str | None) -> None:
+    from gyre.cli_errors import fail, first_line, user_errors
+    from gyre.proxy.app import build_admin_app, build_app
+    from gyre.proxy.listeners import Listeners, bind_admin_socket, remove_admin_socket
+    from gyre.proxy.runner import KEEP_ALIVE_S
+
     try:
         app = build_app(cfg)
     except (OSError, ValueError) as e:  # the tokenizer or chat template of --model
         sock.close()
-        fail("proxy", f"--model {model}: cannot load its tokenizer ({first_line(e)})")
-    from gyre.proxy.listeners import Listeners, bind_admin_socket, remove_admin_socket
-
+        fail("proxy", f"--model {cfg.model_dir}: cannot load its tokenizer ({first_line(e)})")
     with user_errors("proxy"):
         try:
-            admin_sock, admin_path, admin_dir = bind_admin_socket(admin_socket)
+            admin_sock, admin_path, admin_dir = bind_admin_socket(cfg.admin_socket)
         except (OSError, ValueError) as e:
             sock.close()
             fail("proxy", f"--admin-socket: {first_line(e)}")
     token_note = admin_token_file or str(admin_path.with_name(admin_path.name + ".token"))
     if not admin_token_file:
-        write_private(token_note, token)
+        assert cfg.admin_token
+        write_private(token_note, cfg.admin_token)
     bound = sock.getsockname()[1]
     typer.echo(
-        f"gyre proxy on http://{host}:{bound} -> {', '.join(engine)} (traces: {trace_dir}, mode {mode})",
+        f"gyre proxy on http://{cfg.host}:{bound} -> {', '.join(cfg.engines)} "
+        f"(traces: {cfg.trace_dir}, mode {cfg.mode})",
         err=True,
     )
     typer.echo(f"admin routes on unix socket {admin_path} (token in {token_note})", err=True)

@@ -7,8 +7,51 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 
-class ProxyConfig(BaseModel):
-    """Everything ``gyre proxy`` and :class:`gyre.proxy.server.ProxyServer` need."""
+class PoolConfig(BaseModel):
+    """How the engine pool (:class:`gyre.proxy.pool.EnginePool`) treats slow and failing engines.
+
+    The fields are ProxyConfig's too (it extends this model), so a config file and ``--set``
+    name them flat (``proxy.engine_wait_s``); each default is written here only."""
+
+    max_resumes: int = Field(
+        16, description="How often one call may be moved between engines before failing."
+    )
+    engine_timeout_s: float | None = Field(
+        None, description="Read timeout towards engines (None: no limit)."
+    )
+    engine_wait_s: float = Field(
+        600.0,
+        description="How long a call waits for an engine to be in the pool (a switch removes "
+        "them all for a while) before a 503 with Retry-After.",
+    )
+    engine_first_byte_timeout_s: float | None = Field(
+        None,
+        description="Hard limit on an engine attempt's wait for its first data (queue + prefill; "
+        "the whole generation for a non-streamed call), even while the engine answers probes "
+        "(None: none; a frozen engine is caught by the probe).",
+    )
+    engine_idle_timeout_s: float | None = Field(
+        600.0,
+        description="Hard limit on the silence between two chunks of a stream, even while the "
+        "engine answers probes (a stuck request); the call moves on with its output so far.",
+    )
+    engine_probe_after_s: float | None = Field(
+        10.0,
+        description="After this long without a byte from an engine, a waiting call asks it for "
+        "/get_model_info (one probe per engine, shared); no answer within "
+        "engine_probe_timeout_s: the engine is frozen, the call moves on (None: no probes).",
+    )
+    engine_probe_timeout_s: float = Field(10.0, description="See engine_probe_after_s.")
+    engine_max_attempts: int = Field(
+        8, description="Failed engine attempts one call may make before a 503/504."
+    )
+    engine_retry_budget_s: float = Field(
+        30.0, description="No new engine attempt starts this long after a call's first failure."
+    )
+
+
+class ProxyConfig(PoolConfig):
+    """Everything ``gyre proxy`` and :class:`gyre.proxy.runner.ProxyServer` need."""
 
     model_dir: str = Field(
         description="HF model directory; its tokenizer and chat template render requests."
@@ -67,45 +110,10 @@ class ProxyConfig(BaseModel):
     prefix_cache_nodes: int = Field(
         4, description="Per execution, calls whose full token JSON is kept hot."
     )
-    max_resumes: int = Field(
-        16, description="How often one call may be moved between engines before failing."
-    )
     verify_bridge: bool = Field(
         False,
         description="Debug: also fully re-render bridged requests and count "
         "differences (costs O(context) per call).",
-    )
-    engine_timeout_s: float | None = Field(
-        None, description="Read timeout towards engines (None: no limit)."
-    )
-    engine_wait_s: float = Field(
-        600.0,
-        description="How long a call waits for an engine to be in the pool (a switch removes "
-        "them all for a while) before a 503 with Retry-After.",
-    )
-    engine_first_byte_timeout_s: float | None = Field(
-        None,
-        description="Hard limit on an engine attempt's wait for its first data (queue + prefill; "
-        "the whole generation for a non-streamed call), even while the engine answers probes "
-        "(None: none; a frozen engine is caught by the probe).",
-    )
-    engine_idle_timeout_s: float | None = Field(
-        600.0,
-        description="Hard limit on the silence between two chunks of a stream, even while the "
-        "engine answers probes (a stuck request); the call moves on with its output so far.",
-    )
-    engine_probe_after_s: float | None = Field(
-        10.0,
-        description="After this long without a byte from an engine, a waiting call asks it for "
-        "/get_model_info (one probe per engine, shared); no answer within "
-        "engine_probe_timeout_s: the engine is frozen, the call moves on (None: no probes).",
-    )
-    engine_probe_timeout_s: float = Field(10.0, description="See engine_probe_after_s.")
-    engine_max_attempts: int = Field(
-        8, description="Failed engine attempts one call may make before a 503/504."
-    )
-    engine_retry_budget_s: float = Field(
-        30.0, description="No new engine attempt starts this long after a call's first failure."
     )
     max_open_traces: int = Field(
         128, description="Trace files kept open at once (least recently used closed first)."

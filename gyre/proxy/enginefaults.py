@@ -40,12 +40,12 @@ class EngineProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Backoff:
+    max_attempts: int
+    """Failed attempts one call may make (moves after a drain do not count)."""
+    budget_s: float
+    """No new attempt starts later than this after the call's first failure."""
     base_s: float = 0.25
     cap_s: float = 5.0
-    max_attempts: int = 8
-    """Failed attempts one call may make (moves after a drain do not count)."""
-    budget_s: float = 30.0
-    """No new attempt starts later than this after the call's first failure."""
 
     def delay(self, failures: int, rng: random.Random) -> float:
         """Exponential in the failures so far, with jitter in [50%, 100%] ("equal jitter"): calls

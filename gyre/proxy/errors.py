@@ -2,7 +2,7 @@
 
 Bad input must come back as a 4xx the client's SDK understands (never a 500),
 so every error the proxy raises on purpose is an :class:`ApiError` with an HTTP
-status and a kind; the app renders it in the dialect of the route.
+status and a kind; the route's adapter (:mod:`gyre.proxy.adapters.dialects`) picks the body.
 """
 
 from __future__ import annotations
@@ -55,9 +55,6 @@ class ApiError(Exception):
             "type": "error",
             "error": {"type": _TYPES.get(self.kind, _TYPES["server"])[1], "message": self.message},
         }
-
-    def body(self, dialect: str) -> dict[str, Any]:
-        return self.anthropic_body() if dialect == "anthropic" else self.openai_body()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

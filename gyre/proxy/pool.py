@@ -37,13 +37,15 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import aiohttp.payload
 
 from gyre.engine.client import EngineClient, auth_headers
 from gyre.proxy import jsonfast
+from gyre.proxy.config import PoolConfig
+from gyre.proxy.counters import PoolCounters
 from gyre.proxy.enginefaults import (
     Backoff,
     CallFaults,
@@ -56,6 +58,9 @@ from gyre.proxy.errors import ApiError
 from gyre.trace.record import OutputSegment
 
 log = logging.getLogger("gyre.proxy.pool")
+
+EngineState = Literal["active", "draining"]
+GenFinish = Literal["stop", "length"]
 
 
 @dataclass(eq=False)
@@ -73,7 +78,7 @@ class EngineHandle:
     session: aiohttp.ClientSession  # the /generate hot path (see EnginePool.add)
     ctl: EngineClient
     engine_id: str
-    state: str = "active"  # active | draining
+    state: EngineState = "active"
     inflight: set = field(default_factory=set)
     failures: int = 0
     served: int = 0
@@ -89,7 +94,7 @@ class GenResult:
     output_ids: list[int]
     logprobs: list[float]
     segments: list[OutputSegment]
-    finish: str  # stop | length | abort
+    finish: GenFinish  # an engine's "abort" is a move, never a result
     moves: int = 0
 
 
@@ -108,41 +113,20 @@ class EnginePool:
     def __init__(
         self,
         urls: list[str],
-        *,
-        read_timeout: float | None = None,
-        max_resumes: int = 16,
-        wait_for_engine_s: float = 600.0,
-        first_byte_timeout: float | None = None,
-        idle_timeout: float | None = None,
-        probe_after: float | None = None,
-        probe_timeout: float = 10.0,
-        backoff: Backoff | None = None,
+        config: PoolConfig | None = None,
     ) -> None:
         self._urls = [u.rstrip("/") for u in urls]
-        self.read_timeout = read_timeout
-        self.max_resumes = max_resumes
-        self.wait_for_engine_s = wait_for_engine_s
-        self.first_byte_timeout = first_byte_timeout
-        self.idle_timeout = idle_timeout
-        self.probe_after = probe_after
-        self.probe_timeout = probe_timeout
-        self.backoff = backoff or Backoff()
+        self.config = cfg = config or PoolConfig()
+        self.backoff = Backoff(
+            max_attempts=cfg.engine_max_attempts, budget_s=cfg.engine_retry_budget_s
+        )
         self._rng = random.Random()
         # the engines' API key (None: $GYRE_ENGINE_API_KEY, or none); `gyre run` sets it before
         # start() from the run's secret, which never enters the environment harnesses inherit
         self.api_key: str | None = None
         self.engines: dict[str, EngineHandle] = {}
         self.affinity: dict[str, str] = {}
-        self.counters = {
-            "requests": 0,
-            "moved": 0,
-            "engine_errors": 0,
-            "engine_timeouts": 0,
-            "protocol_errors": 0,
-            "backoff_waits": 0,
-            "probes": 0,
-            "probes_failed": 0,
-        }
+        self.counters = PoolCounters()
         self._rr = itertools.count()
         self._changed: asyncio.Event | None = None
 
@@ -172,7 +156,9 @@ class EnginePool:
         connector = aiohttp.TCPConnector(
             limit=0, keepalive_timeout=2.0, socket_factory=_big_send_buffer
         )
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.read_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=10.0, sock_read=self.config.engine_timeout_s
+        )
         session = aiohttp.ClientSession(
             base_url=url,
             connector=connector,
@@ -245,7 +231,7 @@ class EnginePool:
         return best
 
     async def _wait_engine(self, execution_id: str, avoid: EngineHandle | None) -> EngineHandle:
-        deadline = time.monotonic() + self.wait_for_engine_s
+        deadline = time.monotonic() + self.config.engine_wait_s
         while True:
             e = self.pick(execution_id, avoid)
             if e is not None:
@@ -253,7 +239,7 @@ class EnginePool:
             if time.monotonic() > deadline:
                 raise ApiError(
                     503,
-                    f"no inference engine joined the pool within {self.wait_for_engine_s:g} s",
+                    f"no inference engine joined the pool within {self.config.engine_wait_s:g} s",
                     "overloaded",
                     headers={"retry-after": "5"},
                 )
@@ -298,7 +284,7 @@ class EnginePool:
             if deadline is not None and time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
-        self.counters["moved"] += moved
+        self.counters.moved += moved
         return moved
 
     # -- generation ---------------------------------------------------------------------------
@@ -347,7 +333,7 @@ class EnginePool:
         Survives drains and engine failures by resuming elsewhere with the tokens
         generated so far. Cancelling the consumer aborts the engine request.
         """
-        self.counters["requests"] += 1
+        self.counters.requests += 1
         out_ids: list[int] = []
         out_lps: list[float] = []
         segments: list[OutputSegment] = []
@@ -361,7 +347,7 @@ class EnginePool:
                 now = time.monotonic()
                 delay = faults.next_delay(engine.down_until <= now, now, self._rng)
                 if delay > 0:  # no engine is up: back off before trying a failed one again
-                    self.counters["backoff_waits"] += 1
+                    self.counters.backoff_waits += 1
                     await asyncio.sleep(delay)
                     engine = await self._wait_engine(execution_id, avoid)
             rid = f"gyre-{uuid.uuid4().hex[:16]}"
@@ -402,14 +388,17 @@ class EnginePool:
                 broke = True
                 silent = isinstance(err, EngineSilent)
                 self._mark_broken(engine)
-                self.counters["engine_timeouts" if silent else "engine_errors"] += 1
+                if silent:
+                    self.counters.engine_timeouts += 1
+                else:
+                    self.counters.engine_errors += 1
                 faults.note(engine.url, err, time.monotonic())
                 log.warning("engine %s failed (%s); trying again", engine.url, err)
             except EngineProtocolError as err:
                 engine.failures += 1
                 engine.suspect = str(err)[:300]
                 engine.down_until = time.monotonic() + SUSPECT_S
-                self.counters["protocol_errors"] += 1
+                self.counters.protocol_errors += 1
                 log.error("engine %s broke the /generate protocol: %s", engine.url, err)
                 raise protocol_error(engine.url, str(err)) from None
             finally:
@@ -426,7 +415,7 @@ class EnginePool:
                 segments.extend(_segments(start, len(out_ids), engine.engine_id, version_marks))
             if broke or finish == "abort" or finish is None:
                 moves += 1
-                if moves > self.max_resumes:
+                if moves > self.config.max_resumes:
                     raise ApiError(
                         503,
                         f"request moved {moves} times without finishing",
@@ -442,7 +431,7 @@ class EnginePool:
                 output_ids=out_ids,
                 logprobs=out_lps,
                 segments=_merge(segments),
-                finish=finish,
+                finish="length" if finish == "length" else "stop",
                 moves=moves,
             )
             return
@@ -463,28 +452,31 @@ class EnginePool:
     async def _alive(self, engine: EngineHandle) -> bool:
         """Does the engine answer a cheap control request? One probe per engine at a time, shared
         by every call waiting on it; an engine that sent anything lately counts as alive."""
-        if self.probe_after is None or time.monotonic() - engine.last_alive < self.probe_after:
+        if (
+            self.config.engine_probe_after_s is None
+            or time.monotonic() - engine.last_alive < self.config.engine_probe_after_s
+        ):
             return True
         if engine.probe is None or engine.probe.done():
             engine.probe = asyncio.get_running_loop().create_task(self._probe(engine))
         return await asyncio.shield(engine.probe)
 
     async def _probe(self, engine: EngineHandle) -> bool:
-        self.counters["probes"] += 1
+        self.counters.probes += 1
         try:
-            ok = await asyncio.wait_for(engine.ctl.ping(), self.probe_timeout)
+            ok = await asyncio.wait_for(engine.ctl.ping(), self.config.engine_probe_timeout_s)
         except Exception:  # timeout, refused, reset: no sign of life
             ok = False
         if ok:
             engine.last_alive = time.monotonic()
         else:
-            self.counters["probes_failed"] += 1
+            self.counters.probes_failed += 1
         return ok
 
     def _frozen(self, what: str) -> EngineSilent:
         return EngineSilent(
-            f"{what}: silent for {self.probe_after:g} s and no answer to a liveness probe "
-            f"within {self.probe_timeout:g} s (frozen?)"
+            f"{what}: silent for {self.config.engine_probe_after_s:g} s and no answer to a liveness probe "
+            f"within {self.config.engine_probe_timeout_s:g} s (frozen?)"
         )
 
     async def _await(self, engine: EngineHandle, aw: Any, limit_at: float | None, what: str):
@@ -495,8 +487,8 @@ class EnginePool:
         try:
             while True:
                 until = limit_at
-                if self.probe_after is not None:
-                    p = loop.time() + self.probe_after
+                if self.config.engine_probe_after_s is not None:
+                    p = loop.time() + self.config.engine_probe_after_s
                     until = p if until is None else min(until, p)
                 done, _ = await asyncio.wait(
                     {fut}, timeout=None if until is None else max(until - loop.time(), 0)
@@ -517,8 +509,8 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         while True:
             until = limit_at
-            if self.probe_after is not None:
-                p = loop.time() + self.probe_after
+            if self.config.engine_probe_after_s is not None:
+                p = loop.time() + self.config.engine_probe_after_s
                 until = p if until is None else min(until, p)
             cm = asyncio.timeout_at(until)
             try:
@@ -540,7 +532,7 @@ class EnginePool:
                 return await resp.read(), resp.status
 
         loop = asyncio.get_running_loop()
-        first = self.first_byte_timeout
+        first = self.config.engine_first_byte_timeout_s
         try:
             raw, status = await self._await(
                 engine, request(), None if first is None else loop.time() + first, "the answer"
@@ -559,7 +551,7 @@ class EnginePool:
         return _unpack_checked(data)
 
     async def _stream_attempt(self, engine: EngineHandle, body: PartsPayload):
-        first, idle = self.first_byte_timeout, self.idle_timeout
+        first, idle = self.config.engine_first_byte_timeout_s, self.config.engine_idle_timeout_s
         loop = asyncio.get_running_loop()
         deadline = None if first is None else loop.time() + first
         try:

@@ -33,6 +33,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from gyre.proxy.adapters.dialects import Adapter, too_long
 from gyre.proxy.errors import ApiError
 
 SLICE_CHARS = 1 << 16
@@ -186,7 +187,7 @@ class PromptBound:
         )
 
     async def check(
-        self, raw_items: list[Any], dialect: str, body_bytes: int | None = None
+        self, raw_items: list[Any], adapter: Adapter, body_bytes: int | None = None
     ) -> None:
         """Raise the API's context-length 400 when a floor shows the prompt cannot fit."""
         if body_bytes is not None and self.cannot_trigger(body_bytes):
@@ -196,21 +197,8 @@ class PromptBound:
         if floor < self.max_context and self.needs_count(chars):
             floor = await asyncio.to_thread(self.floor_by_counting, raw_items)
         if floor >= self.max_context:
-            raise self.too_long(floor, dialect)
+            raise self.too_long(floor, adapter)
 
-    def too_long(self, floor: int, dialect: str) -> ApiError:
+    def too_long(self, floor: int, adapter: Adapter) -> ApiError:
         """The same 400 as a fully counted prompt that does not fit, with the floor as count."""
-        if dialect == "anthropic":
-            msg = f"prompt is too long: at least {floor} tokens > {self.max_context - 1} maximum"
-        else:
-            msg = (
-                f"This model's maximum context length is {self.max_context} tokens; the messages "
-                f"resulted in at least {floor} tokens."
-            )
-        return ApiError(
-            400,
-            msg,
-            "invalid_request",
-            param="input" if dialect == "responses" else "messages",
-            code="context_length_exceeded",
-        )
+        return too_long(adapter, f"at least {floor}", self.max_context)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,23 +21,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gyre.proxy import jsonfast
-from gyre.proxy.adapters import anthropic_messages as anthropic
-from gyre.proxy.adapters import openai_chat as openai
-from gyre.proxy.adapters import responses
+from gyre.proxy.adapters.dialects import ANTHROPIC, Adapter, too_long
 from gyre.proxy.bodyparse import BodyParser
 from gyre.proxy.calltally import CallTallies
 from gyre.proxy.config import ProxyConfig
+from gyre.proxy.counters import BridgeMode, ProxyCounters
 from gyre.proxy.detok import Detokenizer
-from gyre.proxy.enginefaults import Backoff
 from gyre.proxy.errors import ApiError, bad_request
 from gyre.proxy.identity import Identity, KeyRegistry, key_from_headers
 from gyre.proxy.parsing import make_parser
 from gyre.proxy.pool import EnginePool, GenResult
 from gyre.proxy.promptsize import PromptBound
-from gyre.proxy.recorder import build_meta
+from gyre.proxy.recorder import Recorder
 from gyre.proxy.render import Renderer, RenderError
 from gyre.proxy.retries import RetryEntry, RetryWindow, retry_count
-from gyre.proxy.session import Bridge, CallNode, ExecutionState
+from gyre.proxy.session import Bridge, ExecutionState, Plan
 from gyre.proxy.types import (
     AssistantTurn,
     Finished,
@@ -48,24 +45,9 @@ from gyre.proxy.types import (
     TextDelta,
     ToolCall,
     ToolCallEvent,
+    TurnFinish,
 )
-from gyre.trace.record import OutputSegment, TraceRecord
 from gyre.trace.store import TraceWriter, read_trace, trace_path
-
-log = logging.getLogger("gyre.proxy")
-
-_ADAPTERS = {"openai": openai, "anthropic": anthropic, "responses": responses}
-
-
-@dataclass
-class Plan:
-    request_id: str
-    bridge: Bridge
-    suffix: list[int]
-    input_parts: list[bytes]  # JSON pieces of the input ids (prefix pieces are shared, not copied)
-    input_len: int
-    mode: str  # continuation | resample | full | template_fallback
-    verify_equal: bool | None = None
 
 
 @dataclass
@@ -97,41 +79,14 @@ class ProxyService:
         self.prompt_bound = PromptBound(tokenizer, self.max_context)
         self.served_model = config.served_model_name or Path(config.model_dir).name
         self.keys = KeyRegistry(config.mode)
-        self.pool = EnginePool(
-            config.engines,
-            read_timeout=config.engine_timeout_s,
-            max_resumes=config.max_resumes,
-            wait_for_engine_s=config.engine_wait_s,
-            first_byte_timeout=config.engine_first_byte_timeout_s,
-            idle_timeout=config.engine_idle_timeout_s,
-            probe_after=config.engine_probe_after_s,
-            probe_timeout=config.engine_probe_timeout_s,
-            backoff=Backoff(
-                max_attempts=config.engine_max_attempts, budget_s=config.engine_retry_budget_s
-            ),
-        )
+        self.pool = EnginePool(config.engines, config)
         self.writer = TraceWriter(
             config.trace_dir, fsync=config.fsync, max_open=config.max_open_traces
         )
         self.executions: dict[str, Execution] = {}
         self.calls = CallTallies()  # per execution: attempted / answered (did the policy act?)
-        self.counters: dict[str, int] = {
-            "requests": 0,
-            "answered": 0,
-            "continuation": 0,
-            "resample": 0,
-            "full": 0,
-            "forked": 0,
-            "template_fallback": 0,
-            "bridge_mismatch": 0,
-            "retries_replayed": 0,
-            "retries_coalesced": 0,
-            "client_disconnects": 0,
-            "errors_4xx": 0,
-            "errors_5xx": 0,
-            "record_failures": 0,
-            "evicted_executions": 0,
-        }
+        self.counters = ProxyCounters()
+        self.recorder = Recorder(self.writer, config.fsync, self.counters, self.calls)
         self._stop_ids = frozenset(self.renderer.stop_token_ids)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task | None = None
@@ -177,7 +132,7 @@ class ProxyService:
         self.executions.pop(execution_id, None)
         self.pool.forget(execution_id)
         self.writer.close_execution(execution_id)
-        self.counters["evicted_executions"] += 1
+        self.counters.evicted_executions += 1
 
     # -- identity / state ----------------------------------------------------------------------
     def _identify(self, headers: Any) -> Identity:
@@ -244,7 +199,9 @@ class ProxyService:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _parse(self, dialect: str, request: Request) -> tuple[Execution, bytes, ParsedCall]:
+    async def _parse(
+        self, adapter: Adapter, request: Request
+    ) -> tuple[Execution, bytes, ParsedCall]:
         ident = self._identify(request.headers)
         self.calls.attempt(ident.execution_id)
         body = await self._read_body(request)
@@ -255,9 +212,9 @@ class ProxyService:
             )  # re-uses the history objects of this execution's last bodies
         except jsonfast.JSONDecodeError:
             raise bad_request("request body is not valid JSON") from None
-        call = _ADAPTERS[dialect].parse_request(data)
+        call = adapter.parse(data)
         try:  # a prompt that cannot fit is refused before it is rendered (gyre.proxy.promptsize)
-            await self.prompt_bound.check(call.raw_items, dialect, len(body))
+            await self.prompt_bound.check(call.raw_items, adapter, len(body))
         except ApiError:
             ex.bodies.discard(body)
             raise
@@ -268,7 +225,7 @@ class ProxyService:
         rid = uuid.uuid4().hex[:24]
         bridge = st.find_bridge(call)
         suffix: list[int] | None = None
-        mode = "full"
+        mode: BridgeMode = "full"
         try:
             if bridge.base is not None and bridge.echo is not None:
                 last = bridge.base.output[-1] if bridge.base.output else None
@@ -311,27 +268,15 @@ class ProxyService:
             full = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
             plan.verify_equal = full == bridge.base.materialise(bridge.base_len) + suffix
             if not plan.verify_equal:
-                self.counters["bridge_mismatch"] += 1
+                self.counters.bridge_mismatch += 1
         return plan
 
-    def _sampling(self, call: ParsedCall, input_len: int, dialect: str) -> dict[str, Any]:
+    def _sampling(self, call: ParsedCall, input_len: int, adapter: Adapter) -> dict[str, Any]:
         if input_len <= 0:
             raise bad_request("the rendered prompt is empty")
         room = self.max_context - input_len
         if room <= 0:
-            msg = (
-                f"prompt is too long: {input_len} tokens > {self.max_context - 1} maximum"
-                if dialect == "anthropic"
-                else f"This model's maximum context length is {self.max_context} tokens; the messages resulted "
-                f"in {input_len} tokens."
-            )
-            raise ApiError(
-                400,
-                msg,
-                "invalid_request",
-                param="input" if dialect == "responses" else "messages",
-                code="context_length_exceeded",
-            )
+            raise too_long(adapter, str(input_len), self.max_context)
         s = call.sampling
         sp: dict[str, Any] = {
             "max_new_tokens": min(s.max_tokens or self.config.default_max_tokens, room),
@@ -348,11 +293,11 @@ class ProxyService:
         return sp
 
     # -- the pipeline --------------------------------------------------------------------------
-    async def handle(self, dialect: str, request: Request) -> Response:
-        self.counters["requests"] += 1
+    async def handle(self, adapter: Adapter, request: Request) -> Response:
+        self.counters.requests += 1
         t0 = time.time()
         try:
-            ex, body, call = await self._parse(dialect, request)
+            ex, body, call = await self._parse(adapter, request)
             entry: RetryEntry | None = None
             if retry_count(request.headers) > 0:
                 entry = ex.retries.find(body)
@@ -360,39 +305,42 @@ class ProxyService:
                 done = entry.result.done()
                 turn = await asyncio.shield(entry.result)
                 if turn is not None and turn.finish != "abort":
-                    self.counters["retries_replayed" if done else "retries_coalesced"] += 1
-                    return self._replay(dialect, call, turn)
+                    if done:
+                        self.counters.retries_replayed += 1
+                    else:
+                        self.counters.retries_coalesced += 1
+                    return self._replay(adapter, call, turn)
             # registered before planning: a retry that arrives during a long full render still coalesces
             entry = ex.retries.add(body) if self.config.retry_window > 0 else None
             try:
                 plan = await self._plan(ex.state, call)
-                sampling = self._sampling(call, plan.input_len, dialect)
+                sampling = self._sampling(call, plan.input_len, adapter)
             except BaseException:
                 if entry is not None:
                     entry.settle(None)
                 raise
-            events = self._produce(dialect, ex, call, plan, sampling, entry, request.headers, t0)
+            events = self._produce(adapter, ex, call, plan, sampling, entry, request.headers, t0)
             if call.stream:
                 # wait for the first event so an early failure is still a plain HTTP error
                 first = await self._until_hangup(events.__anext__(), request)
                 return StreamingResponse(
-                    self._sse(dialect, call, plan, first, events),
+                    self._sse(adapter, call, plan, first, events),
                     media_type="text/event-stream",
                     headers={"cache-control": "no-cache", "x-gyre-request-id": plan.request_id},
                 )
             turn = await self._collect(events, request)
-            body_out = _ADAPTERS[dialect].response(call, turn, self.tokenizer)
+            body_out = adapter.respond(call, turn, self.tokenizer)
             return Response(
                 jsonfast.dumps(body_out),
                 media_type="application/json",
                 headers={"x-gyre-request-id": plan.request_id},
             )
         except ApiError as e:
-            self.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
+            self.counters.error(e.status)
             self._note_failure(request, f"HTTP {e.status}: {e.message}")
-            return JSONResponse(e.body(dialect), status_code=e.status, headers=e.headers)
+            return JSONResponse(adapter.error_body(e), status_code=e.status, headers=e.headers)
         except ClientGone:
-            self.counters["client_disconnects"] += 1
+            self.counters.client_disconnects += 1
             self._note_failure(request, "the client went away before the answer")
             with contextlib.suppress(Exception):
                 await events.aclose()  # a stream that never started: end the generation
@@ -403,7 +351,7 @@ class ProxyService:
         if ident is not None:
             self.calls.fail(ident.execution_id, error)
 
-    def _replay(self, dialect: str, call: ParsedCall, turn: AssistantTurn) -> Response:
+    def _replay(self, adapter: Adapter, call: ParsedCall, turn: AssistantTurn) -> Response:
         if call.stream:
 
             async def events() -> AsyncIterator[StreamEvent]:
@@ -415,16 +363,18 @@ class ProxyService:
                     yield ToolCallEvent(tc)
                 yield Finished(turn)
 
-            gen = self._stream(dialect, call, turn.request_id, events(), turn.prompt_tokens)
+            gen = adapter.stream(
+                call, turn.request_id, events(), turn.prompt_tokens, self.tokenizer
+            )
             return StreamingResponse(gen, media_type="text/event-stream")
         return Response(
-            jsonfast.dumps(_ADAPTERS[dialect].response(call, turn, self.tokenizer)),
+            jsonfast.dumps(adapter.respond(call, turn, self.tokenizer)),
             media_type="application/json",
         )
 
     async def _sse(
         self,
-        dialect: str,
+        adapter: Adapter,
         call: ParsedCall,
         plan: Plan,
         first: StreamEvent,
@@ -435,38 +385,17 @@ class ProxyService:
             async for ev in events:
                 yield ev
 
-        gen = self._stream(dialect, call, plan.request_id, chained(), plan.input_len)
+        gen = adapter.stream(call, plan.request_id, chained(), plan.input_len, self.tokenizer)
         try:
             async with contextlib.aclosing(gen):
                 async for chunk in gen:
                     yield chunk
-        except (
-            ApiError
-        ) as e:  # mid-stream failure: the dialect's error event, never a dropped connection
-            self.counters["errors_5xx" if e.status >= 500 else "errors_4xx"] += 1
-            if dialect == "anthropic":
-                yield b"event: error\ndata: " + jsonfast.dumps(e.anthropic_body()) + b"\n\n"
-            elif dialect == "responses":
-                pass  # the stream already ended with its response.failed event
-            else:
-                yield b"data: " + jsonfast.dumps(e.openai_body()) + b"\n\n"
+        except ApiError as e:  # mid-stream: the dialect's error event, never a dropped connection
+            self.counters.error(e.status)
+            if tail := adapter.stream_error(e):
+                yield tail
         finally:
             await events.aclose()
-
-    def _stream(
-        self,
-        dialect: str,
-        call: ParsedCall,
-        request_id: str,
-        events: AsyncIterator[StreamEvent],
-        prompt_tokens: int,
-    ) -> AsyncGenerator[bytes, None]:
-        """The dialect's SSE byte stream over the parsed events."""
-        if dialect == "anthropic":
-            return anthropic.stream(call, request_id, events, prompt_tokens, self.tokenizer)
-        if dialect == "responses":
-            return responses.stream(call, request_id, events, prompt_tokens, self.tokenizer)
-        return openai.stream(call, request_id, events, self.tokenizer)
 
     async def _collect(
         self, events: AsyncGenerator[StreamEvent, None], request: Request
@@ -506,7 +435,7 @@ class ProxyService:
 
     async def _produce(
         self,
-        dialect: str,
+        adapter: Adapter,
         ex: Execution,
         call: ParsedCall,
         plan: Plan,
@@ -517,7 +446,7 @@ class ProxyService:
     ) -> AsyncGenerator[StreamEvent, None]:
         st = ex.state
         ex.active += 1
-        prefix = "toolu_" if dialect == "anthropic" else "call_"
+        prefix = adapter.tool_id_prefix
         no_tools = call.tool_choice == "none" or (
             isinstance(call.tool_choice, dict) and call.tool_choice.get("type") == "none"
         )
@@ -562,9 +491,9 @@ class ProxyService:
             assert result is not None
             tail = [] if call.stream else note(parser.feed(detok.add(result.output_ids)))
             tail += note(parser.feed(detok.flush()) + parser.finish())
-            finish = result.finish if result.finish in ("stop", "length") else "stop"
-            if calls and finish == "stop":
-                finish = "tool_calls"
+            finish: TurnFinish = (
+                "tool_calls" if calls and result.finish == "stop" else result.finish
+            )
             turn = AssistantTurn(
                 content="".join(texts),
                 reasoning="".join(reasoning).strip() or None,
@@ -576,7 +505,7 @@ class ProxyService:
                 output_logprobs=result.logprobs,
                 request_id=plan.request_id,
             )
-            await self._record(ex, call, plan, result, turn, headers, t0, dialect)
+            await self.recorder.answered(st, call, plan, result, turn, headers, t0)
             if entry is not None:
                 entry.settle(turn)
             for ev in tail:
@@ -588,151 +517,11 @@ class ProxyService:
             if result is None and out_ids and not isinstance(e, ApiError):
                 # the client went away mid-generation: keep what the policy sampled, marked as such
                 with contextlib.suppress(Exception):
-                    self._record_abort(ex, call, plan, out_ids, out_lps, headers, t0, dialect)
+                    self.recorder.aborted(st, call, plan, (out_ids, out_lps), headers, t0)
             raise
         finally:
             ex.active -= 1
             ex.last_used = time.monotonic()
-
-    # -- recording -----------------------------------------------------------------------------
-    def _meta(
-        self, ex: Execution, call: ParsedCall, plan: Plan, headers: Any, extra: dict[str, Any]
-    ) -> dict:
-        b = plan.bridge
-        extra = {"bridge": plan.mode, **call.meta, **extra}
-        if b.fork_at is not None:
-            extra["fork_at"] = b.fork_at
-        if plan.verify_equal is not None:
-            extra["bridge_verified"] = plan.verify_equal
-        return build_meta(call, b.head, b.norm, headers, ex.ident.label, extra)
-
-    def _trace_record(
-        self,
-        ex: Execution,
-        call: ParsedCall,
-        plan: Plan,
-        output_ids: list[int],
-        logprobs: list[float],
-        segments: Sequence[OutputSegment],
-        finish: str,
-        headers: Any,
-        t0: float,
-        extra: dict[str, Any],
-    ) -> TraceRecord:
-        """The record of one call (answered or aborted); takes the execution's next seq."""
-        st = ex.state
-        b = plan.bridge
-        seq = st.next_seq
-        st.next_seq += 1
-        return TraceRecord(
-            execution_id=st.execution_id,
-            request_id=plan.request_id,
-            seq=seq,
-            api=call.api,
-            base=b.base.request_id if b.base is not None else None,
-            base_len=b.base_len,
-            input_suffix=tuple(plan.suffix),
-            output_ids=tuple(output_ids),
-            output_logprobs=tuple(logprobs),
-            segments=tuple(segments),
-            finish_reason=finish,
-            forked=b.forked,
-            t_start=t0,
-            t_end=time.time(),
-            meta=self._meta(ex, call, plan, headers, extra),
-        )
-
-    async def _record(
-        self,
-        ex: Execution,
-        call: ParsedCall,
-        plan: Plan,
-        result: GenResult,
-        turn: AssistantTurn,
-        headers: Any,
-        t0: float,
-        dialect: str,
-    ) -> None:
-        st = ex.state
-        b = plan.bridge
-        rec = self._trace_record(
-            ex,
-            call,
-            plan,
-            result.output_ids,
-            result.logprobs,
-            result.segments,
-            turn.finish if turn.finish != "tool_calls" else "stop",
-            headers,
-            t0,
-            {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)},
-        )
-        seq = rec.seq
-        try:
-            if self.config.fsync:
-                await asyncio.to_thread(self.writer.append, rec)
-            else:
-                self.writer.append(rec)
-        except OSError as e:
-            # never answer a call the trace does not hold: the client gets an API error instead
-            if st.next_seq == seq + 1:
-                st.next_seq = seq
-            self.counters["record_failures"] += 1
-            log.error("trace write failed for %s: %s", st.execution_id, e)
-            raise ApiError(
-                507,
-                f"the proxy could not record this call ({e.strerror or e}); retry later",
-                "server",
-            ) from None
-        node = CallNode(
-            request_id=plan.request_id,
-            seq=seq,
-            norm=b.norm,
-            raw_to_norm=b.raw_to_norm,
-            n_raw=len(call.raw_items),
-            raw_items=None,
-            tools_raw=call.tools_raw,
-            tools=call.tools,
-            head=b.head,
-            assistant=turn.as_message(),
-            base=b.base,
-            base_len=b.base_len,
-            suffix=plan.suffix,
-            output=list(result.output_ids),
-        )
-        st.add_node(node, [], call.raw_items, plan.input_parts)
-        st.counters[plan.mode] = st.counters.get(plan.mode, 0) + 1
-        self.counters["answered"] += 1
-        self.calls.answer(st.execution_id)
-        self.counters[plan.mode] += 1
-        if b.forked:
-            self.counters["forked"] += 1
-            st.counters["forked"] += 1
-
-    def _record_abort(
-        self,
-        ex: Execution,
-        call: ParsedCall,
-        plan: Plan,
-        out_ids: list[int],
-        out_lps: list[float],
-        headers: Any,
-        t0: float,
-        dialect: str,
-    ) -> None:
-        rec = self._trace_record(
-            ex,
-            call,
-            plan,
-            out_ids,
-            out_lps,
-            (OutputSegment(start=0, end=len(out_ids), engine_id="unknown", weights_version=-1),),
-            "abort",
-            headers,
-            t0,
-            {"client_disconnected": True},
-        )
-        self.writer.append(rec)
 
     # -- other routes ----------------------------------------------------------------------------
     async def count_tokens(self, request: Request) -> Response:
@@ -745,8 +534,8 @@ class ProxyService:
                 raise bad_request("request body is not valid JSON") from None
             if isinstance(data, dict) and "max_tokens" not in data:
                 data = {**data, "max_tokens": 1}
-            call = anthropic.parse_request(data)
-            await self.prompt_bound.check(call.raw_items, "anthropic", len(body))
+            call = ANTHROPIC.parse(data)
+            await self.prompt_bound.check(call.raw_items, ANTHROPIC, len(body))
             norm = [
                 m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)
             ]
@@ -756,12 +545,12 @@ class ProxyService:
                 raise bad_request(str(e)) from None
             return JSONResponse({"input_tokens": len(ids)})
         except ApiError as e:
-            return JSONResponse(e.anthropic_body(), status_code=e.status)
+            return JSONResponse(ANTHROPIC.error_body(e), status_code=e.status)
 
     def stats(self) -> dict[str, Any]:
         return {
-            "counters": dict(self.counters),
-            "pool": {"counters": dict(self.pool.counters), "engines": self.pool.status()},
+            "counters": self.counters.as_dict(),
+            "pool": {"counters": self.pool.counters.as_dict(), "engines": self.pool.status()},
             "executions": len(self.executions),
             "open_trace_files": self.writer.open_files,
         }

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.proxy import jsonfast
+from gyre.proxy.counters import BridgeCounts, BridgeMode
 from gyre.proxy.types import Message, ParsedCall
 
 
@@ -105,6 +106,19 @@ RESAMPLE_LOOKBACK = 4
 FORK_LOOKBACK = 64
 
 
+@dataclass
+class Plan:
+    """One call's prompt: the bridge it extends and the tokens rendered after it."""
+
+    request_id: str
+    bridge: Bridge
+    suffix: list[int]
+    input_parts: list[bytes]  # JSON pieces of the input ids (prefix pieces are shared, not copied)
+    input_len: int
+    mode: BridgeMode
+    verify_equal: bool | None = None
+
+
 class _Request:
     """One request's raw messages, normalised lazily and at most once per message."""
 
@@ -147,15 +161,7 @@ class ExecutionState:
     echo_index: dict[tuple, CallNode] = field(default_factory=dict)
     tool_payloads: dict[str, tuple[str, str]] = field(default_factory=dict)
     hot: OrderedDict[int, CallNode] = field(default_factory=OrderedDict)
-    counters: dict[str, int] = field(
-        default_factory=lambda: {
-            "bridged": 0,
-            "full": 0,
-            "forked": 0,
-            "resampled": 0,
-            "template_fallback": 0,
-        }
-    )
+    counters: BridgeCounts = field(default_factory=BridgeCounts)
 
     # -- payload cache -----------------------------------------------------------------------
     def restore(self, call_id: str) -> tuple[str, str] | None:

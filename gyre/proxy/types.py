@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 Message = dict[str, Any]
 Restore = Callable[[str], tuple[str, str] | None]  # call id -> (name, original arguments text)
+
+
+TurnFinish = Literal["stop", "length", "tool_calls", "abort"]
 
 
 @dataclass
@@ -73,7 +76,7 @@ class AssistantTurn:
     content: str
     reasoning: str | None
     tool_calls: list[ToolCall]
-    finish: str  # "stop" | "length" | "tool_calls" | "abort"
+    finish: TurnFinish
     prompt_tokens: int = 0
     completion_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)

@@ -26,6 +26,7 @@ from gyre.engine.service import EngineService
 from gyre.runtime.cpulimit import confine
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
 from gyre.runtime.nodeaddr import free_ports, gloo_env, ipv4_interfaces, node_ip
+from gyre.runtime.seeds import SEED_STRIDE
 from gyre.train.cell import TrainCell
 from gyre.train.config import TrainerConfig
 from gyre.train.stats import ObjectiveStats
@@ -33,8 +34,6 @@ from gyre.train.stats import ObjectiveStats
 if TYPE_CHECKING:
     from gyre.train.tasks import MicroStepTask
     from gyre.train.trainer import CellTrainer
-
-CELL_SEED_STRIDE = 1_000_003  # engine seeds: distinct streams per cell and start
 
 
 class Cell:
@@ -121,7 +120,7 @@ class Cell:
             model_dir=weights_dir,
             engine_id=f"cell-{self.index}",
             version=version,
-            seed=self.ecfg.seed * CELL_SEED_STRIDE + self.index * 7919 + version,
+            seed=self.ecfg.seed * SEED_STRIDE + self.index * 7919 + version,
             torch_threads=self.torch_threads,
         )
         svc = EngineService(cfg, host=node_ip())  # reachable from the driver's node

@@ -44,31 +44,9 @@ def load_run_config(path: Path | None, overrides: list[str]):
 
 
 def resume_config(run_dir: Path, overrides: list[str]):
-    """The run's config.toml, with the None values TOML could not hold restored from config.json."""
-    import tomllib
-
-    nulls: list[str] = []
-    exact = run_dir / "config.json"
-    if exact.is_file():
-        try:
-            raw = tomllib.loads((run_dir / "config.toml").read_text())
-        except (tomllib.TOMLDecodeError, OSError):
-            raw = {}
-
-        def walk(e: dict, r: dict, prefix: str) -> None:
-            for k, v in e.items():
-                if v is None and k not in r:
-                    nulls.append(f"{prefix}{k}=null")
-                elif isinstance(v, dict):
-                    sub = r.get(k)
-                    walk(v, sub if isinstance(sub, dict) else {}, f"{prefix}{k}.")
-
-        try:
-            exact_data = json.loads(exact.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigProblem(f"--resume: {exact} is unreadable ({e})") from None
-        walk(exact_data, raw, "")
-    return load_run_config(run_dir / "config.toml", [*nulls, *overrides])
+    """The run's exact config (``config.json``: JSON holds the None values TOML cannot), with
+    any overrides given at resume on top. ``config.toml`` is the copy for people to read."""
+    return load_run_config(run_dir / "config.json", overrides)
 
 
 def check_run(cfg) -> None:
@@ -196,8 +174,8 @@ def run_command(
             raise ConfigProblem(f"--log-format: expected rich, plain or json, got {log_format!r}")
         state = None
         if resume is not None:
-            if not (resume / "config.toml").is_file():
-                raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.toml)")
+            if not (resume / "config.json").is_file():
+                raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.json)")
             cfg = resume_config(resume, set_)
             state = _resume_state(resume)
             run_dir = resume

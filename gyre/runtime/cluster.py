@@ -34,13 +34,14 @@ from gyre.engine.client import EngineClient
 from gyre.engine.service import RELOAD_ROOT_ENV
 from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
-from gyre.runtime.cell import CELL_SEED_STRIDE, Cell, StandaloneEngine
+from gyre.proxy.runner import ProxyServer
+from gyre.runtime.cell import Cell, StandaloneEngine
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
 from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK, ray_local_ip
 from gyre.runtime.publication import check_served
 from gyre.runtime.rundir import RunDir
+from gyre.runtime.seeds import SEED_STRIDE
 from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
@@ -264,7 +265,7 @@ class Cluster:
                     "model_dir": self.weights_dir,
                     "engine_id": f"standalone-{j}",
                     "weight_version": self.weights_version,
-                    "seed": ecfg.seed * CELL_SEED_STRIDE + 104729 + j,
+                    "seed": ecfg.seed * SEED_STRIDE + 104729 + j,
                 }
             )
             a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote

@@ -17,26 +17,9 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from gyre.engine.config import EmbeddedEngineConfig, VllmEngineConfig
-
-
-class VllmOptions(BaseModel):
-    """``[engine.vllm]``: how each cell's vLLM server is launched (used when kind = "vllm")."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    python: str | None = Field(
-        None, description="the vLLM venv's python (default GYRE_VLLM_PYTHON, then .venv-vllm)"
-    )
-    kv_cache_gb: int = Field(
-        1, ge=1, description="VLLM_CPU_KVCACHE_SPACE per server (whole GiB: vLLM reads an int)"
-    )
-    start_timeout_s: float = Field(600.0, gt=0, description="wait this long for a server's /health")
-    abort_grace_s: float = Field(
-        2.0, gt=0, description="after an abort, wait this long for vLLM's partial output"
-    )
+from gyre.engine.config import EmbeddedEngineConfig, VllmEngineConfig, VllmLaunchConfig
 
 
 class RolloutEngineConfig(EmbeddedEngineConfig):
@@ -47,7 +30,7 @@ class RolloutEngineConfig(EmbeddedEngineConfig):
     kind: Literal["embedded", "vllm"] = Field(
         "embedded", description="embedded: Gyre's CPU engine; vllm: a vLLM server per engine"
     )
-    vllm: VllmOptions = Field(default_factory=VllmOptions)
+    vllm: VllmLaunchConfig = Field(default_factory=VllmLaunchConfig)
 
 
 def cell_engine_config(

@@ -2,8 +2,8 @@
 
 Layout::
 
-    config.toml          the resolved config (what --resume reads back)
-    config.json          the same, exactly (TOML cannot hold None; --resume takes only those from it)
+    config.toml          the resolved config, to read
+    config.json          the same, exactly (TOML cannot hold None): what --resume reads back
     metrics.jsonl        one line per optimizer step (veRL-style names: actor/*, timing/*, batch/*, sched/*)
     evals.jsonl          one line per evaluation (apart from training rewards)
     executions.jsonl     one line per finished execution (reward or missing reason, harness outcome)

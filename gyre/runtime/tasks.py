@@ -11,6 +11,7 @@ import fnmatch
 import random
 
 from gyre.harness.task import Task, load_taskset
+from gyre.runtime.seeds import SEED_STRIDE
 
 
 class TaskSetError(ValueError):
@@ -59,6 +60,6 @@ class TaskStream:
         order = self._epochs.get(epoch)
         if order is None:
             order = list(self.train)
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            random.Random(self.seed * SEED_STRIDE + epoch).shuffle(order)
             self._epochs[epoch] = order
         return order[i]

@@ -18,7 +18,7 @@ from typing import Any
 
 from gyre.engine.runner import ServerRunner
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 
 
 def make_engine(
@@ -49,7 +49,7 @@ def make_engine(
 
 @contextlib.contextmanager
 def running_engine(kind: str, model_dir: str, **kw: Any) -> Iterator[ServerRunner]:
-    from gyre.engine.server import create_app
+    from gyre.engine.app import create_app
 
     runner = ServerRunner(
         create_app(make_engine(kind, model_dir, **kw)), name=f"engine-{kind}"
@@ -78,9 +78,9 @@ def running_proxy(
 def scripted_proxy_stack(model_dir: str, book: dict, trace_dir: Path) -> Iterator[tuple]:
     """A scripted engine behind a managed proxy on 127.0.0.1, the end-to-end harness tests'
     stack; yields (proxy_url, register, trace_dir), ``register`` an async admin call."""
+    from gyre.engine.app import create_app
     from gyre.engine.config import ScriptedEngineConfig
     from gyre.engine.scripted import ScriptBook, ScriptedEngine
-    from gyre.engine.server import create_app
     from gyre.proxy.admin import ProxyAdminClient
 
     engine = ScriptedEngine(

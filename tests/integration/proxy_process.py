@@ -23,7 +23,7 @@ import sys
 
 def _serve(cfg: dict, info: str, tokenizer=None, wait_stdin: bool = True) -> None:
     from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import ProxyServer
+    from gyre.proxy.runner import ProxyServer
 
     px = ProxyServer(ProxyConfig(**cfg), tokenizer).start()
     doc = {"url": px.url, "admin_socket": px.admin_socket, "token": px.admin_token}
@@ -42,7 +42,7 @@ def _serve(cfg: dict, info: str, tokenizer=None, wait_stdin: bool = True) -> Non
 def zygote() -> None:
     from transformers import AutoTokenizer
 
-    import gyre.proxy.server  # noqa: F401  (imported once, before any fork)
+    import gyre.proxy.runner  # noqa: F401  (imported once, before any fork)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped automatically
     toks: dict[str, object] = {}

@@ -12,12 +12,12 @@ import httpx
 import pytest
 import torch
 
+from gyre.engine.app import create_app
 from gyre.engine.client import EngineClient, EngineConnectionError, EngineRequestError
 from gyre.engine.config import EmbeddedEngineConfig
 from gyre.engine.embedded import EmbeddedEngine
 from gyre.engine.protocol import GenerateRequest
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 PROMPTS = [[5, 17, 300, 42, 9, 77][: 2 + i % 5] + [50 + i] * (1 + i % 3) for i in range(6)]

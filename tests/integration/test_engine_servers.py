@@ -12,12 +12,12 @@ import time
 import httpx
 import pytest
 
+from gyre.engine.app import create_app
 from gyre.engine.client import EngineClient, EngineRequestError, EngineServerError
 from gyre.engine.config import ScriptedEngineConfig
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
 from gyre.engine.scripted import ScriptBook, ScriptedEngine, ScriptedToolCall, ScriptedTurn
-from gyre.engine.server import create_app
 
 
 async def test_scripted_engine_over_http_streams_tool_calls(tiny_model_dir, tiny_tokenizer):

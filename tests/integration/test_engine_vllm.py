@@ -142,9 +142,9 @@ def vllm_url(models, tmp_path_factory):
 @pytest.fixture(scope="module")
 def adapters(models, vllm_url):
     """Two adapters (engine ids vllm-A, vllm-B) over the one vLLM server."""
+    from gyre.engine.app import create_app
     from gyre.engine.config import VllmEngineConfig
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
     from gyre.engine.vllm import VllmEngine
 
     runners = [

@@ -98,9 +98,9 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(vLLM server, adapter runner) on the imported model."""
+    from gyre.engine.app import create_app
     from gyre.engine.config import VllmEngineConfig
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
     from gyre.engine.vllm import VllmEngine
 
     log = tmp_path_factory.mktemp("vllm-tied-log") / "vllm.log"

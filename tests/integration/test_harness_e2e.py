@@ -433,15 +433,19 @@ async def test_synthetic_harness_e2e(stack, tmp_path):
 async def test_quickstart_with_tiny_model(tiny_model_dir, tmp_path):
     """The quickstart path with a real (tiny, untrained) model: embedded engine -> proxy -> reference
     agent -> answer.txt -> a graded reward in [0, 1], never missing."""
+    from gyre.engine.app import create_app
     from gyre.engine.cli import build_engine
+    from gyre.engine.config import EmbeddedEngineConfig
     from gyre.engine.runner import ServerRunner
-    from gyre.engine.server import create_app
     from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import ProxyServer
+    from gyre.proxy.runner import ProxyServer
     from gyre.trace.store import read_trace
 
     eng = ServerRunner(
-        create_app(build_engine("embedded", model=tiny_model_dir, torch_threads=1)), name="tiny"
+        create_app(
+            build_engine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), torch_threads=1))
+        ),
+        name="tiny",
     ).start()
     proxy = ProxyServer(
         ProxyConfig(

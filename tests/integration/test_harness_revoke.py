@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from gyre.engine.app import create_app
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.harness.config import ExecutorConfig, SandboxConfig
 from gyre.harness.executor import ExecutionSpec, HarnessExecutor
 from gyre.harness.task import load_task
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 from gyre.trace import trace_path
 
 sys.path.insert(0, str(Path(__file__).parent))

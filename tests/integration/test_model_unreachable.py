@@ -199,7 +199,7 @@ def proxy_stack(tiny_model_dir, tmp_path):
     from gyre.harness.model_calls import ModelCalls
     from gyre.proxy.admin import ProxyAdminClient
     from gyre.proxy.config import ProxyConfig
-    from gyre.proxy.server import ProxyServer
+    from gyre.proxy.runner import ProxyServer
 
     stack = ExitStack()
 

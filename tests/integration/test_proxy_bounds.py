@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gyre.engine.app import create_app
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.proxy.admin import ProxyAdminError
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 from gyre.trace import read_trace, trace_path
 
 PROC = str(Path(__file__).with_name("proxy_process.py"))
@@ -276,7 +276,7 @@ def test_abandoned_upload_logs_one_line_without_traceback(make_proxy):
         lg.addHandler(h)
         lg.setLevel(logging.INFO)
     try:
-        before = px.service.counters["client_disconnects"]
+        before = px.service.counters.client_disconnects
         with _connect(px) as s:
             s.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -286,7 +286,7 @@ def test_abandoned_upload_logs_one_line_without_traceback(make_proxy):
             )
             time.sleep(0.2)
         deadline = time.monotonic() + 10
-        while px.service.counters["client_disconnects"] == before:
+        while px.service.counters.client_disconnects == before:
             assert time.monotonic() < deadline, "the disconnect was never noticed"
             time.sleep(0.05)
         time.sleep(0.2)

@@ -22,11 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gyre.engine.app import create_app
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 from gyre.trace import OutputSegment, TraceRecord, TraceWriter, read_trace, trace_path
 from gyre.trace.store import torn_path
 

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from gyre.engine.runner import ServerRunner
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 
 OA = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 AN = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
@@ -165,8 +165,8 @@ def test_dead_engine_backs_off_then_503_with_retry_after(tiny_model_dir, tiny_to
         assert "4 attempts" in err["message"] and dead in err["message"]
         assert 1 <= int(r.headers["retry-after"]) <= 30
         pool = px.service.pool.counters
-        assert pool["engine_errors"] == 4  # engine_max_attempts, not 17
-        assert pool["backoff_waits"] == 3  # one wait before each try again
+        assert pool.engine_errors == 4  # engine_max_attempts, not 17
+        assert pool.backoff_waits == 3  # one wait before each try again
         # 3 waits of 0.125-0.25, 0.25-0.5, 0.5-1 s: backed off, and within the budget
         assert 0.8 <= took <= 5.0, took
         r, _ = post(px, "/v1/messages", AN)  # Anthropic shape too
@@ -223,7 +223,7 @@ def test_frozen_engine_process_is_declared_failed(tiny_model_dir, tiny_tokenizer
                 # 2 attempts x (0.5 s silence + 0.5 s probe) + one back-off wait (<= 0.25 s)
                 assert 1.5 <= took <= 6.0, (stream, took)
             counters = px.service.pool.counters
-            assert counters["engine_timeouts"] == 4 and counters["probes_failed"] >= 2
+            assert counters.engine_timeouts == 4 and counters.probes_failed >= 2
     finally:
         os.kill(eng.pid, signal.SIGCONT)
         eng.kill()
@@ -234,9 +234,9 @@ def test_frozen_mid_stream_moves_to_another_engine_with_its_output(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
     """Silent after three tokens: the call moves to a working engine, which continues from there."""
+    from gyre.engine.app import create_app
     from gyre.engine.config import NullEngineConfig
     from gyre.engine.null import NullEngine
-    from gyre.engine.server import create_app
 
     null = NullEngine(NullEngineConfig(engine_id="null-good"))
     with (
@@ -260,7 +260,7 @@ def test_frozen_mid_stream_moves_to_another_engine_with_its_output(
                 "fake-freeze_mid_stream",
                 "null-good",
             ]
-            assert px.service.pool.counters["engine_timeouts"] == 1
+            assert px.service.pool.counters.engine_timeouts == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -276,8 +276,8 @@ def test_a_slow_but_alive_engine_is_not_declared_frozen(
             assert r.status_code == 200 and '"error"' not in r.text, r.text
             assert slow.calls == 1 and 1.9 <= took <= 6.0, took
             counters = px.service.pool.counters
-            assert counters["probes"] >= 1 and counters["probes_failed"] == 0
-            assert counters["engine_timeouts"] == 0
+            assert counters.probes >= 1 and counters.probes_failed == 0
+            assert counters.engine_timeouts == 0
 
 
 @pytest.mark.parametrize("mode", ["plain_json", "garbage_sse"])

@@ -205,7 +205,7 @@ def test_sdk_retry_is_replayed_or_coalesced_not_resampled(env):
     )
     assert len(read_trace(trace_path(traces, "exec-c")).records) == n0 + 1  # one sample, one record
     stats = px.service.counters
-    assert stats["retries_coalesced"] >= 1 and stats["retries_replayed"] >= 1
+    assert stats.retries_coalesced >= 1 and stats.retries_replayed >= 1
 
 
 @pytest.mark.parametrize("stream", [True, False])

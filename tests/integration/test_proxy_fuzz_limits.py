@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gyre.engine.app import create_app
 from gyre.engine.config import NullEngineConfig
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.server import ProxyServer
+from gyre.proxy.runner import ProxyServer
 
 CONTEXT = 4096
 LIMIT = 8 << 20

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from gyre.config import GyreConfig
+from gyre.engine.app import create_app
 from gyre.engine.client import EngineClient
 from gyre.engine.config import EmbeddedEngineConfig
 from gyre.engine.embedded import EmbeddedEngine
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.runtime.cell import Cell
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.publication import PublicationError

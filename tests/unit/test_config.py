@@ -2,6 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from gyre.config import GyreConfig, apply_overrides, load_config
+from gyre.policy.config import PolicyConfig
 
 
 def test_model_dir_is_shared_unless_a_section_names_its_own(tmp_path):
@@ -58,7 +59,7 @@ def test_batch_size_is_declared_once_in_the_policy():
             model_dir="/m", overrides=["policy.batch_groups=6", "trainer.stream.batch_groups=4"]
         )
     # the policy's default B counts too: a stream B alone cannot drift from it
-    default_b = GyreConfig.model_fields["policy"].default_factory().batch_groups
+    default_b = PolicyConfig.model_fields["batch_groups"].default
     with pytest.raises(ValidationError, match="set B once"):
         load_config(model_dir="/m", overrides=[f"trainer.stream.batch_groups={default_b + 1}"])
     with pytest.raises(ValidationError, match="set B once"):

@@ -1,4 +1,4 @@
-"""The engine server's two guards against the real ASGI app (gyre.engine.server): the API key on
+"""The engine server's two guards against the real ASGI app (gyre.engine.app): the API key on
 every route but /health, and the reload root of /update_weights_from_disk."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gyre.engine.app import allowed_reload, create_app
 from gyre.engine.client import EngineClient, EngineRequestError
 from gyre.engine.config import NullEngineConfig
 from gyre.engine.null import NullEngine
-from gyre.engine.server import allowed_reload, create_app
 
 KEY = "s3cret-run-key"
 ROUTES = [

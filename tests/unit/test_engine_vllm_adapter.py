@@ -15,10 +15,10 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from gyre.engine.app import create_app
 from gyre.engine.client import EngineClient, EngineRequestError, EngineServerError
 from gyre.engine.config import VllmEngineConfig
 from gyre.engine.runner import ServerRunner
-from gyre.engine.server import create_app
 from gyre.engine.vllm import VllmEngine
 
 CONFIG = {

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gyre.proxy.adapters import anthropic_messages as an
 from gyre.proxy.adapters import openai_chat as oa
+from gyre.proxy.adapters.dialects import ANTHROPIC, OPENAI
 from gyre.proxy.enginefaults import Backoff, CallFaults, EngineBroke, EngineSilent
 from gyre.proxy.errors import ApiError
 from gyre.proxy.promptsize import PromptBound, _slices, text_pieces
@@ -77,15 +78,15 @@ def test_text_pieces_count_what_every_template_renders():
 async def test_check_refuses_early_with_the_context_length_error(tiny_tokenizer):
     pb = PromptBound(tiny_tokenizer, max_context=1000)
     ok = [{"role": "user", "content": "hello " * 100}]
-    await pb.check(ok, "openai")  # fits: nothing raised (the full render decides exactly)
+    await pb.check(ok, OPENAI)  # fits: nothing raised (the full render decides exactly)
     many_chars = [{"role": "user", "content": "x" * (1000 * pb.max_token_chars)}]
     with pytest.raises(ApiError) as e:
-        await pb.check(many_chars, "openai")
+        await pb.check(many_chars, OPENAI)
     assert e.value.status == 400 and e.value.code == "context_length_exceeded"
     words = [{"role": "user", "content": "alpha beta gamma " * 1000}]  # counted in slices
     assert pb.needs_count(pb.chars(words)) and pb.floor_from_chars(pb.chars(words)) < 1000
     with pytest.raises(ApiError) as e:
-        await pb.check(words, "anthropic")
+        await pb.check(words, ANTHROPIC)
     assert "prompt is too long" in e.value.message
 
 
@@ -100,7 +101,7 @@ async def test_body_size_gate_never_skips_a_refusal(tiny_tokenizer, user, tool, 
     body = json.dumps({"messages": items}, ensure_ascii=False).encode()
     pb = PromptBound(tiny_tokenizer, max_context=ctx, slice_chars=17)
     if pb.cannot_trigger(len(body)):
-        await pb.check(items, "openai")  # would raise if a floor reached the context
+        await pb.check(items, OPENAI)  # would raise if a floor reached the context
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -189,7 +190,7 @@ async def test_huge_tool_call_arguments_are_refused_cheaply(tiny_tokenizer):
     pb = PromptBound(tiny_tokenizer, max_context=32768)
     t0 = time.monotonic()
     with pytest.raises(ApiError) as e:
-        await pb.check(items, "openai", body_bytes=len(big) + 200)
+        await pb.check(items, OPENAI, body_bytes=len(big) + 200)
     assert e.value.code == "context_length_exceeded"
     assert time.monotonic() - t0 < 3.0
 

@@ -268,9 +268,9 @@ def test_resume_keeps_unset_values_toml_cannot_hold(base, model_dir, tmp_path):
     assert resume_config(rd.path, []) == cfg
     # an override given at resume still wins
     assert resume_config(rd.path, ["trainer.j_max=3"]).trainer.j_max == 3
-    # an older run directory without the exact copy still resumes from config.toml alone
-    (rd.path / "config.json").unlink()
-    assert resume_config(rd.path, []).trainer.j_max == 5
+    # resume reads config.json alone: config.toml is the copy for people to read
+    (rd.path / "config.toml").unlink()
+    assert resume_config(rd.path, []) == cfg
 
 
 def test_unreachable_ray_address_is_one_line_exit_1(tmp_path):

@@ -9,7 +9,6 @@ ignores (``thinking``, ``context_management``, ``output_config``, ``metadata``).
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -418,7 +417,3 @@ async def stream(
                 },
             )
             yield _event("message_stop", {"type": "message_stop"})
-
-
-def new_tool_id() -> str:
-    return "toolu_" + uuid.uuid4().hex[:24]
