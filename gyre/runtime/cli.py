@@ -112,6 +112,10 @@ def check_run(cfg) -> None:
             working_bwrap(cfg.executor.sandbox)
         except HostSetupError as e:
             raise ConfigProblem(f"executor.sandbox: {e}") from None
+    from gyre.runtime.tracking_config import missing_packages
+
+    if (line := missing_packages(cfg.run.tracking)) is not None:
+        raise ConfigProblem(line)
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
         raise ConfigProblem(
