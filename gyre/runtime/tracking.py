@@ -87,7 +87,7 @@ class Tracker:
         config: dict[str, Any],
         warn: Callable[[str], None] = print,
     ):
-        self.cfg, self.run_dir, self.warn = cfg, Path(run_dir), warn
+        self.cfg, self.run_dir, self.warn = cfg, Path(run_dir).resolve(), warn
         state_path = self.run_dir / STATE
         self.state: dict[str, Any] = (
             json.loads(state_path.read_text()) if state_path.is_file() else {}

@@ -84,12 +84,13 @@ class MlflowSink:
     def __init__(
         self, cfg: TrackingConfig, run_dir: Path, config: dict[str, Any], prior: str | None
     ):
-        for noisy in ("mlflow", "alembic"):  # schema set-up notices would tear the live view
-            logging.getLogger(noisy).setLevel(logging.WARNING)
         uri = cfg.mlflow_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
         if uri.startswith("file:"):  # chosen explicitly: MLflow refuses it unless told so
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
+
+        for noisy in ("mlflow", "alembic"):  # schema set-up notices would tear the live view;
+            logging.getLogger(noisy).setLevel(logging.WARNING)  # after the import: it sets INFO
 
         self.client = MlflowClient(tracking_uri=uri)
         self.uri = uri
