@@ -15,6 +15,7 @@ from gyre.cli_errors import quiet_third_party
 from gyre.engine import cli as engine_cli
 from gyre.harness import cli as harness_cli
 from gyre.proxy import cli as proxy_cli
+from gyre.runs import cli as runs_cli
 from gyre.runtime import cli as runtime_cli
 from gyre.sim import cli as sim_cli
 from gyre.trace import cli as tree_cli
@@ -34,6 +35,7 @@ app.add_typer(sim_cli.app, name="sim")
 app.add_typer(tree_cli.app, name="tree")
 app.add_typer(harness_cli.app, name="harness")
 app.add_typer(train_cli.app, name="train")
+app.add_typer(runs_cli.app, name="runs")
 app.command("engine")(engine_cli.serve)
 app.command("proxy")(proxy_cli.serve)
 app.command("run")(runtime_cli.run_command)

@@ -211,6 +211,9 @@ def one_line_startup_failures(command: str) -> None:
     logging.getLogger("uvicorn.error").addFilter(_StartupFailureLine(command))
 
 
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 def quiet_third_party() -> None:
     """Keep third-party progress bars and hints out of Gyre's output.
 
@@ -219,6 +222,10 @@ def quiet_third_party() -> None:
     own setting wins.
     """
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # ray.init's start-up notice about token authentication (Ray 2.5x) is a WARNING through
+    # Python's last-resort handler, printed into the live view on every local run; the
+    # cluster keeps the token auth it announces. Ray's real errors still come through.
+    logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
 
 
 def first_line(e: BaseException | Any) -> str:

@@ -32,6 +32,14 @@ if ! command -v bwrap >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >
   (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1)) \
     || echo "[setup] WARNING: bubblewrap install failed (the harness sandbox will be unavailable)"
 fi
+# Chromium: tests/integration/test_runs_browser.py renders `gyre runs show`'s page headless
+# (skipped without it). ~270 MB with its libraries; GYRE_SKIP_CHROMIUM=1 leaves it out.
+if [ "${GYRE_SKIP_CHROMIUM:-0}" != "1" ] && ! command -v chromium >/dev/null && [ "$(id -u)" = "0" ] \
+  && command -v apt-get >/dev/null; then
+  echo "[setup] installing chromium (run report browser test)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+    || echo "[setup] WARNING: chromium install failed (the browser test will be skipped)"
+fi
 # The escape suite's unprivileged launcher (tests/integration/test_sandbox_escapes.py) runs
 # Gyre as another user with setpriv (util-linux) and the system Python.
 if ! command -v setpriv >/dev/null && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then

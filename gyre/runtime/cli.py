@@ -95,6 +95,10 @@ def check_run(cfg) -> None:
             working_bwrap(cfg.executor.sandbox)
         except HostSetupError as e:
             raise ConfigProblem(f"executor.sandbox: {e}") from None
+    from gyre.runtime.tracking_config import missing_packages
+
+    if (line := missing_packages(cfg.run.tracking)) is not None:
+        raise ConfigProblem(line)
     _check_cells(cfg)
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gyre.runtime.longtail import LongTailConfig
+from gyre.runtime.tracking_config import TrackingConfig
 
 
 class CellResources(BaseModel):
@@ -105,6 +106,9 @@ class RunConfig(BaseModel):
         "(empty: every cell asks for run.cell.resources alone)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="W&B / MLflow sinks (docs/runtime.md)"
+    )
     log_format: Literal["rich", "plain", "json"] = "rich"
     step_timeout_s: float = Field(
         1800.0, gt=0, description="abort the run if no event arrives this long"

@@ -20,6 +20,7 @@ from typing import Any
 
 from gyre.config import GyreConfig
 from gyre.policy import SchedulingPolicy
+from gyre.runs.listing import fmt
 from gyre.runtime import workload
 from gyre.runtime.progress import Progress
 from gyre.runtime.rundir import RunDir
@@ -117,10 +118,22 @@ def run(
     with Progress(
         log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet
     ) as progress:
-        summary = asyncio.run(train(cfg, rundir, progress, resume))
+        from gyre.runtime.tracking import open_tracker
+
+        tracker = open_tracker(
+            cfg.run.tracking, rundir.path, cfg.model_dump(mode="json"), progress.message
+        )
+        try:
+            summary = asyncio.run(train(cfg, rundir, progress, resume))
+        except BaseException:  # the tracked run is marked stopped; a --resume continues it
+            if tracker is not None:
+                tracker.close(None)
+            raise
+        if tracker is not None:  # it tails metrics.jsonl / evals.jsonl; now the summary too
+            tracker.close(summary)
         progress.message(
             f"done in {time.monotonic() - t0:.0f}s: makespan {summary['makespan_s']:.1f}s, "
-            f"reward first/last quarter {summary['reward_first_quarter']} -> "
-            f"{summary['reward_last_quarter']}; {rundir.path}/summary.json"
+            f"reward first/last quarter {fmt(summary['reward_first_quarter'])} -> "
+            f"{fmt(summary['reward_last_quarter'])}; {rundir.path}/summary.json"
         )
     return summary

@@ -36,6 +36,9 @@ SKIP: dict[str, str] = {
     "gyre run examples/smollm2-arith.toml": "a full training run of a real model (tens of "
     "minutes); tests/integration/test_real_model_example.py runs it for 2 steps",
     "gyre run --resume runs/NAME": "placeholder NAME: a killed run's directory",
+    "gyre runs list runs/": "needs run directories (tests/unit/test_runs.py runs it on some)",
+    "gyre runs show runs/NAME": "placeholder NAME (tests/unit/test_runs.py)",
+    "gyre runs compare DIR DIR...": "placeholder DIRs (tests/unit/test_runs.py)",
     "gyre engine --model DIR --port 30000": "placeholder DIR",
     "gyre engine --kind vllm --model DIR": "placeholder DIR; needs the vLLM venv "
     "(tests/integration/test_engine_vllm.py runs it when installed)",

@@ -1,0 +1,1 @@
+"""``gyre runs``: list, show and compare run directories from their files alone."""

@@ -1,0 +1,225 @@
+"""The run report's sections, each from the run directory's files (see gyre/runs/show.py)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from gyre.runs.files import Run
+from gyre.runs.page import table
+from gyre.runs.svg import Series, bar_rows, line_chart
+
+ROLE_COLORS = {
+    "rollout": "#4C78A8",
+    "training": "#F2B701",
+    "to_training": "#9D9D9D",
+    "to_rollout": "#BDBDBD",
+}
+
+
+def per_step(run: Run, key: str) -> list[tuple[float, float]]:
+    return [
+        (float(r["step"]), float(r[key]))
+        for r in run.metrics
+        if isinstance(r.get("step"), int)
+        and isinstance(r.get(key), (int, float))
+        and not isinstance(r.get(key), bool)
+    ]
+
+
+def held_out(run: Run, key: str) -> list[tuple[float, float]]:
+    return [
+        (float(e["version"]), float(e[key]))
+        for e in run.evals
+        if isinstance(e.get("version"), int) and isinstance(e.get(key), (int, float))
+    ]
+
+
+def curves(run: Run) -> str:
+    train = line_chart(
+        "training reward per step",
+        [
+            ("reward/mean", per_step(run, "reward/mean")),
+            ("pass rate", per_step(run, "reward/pass_rate")),
+        ],
+        "step",
+    )
+    evals = line_chart(
+        "held-out score per policy version",
+        [("reward_mean", held_out(run, "reward_mean")), ("pass_rate", held_out(run, "pass_rate"))],
+        "version",
+    )
+    return train + evals
+
+
+def roles(run: Run) -> str:
+    shares = (run.summary or {}).get("role_shares")
+    if not isinstance(shares, list) and run.metrics:  # a running run: the last step's shares
+        last = run.metrics[-1]
+        by_cell: dict[int, dict[str, float]] = {}
+        for k, v in last.items():
+            m = re.fullmatch(r"cells/(\d+)/(\w+)_share", k)
+            if m and isinstance(v, (int, float)):
+                by_cell.setdefault(int(m.group(1)), {})[m.group(2)] = float(v)
+        shares = [by_cell[c] for c in sorted(by_cell)]
+    rows = [(f"cell {c}", s) for c, s in enumerate(shares or []) if isinstance(s, dict)]
+    return bar_rows("time share of each role, per cell", rows, ROLE_COLORS)
+
+
+def staleness(run: Run) -> str:
+    return line_chart(
+        "staleness of the trained groups (versions behind)",
+        [
+            ("mean", per_step(run, "batch/staleness_mean")),
+            ("max", per_step(run, "batch/staleness_max")),
+        ],
+        "step",
+    )
+
+
+def mismatch(run: Run) -> str:
+    keys = sorted({k for r in run.metrics for k in r if k.startswith("mismatch/")})
+    if not keys:
+        return '<p class="none">mismatch: not recorded in this run</p>'
+    groups: dict[str, list[Series]] = {}
+    for k in keys:  # one chart per quantity, the version classes as its series
+        m = re.fullmatch(r"mismatch/(.+?)_(same|other)_version", k)
+        name, series = (m.group(1), f"{m.group(2)} version") if m else (k[len("mismatch/") :], k)
+        groups.setdefault(name, []).append((series, per_step(run, k)))
+    return "".join(line_chart(f"mismatch: {n}", s, "step") for n, s in groups.items())
+
+
+def faults(run: Run, execs: list[dict[str, Any]]) -> str:
+    s = run.summary or {}
+    proxy = s.get("proxy") or {}
+    by_reason = (s.get("executions") or {}).get("missing_by_reason") or {}
+    if not by_reason:
+        for e in execs:
+            if e.get("missing"):
+                by_reason[e["missing"]] = by_reason.get(e["missing"], 0) + 1
+    items = [
+        ("calls moved to another engine (reroutes)", proxy.get("moved_calls")),
+        ("calls resumed with partial output", proxy.get("resumed_with_partial_output")),
+        ("engine errors", proxy.get("engine_errors")),
+        ("proxy 5xx answers", proxy.get("errors_5xx")),
+        ("interrupted executions", s.get("interrupted_executions")),
+        ("dead engines", ", ".join(map(str, s.get("dead_engines") or [])) or 0 if s else None),
+        ("failed executions", sum(1 for e in execs if e.get("failed"))),
+        *((f"missing: {k}", v) for k, v in sorted(by_reason.items())),
+    ]
+    rows = [[html.escape(k), html.escape("-" if v is None else str(v))] for k, v in items]
+    errors = [e for e in execs if e.get("error")][:20]
+    out = table(["", ""], rows, "faults")
+    if errors:
+        out += "<p>first errors:</p>" + table(
+            ["execution", "error"],
+            [
+                [html.escape(e.get("execution", "?")), html.escape(str(e["error"])[:300])]
+                for e in errors
+            ],
+        )
+    return out
+
+
+def trace_versions(path: Path) -> list[int]:
+    """The policy versions that served an execution's tokens (its trace's segments)."""
+    vs: set[int] = set()
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        for seg in rec.get("segments") or []:
+            if isinstance(seg, dict) and isinstance(seg.get("weights_version"), int):
+                vs.add(seg["weights_version"])
+    return sorted(vs)
+
+
+def write_trees(run: Run, execs: list[dict[str, Any]], out: Path, limit: int) -> dict[str, Path]:
+    """Each execution's trajectory tree as HTML (the tree renderer of ``gyre tree show``),
+    for the first ``limit`` executions with a trace; execution id -> file."""
+    from gyre.trace.admission import admit
+    from gyre.trace.roles import default_profile
+    from gyre.trace.stats import load_tree, render_html
+
+    decode = _decoder(run)
+    made: dict[str, Path] = {}
+    for e in execs:
+        eid = str(e.get("execution", ""))
+        trace = run.path / "traces" / f"{eid}.jsonl"
+        if len(made) >= limit or not re.fullmatch(r"[\w.-]+", eid) or not trace.is_file():
+            continue
+        tree = load_tree(trace, default_profile(), None)
+        if not tree.requests:
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        f = out / f"{eid}.html"
+        f.write_text(render_html(tree, admit(tree, None, 0), decode=decode), encoding="utf-8")
+        made[eid] = f
+    return made
+
+
+def _decoder(run: Run):
+    """Decode token ids with the run's tokenizer when its model directory is still there."""
+    md = run.config.get("model_dir")
+    if not isinstance(md, str) or not (Path(md) / "tokenizer_config.json").is_file():
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(md, local_files_only=True)
+    except Exception:  # an unreadable tokenizer only costs the node text
+        return None
+    return lambda ids: tok.decode(ids)
+
+
+def executions(
+    run: Run, execs: list[dict[str, Any]], trees: dict[str, Path], page_dir: Path
+) -> str:
+    if not execs:
+        return '<p class="none">executions: none recorded yet</p>'
+    rows = []
+    for e in execs:
+        eid = str(e.get("execution", "?"))
+        calls = e.get("model_calls") or {}
+        reward = e.get("reward")
+        if isinstance(reward, (int, float)):
+            outcome = f"{reward:.3f}"
+        else:
+            why = e.get("missing") or ("failed" if e.get("failed") else "-")
+            outcome = f'<span class="missing">missing: {html.escape(str(why))}</span>'
+        vs = trace_versions(run.path / "traces" / f"{eid}.jsonl")
+        link = html.escape(eid)
+        if eid in trees:
+            rel = os.path.relpath(trees[eid], page_dir)
+            link = f'<a href="{html.escape(rel)}">{link}</a>'
+        secs = e.get("seconds")
+        rows.append(
+            [
+                link,
+                html.escape(str(e.get("task", "?"))),
+                f'<span class="num">{secs:.1f}</span>' if isinstance(secs, (int, float)) else "-",
+                html.escape(f"{calls.get('answered', '-')}/{calls.get('attempted', '-')}"),
+                outcome,
+                html.escape(", ".join(map(str, vs)) or "-"),
+                html.escape(str(e.get("harness_stop", "-"))),
+            ]
+        )
+    head = [
+        "execution",
+        "task",
+        "seconds",
+        "calls answered/attempted",
+        "reward",
+        "version",
+        "harness",
+    ]
+    return table(head, rows, "executions")
