@@ -37,8 +37,8 @@ class UnixForwarder:
 
     def __init__(self, path: Path, host: str, port: int, max_connections: int = 64) -> None:
         self.path, self.host, self.port = Path(path), host, port
-        # One execution's share of the proxy: 1100 idle connections from one harness used to
-        # take every file descriptor the proxy had (every other execution timed out).
+        # One execution's share of the proxy: without a cap, 1100 idle connections from one
+        # harness take every file descriptor the proxy has (every other execution times out).
         self.max_connections = max_connections
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task] = set()

@@ -4,10 +4,10 @@ Three kinds of fault, three answers:
 
 * **broken** (connection refused or reset, 5xx): transient. The call moves to another
   engine at once when one is up; otherwise it waits an exponentially growing, jittered
-  delay and tries again. A dead engine used to be retried 17 times in 0.2 s and the
-  client's SDK then repeated the whole thing; now a call makes at most
-  ``max_attempts`` failed attempts and starts none after ``budget_s`` from its first
-  failure, and its 503 carries ``Retry-After`` so SDKs back off too.
+  delay and tries again. A call makes at most ``max_attempts`` failed attempts and
+  starts none after ``budget_s`` from its first failure (unbounded, a dead engine is
+  retried many times a second and the client's SDK then repeats the whole thing), and
+  its 503 carries ``Retry-After`` so SDKs back off too.
 * **silent** (no first data / nothing between chunks within the read timeouts: a
   frozen engine): handled like broken (the engine is declared failed and the call
   moves with its partial output), but a call that runs out of attempts this way is

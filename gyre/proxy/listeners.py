@@ -13,10 +13,9 @@ completed within ``read_timeout_s`` of silence): uvicorn only times out idle
 keep-alive connections, so a client sending half a request held its socket
 (and, for a body, a task) forever.
 
-File descriptors: one harness holding 1100 idle connections used to exhaust a
-proxy at the common soft limit of 1024 -- every accept failed (every other
-client timed out) and asyncio logged each failure with a traceback (64 MB of
-log in 25 s). So the soft limit is raised to the hard one at start
+File descriptors: one harness holding 1100 idle connections exhausts a proxy at
+the common soft limit of 1024 -- every accept fails (every other client times
+out) and asyncio logs each failure with a traceback (64 MB of log in 25 s). So the soft limit is raised to the hard one at start
 (:func:`raise_nofile`), and the API port keeps at most ``max_connections``
 client connections (held below that limit with room for traces and engine
 connections): one more is closed at once, and that is logged once a minute.

@@ -2,8 +2,8 @@
 
 Rendering a conversation with the chat template and tokenizing it costs ~150 bytes
 of memory and ~0.1 s of CPU per byte of text (jinja copies, the tokenizer's offsets
-and ids), so a 50 MB prompt used to cost the proxy ~10 GB just to learn that it is
-too long. Two cheap lower bounds on the prompt's token count come first:
+and ids), so rendering a 50 MB prompt would cost the proxy ~10 GB just to learn that it
+is too long. Two cheap lower bounds on the prompt's token count come first:
 
 1. **Characters.** No token covers more characters than the longest entry of the
    vocabulary (``max_token_chars``; a byte-level entry spells one byte per
