@@ -324,11 +324,11 @@ def engine_config(
     settings and ``vllm`` table) plus the flags only one kind has. Raises ValueError /
     ValidationError naming what is wrong; every default is the config model's."""
     model, engine_id = data.get("model_dir"), data.get("engine_id")
-    ctx = (
+    ctx: dict[str, Any] = (
         {"max_context_length": data["max_context_length"]} if data.get("max_context_length") else {}
     )
     if kind == "null":
-        extra = {} if null_tokens is None else {"num_tokens": null_tokens}
+        extra: dict[str, Any] = {} if null_tokens is None else {"num_tokens": null_tokens}
         return NullEngineConfig(engine_id=engine_id, **extra, **ctx)
     if model is None or not Path(model).is_dir():
         raise ValueError(
