@@ -57,6 +57,12 @@ class UnixForwarder:
             return
         try:
             await asyncio.gather(_pipe(r, uw), _pipe(ur, w))
+        except asyncio.CancelledError:
+            # stop() cancels open connections. This task is the root of its connection (the
+            # server's, awaited by no one but stop()), and Python 3.11's stream callback
+            # calls .exception() on it, which re-raises a cancellation as an "Exception in
+            # callback" traceback in the run's log: end it normally instead.
+            pass
         finally:
             for x in (w, uw):
                 x.close()
