@@ -26,10 +26,11 @@ class ObjectiveConfig(BaseModel):
     clip_high: float = Field(
         1.005, gt=0, description="executions with A_e > 0 and s_e > clip_high give no gradient"
     )
-    ratio_reference: Literal["behaviour", "proximal"] = Field(
+    ratio_reference: Literal["behaviour", "proximal", "decoupled"] = Field(
         "behaviour",
-        description="reference log-prob in r_t and s_e: the engine's behaviour log-prob b_t, or the proximal "
-        "log-prob of the step's starting weights (recomputed by the trainer)",
+        description="reference log-prob in r_t and s_e: the engine's behaviour log-prob b_t; the proximal "
+        "log-prob of the step's starting weights (r_t = s_e = 1); or 'decoupled': w_t against b_t, the "
+        "sequence clip against the proximal policy (so it never binds with one optimizer step per batch)",
     )
     adv_eps: float = Field(1e-6, gt=0, description="eps in A_e = (R_e - mean) / (std + eps)")
     adv_std: Literal["population", "sample"] = Field(

@@ -27,6 +27,16 @@ batch gets exactly one optimizer step, so the proximal log-prob equals ``sg(l_t)
 at the moment it is computed: no extra forward is needed, r_t = s_e = 1 and the
 objective reduces to an on-policy policy gradient weighted per execution.
 
+With ``ratio_reference="decoupled"`` (AReaL's decoupled PPO, one optimizer step per
+batch) the two roles of the reference are split: ``w_t`` stays the capped behaviour ratio,
+which corrects for the batch having been sampled by older weights, while the sequence
+clip is measured against the proximal policy, so ``s_e = 1`` and no execution is clipped.
+The paper's band bounds how far one step moves the policy from the one it is measured
+against; against the behaviour policy a stale execution is outside the band before the
+step starts (one version of staleness at lr 1e-5 on a 135M model moves ``s_e`` past
+1.005), and the clip then removes the signal of the executions the policy already
+learned from (docs/training.md, "The objective").
+
 Micro-steps return the *sum* ``sum_e loss_e`` of their tokens; the 1/E factor is
 applied once to the reduced gradient, because under streaming E is known only
 when the batch's last group has landed. The gradient is linear in the per-token
@@ -40,14 +50,13 @@ import math
 import torch
 
 from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
-from gyre.train.stats import N_SUM, ObjectiveStats, merge_stats
+from gyre.train.stats import N_SUM, ObjectiveStats
 
 __all__ = [
     "N_SUM",
     "ObjectiveStats",
     "execution_log_ratio",
     "gspo_loss",
-    "merge_stats",
     "mismatch_stats",
 ]
 

@@ -170,7 +170,11 @@ class ReplicaWorker:
                 f"micro-step {task.index}: {len(task.advantages)} advantages for {len(execs)} executions"
             )
         seq_log_ratio = None
-        if task.spans:
+        if ocfg.ratio_reference == "decoupled":
+            # the clip's reference is the step's starting weights, which the trainer holds now:
+            # s_e = 1 exactly, for whole or split executions alike (no pre-pass)
+            seq_log_ratio = torch.zeros(len(execs), dtype=torch.float64, device=logp.device)
+        elif task.spans:
             if ocfg.execution_split == "forbid":
                 raise ValueError(
                     f"micro-step {task.index}: executions {sorted(task.spans)} span several micro-steps; "

@@ -21,12 +21,12 @@ def _group(vocab):
     return ReadyGroup("q0", rewards, admissions=adms)
 
 
-def _step(model_dir, mode, budget, vocab):
+def _step(model_dir, mode, budget, vocab, objective=None):
     cfg = TrainerConfig(
         model_dir=str(model_dir),
         dtype="float64",
         optim=OptimConfig(name="sgd", lr=1.0, grad_clip=None),
-        objective=ObjectiveConfig(ratio_reference="proximal"),
+        objective=objective or ObjectiveConfig(ratio_reference="proximal"),
         stream=StreamConfig(
             batch_groups=1, token_budget=budget, pack_mode=mode, stall_timeout_s=30
         ),
@@ -66,3 +66,25 @@ def test_paths_and_tree_packing_train_identically(tiny_model_dir):
         == m_tsplit["actor/target_tokens"]
     )
     assert m_paths["actor/pg_clipfrac"] == 0.0  # proximal reference: r = s = 1
+
+
+def test_decoupled_reference_weights_by_behaviour_and_never_clips(tiny_model_dir):
+    """'decoupled': the update of the behaviour reference with an unbounded clip band (w_t
+    against b_t, no execution clipped), split across micro-steps or not; the behaviour
+    reference with the paper's band clips these executions (their b_t are not the model's)."""
+    vocab = load_causal_lm(str(tiny_model_dir)).config.vocab_size
+    dec = ObjectiveConfig(ratio_reference="decoupled")
+    wide = ObjectiveConfig(ratio_reference="behaviour", clip_low=1e-9, clip_high=1e9)
+    p_dec, m_dec = _step(tiny_model_dir, "paths", 100_000, vocab, dec)
+    p_split, m_split = _step(tiny_model_dir, "paths", 200, vocab, dec)
+    p_wide, _ = _step(tiny_model_dir, "paths", 100_000, vocab, wide)
+    p_prox, _ = _step(tiny_model_dir, "paths", 100_000, vocab)
+    _, m_beh = _step(tiny_model_dir, "paths", 100_000, vocab, ObjectiveConfig())
+    assert m_beh["actor/pg_clipfrac"] > 0
+    assert m_dec["actor/pg_clipfrac"] == 0.0 == m_split["actor/pg_clipfrac"]
+    assert m_split["batch/executions_split"] >= 1
+    scale = max(float(p.abs().max()) for p in p_dec.values())
+    for other in (p_wide, p_split):
+        assert max(float((p_dec[k] - other[k]).abs().max()) for k in p_dec) < 1e-9 * scale
+    # the token weights are the behaviour ratios, not 1: not the proximal update
+    assert max(float((p_dec[k] - p_prox[k]).abs().max()) for k in p_dec) > 1e-6
