@@ -78,12 +78,3 @@ class ObjectiveStats:
 MAX_FIELDS = ("mm_same_max", "mm_other_max")
 N_SUM = len(fields(ObjectiveStats)) - len(MAX_FIELDS)  # as_list()[:N_SUM] sums, the rest maxes
 assert tuple(f.name for f in fields(ObjectiveStats)[N_SUM:]) == MAX_FIELDS
-
-
-def merge_stats(a: list[float] | None, b: list[float]) -> list[float]:
-    """Two :meth:`ObjectiveStats.as_list` vectors combined as the reduce would (sum, max)."""
-    if a is None:
-        return list(b)
-    s = ObjectiveStats.from_list(a)
-    s.add(ObjectiveStats.from_list(b))
-    return s.as_list()

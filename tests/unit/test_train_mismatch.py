@@ -11,7 +11,7 @@ from gyre.train.config import StreamConfig, TrainerConfig
 from gyre.train.objective import mismatch_stats
 from gyre.train.packed import token_logprobs
 from gyre.train.replica import ReplicaWorker, load_causal_lm
-from gyre.train.stats import N_SUM, ObjectiveStats, merge_stats
+from gyre.train.stats import N_SUM, ObjectiveStats
 from gyre.train.synthetic import synthetic_groups
 
 
@@ -52,10 +52,10 @@ def test_constructed_example():
 def test_reduce_sums_counters_and_maxes_the_max():
     a = ObjectiveStats(tokens=3, mm_same_tokens=2, mm_same_k3=0.5, mm_same_max=0.4)
     b = ObjectiveStats(tokens=4, mm_same_tokens=1, mm_same_k3=0.25, mm_same_max=0.9)
-    merged = ObjectiveStats.from_list(merge_stats(a.as_list(), b.as_list()))
+    merged = ObjectiveStats.from_list(a.as_list())
+    merged.add(ObjectiveStats.from_list(b.as_list()))
     assert merged.tokens == 7 and merged.mm_same_tokens == 3
     assert merged.mm_same_k3 == 0.75 and merged.mm_same_max == 0.9
-    assert merge_stats(None, a.as_list()) == a.as_list()
     assert ObjectiveStats.from_list(a.as_list()) == a
     # the max fields are the tail a collective max-reduces
     assert a.as_list()[N_SUM:] == [0.4, 0.0]
