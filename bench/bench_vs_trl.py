@@ -3,6 +3,7 @@
     bash scripts/install-trl.sh                  # once: TRL in its own venv (.venv-trl)
     python bench/bench_vs_trl.py                 # the example's 21 steps, seed 0, 64 held-out
     python bench/bench_vs_trl.py --seeds 0 1 2 --precision bf16
+    python bench/bench_vs_trl.py --gyre-placement elastic   # Gyre at the placement's E[d] 1.5
     python bench/bench_vs_trl.py --steps 3 --held-out 8 --model runs/tiny-model   # a smoke run
 
 For each seed, one after the other on this machine: ``gyre run examples/smollm2-arith.toml``
@@ -37,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from proctree import TreeSampler  # noqa: E402
 from vs_trl_gyre import gyre_result, prompt_check, trl_result  # noqa: E402
 from vs_trl_lib import PAIRS, PRECISIONS, MappingError, gyre_overrides, trl_args  # noqa: E402
-from vs_trl_report import NOTES, write_report  # noqa: E402
+from vs_trl_report import notes, write_report  # noqa: E402
 
 
 def say(msg: str) -> None:
@@ -55,7 +56,20 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--train", type=int, default=256, help="training problems")
     ap.add_argument("--held-out", type=int, default=64, help="held-out problems")
     ap.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    ap.add_argument("--gyre-placement", choices=list(PAIRS), default="elastic")
+    ap.add_argument(
+        "--gyre-placement",
+        choices=list(PAIRS),
+        default=None,
+        help="default: the config's placement and (phi, mu); a placement given here runs at "
+        "its pair for E[d] 1.5",
+    )
+    ap.add_argument(
+        "--gyre-staleness",
+        nargs=2,
+        metavar=("PHI", "MU"),
+        default=None,
+        help="Gyre's (phi, mu) instead ('0 1' is on-policy, as TRL is)",
+    )
     ap.add_argument("--trl-micro-batch", type=int, default=16, help="completions per TRL forward")
     ap.add_argument(
         "--trl-threads", type=int, default=None, help="torch threads of TRL (default: one per core)"
@@ -156,6 +170,7 @@ def run_gyre(a, seed: int, taskset: Path, out: Path) -> dict | None:
             name=name,
             taskset=str(taskset),
             model_dir=a.model,
+            pair=a.pair,
         )
         + a.sets
     )
@@ -249,6 +264,18 @@ def main() -> int:
     except (FileNotFoundError, ValueError) as e:
         return fail(str(e).splitlines()[0])
     a.steps = a.steps or cfg.policy.total_steps
+    try:
+        a.pair = (
+            None
+            if a.gyre_staleness is None
+            else (float(a.gyre_staleness[0]), int(a.gyre_staleness[1]))
+        )
+    except ValueError:
+        return fail(f"--gyre-staleness takes a number and a whole number, not {a.gyre_staleness}")
+    if a.gyre_placement is None:  # the config's own placement and pair
+        a.gyre_placement = cfg.policy.placement.value
+        a.pair = a.pair or (cfg.policy.phi, cfg.policy.mu)
+    a.pair = a.pair or PAIRS[a.gyre_placement]
     if (msg := check(a, cfg)) is not None:
         return fail(msg)
     try:  # refuse a setting TRL cannot reproduce before anything runs
@@ -277,7 +304,7 @@ def main() -> int:
     say(f"{len(train)} train and {len(held)} held-out {a.family} problems in {taskset}")
     from vs_trl_lib import eval_versions
 
-    mu = PAIRS[a.gyre_placement][1]
+    mu = a.pair[1]
     runs, checks = [], []
     for seed in a.seeds:
         g = None if a.skip_gyre else run_gyre(a, seed, taskset, out)
@@ -298,7 +325,7 @@ def main() -> int:
         )
     if not runs:
         return fail("no run finished")
-    md = write_report(out, runs, checks, a, NOTES)
+    md = write_report(out, runs, checks, a, notes(cfg.trainer.objective.ratio_reference))
     print(md)
     say(f"wrote {out / 'vs_trl.md'}, {out / 'vs_trl.json'}, {out / 'vs_trl.png'}")
     return 0

@@ -144,11 +144,15 @@ def gyre_overrides(
     name: str,
     taskset: str,
     model_dir: str | None,
+    pair: tuple[float, int] | None = None,
 ) -> list[str]:
-    """``--set`` overrides of the Gyre side (the example's own values for everything else)."""
+    """``--set`` overrides of the Gyre side (the example's own values for everything else).
+
+    ``pair`` is (phi, mu); None takes the placement's pair at staleness 1.5 (``PAIRS``).
+    (0, 1) is on-policy: every group is trained by the version that sampled it, as TRL's."""
     if placement not in PAIRS:
         raise MappingError(f"placement must be one of {list(PAIRS)}, not {placement!r}")
-    phi, mu = PAIRS[placement]
+    phi, mu = PAIRS[placement] if pair is None else pair
     sets = [
         f"seed={seed}",
         f"policy.total_steps={steps}",

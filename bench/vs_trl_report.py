@@ -19,9 +19,10 @@ NOTES = [
     "the last optimizer step; start-up is reported apart. Evaluations before the last step "
     "count on both sides: TRL's pause its training, Gyre's run beside it on the same engines. "
     "The final evaluation counts on neither. TRL's time without evaluations is in vs_trl.json.",
-    "Differs: Gyre is asynchronous (mean staleness in the table: phi 0.5, mu 3 for elastic); "
-    "TRL is on-policy (its sequence ratio is exactly 1, so its clip never acts). Gyre's ratio "
-    "reference is the engine's behaviour log-prob, with token weights capped at 5.",
+    "Staleness: TRL is on-policy (its sequence ratio is exactly 1, so its clip never acts). "
+    "Gyre runs at the (phi, mu) in the title: at (0, 1) it is on-policy too, its ratio off 1 "
+    "only by the engine/trainer mismatch; at E[d] 1.5 (the placements' pairs) it trains on "
+    "groups 1-2 versions old; its ratio reference is below.",
     "Differs: advantages: Gyre (R - mean) / (population std + 1e-6), TRL (R - mean) / (sample "
     "std + 1e-4): a constant factor sqrt(N/(N-1)) = 1.07 for N = 8, which AdamW's normalisation "
     "absorbs (the grad clip then acts at a 7 % different norm).",
@@ -30,6 +31,9 @@ NOTES = [
     "per engine) behind the proxy, one harness process per execution (the reference agent) "
     "and a verifier process per score. TRL has no proxy or harness process: their cost is "
     "under 'Gyre's harness and proxy'.",
+    "Differs: a step whose groups all have equal rewards has no gradient. Gyre then skips "
+    "optimizer.step() (its version still advances); TRL calls AdamW's step with zero gradients, "
+    "which still moves the weights along the momentum (m decays by beta1 per such step).",
     "Priority: both sides run at the caller's nice; Gyre's Ray workers too "
     "(RAY_worker_niceness=0: Ray's default of 15 would let any other load on the machine "
     "slow Gyre's cells before TRL's process).",
@@ -37,6 +41,22 @@ NOTES = [
     "of the whole process tree, sampled every 0.5 s: TRL's one process; Gyre's driver (with "
     "the proxy thread), Ray's processes and cells, harness and verifier processes.",
 ]
+
+
+RATIO_REFERENCE = {
+    "behaviour": "Gyre's ratio reference: the engine's behaviour log-prob, token weights capped "
+    "at 5, the sequence clip against it (the paper's reading).",
+    "proximal": "Gyre's ratio reference: the proximal policy (the step's starting weights): "
+    "r = s = 1, no staleness correction.",
+    "decoupled": "Gyre's ratio reference: decoupled: token weights against the engine's "
+    "behaviour log-prob (capped at 5), the sequence clip against the proximal policy, so it "
+    "never binds (docs/training.md, 'The objective').",
+}
+
+
+def notes(ratio_reference: str) -> list[str]:
+    """NOTES with the line that says which ratio reference Gyre's run used."""
+    return [*NOTES, RATIO_REFERENCE[ratio_reference]]
 
 
 def _side(runs: list[dict[str, Any]], side: str) -> list[dict[str, Any]]:
@@ -132,6 +152,7 @@ def write_report(out: Path, runs, checks, a, notes: list[str]) -> str:
         f"# Gyre vs TRL: {a.family}, {a.steps} steps, seeds {a.seeds}, {a.held_out} held-out, "
         f"{a.precision}"
         + (f", Gyre {a.gyre_placement}" if _side(runs, "gyre") else "")
+        + (f" (phi, mu) = ({a.pair[0]:g}, {a.pair[1]})" if _side(runs, "gyre") else "")
         + (f" (mean staleness {statistics.fmean(staleness):.2f})" if staleness else "")
         + f", model {a.model}\n\n"
     )

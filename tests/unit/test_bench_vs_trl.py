@@ -108,6 +108,13 @@ def test_gyre_overrides_load_and_keep_the_staleness_pair():
         taskset="t", model_dir=None,
     )  # fmt: skip
     assert "trainer.compute_dtype=bfloat16" in bf and "engine.compute_dtype=bfloat16" in bf
+    on = gyre_overrides(
+        steps=6, seed=2, precision="fp32", placement="elastic", out_dir="o", name="g",
+        taskset="t", model_dir=None, pair=(0.0, 1),
+    )  # fmt: skip
+    c = cfg(*on)  # on-policy elastic: E[d] = 0
+    assert (c.policy.placement.value, c.policy.phi, c.policy.mu) == ("elastic", 0.0, 1)
+    assert c.policy.expected_staleness == 0.0
 
 
 def test_eval_versions_follow_publications():
