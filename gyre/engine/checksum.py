@@ -14,8 +14,12 @@ given set of values, so equal weights give bit-equal fingerprints. It costs a fe
 for a 135M model.
 
 An engine may hold its weights in another dtype than the trainer (bfloat16 serving of float32
-training): :func:`fingerprints` gives the core's fingerprint for each dtype an engine may use,
-computed on the values rounded to that dtype, which is what such an engine holds.
+training): :func:`fingerprints` gives the core's fingerprint for each layout an engine may use,
+computed on the values rounded to that layout, which is what such an engine holds. A layout is
+a dtype (every parameter in it) or ``"<dtype>+<dtype>-linear"``: the linear layers' weights
+in the second, everything else in the first, which is what the embedded engine's
+``compute_dtype = "bfloat16"`` holds (gyre.engine.precision). Tied weights count under each
+of their names, so an engine that unties a tied head for its bf16 copy sums the same names.
 """
 
 from __future__ import annotations
@@ -27,25 +31,49 @@ if TYPE_CHECKING:  # torch is imported where a model exists (importing the engin
 
 SAMPLE = 4096
 DTYPES = ("float32", "bfloat16", "float16")
+LINEAR_LAYOUTS = ("float32+bfloat16-linear",)
 
 
-def weights_checksum(model: torch.nn.Module, dtype: torch.dtype | None = None) -> float:
-    """The fingerprint of ``model``'s parameters (tied weights once), as if held in ``dtype``."""
+def layout_name(dtype: str, compute_dtype: str) -> str:
+    """The layout an embedded engine holds: its ``dtype``, or linears in ``compute_dtype``."""
+    return (
+        dtype
+        if compute_dtype == dtype or compute_dtype == "float32"
+        else (f"{dtype}+{compute_dtype}-linear")
+    )
+
+
+def weights_checksum(
+    model: torch.nn.Module, dtype: torch.dtype | None = None, linear: torch.dtype | None = None
+) -> float:
+    """The fingerprint of ``model``'s parameters as if held in ``dtype`` (None: as they are),
+    with the weights and biases of its linear layers in ``linear`` when given."""
     import torch
 
+    lin = set()
+    if linear is not None:
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                lin.update(f"{name}.{p}" if name else p for p, _ in mod.named_parameters())
     total = 0.0
+    named = sorted(model.named_parameters(remove_duplicate=False), key=lambda kv: kv[0])
     with torch.no_grad():
-        for rank, (_, p) in enumerate(sorted(model.named_parameters(), key=lambda kv: kv[0])):
+        for rank, (name, p) in enumerate(named):
             flat = p.detach().reshape(-1)
             x = flat[:: max(1, flat.numel() // SAMPLE)]
-            if dtype is not None:
-                x = x.to(dtype)
+            to = linear if name in lin else dtype
+            if to is not None:
+                x = x.to(to)
             total += (rank + 1) * float(x.to(torch.float64).sum())
     return total
 
 
 def fingerprints(model: torch.nn.Module) -> dict[str, float]:
-    """``{dtype name: fingerprint}`` for every dtype an engine may hold the weights in."""
+    """``{layout: fingerprint}`` for every layout an engine may hold the weights in."""
     import torch
 
-    return {d: weights_checksum(model, getattr(torch, d)) for d in DTYPES}
+    out = {d: weights_checksum(model, getattr(torch, d)) for d in DTYPES}
+    for layout in LINEAR_LAYOUTS:
+        rest, lin = layout.removesuffix("-linear").split("+")
+        out[layout] = weights_checksum(model, getattr(torch, rest), getattr(torch, lin))
+    return out

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from gyre.engine.base import Engine, EngineInputError, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
-from gyre.engine.checksum import weights_checksum
+from gyre.engine.checksum import layout_name, weights_checksum
 from gyre.engine.config import EmbeddedEngineConfig
 from gyre.engine.precision import compute_autocast, to_compute_dtype
 from gyre.engine.prefix_cache import PrefixCache
@@ -411,7 +411,7 @@ class EmbeddedEngine(Engine):
             num_paused_requests=self.live_requests,
             weight_version=new_version,
             weights_checksum=self.weights_checksum,
-            weights_dtype=self.config.dtype,
+            weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
         )
 
     def stats(self) -> dict:
@@ -447,5 +447,5 @@ class EmbeddedEngine(Engine):
             max_batch=self.config.max_batch,
             paused=self.paused,
             weights_checksum=self.weights_checksum,
-            weights_dtype=self.config.dtype,
+            weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
         )

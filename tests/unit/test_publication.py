@@ -35,6 +35,39 @@ def test_fingerprint_sees_a_step_a_swap_and_a_dtype():
     assert fingerprints(_model())["float32"] != fingerprints(_model())["bfloat16"]
 
 
+class _Tied(torch.nn.Module):
+    """An embedding and a head that share one weight, as SmolLM2's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Embedding(50, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_bf16_serving_engine_matches_the_cores_mixed_fingerprint():
+    """The embedded engine's compute_dtype='bfloat16' holds its linears (the untied head too)
+    in bfloat16 and the rest in float32: the core's 'float32+bfloat16-linear' fingerprint of
+    its float32 weights is what that engine reports, and no other layout is."""
+    from gyre.engine.checksum import layout_name
+    from gyre.engine.precision import to_compute_dtype
+
+    assert layout_name("float32", "bfloat16") == "float32+bfloat16-linear"
+    assert layout_name("float32", "float32") == "float32"
+    for make in (_Tied, _model):
+        want = fingerprints(make())
+        served = to_compute_dtype(make(), "bfloat16")
+        assert weights_checksum(served) == want["float32+bfloat16-linear"]
+        assert weights_checksum(served) != want["float32"]
+        assert weights_checksum(to_compute_dtype(make(), "float32")) == want["float32"]
+    served = to_compute_dtype(_Tied(), "bfloat16")  # the head untied into its own bf16 copy
+    assert weights_checksum(served) != fingerprints(_Tied())["bfloat16"]  # not all bf16
+    assert served.head.weight is not served.embed.weight
+    assert served.embed.weight.dtype == torch.float32
+
+
 def test_check_served():
     sums = {"float32": 1.5, "bfloat16": 1.25}
     ok = UpdateWeightsResponse(success=True, weight_version=3, weights_checksum=1.5)
