@@ -36,11 +36,9 @@ LINEAR_LAYOUTS = ("float32+bfloat16-linear",)
 
 def layout_name(dtype: str, compute_dtype: str) -> str:
     """The layout an embedded engine holds: its ``dtype``, or linears in ``compute_dtype``."""
-    return (
-        dtype
-        if compute_dtype == dtype or compute_dtype == "float32"
-        else (f"{dtype}+{compute_dtype}-linear")
-    )
+    if compute_dtype in (dtype, "float32"):
+        return dtype
+    return f"{dtype}+{compute_dtype}-linear"
 
 
 def weights_checksum(
@@ -50,7 +48,7 @@ def weights_checksum(
     with the weights and biases of its linear layers in ``linear`` when given."""
     import torch
 
-    lin = set()
+    lin: set[str] = set()
     if linear is not None:
         for name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear):
