@@ -276,6 +276,18 @@ def main() -> int:
         a.gyre_placement = cfg.policy.placement.value
         a.pair = a.pair or (cfg.policy.phi, cfg.policy.mu)
     a.pair = a.pair or PAIRS[a.gyre_placement]
+    try:  # the pair as Gyre's run will get it, the user's --set last
+        pair_sets = [f"policy.placement={a.gyre_placement}", f"policy.phi={a.pair[0]}"]
+        load_config(
+            a.config, [f"model_dir={a.model}", *pair_sets, f"policy.mu={a.pair[1]}", *a.sets]
+        )
+    except ValueError as e:
+        from pydantic import ValidationError
+
+        from gyre.cli_errors import error_line, validation_line
+
+        why = validation_line(e) if isinstance(e, ValidationError) else error_line(e)
+        return fail(f"--gyre-staleness {a.pair[0]:g} {a.pair[1]}: {why}")
     if (msg := check(a, cfg)) is not None:
         return fail(msg)
     try:  # refuse a setting TRL cannot reproduce before anything runs

@@ -193,3 +193,23 @@ def test_reward_target_is_raced_apart_from_accuracy():
     md = markdown(res, [])
     assert "| 0 | 0.120 | 100.0 | 30.0 (12) | 0.30 |" in md
     assert "mean ratio (mean reward) over 1 seed(s): 0.30" in md
+
+
+@pytest.mark.parametrize(
+    ("pair", "says"),
+    [
+        (["x", "1"], "takes a number and a whole number"),
+        (["0", "0"], "policy.mu: Input should be greater than or equal to 1"),
+        (["0.5", "1", "--gyre-placement", "colocate"], "phi must be 0"),
+    ],
+)
+def test_a_bad_staleness_pair_is_one_line_before_anything_runs(tmp_path, pair, says):
+    import subprocess
+
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_vs_trl.py"), "--gyre-staleness", *pair,
+         "--skip-trl", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
