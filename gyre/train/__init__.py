@@ -21,7 +21,7 @@ Modules (each with one job; torch is imported only where a model is touched):
 * ``cell``        one cell's plumbing (process group, prefix comms, store) for a process or Ray actor
 * ``local``       run K cells as local processes (gloo on 127.0.0.1)
 * ``synthetic``   synthetic groups for tests and benchmarks
-* ``fsdp``        FSDP2 inside a cell on GPUs (untested sketch)
+* ``fsdp``        FSDP2 inside a cell (K cells x G ranks; tested on CPU/gloo, not on CUDA)
 * ``packed``      per-token log-probs of packed rows (owned by the trace package's author)
 
 See docs/training.md.
