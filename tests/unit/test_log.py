@@ -154,3 +154,25 @@ def test_cli_options_set_up_and_export(monkeypatch):
     assert r.exit_code == 0, r.output
     assert log.current() == ("info", "json")
     assert os.environ[log.LEVEL_ENV] == "info" and os.environ[log.FORMAT_ENV] == "json"
+
+
+@pytest.mark.parametrize("flag, fmt", [("json", "json"), ("plain", "text"), (None, "text")])
+def test_gyre_run_adds_its_driver_file(tmp_path, capsys, flag, fmt):
+    """`gyre run`: stderr JSON when its progress is (--log-format json), text otherwise; the
+    driver's own JSON-lines file in the run directory, which stays private (0700)."""
+    from gyre.config import load_config
+    from gyre.runtime.cli import _start_logging
+
+    cfg = load_config(None, ["run.log_level=debug"], model_dir=str(tmp_path))
+    _start_logging(cfg, tmp_path / "run", flag)
+    assert log.current() == ("warning", fmt)
+    logging.getLogger("gyre.proxy").debug("aborted a call", extra={"url": "http://e"})
+    logging.getLogger("gyre.proxy").warning("engine failed")
+    err = capsys.readouterr().err
+    assert (json.loads(err)["msg"] if fmt == "json" else err) == (
+        "engine failed" if fmt == "json" else "engine failed\n"
+    )
+    rows = _lines((tmp_path / "run" / "logs" / "driver.jsonl").read_text())
+    assert [r["msg"] for r in rows] == ["aborted a call", "engine failed"]
+    assert rows[0]["url"] == "http://e"
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
