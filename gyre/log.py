@@ -39,6 +39,7 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
     "asctime",
     "taskName",
+    "color_message",  # uvicorn's ANSI-coloured copy of msg
 }
 _MARK = "_gyre_log"  # set on the handlers setup() installs, so a second call replaces them
 _current: tuple[str, LogFormat] = ("warning", "text")  # setup()'s last stderr level and format
@@ -70,7 +71,7 @@ class _Stderr(logging.StreamHandler):
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

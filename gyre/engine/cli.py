@@ -281,6 +281,7 @@ def _run(
     reload_root: Path | None,
 ) -> None:
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from gyre.cli_errors import one_line_startup_failures
     from gyre.engine.app import create_app
@@ -307,7 +308,7 @@ def _run(
         port=port,
         log_level=log_level,
         access_log=False,
-        **({"log_config": None} if fmt == "json" else {}),
+        log_config=None if fmt == "json" else LOGGING_CONFIG,
     )
     one_line_startup_failures("engine")
     uvicorn.Server(config).run(sockets=[sock])
