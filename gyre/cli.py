@@ -7,10 +7,12 @@ Sub-CLI modules import nothing heavy at module level so ``gyre --help`` and
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
 
+from gyre import log
 from gyre.cli_errors import quiet_third_party
 from gyre.engine import cli as engine_cli
 from gyre.harness import cli as harness_cli
@@ -39,6 +41,32 @@ app.add_typer(runs_cli.app, name="runs")
 app.command("engine")(engine_cli.serve)
 app.command("proxy")(proxy_cli.serve)
 app.command("run")(runtime_cli.run_command)
+
+
+@app.callback()
+def _logging(
+    log_format: str = typer.Option(
+        "text",
+        "--log-format",
+        envvar=log.FORMAT_ENV,
+        help="Logs on stderr: text or json (one object per line). "
+        "`gyre run --log-format json` also makes its logs JSON.",
+    ),
+    log_level: str = typer.Option(
+        "warning", "--log-level", envvar=log.LEVEL_ENV, help="Gyre's log level on stderr."
+    ),
+) -> None:
+    """Every command logs through gyre.log. The choice is exported (GYRE_LOG_FORMAT,
+    GYRE_LOG_LEVEL), so the processes a command starts (local trainer cells) log the same way."""
+    from gyre.cli_errors import USAGE
+
+    problem = log.problem(log_level, log_format)
+    if problem:
+        typer.echo(f"gyre: {problem}", err=True)
+        raise typer.Exit(USAGE)
+    log.setup(log_level, log_format)
+    os.environ[log.FORMAT_ENV], os.environ[log.LEVEL_ENV] = log_format, log_level.lower()
+
 
 model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
 app.add_typer(model_app, name="model")

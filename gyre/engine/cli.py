@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from pydantic import BaseModel, ValidationError
 
+from gyre import log
 from gyre.cli_errors import first_line, validation_line
 from gyre.engine.config import (
     EmbeddedEngineConfig,
@@ -280,6 +281,7 @@ def _run(
     reload_root: Path | None,
 ) -> None:
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from gyre.cli_errors import one_line_startup_failures
     from gyre.engine.app import create_app
@@ -295,7 +297,19 @@ def _run(
         api_key=api_key,
         reload_root=str(reload_root) if reload_root is not None else None,
     )
-    config = uvicorn.Config(app, host=server.host, port=port, log_level=log_level, access_log=False)
+    # --log-level is uvicorn's and Gyre's (the more verbose of it and `gyre --log-level`); with
+    # `gyre --log-format json` uvicorn's own lines go through gyre.log too, as JSON
+    level, fmt = log.current()
+    mine = "debug" if log_level.lower() == "trace" else log_level.lower()  # trace: uvicorn's only
+    log.setup(min(mine, level, key=log.level_number), fmt)
+    config = uvicorn.Config(
+        app,
+        host=server.host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        log_config=None if fmt == "json" else LOGGING_CONFIG,
+    )
     one_line_startup_failures("engine")
     uvicorn.Server(config).run(sockets=[sock])
 

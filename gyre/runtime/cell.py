@@ -8,11 +8,17 @@ load and drop the replica. The training state (replica, the core's optimizer, tr
 state, policy version, the step's tasks) is one :class:`gyre.train.trainer.CellTrainer`.
 
 Nothing here schedules: every method is one step of an action the policy chose.
+
+Each cell logs what it does as structured records (``gyre.log``) to the run's
+``logs/cell-<i>.jsonl``: its role switches (``event: "switch"``, the cell's own part: engine
+parked or dropped plus replica loaded, or replica dropped plus engine up) and its training work
+(``microstep.claimed`` / ``microstep.done``, and on the core ``optimizer_step``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -23,6 +29,7 @@ import ray
 from gyre.engine.checksum import fingerprints
 from gyre.engine.client import EngineClient, use_api_key
 from gyre.engine.service import EngineService
+from gyre.log import LogSpec
 from gyre.runtime.cpulimit import confine
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
 from gyre.runtime.nodeaddr import free_ports, gloo_env, ipv4_interfaces, node_ip
@@ -35,6 +42,8 @@ if TYPE_CHECKING:
     from gyre.train.tasks import MicroStepTask
     from gyre.train.trainer import CellTrainer
 
+log = logging.getLogger("gyre.runtime.cell")
+
 
 class Cell:
     def __init__(
@@ -46,7 +55,9 @@ class Cell:
         torch_threads: int = 1,
         cpu_quota: float | None = None,
         engine_key: str | None = None,
+        log_spec: LogSpec | None = None,
     ):
+        (log_spec or LogSpec()).apply()  # an actor's process starts with no logging of Gyre's
         use_api_key(engine_key)  # the run's engine key: its engines want it, its clients send it
         self.cgroup: str | None = None  # the cell's own cgroup under run.cell.cpu_quota
         if cpu_quota is not None:  # before any thread starts: all of them land in the group
@@ -65,6 +76,8 @@ class Cell:
         self.cell: TrainCell | None = None  # process group + prefix communicators
         self.engine: EngineService | None = None  # while in rollout (a vLLM one: for life)
         self.parked = False  # the engine is kept, paused, while the cell trains (vLLM)
+        self.role: str | None = None  # "rollout" or "training" once it took one
+        self._leaving: float | None = None  # when this cell began to leave its role
 
     def _comm(self):
         if self.cell is None:
@@ -111,9 +124,11 @@ class Cell:
     def start_engine(self, weights_dir: str, version: int) -> str:
         """Serve ``weights_dir`` (policy ``version``); returns the engine's URL. A kept (parked)
         engine reloads those weights in place and resumes; otherwise a fresh one starts."""
+        t0 = time.perf_counter()
         if self.engine is not None and self.parked and self.engine.url is not None:
             asyncio.run(_wake(self.engine.url, weights_dir, version))
             self.parked = False
+            self._arrived("rollout", version, t0)
             return self.engine.url
         cfg = cell_engine_config(
             self.ecfg,
@@ -127,11 +142,13 @@ class Cell:
         url = svc.start(timeout=_start_timeout(self.ecfg))
         self.engine = svc
         self.parked = False
+        self._arrived("rollout", version, t0)
         return url
 
     def park_engine(self) -> None:
         """Leave rollout (the proxy has drained the engine). The embedded engine is dropped, its
         weights and K/V with it; a vLLM server (30-90 s to start) is paused and kept."""
+        self._leave()
         if self.engine is None or self.engine.url is None or not keeps_engine(self.ecfg):
             self.stop_engine()
             return
@@ -152,11 +169,40 @@ class Cell:
         """Become a training replica at ``version``; returns the seconds it took."""
         t0 = time.perf_counter()
         self.trainer.load(version, snapshot_dir, resume_from)
+        self._arrived("training", version, t0)
         return time.perf_counter() - t0
 
     def drop_replica(self) -> None:
         """Satellites drop their replica; the core keeps weights and optimizer state (host memory)."""
+        self._leave()
         self.trainer.drop()
+
+    def _leave(self) -> None:
+        """A switch out of the cell's role begins (the drain before it is the driver's)."""
+        if self._leaving is None:
+            self._leaving = time.perf_counter()
+
+    def _arrived(self, role: str, version: int, t0: float) -> None:
+        """The cell holds ``role`` at ``version``: one ``switch`` record, timed from when it began
+        to leave its last role (from ``t0`` for its first one)."""
+        seconds = time.perf_counter() - (self._leaving if self._leaving is not None else t0)
+        log.info(
+            "cell %d: %s -> %s in %.2f s (v%d)",
+            self.index,
+            self.role or "start",
+            role,
+            seconds,
+            version,
+            extra={
+                "event": "switch",
+                "cell": self.index,
+                "from": self.role,
+                "to": role,
+                "seconds": round(seconds, 4),
+                "version": version,
+            },
+        )
+        self.role, self._leaving = role, None
 
     def compute(
         self,
@@ -175,7 +221,34 @@ class Cell:
         def fetch() -> Sequence[MicroStepTask]:
             return ray.get(tasks[0])
 
-        return self.trainer.compute(step, version, group, indices, snapshot_dir, fetch)
+        where = {"cell": self.index, "step": step, "version": version, "group": group}
+        n = len(indices)
+        log.info(
+            "cell %d: claimed %d micro-steps of g%d (step %d)",
+            self.index,
+            n,
+            group,
+            step,
+            extra={"event": "microstep.claimed", **where, "micro_steps": n},
+        )
+        t0 = time.perf_counter()
+        stats = self.trainer.compute(step, version, group, indices, snapshot_dir, fetch)
+        seconds = time.perf_counter() - t0
+        log.info(
+            "cell %d: %d micro-steps of g%d done in %.2f s",
+            self.index,
+            n,
+            group,
+            seconds,
+            extra={
+                "event": "microstep.done",
+                **where,
+                "micro_steps": n,
+                "target_tokens": stats.tokens,
+                "seconds": round(seconds, 4),
+            },
+        )
+        return stats
 
     def reduce(self, k: int, stats: ObjectiveStats) -> None:
         """A satellite's part of the step's reduce over cells 0..k-1."""
@@ -193,9 +266,33 @@ class Cell:
     ) -> dict[str, Any]:
         """Core: reduce over cells 0..k-1, the optimizer step (gyre.train.step), snapshot,
         checkpoint when trainer.checkpoint says it is due."""
-        return self.trainer.finish_step(
+        t0 = time.perf_counter()
+        m = self.trainer.finish_step(
             self._comm(), k, stats, n_scored, groups, snapshot_dir, checkpoint_dir, total_steps
         )
+        seconds = time.perf_counter() - t0
+        tokens = int(m.get("actor/target_tokens", 0))
+        signal = bool(n_scored and tokens)  # without: the weights stay, the version advances
+        log.info(
+            "cell %d: optimizer step -> v%d over %d cells%s in %.2f s",
+            self.index,
+            self.trainer.version,
+            k,
+            "" if signal else " (no signal)",
+            seconds,
+            extra={
+                "event": "optimizer_step",
+                "cell": self.index,
+                "version": self.trainer.version,
+                "cells": k,
+                "signal": signal,
+                "executions": n_scored,
+                "target_tokens": tokens,
+                "grad_norm": m.get("actor/grad_norm"),
+                "seconds": round(seconds, 4),
+            },
+        )
+        return m
 
     def snapshot(self, snapshot_dir: str) -> int:
         """Core: publish the current weights for joining satellites (at start)."""
@@ -231,11 +328,18 @@ class StandaloneEngine:
     """An engine of the standalone rollout pool (C_s): serves rollouts for the whole run, never trains."""
 
     def __init__(
-        self, engine_cfg: RolloutEngineConfig, torch_threads: int = 1, engine_key: str | None = None
+        self,
+        engine_cfg: RolloutEngineConfig,
+        torch_threads: int = 1,
+        engine_key: str | None = None,
+        log_spec: LogSpec | None = None,
     ):
+        (log_spec or LogSpec()).apply()
         os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
         use_api_key(engine_key)  # before the service: it reads the key when built
         self.timeout = _start_timeout(engine_cfg)
+        self.name = engine_cfg.engine_id or "standalone"
+        self.version = engine_cfg.weight_version
         self.service = EngineService(
             cell_engine_config(
                 engine_cfg,
@@ -249,7 +353,22 @@ class StandaloneEngine:
         )
 
     def start(self) -> str:
-        return self.service.start(timeout=self.timeout)
+        t0 = time.perf_counter()
+        url = self.service.start(timeout=self.timeout)
+        seconds = time.perf_counter() - t0
+        log.info(
+            "%s: serving v%d in %.2f s",
+            self.name,
+            self.version,
+            seconds,
+            extra={
+                "event": "engine_start",
+                "engine": self.name,
+                "version": self.version,
+                "seconds": round(seconds, 4),
+            },
+        )
+        return url
 
     def stop(self) -> None:
         self.service.stop()

@@ -158,6 +158,19 @@ def _resume_state(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _start_logging(cfg, run_dir: Path, log_format: str | None) -> None:
+    """The driver's logs: stderr as ``gyre``'s options say (JSON lines when the progress is), and
+    ``logs/driver.jsonl`` in the run directory at ``run.log_level``, beside the cells' own."""
+    from gyre import log
+    from gyre.runtime.rundir import RunDir
+
+    rd = RunDir(run_dir).create()  # 0700, before the log file would create it
+    level, fmt = log.current()
+    if (log_format or cfg.run.log_format) == "json":
+        fmt = "json"
+    log.setup(level, fmt, file=rd.logs / "driver.jsonl", file_level=cfg.run.log_level)
+
+
 def run_command(
     config: Path | None = typer.Argument(None, help="TOML config (not needed with --resume)."),
     set_: list[str] = typer.Option([], "--set", help="Override: section.field=value (repeatable)."),
@@ -220,6 +233,7 @@ def run_command(
             f"gyre run: {run_dir} already finished its {cfg.policy.total_steps} steps", err=True
         )
         raise typer.Exit(0)
+    _start_logging(cfg, run_dir, log_format)
     from gyre.runtime.loop import run
 
     if state is not None:

@@ -32,6 +32,7 @@ import ray
 from gyre.config import GyreConfig
 from gyre.engine.client import EngineClient
 from gyre.engine.service import RELOAD_ROOT_ENV
+from gyre.log import LogSpec, current
 from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.runner import ProxyServer
@@ -210,7 +211,16 @@ class Cluster:
                 max_concurrency=1,
                 runtime_env=runtime_env,
             )
-            .remote(i, self.K, tcfg, ecfg, res.torch_threads, res.cpu_quota, self.engine_key)
+            .remote(
+                i,
+                self.K,
+                tcfg,
+                ecfg,
+                res.torch_threads,
+                res.cpu_quota,
+                self.engine_key,
+                self.log_spec(f"cell-{i}"),
+            )
             for i in range(self.K)
         ]
         ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
@@ -225,6 +235,12 @@ class Cluster:
             | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
             for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
         ]
+
+    def log_spec(self, name: str) -> LogSpec:
+        """How actor ``name`` logs: stderr (Ray's worker log) as the driver's, and JSON lines to
+        the run's ``logs/<name>.jsonl`` at ``run.log_level``."""
+        level, fmt = current()
+        return LogSpec(level, fmt, str(self.rundir.logs / f"{name}.jsonl"), self.cfg.run.log_level)
 
     async def _take_roles(self, roles: list[CellRole]) -> None:
         """Initial roles: training cells load replicas (core first), rollout cells start
@@ -268,7 +284,9 @@ class Cluster:
                     "seed": ecfg.seed * SEED_STRIDE + 104729 + j,
                 }
             )
-            a: Any = svc.remote(ecfg_j, res.torch_threads, self.engine_key)  # methods: .remote
+            a: Any = svc.remote(  # methods: .remote
+                ecfg_j, res.torch_threads, self.engine_key, self.log_spec(f"standalone-{j}")
+            )
             try:
                 self.standalone.append((a, await a.start.remote()))
             except Exception as e:

@@ -109,7 +109,16 @@ class RunConfig(BaseModel):
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="W&B / MLflow sinks (docs/runtime.md)"
     )
-    log_format: Literal["rich", "plain", "json"] = "rich"
+    log_format: Literal["rich", "plain", "json"] = Field(
+        "rich",
+        description="progress on the terminal: a rich panel, plain lines, or JSON lines (then "
+        "the driver's logs on stderr are JSON lines too)",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="level of the run's logs/*.jsonl (the driver's and each cell's: role "
+        "switches, micro-steps, optimizer steps at info)",
+    )
     step_timeout_s: float = Field(
         1800.0, gt=0, description="abort the run if no event arrives this long"
     )

@@ -12,6 +12,7 @@ Layout::
     workspaces/          harness workspaces (kept: a timeout is scored on it)
     checkpoints/         the core's checkpoints (weights, optimizer, step, data cursor)
     weights/             published HF weights the engines reload
+    logs/                JSON-lines logs: driver.jsonl, cell-<i>.jsonl, standalone-<j>.jsonl (gyre.log)
     summary.json, timeline.png   written at the end
 """
 
@@ -74,6 +75,7 @@ class RunDir:
         self.weights = self.path / "weights"
         self.snapshots = str(self.path / "weights" / "snapshots")
         self.tb_dir = self.path / "tb"
+        self.logs = self.path / "logs"
         self._tb: SummaryWriter | None = None
         self.step_rows: list[dict[str, Any]] = []
 
@@ -85,6 +87,7 @@ class RunDir:
             self.checkpoints,
             self.weights,
             Path(self.snapshots),
+            self.logs,
         ):
             # 0700: workspaces hold what harnesses wrote, traces the policy's calls; no other
             # local user has business in either (an existing folder is left as it is).

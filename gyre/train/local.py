@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from gyre.log import setup_from_env
 from gyre.train.config import TrainerConfig
 
 
@@ -87,6 +88,7 @@ def _cell_main(
     rank: int, world: int, dist_port: int, store_port: int, runs_json: str, out_dir: str
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    setup_from_env()  # a spawned process: `gyre --log-format/--log-level`, exported by the CLI
     import torch
 
     torch.set_num_threads(1)

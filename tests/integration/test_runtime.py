@@ -387,6 +387,42 @@ def test_switches_and_publications(done):
     assert disk["checkpoints"] > 0 and disk["published_weights"] > 0 and disk["traces"] > 0
 
 
+def test_cells_log_switches_and_steps_as_json_lines(done):
+    """Each cell writes its own events to logs/cell-<i>.jsonl (gyre.log), JSON lines whatever
+    the terminal shows, and none of them reaches the driver's output (Ray's log_to_driver is
+    off). They agree with what the driver recorded: the switches, every step's target tokens,
+    and the core's optimizer steps with their versions and signal."""
+    logs = done["dir"] / "logs"
+    rows = {i: _jsonl(logs / f"cell-{i}.jsonl") for i in range(3)}
+    assert (logs / "driver.jsonl").is_file()
+    for i, rs in rows.items():
+        assert rs, i
+        for r in rs:
+            assert {"ts", "level", "logger", "msg"} <= set(r), r
+        switches = [r for r in rs if r.get("event") == "switch"]
+        assert switches and switches[0]["from"] is None, switches  # its first role, at start
+        for a, b in zip(switches, switches[1:]):
+            assert b["from"] == a["to"] != b["to"], switches
+        for r in switches:
+            assert r["cell"] == i and r["seconds"] >= 0 and isinstance(r["version"], int), r
+    every = [r for rs in rows.values() for r in rs]
+    moved = [r for r in every if r.get("event") == "switch" and r["from"] is not None]
+    s = done["summary"]["switches"]
+    for role in ("training", "rollout"):  # a switch in flight at the end is the cell's alone
+        assert len([r for r in moved if r["to"] == role]) >= s[role]["count"] >= 1, moved
+    claimed = [r for r in every if r.get("event") == "microstep.claimed"]
+    finished = [r for r in every if r.get("event") == "microstep.done"]
+    assert len(claimed) == len(finished) > 0
+    for m in done["metrics"]:
+        got = sum(r["target_tokens"] for r in finished if r["step"] == m["step"])
+        assert got == m["actor/target_tokens"], m["step"]
+    steps = [r for r in rows[0] if r.get("event") == "optimizer_step"]
+    assert [r["version"] for r in steps] == [m["version"] for m in done["metrics"]]
+    assert [r["signal"] for r in steps] == [m["actor/target_tokens"] > 0 for m in done["metrics"]]
+    assert not any(r.get("event") == "optimizer_step" for i in (1, 2) for r in rows[i])
+    assert "micro-steps of g" not in done["log"] and "-> training in" not in done["log"]
+
+
 def test_mismatch_metrics_per_step(done):
     """Engine and trainer agree (float32 both sides, tiny model); versions split the targets."""
     for r in done["metrics"]:
