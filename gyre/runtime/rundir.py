@@ -76,6 +76,7 @@ class RunDir:
         self.tb_dir = self.path / "tb"
         self._tb: SummaryWriter | None = None
         self.step_rows: list[dict[str, Any]] = []
+        self.eval_rows: list[dict[str, Any]] = []  # evals.jsonl as written (the live view reads it)
 
     def create(self) -> RunDir:
         for p in (
@@ -178,6 +179,7 @@ class RunDir:
         return row
 
     def write_eval(self, row: dict[str, Any]) -> None:
+        self.eval_rows.append(row)
         self._append("evals.jsonl", row)
         self._scalars(
             "eval/",
