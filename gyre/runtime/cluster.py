@@ -20,10 +20,12 @@ memory), never to the driver's environment that harness processes start from, no
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +69,11 @@ def init_ray(cfg: GyreConfig) -> None:
     rc = cfg.run.ray
     if ray.is_initialized():
         return
+    # Ray's start-up notices stay out of the live view: with configure_logging off its "Started a
+    # local Ray instance" (INFO) reaches no handler, the token-auth notice is quieted by
+    # gyre.cli_errors.quiet_third_party, and a nightly wheel's usage-stats prompt (a print) is
+    # off here. Ray's warnings and errors still come through; workers' output stays in its logs.
+    os.environ.setdefault("RAY_USAGE_STATS_PROMPT_ENABLED", "0")
     kw: dict[str, Any] = {
         "include_dashboard": rc.include_dashboard,
         "log_to_driver": False,
@@ -488,6 +495,25 @@ class Cluster:
                 continue
             if v <= version - keep:
                 shutil.rmtree(p, ignore_errors=True)
+
+    def engine_load(self) -> dict[str, Any]:
+        """Per engine URL ``(executions it holds, calls in flight)``, and the proxy's counters
+        the live view shows: read from the proxy's objects in this process (a plain read of its
+        dicts under the GIL), no request and no Ray call."""
+        if self.proxy is None:
+            return {"engines": {}}
+        svc = self.proxy.service
+        pool = svc.pool
+        held = Counter(list(pool.affinity.values()))
+        return {
+            "engines": {
+                u.rstrip("/"): (held.get(u, 0), len(e.inflight))
+                for u, e in list(pool.engines.items())
+            },
+            "rerouted": pool.counters.moved,
+            "engine_errors": pool.counters.engine_errors + pool.counters.engine_timeouts,
+            "errors_5xx": svc.counters.errors_5xx,
+        }
 
     def proxy_stats(self) -> dict[str, Any]:
         return self.proxy.service.stats() if self.proxy is not None else {}

@@ -20,9 +20,8 @@ from typing import Any
 
 from gyre.config import GyreConfig
 from gyre.policy import SchedulingPolicy
-from gyre.runs.listing import fmt
 from gyre.runtime import workload
-from gyre.runtime.progress import Progress
+from gyre.runtime.progress import Progress, closing_lines
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.runtime.world import RealWorld
@@ -63,11 +62,11 @@ async def train(
                 actions = policy.handle(event)
                 _show(progress, world, policy)
             world.carry_out(actions)  # EndRun: the makespan is taken here
-            _show(progress, world, policy, force=True)
         else:  # the engines serve the last checkpoint; its evaluation (above) is the final one
             world.records.makespan = 0.0
             progress.message(f"all {done} steps were done before the restart: finishing the run")
         await world.finish(progress)  # final weights, final evaluation
+        _show(progress, world, policy, force=True)  # with the final evaluation's score
         records = world.records
         records.close_segments()
         summary = summarize(
@@ -83,14 +82,7 @@ async def train(
 
 
 def _show(progress: Progress, world: RealWorld, policy, *, force: bool = False) -> None:
-    progress.update(
-        world.records,
-        policy,
-        world.rundir.step_rows,
-        running=world.execs.running,
-        version=world.cluster.trainer_version,
-        force=force,
-    )
+    progress.update(lambda: world.live(policy.status()), len(world.rundir.step_rows), force=force)
 
 
 def _evaluated(rundir: RunDir, version: int) -> bool:
@@ -114,6 +106,7 @@ def run(
         rundir.write_config(cfg)
     else:  # progress counts steps of the whole run, not of this segment
         rundir.step_rows = rundir.read_jsonl("metrics.jsonl")
+        rundir.eval_rows = rundir.read_jsonl("evals.jsonl")
     t0 = time.monotonic()
     with Progress(
         log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet
@@ -131,9 +124,6 @@ def run(
             raise
         if tracker is not None:  # it tails metrics.jsonl / evals.jsonl; now the summary too
             tracker.close(summary)
-        progress.message(
-            f"done in {time.monotonic() - t0:.0f}s: makespan {summary['makespan_s']:.1f}s, "
-            f"reward first/last quarter {fmt(summary['reward_first_quarter'])} -> "
-            f"{fmt(summary['reward_last_quarter'])}; {rundir.path}/summary.json"
-        )
+        for text in closing_lines(summary, time.monotonic() - t0, rundir.path):
+            progress.message(text)
     return summary

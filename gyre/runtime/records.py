@@ -57,6 +57,11 @@ class Records:
     optims: list[tuple[float, float]] = field(default_factory=list)  # the core's FinishStep
     finished_steps: list[StepRecord] = field(default_factory=list)
     makespan: float | None = None
+    # what the live view shows of work under way (gyre.runtime.progress): cell -> what it
+    # computes now ({"what": "micro_step", "index", "of", "group"} or {"what": "optimizer_step"}),
+    # and the version every rollout engine is reloading while a publication runs
+    activity: dict[int, dict[str, Any]] = field(default_factory=dict)
+    publishing: int | None = None
 
     def __post_init__(self) -> None:
         K = self.cells

@@ -78,6 +78,7 @@ class RunDir:
         self.logs = self.path / "logs"
         self._tb: SummaryWriter | None = None
         self.step_rows: list[dict[str, Any]] = []
+        self.eval_rows: list[dict[str, Any]] = []  # evals.jsonl as written (the live view reads it)
 
     def create(self) -> RunDir:
         for p in (
@@ -181,6 +182,7 @@ class RunDir:
         return row
 
     def write_eval(self, row: dict[str, Any]) -> None:
+        self.eval_rows.append(row)
         self._append("evals.jsonl", row)
         self._scalars(
             "eval/",

@@ -38,7 +38,9 @@ from gyre.policy import (
     WeightsPublished,
 )
 from gyre.runtime.cluster import Cluster
+from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
+from gyre.runtime.progress import Feed
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -140,6 +142,29 @@ class RealWorld:
         await asyncio.gather(*self._bg, return_exceptions=True)
         await self.execs.stop()
         await self.cluster.stop()
+
+    def live(self, status: dict[str, Any]) -> Feed:
+        """What the live view shows now, from what this process holds (no Ray call)."""
+        load = self.cluster.engine_load()
+        engines = load["engines"]
+        return Feed(
+            records=self.records,
+            status=status,
+            rows=self.rundir.step_rows,
+            evals=self.rundir.eval_rows,
+            running=self.execs.running,
+            version=self.cluster.trainer_version,
+            weights_version=self.cluster.weights_version,
+            cell_load=[engines.get(u.rstrip("/")) if u else None for u in self.cluster.urls],
+            parks_engine=keeps_engine(self.cfg.engine),
+            counters={
+                "rerouted": load.get("rerouted", 0),
+                "engine_errors": load.get("engine_errors", 0),
+                "errors_5xx": load.get("errors_5xx", 0),
+                "engines_lost": len(self.cluster.dead_engines),
+                "harness_failed": self.execs.failed,
+            },
+        )
 
     def _set_role(self, cell: int, role: CellRole) -> None:
         self.records.set_role(cell, role, self.now())
@@ -253,12 +278,17 @@ class RealWorld:
         rec = self._open_step()
         shard = self.shards[a.group_id][a.index]
         t0 = self.now()
+        n = len(self.shards[a.group_id])
+        act = {"what": "micro_step", "index": a.index, "of": n, "group": self.base_gid + a.group_id}
+        self.records.activity[a.cell] = act
         if shard:
             stats = await self.cluster.compute(
                 a.cell, rec.step, rec.version, a.group_id, self.group_tasks[a.group_id], shard
             )
             rec.stats.setdefault(a.cell, ObjectiveStats()).add(stats)  # sums and maxes
         rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
+        if self.records.activity.get(a.cell) is act:
+            del self.records.activity[a.cell]
         t1 = self.now()
         if t1 > t0:
             self.records.busy[a.cell].append((t0, t1))
@@ -275,11 +305,17 @@ class RealWorld:
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
         t0 = self.now()
-        metrics = await self.cluster.finish_step(
-            k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
-        )
-        t1 = self.now()
         records = self.records
+        for c in range(k):
+            records.activity[c] = {"what": "optimizer_step" if c == 0 else "reduce", "cells": k}
+        try:
+            metrics = await self.cluster.finish_step(
+                k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
+            )
+        finally:
+            for c in range(k):
+                records.activity.pop(c, None)
+        t1 = self.now()
         records.busy[0].append((t0, t1))
         records.optims.append((t0, t1))
         records.steps.append((rec.start, t1))
@@ -296,7 +332,11 @@ class RealWorld:
         t0 = self.now()
         gv = self.base_step + version
         rollout = [c for c in range(self.K) if self.roles[c] is CellRole.ROLLOUT]
-        info = await self.cluster.publish(gv, rollout)
+        self.records.publishing = gv
+        try:
+            info = await self.cluster.publish(gv, rollout)
+        finally:
+            self.records.publishing = None
         t1 = self.now()
         self.records.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
         self.execs.maybe_evaluate(gv)

@@ -255,6 +255,13 @@ def test_run_exits_0_and_summary(done):
     assert s["policy"]["steps_done"] == STEPS and s["policy"]["done"] is True
     # the final progress line counts every step
     assert f"step {STEPS}/{STEPS}" in done["log"]
+    # the live view (plain lines): every cell's activity, counters, rounded scores; no Ray notice
+    log = done["log"]
+    assert "0:" in log and "rerouted " in log and "faults " in log and "missing " in log, log
+    closing = next(ln for ln in log.splitlines() if "reward first/last quarter" in ln)
+    assert not re.search(r"\d\.\d{6}", closing), closing  # 4 significant digits, not 17
+    for notice in ("Started a local Ray instance", "Token authentication", "Usage stats"):
+        assert notice not in log, notice
 
 
 def test_nothing_of_gyre_listens_outside_loopback(done):
