@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -35,20 +34,14 @@ from pathlib import Path
 
 import httpx
 
+from gyre.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 GYRE = str(Path(sys.executable).parent / "gyre")
 WORDS = (
     "alpha beta gamma delta file path read write test error value return import class def self "
     "module function output input result check list dict string number line code fix bug run"
 ).split()
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_http(url: str, timeout: float = 120.0) -> None:
@@ -80,7 +73,7 @@ class Stack:
             open(Path(trace_dir) / "engine.log", "w"),
             open(Path(trace_dir) / "proxy.log", "w"),
         )
-        self.eport, self.pport = free_port(), free_port()
+        self.eport, self.pport = free_ports(2)
         self.engine = subprocess.Popen(
             [
                 GYRE,

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import httpx
 
+from gyre.ports import free_ports
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_proxy import GYRE, free_port, wait_http
+from bench_proxy import GYRE, wait_http
 
 
 def _kb(pid: int, field: str) -> int:
@@ -49,7 +51,7 @@ def body_of(mb: float, dialect: str) -> bytes:
 def one(model_dir: str, mb: float, dialect: str, args: argparse.Namespace) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     work = tempfile.mkdtemp(prefix="gyre-limits-")
-    eport, pport = free_port(), free_port()
+    eport, pport = free_ports(2)
     engine = subprocess.Popen(
         [GYRE, "engine", "--kind", "null", "--port", str(eport)],
         env=env,

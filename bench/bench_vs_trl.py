@@ -284,7 +284,8 @@ def main() -> int:
     except ValueError as e:
         from pydantic import ValidationError
 
-        from gyre.cli_errors import error_line, validation_line
+        from gyre.cli_errors import error_line
+        from gyre.validation import validation_line
 
         why = validation_line(e) if isinstance(e, ValidationError) else error_line(e)
         return fail(f"--gyre-staleness {a.pair[0]:g} {a.pair[1]}: {why}")

@@ -146,8 +146,9 @@ def config_show(
     """Validate a config and print it fully resolved (defaults filled in) as JSON."""
     from pydantic import ValidationError
 
-    from gyre.cli_errors import fail, first_line, validation_line
+    from gyre.cli_errors import fail, first_line
     from gyre.config import load_config
+    from gyre.validation import validation_line
 
     if file is not None and file.is_dir():
         fail("config show", f"{file} is a directory; give a TOML config file")

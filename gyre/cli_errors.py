@@ -17,19 +17,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import typer
 
-if TYPE_CHECKING:
-    from pydantic import ValidationError
+from gyre.validation import validation_line
 
 USAGE = 2
 """Exit status for a user mistake."""
-
-MAX_INPUT_SHOWN = 60
-"""Longest offending value quoted back in a validation message."""
 
 
 class UserError(Exception):
@@ -49,21 +45,6 @@ def user_errors(command: str) -> Iterator[None]:
         yield
     except UserError as e:
         fail(command, str(e))
-
-
-def validation_line(e: ValidationError) -> str:
-    """A pydantic error as ``field: message (got X); ...``: only the wrong fields, no docs links."""
-    parts = []
-    for err in e.errors(include_url=False):
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "config"
-        msg = err.get("msg", "invalid")
-        value = err.get("input")
-        if err.get("type") != "missing" and isinstance(value, str | int | float | bool):
-            shown = repr(value)
-            if len(shown) <= MAX_INPUT_SHOWN:
-                msg = f"{msg} (got {shown})"
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts) or "invalid value"
 
 
 def error_line(e: BaseException) -> str:

@@ -41,6 +41,7 @@ from gyre.engine.protocol import (
     UpdateWeightsFromDiskRequest,
     error_payload,
 )
+from gyre.validation import validation_line
 
 _DISCONNECT_POLL_S = 0.25
 OPEN_PATHS = frozenset({"/health"})
@@ -104,12 +105,7 @@ def allowed_reload(model_path: str, root: str | Path) -> str:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        msg = err.get("msg", "invalid")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid request: " + "; ".join(parts)
+    return "invalid request: " + validation_line(exc.errors(), root=None, drop=("body",))
 
 
 async def _parse(model, request: Request, *, empty_ok: bool = False):
@@ -122,13 +118,7 @@ async def _parse(model, request: Request, *, empty_ok: bool = False):
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
-        parts = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            parts.append(
-                f"{loc}: {err.get('msg', 'invalid')}" if loc else err.get("msg", "invalid")
-            )
-        raise EngineInputError("invalid request: " + "; ".join(parts)) from None
+        raise EngineInputError(f"invalid request: {validation_line(e, root=None)}") from None
 
 
 def create_app(

@@ -21,7 +21,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 
 from gyre import log
-from gyre.cli_errors import first_line, validation_line
+from gyre.cli_errors import first_line
 from gyre.engine.config import (
     EmbeddedEngineConfig,
     EngineServerConfig,
@@ -29,6 +29,7 @@ from gyre.engine.config import (
     ScriptedEngineConfig,
     VllmEngineConfig,
 )
+from gyre.validation import validation_line
 
 if TYPE_CHECKING:
     from gyre.engine.base import Engine

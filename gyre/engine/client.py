@@ -45,6 +45,7 @@ from gyre.engine.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsResponse,
 )
+from gyre.validation import validation_line
 
 
 class EngineError(Exception):
@@ -74,7 +75,8 @@ class EngineServerError(EngineHTTPError):
 
 
 class EngineProtocolError(EngineError):
-    """The engine's answer is not the /generate protocol (see module doc)."""
+    """The engine's answer is not the /generate protocol (see module doc); the proxy's pool
+    raises it too, for the answers it reads itself."""
 
 
 def _error_message(resp_text: str) -> str:
@@ -155,7 +157,7 @@ def _build_request(
                 stream=stream,
             )
         except ValidationError as e:  # refused before sending: same error class as the engine's 400
-            msgs = "; ".join(f"{'.'.join(map(str, er['loc']))}: {er['msg']}" for er in e.errors())
+            msgs = validation_line(e, root=None)
             raise EngineRequestError(f"invalid request (not sent): {msgs}") from None
     # exclude_none: a real SGLang constructs SamplingParams(**dict) and rejects unknown keys.
     body = req.model_dump(exclude_none=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from gyre.engine.config import VllmLaunchConfig
+from gyre.ports import free_ports
 
 KV_CACHE_GB: int = VllmLaunchConfig.model_fields["kv_cache_gb"].default
 """The launch config's K/V budget, for callers that start a server without one."""
@@ -97,12 +97,6 @@ def vllm_env(kv_cache_gb: int = KV_CACHE_GB, base: dict[str, str] | None = None)
     return env
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class VllmServer:
     """One vLLM server process (its own process group, so stop() ends its workers too)."""
 
@@ -140,7 +134,7 @@ class VllmServer:
         if not (Path(self.model_dir) / "config.json").exists():
             raise VllmLaunchError(f"{self.model_dir}: not a model directory (no config.json)")
         if self.port == 0:
-            self.port = _free_port(self.host)
+            self.port = free_ports(1, self.host)[0]
         if self.log_path is None:
             fd, self.log_path = tempfile.mkstemp(prefix="gyre-vllm-", suffix=".log")
             os.close(fd)

@@ -34,7 +34,9 @@ import tomllib  # Python >= 3.11 (requires-python)
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
+
+from gyre.validation import validation_line
 
 
 class ProfileError(ValueError):
@@ -333,7 +335,9 @@ def load_profile(name_or_path: str | Path) -> HarnessProfile:
         data.setdefault("name", p.stem)
         try:
             return HarnessProfile.model_validate(data)
-        except Exception as e:  # pydantic ValidationError: say which file
+        except ValidationError as e:  # say which file, in one line
+            raise ProfileError(f"profile file {p}: {validation_line(e)}") from None
+        except Exception as e:  # a validator that raised something pydantic does not wrap
             raise ProfileError(f"profile file {p}: {e}") from None
     raise ProfileError(
         f"unknown harness profile {str(name_or_path)!r} (built-in: {', '.join(sorted(builtins))}; or a .toml file)"

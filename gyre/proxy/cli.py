@@ -147,8 +147,9 @@ def _config(path: Path | None, overrides: list[str], given: dict[str, Any]) -> P
     (exit 2) for anything wrong with it."""
     from pydantic import ValidationError
 
-    from gyre.cli_errors import fail, first_line, validation_line
+    from gyre.cli_errors import fail, first_line
     from gyre.config import load_section
+    from gyre.validation import validation_line
 
     try:
         data = load_section(path, "proxy", overrides, given)

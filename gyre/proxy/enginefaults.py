@@ -14,7 +14,8 @@ Three kinds of fault, three answers:
   answered 504.
 * **protocol violation** (a stream request answered with a plain body, data that is not
   the ``/generate`` JSON): not transient, never retried; 502 naming what was wrong,
-  and the engine is marked suspect.
+  and the engine is marked suspect. The pool raises it as the engine client's own
+  :class:`gyre.engine.client.EngineProtocolError`.
 """
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ class EngineBroke(Exception):
 
 class EngineSilent(EngineBroke):
     """The engine said nothing within a read timeout (frozen, or far too slow)."""
-
-
-class EngineProtocolError(Exception):
-    """The engine answered, but not in the ``/generate`` protocol."""
 
 
 @dataclass(frozen=True)

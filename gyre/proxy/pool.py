@@ -42,7 +42,7 @@ from typing import Any, Literal
 import aiohttp
 import aiohttp.payload
 
-from gyre.engine.client import EngineClient, auth_headers
+from gyre.engine.client import EngineClient, EngineProtocolError, auth_headers
 from gyre.proxy import jsonfast
 from gyre.proxy.config import PoolConfig
 from gyre.proxy.counters import PoolCounters
@@ -50,7 +50,6 @@ from gyre.proxy.enginefaults import (
     Backoff,
     CallFaults,
     EngineBroke,
-    EngineProtocolError,
     EngineSilent,
     protocol_error,
 )

@@ -29,7 +29,7 @@ class RetryEntry:
 
 
 class RetryWindow:
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int) -> None:  # proxy.retry_window
         self.entries: deque[RetryEntry] = deque(maxlen=max(size, 1))
 
     def find(self, body: bytes) -> RetryEntry | None:

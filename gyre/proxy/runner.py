@@ -70,6 +70,14 @@ class ProxyServer:
 
         return ProxyAdminClient(self.admin_socket, self.admin_token, timeout=timeout)
 
+    def set_engine_api_key(self, key: str | None) -> None:
+        """The API key the pool sends every engine (``None``: ``$GYRE_ENGINE_API_KEY``, or none).
+        ``gyre run`` passes the run's secret here, so it never enters the environment harnesses
+        inherit. Before :meth:`start`: the pool connects its engines with it as it adds them."""
+        if self._thread is not None:
+            raise RuntimeError("set the engine API key before the proxy starts")
+        self.service.pool.api_key = key
+
     def start(self, timeout: float = 60.0) -> ProxyServer:
         """Bind both listeners, serve in a daemon thread, return once both accept connections."""
         if self._thread is not None:

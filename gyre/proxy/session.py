@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.proxy import jsonfast
+from gyre.proxy.config import ProxyConfig
 from gyre.proxy.counters import BridgeCounts, BridgeMode
 from gyre.proxy.types import Message, ParsedCall
 
@@ -155,7 +156,7 @@ class _Request:
 class ExecutionState:
     execution_id: str
     label: str = ""
-    hot_nodes: int = 4
+    hot_nodes: int = ProxyConfig.model_fields["prefix_cache_nodes"].default
     next_seq: int = 0
     nodes: list[CallNode] = field(default_factory=list)
     echo_index: dict[tuple, CallNode] = field(default_factory=dict)

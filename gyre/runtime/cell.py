@@ -30,9 +30,10 @@ from gyre.engine.checksum import fingerprints
 from gyre.engine.client import EngineClient, use_api_key
 from gyre.engine.service import EngineService
 from gyre.log import LogSpec
+from gyre.ports import free_ports
 from gyre.runtime.cpulimit import confine
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
-from gyre.runtime.nodeaddr import free_ports, gloo_env, ipv4_interfaces, node_ip
+from gyre.runtime.nodeaddr import gloo_env, ipv4_interfaces, node_ip
 from gyre.runtime.seeds import SEED_STRIDE
 from gyre.train.cell import TrainCell
 from gyre.train.config import TrainerConfig
@@ -102,7 +103,7 @@ class Cell:
 
     def free_ports(self, n: int) -> list[int]:
         """``n`` ports free on this cell's node (the core's: where the gloo world listens)."""
-        return free_ports(node_ip(), n)
+        return free_ports(n, node_ip())
 
     def setup(self, dist_port: int, store_port: int, host: str = "127.0.0.1") -> None:
         """Join the cells' gloo world, served by the core at ``host`` (its node IP), and build

@@ -22,8 +22,9 @@ def load_run_config(path: Path | None, overrides: list[str]):
     """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
     from pydantic import ValidationError
 
-    from gyre.cli_errors import first_line, validation_line
+    from gyre.cli_errors import first_line
     from gyre.config import load_config
+    from gyre.validation import validation_line
 
     try:
         cfg = load_config(path, overrides)

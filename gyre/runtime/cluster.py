@@ -323,7 +323,7 @@ class Cluster:
             }
         )
         proxy = self.proxy = ProxyServer(pcfg)
-        proxy.service.pool.api_key = self.engine_key  # before start(): every engine it adds
+        proxy.set_engine_api_key(self.engine_key)
         await asyncio.to_thread(proxy.start)
 
     async def stop(self) -> None:

@@ -17,7 +17,7 @@ machine would connect to itself. ``GLOO_SOCKET_IFNAME`` names the interface to b
 On a loopback node IP gloo is pinned to the loopback interface: its default (the hostname's
 address) is the routable one on most machines, and every peer is on this machine anyway.
 
-:func:`interface_of` is pure; :func:`ipv4_interfaces` and :func:`free_ports` touch the host.
+:func:`interface_of` is pure; :func:`ipv4_interfaces` touches the host.
 """
 
 from __future__ import annotations
@@ -58,20 +58,6 @@ def ray_local_ip(requested: str) -> str:
     loopback address Ray would rewrite to the routable one becomes :data:`RAY_LOCAL_IP`;
     anything else is the user's choice and kept."""
     return RAY_LOCAL_IP if requested in ("127.0.0.1", "localhost", "::1") else requested
-
-
-def free_ports(host: str, n: int) -> list[int]:
-    """``n`` distinct ports free on ``host`` now (all sockets held open together, so no two
-    picks collide). Picked by the node that will listen on them: the driver's view of its own
-    ports says nothing about another machine's."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def interface_of(ip: str, interfaces: dict[str, str]) -> str | None:

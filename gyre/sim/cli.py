@@ -12,7 +12,8 @@ from typing import NoReturn
 
 import typer
 
-from gyre.cli_errors import fail, first_line, validation_line
+from gyre.cli_errors import fail, first_line
+from gyre.validation import validation_line
 
 app = typer.Typer(
     help="Scheduling simulator: compare Colocate, Async and Elastic placements in virtual time.",

@@ -31,6 +31,7 @@ from gyre.policy.config import Placement, PolicyConfig
 from gyre.policy.staleness import staleness_pairs
 from gyre.sim.config import CostConfig, PlacementSpec, SimConfig, WorkloadConfig
 from gyre.sim.workload import Draw, draw_workload
+from gyre.validation import validation_line
 
 FORMAT = "gyre-workload/1"
 H = 1.0 / 3600.0  # one real second in the simulator's hours
@@ -135,8 +136,6 @@ def load_workload(src: str | Path | dict[str, Any] | WorkloadFile) -> WorkloadFi
     try:
         wf = WorkloadFile.model_validate(src)
     except ValidationError as e:
-        from gyre.cli_errors import validation_line
-
         raise WorkloadFileError(f"{where}: {validation_line(e)}") from None
     if not wf.executions:
         raise WorkloadFileError(f"{where}: no executions to replay")
@@ -244,8 +243,6 @@ def sim_config(wf: WorkloadFile, placements: list[str]) -> SimConfig:
             placements={n: _spec(n, run) for n in placements},
         )
     except ValidationError as e:
-        from gyre.cli_errors import validation_line
-
         raise WorkloadFileError(validation_line(e)) from None
 
 

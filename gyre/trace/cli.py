@@ -16,8 +16,8 @@ from gyre.cli_errors import (
     make_dir,
     require_model_dir,
     user_errors,
-    validation_line,
 )
+from gyre.validation import validation_line
 
 app = typer.Typer(
     help="Trajectory trees: build from traces, admission stats, rendering.", no_args_is_help=True

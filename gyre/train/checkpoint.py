@@ -62,8 +62,10 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: TrainerState,
     *,
-    keep: int = 2,
+    keep: int,
 ) -> Path:
+    """Write ``state.step``'s checkpoint and prune to the newest ``keep`` (the caller passes
+    ``trainer.checkpoint.keep``, whose default is the one retention default)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step}"

@@ -35,10 +35,11 @@ def demo(
     """Train on synthetic groups with K local cells; satellites join each step late, in order."""
     from pydantic import ValidationError
 
-    from gyre.cli_errors import fail, make_dir, require_model_dir, user_errors, validation_line
+    from gyre.cli_errors import fail, make_dir, require_model_dir, user_errors
     from gyre.train.config import CheckpointConfig, StreamConfig, TrainerConfig
     from gyre.train.local import JoinPlan, LocalRun, SyntheticData, read_participation, run_local
     from gyre.train.participation import describe, summary
+    from gyre.validation import validation_line
 
     with user_errors("train demo"):
         if model_dir is not None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from functools import partial
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from gyre.log import setup_from_env
+from gyre.ports import free_ports
 from gyre.train.config import TrainerConfig
 
 
@@ -78,12 +78,6 @@ class LocalRun(BaseModel):
     fresh_store_namespace: str = ""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cell_main(
     rank: int, world: int, dist_port: int, store_port: int, runs_json: str, out_dir: str
 ) -> None:
@@ -112,7 +106,7 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
     rdir = out / run.name
     rdir.mkdir(parents=True, exist_ok=True)
     ns = run.name + run.fresh_store_namespace
-    weights = FileWeightChannel(rdir / "weights", keep=3)
+    weights = FileWeightChannel(rdir / "weights")
     ckpt = latest_checkpoint(run.cfg.checkpoint.dir) if run.resume else None
     first = load_state(ckpt).step if ckpt else 0
     cell.barrier()  # everyone has read the starting step before the core can move on
@@ -247,7 +241,7 @@ def run_local(
     payload = json.dumps([r.model_dump(mode="json") for r in runs])
     ctx = mp.start_processes(
         _cell_main,
-        args=(world, free_port(), free_port(), payload, str(out_dir)),
+        args=(world, *free_ports(2), payload, str(out_dir)),
         nprocs=world,
         join=False,
         start_method="spawn",

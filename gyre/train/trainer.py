@@ -35,11 +35,6 @@ from gyre.train.step import build_optimizer, checkpoint_if_due, optimizer_step, 
 from gyre.train.tasks import MicroStepTask
 from gyre.train.weights import FileWeightChannel, load_params, named_params
 
-# weight snapshots satellites pull (weights/snapshots, one model each): a step's participants pull
-# its version, and the next step starts only after every one of them has reduced, so the current
-# version plus one spare is enough
-SNAPSHOTS_KEPT = 2
-
 
 class CellTrainer:
     """The training state of cell ``cell`` (0: the core)."""
@@ -195,7 +190,7 @@ class CellTrainer:
     # ---------------------------------------------------------------- weights out
     def snapshot(self, snapshot_dir: str) -> int:
         """Core: publish the current weights for joining satellites."""
-        FileWeightChannel(snapshot_dir, keep=SNAPSHOTS_KEPT).publish(
+        FileWeightChannel(snapshot_dir).publish(
             self.version, named_params(self.replica().live_model)
         )
         return self.version

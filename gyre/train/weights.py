@@ -20,6 +20,11 @@ from typing import Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+SNAPSHOTS_KEPT = 2
+"""Weight snapshots a channel keeps (one model each): a satellite pulls the version of the step
+it joined, and the core publishes the next version only after every participant has reduced, so
+the current version plus one spare is enough."""
+
 
 class WeightChannel(Protocol):
     def publish(self, version: int, params: dict[str, torch.Tensor]) -> None: ...
@@ -48,7 +53,12 @@ class FileWeightChannel:
     """One ``v{version}.safetensors`` per published version in ``root``; keeps the last ``keep``."""
 
     def __init__(
-        self, root: str | Path, *, keep: int = 2, poll_s: float = 0.01, timeout_s: float = 600.0
+        self,
+        root: str | Path,
+        *,
+        keep: int = SNAPSHOTS_KEPT,
+        poll_s: float = 0.01,
+        timeout_s: float = 600.0,
     ):
         self.root, self.keep, self.poll_s, self.timeout_s = Path(root), keep, poll_s, timeout_s
         self.root.mkdir(parents=True, exist_ok=True)
@@ -82,7 +92,7 @@ class FileWeightChannel:
 class MemoryWeightChannel:
     """In-process channel (one process): keeps the latest snapshots in a dict."""
 
-    def __init__(self, keep: int = 2):
+    def __init__(self, keep: int = SNAPSHOTS_KEPT):
         self.keep = keep
         self._snap: dict[int, dict[str, torch.Tensor]] = {}
 

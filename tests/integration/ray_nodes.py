@@ -16,26 +16,15 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from gyre.ports import free_ports
+
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (all bound at once, so the OS cannot hand one out twice)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class RayNodes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task
+from gyre.ports import free_ports
 from gyre.trace.assessment import Missing, MissingReason, Scored
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -34,10 +34,7 @@ OFF = SandboxConfig(enabled=False)
 
 def dead_url() -> str:
     """A loopback port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_ports()[0]}"
 
 
 def reference(*extra: str):

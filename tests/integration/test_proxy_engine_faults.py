@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gyre.engine.runner import ServerRunner
+from gyre.ports import free_ports
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.runner import ProxyServer
 
@@ -43,14 +43,6 @@ FAST = dict(  # short limits so each fault shows in a second or two
     engine_retry_budget_s=3.0,
     fsync=False,
 )
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class FakeEngine:
@@ -158,7 +150,7 @@ def _openai_error(r: httpx.Response, status: int) -> dict:
 
 
 def test_dead_engine_backs_off_then_503_with_retry_after(tiny_model_dir, tiny_tokenizer, tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{free_ports()[0]}"  # nothing listens there
     with proxy(tiny_model_dir, tiny_tokenizer, tmp_path, [dead]) as px:
         r, took = post(px, "/v1/chat/completions", OA)
         err = _openai_error(r, 503)
@@ -185,7 +177,7 @@ def test_empty_pool_waits_the_configured_time(tiny_model_dir, tiny_tokenizer, tm
 @pytest.mark.slow
 def test_frozen_engine_process_is_declared_failed(tiny_model_dir, tiny_tokenizer, tmp_path):
     """A real engine process stopped with SIGSTOP: 504 after the timeouts, not a hang."""
-    port = free_port()
+    port = free_ports()[0]
     gyre = str(Path(sys.executable).parent / "gyre")
     eng = subprocess.Popen(
         [gyre, "engine", "--kind", "null", "--port", str(port)],
@@ -323,7 +315,7 @@ async def test_engine_client_names_protocol_violations_and_pings():
                     async for _ in c.generate_stream([1, 2], {"max_new_tokens": 2}):
                         pass
                 assert await c.ping()
-    async with EngineClient(f"http://127.0.0.1:{free_port()}") as c:
+    async with EngineClient(f"http://127.0.0.1:{free_ports()[0]}") as c:
         assert not await c.ping()
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from gyre.engine.app import create_app
 from gyre.engine.config import NullEngineConfig
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
+from gyre.ports import free_ports
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.runner import ProxyServer
 
@@ -269,14 +269,6 @@ def test_fuzz_anthropic_huge_tools_images_never_5xx(px, msgs, path):
         assert r.status_code == 400
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def _kb(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -287,7 +279,7 @@ def _kb(pid: int, field: str) -> int:
 @pytest.mark.slow
 def test_refusing_a_20mb_prompt_costs_a_few_times_its_size(tiny_model_dir, tmp_path):
     """A real `gyre proxy` process: peak RSS growth per MB of a refused 20 MB prompt (was ~150)."""
-    port = _free_port()
+    (port,) = free_ports()
     gyre = str(Path(sys.executable).parent / "gyre")
     cmd = [gyre, "proxy", "--model", str(tiny_model_dir), "--engine", "http://127.0.0.1:9"]
     cmd += ["--port", str(port), "--trace-dir", str(tmp_path), "--no-fsync"]

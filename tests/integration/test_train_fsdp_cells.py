@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,8 @@ from pathlib import Path
 import fsdp_cells
 import pytest
 import torch
+
+from gyre.ports import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +32,10 @@ WEIGHT_ATOL = 1e-12  # measured 4.5e-15; lr is 1e-3, so a billionth of one step
 NORM_RTOL = 1e-12  # measured 1e-15
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def sharded_run(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    port = _free_port()
+    (port,) = free_ports()
     procs = [
         subprocess.Popen(
             [

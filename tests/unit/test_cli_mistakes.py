@@ -515,7 +515,7 @@ def test_main_turns_a_stray_oserror_on_a_path_into_one_line(monkeypatch, capsys)
 def test_validation_line_names_fields_without_links() -> None:
     from pydantic import BaseModel, ValidationError
 
-    from gyre.cli_errors import validation_line
+    from gyre.validation import validation_line
 
     class Inner(BaseModel):
         cells: int

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from gyre.cli import app
 from gyre.config import GyreConfig, load_config
+from gyre.ports import free_ports
 from gyre.runtime.rundir import RunDir, to_toml
 from gyre.runtime.tasks import TaskSetError, TaskStream
 
@@ -275,14 +276,10 @@ def test_resume_keeps_unset_values_toml_cannot_hold(base, model_dir, tmp_path):
 
 def test_unreachable_ray_address_is_one_line_exit_1(tmp_path):
     """A bad --address is reported at once (Ray itself would retry it for minutes), no traceback."""
-    import socket
-
     from gyre.config import load_config
     from gyre.runtime.cluster import RuntimeSetupError, init_ray
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (port,) = free_ports()  # a port nobody listens on
     cfg = load_config(QUICKSTART, [f"model_dir={tmp_path}", f"run.ray.address=127.0.0.1:{port}"])
     with pytest.raises(RuntimeSetupError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
         init_ray(cfg)
