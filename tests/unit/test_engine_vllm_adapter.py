@@ -175,7 +175,9 @@ async def test_abort_returns_partial_output(stack):
         chunks = []
 
         async def consume():
-            async for ch in c.generate_stream([1], {"max_new_tokens": 500}, rid="r1"):
+            async for ch in c.generate_stream(
+                [1], {"max_new_tokens": 500, "ignore_eos": True}, rid="r1"
+            ):
                 chunks.append(ch)
 
         task = asyncio.create_task(consume())
