@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gyre.harness.config import ExecutorConfig
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.proxy.config import ProxyConfig
+from gyre.proxy.sampling import DEFAULTS as SAMPLING_DEFAULTS
+from gyre.proxy.sampling import departures
 from gyre.runtime.config import RunConfig
 from gyre.runtime.engines import RolloutEngineConfig
 from gyre.train.config import TrainerConfig
@@ -67,6 +69,38 @@ class GyreConfig(BaseModel):
         if isinstance(policy, dict) and "placement" not in policy:
             data["policy"] = {**policy, "placement": Placement.ELASTIC}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fix_sampling(cls, data: Any) -> Any:
+        """A training run's sampling distribution is its config's: every ``[proxy.sampling]``
+        field left unset is the engine default, which the proxy then sends on every request
+        instead of a harness's own (gyre.proxy.sampling)."""
+        if not isinstance(data, dict) or not isinstance(data.get("proxy", {}), dict):
+            return data
+        proxy = dict(data.get("proxy") or {})
+        sampling = proxy.get("sampling") or {}
+        if isinstance(sampling, dict):
+            proxy["sampling"] = {**SAMPLING_DEFAULTS, **sampling}
+        return {**data, "proxy": proxy}
+
+    @model_validator(mode="after")
+    def _behaviour_logprob_named(self) -> GyreConfig:
+        """Refuse a run whose recorded behaviour log-prob would silently not be the probability
+        its tokens were drawn with: a tempered or truncated distribution needs the user to name
+        the log-prob the engine records (and the trainer uses as the behaviour policy)."""
+        off = departures(self.proxy.sampling.model_dump())
+        mode = self.engine.logprob_mode
+        cut = [d for d in off if not d.startswith("temperature=")]  # tempered is exact without
+        if off and (
+            "logprob_mode" not in self.engine.model_fields_set or (mode == "tempered" and cut)
+        ):
+            raise ValueError(
+                f"proxy.sampling {', '.join(off)} is not the model's own distribution, so the "
+                "raw log-probs the trainer recomputes are not the behaviour's: set "
+                "engine.logprob_mode = 'processed' (exact) or 'raw' (biased); docs/engine.md"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_batch_size(self) -> GyreConfig:

@@ -91,7 +91,7 @@ def serve(
     logprob_mode: str | None = typer.Option(
         None,
         "--logprob-mode",
-        help="Embedded: raw | tempered | processed (docs/engine.md; default "
+        help="Embedded: raw | tempered | processed; vLLM: raw | processed (docs/engine.md; default "
         f"{_d(EmbeddedEngineConfig, 'logprob_mode')}).",
     ),
     dtype: str | None = typer.Option(
@@ -355,7 +355,9 @@ def engine_config(
         # CLI strings: pydantic checks logprob_mode and dtype (a ValidationError names them)
         return EmbeddedEngineConfig.model_validate({k: v for k, v in data.items() if k != "vllm"})
     if kind == "vllm":
-        launch = data.get("vllm") or {}
+        launch = dict(data.get("vllm") or {})
+        if data.get("logprob_mode") is not None:  # pydantic refuses 'tempered' (no vLLM mode)
+            launch["logprob_mode"] = data["logprob_mode"]
         return VllmEngineConfig(engine_id=engine_id, model_dir=str(model), url=vllm_url, **launch)
     raise ValueError(f"unknown --kind {kind!r}: use embedded, scripted, null or vllm")
 

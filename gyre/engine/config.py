@@ -135,6 +135,12 @@ class VllmEngineConfig(VllmLaunchConfig):
     weight_version: int = Field(
         0, ge=0, description="Policy version of the weights the server starts with."
     )
+    logprob_mode: Literal["raw", "processed"] = Field(
+        "raw",
+        description="the log-prob a launched server records (its --logprobs-mode): raw = "
+        "raw_logprobs, processed = processed_logprobs (the embedded engine's meanings; vLLM has "
+        "no 'tempered'). A server at `url` must have been started with the matching flag.",
+    )
 
 
 class EngineServerConfig(BaseModel):

@@ -13,9 +13,11 @@ text anywhere, and on the final chunk the **weight-version spans** vLLM itself r
 output token (``[{version, start, end}]``), so a weight update in the middle of a request
 is attributed exactly, not by when a chunk happened to arrive here.
 
-Log-probs are vLLM's default ``logprobs_mode=raw_logprobs``: log-softmax of the model's
-logits before temperature, penalties and top-k/top-p (Gyre's ``raw``; what a trainer
-recomputes). Only the sampled token's log-prob is asked for (``logprobs: 0``).
+Log-probs are the config's ``logprob_mode`` as vLLM's ``--logprobs-mode`` (set at launch):
+``raw`` (default) is ``raw_logprobs``, the log-softmax of the model's logits before temperature,
+penalties and top-k/top-p (what a trainer recomputes); ``processed`` is ``processed_logprobs``,
+the distribution actually sampled from. Only the sampled token's log-prob is asked for
+(``logprobs: 0``).
 
 Control maps to vLLM's dev-mode routes (``VLLM_SERVER_DEV_MODE=1``):
 
@@ -146,7 +148,12 @@ class VllmEngine(Engine):
             from gyre.engine.vllm_launch import VllmServer
 
             assert c.model_dir is not None
-            self.server = VllmServer(c.model_dir, python=c.python, kv_cache_gb=c.kv_cache_gb)
+            self.server = VllmServer(
+                c.model_dir,
+                python=c.python,
+                kv_cache_gb=c.kv_cache_gb,
+                logprob_mode=c.logprob_mode,
+            )
             self.url = await asyncio.to_thread(self.server.start, c.start_timeout_s)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
         self._http = aiohttp.ClientSession(self.url, timeout=timeout)

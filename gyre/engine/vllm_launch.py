@@ -11,6 +11,7 @@ work on CPU:
   ``/update_weight_version``, ``/reset_prefix_cache``;
 - ``--generation-config vllm``: the model's ``generation_config.json`` must not supply
   sampling defaults (a Qwen checkpoint's top_k=20 would silently change the policy);
+- ``--logprobs-mode``: the config's ``logprob_mode`` (:data:`LOGPROBS_MODE`);
 - ``--dtype float32 --enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB of K/V);
 - ``--worker-extension-cls gyre_vllm_worker.GyreWorkerExtension`` with ``PYTHONPATH`` set to
   :data:`PLUGIN_DIR` (that one file, nothing else of Gyre): ``gyre_reload_weights``, the
@@ -59,9 +60,24 @@ def vllm_python() -> str | None:
     return str(py) if py.exists() else None
 
 
+LOGPROBS_MODE = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
+"""Gyre's ``logprob_mode`` as vLLM's ``--logprobs-mode``: ``raw_logprobs`` is the log-softmax
+before penalties, temperature and top-k/top-p/min-p; ``processed_logprobs`` the log-softmax of
+the logits the sampler drew from (after all of them; -inf outside the cut, so renormalised)."""
+
+
 def vllm_command(
-    python: str, model_dir: str, host: str, port: int, extra_args: tuple[str, ...] = ()
+    python: str,
+    model_dir: str,
+    host: str,
+    port: int,
+    extra_args: tuple[str, ...] = (),
+    logprob_mode: str = "raw",
 ) -> list[str]:
+    if logprob_mode not in LOGPROBS_MODE:
+        raise ValueError(
+            f"logprob_mode {logprob_mode!r} has no vLLM equivalent: use one of {sorted(LOGPROBS_MODE)}"
+        )
     return [
         python,
         "-m",
@@ -82,6 +98,8 @@ def vllm_command(
         "warning",
         "--worker-extension-cls",
         WORKER_EXTENSION,
+        "--logprobs-mode",
+        LOGPROBS_MODE[logprob_mode],
         *extra_args,
     ]
 
@@ -110,6 +128,7 @@ class VllmServer:
         kv_cache_gb: int = KV_CACHE_GB,
         extra_args: tuple[str, ...] = (),
         log_path: str | None = None,
+        logprob_mode: str = "raw",
     ) -> None:
         self.model_dir = str(model_dir)
         self.python = python or vllm_python()
@@ -118,6 +137,7 @@ class VllmServer:
         self.kv_cache_gb = kv_cache_gb
         self.extra_args = extra_args
         self.log_path = log_path
+        self.logprob_mode = logprob_mode
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None  # seconds from spawn to /health 200
 
@@ -138,7 +158,9 @@ class VllmServer:
         if self.log_path is None:
             fd, self.log_path = tempfile.mkstemp(prefix="gyre-vllm-", suffix=".log")
             os.close(fd)
-        cmd = vllm_command(self.python, self.model_dir, self.host, self.port, self.extra_args)
+        cmd = vllm_command(
+            self.python, self.model_dir, self.host, self.port, self.extra_args, self.logprob_mode
+        )
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

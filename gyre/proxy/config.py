@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class PoolConfig(BaseModel):
@@ -47,6 +47,30 @@ class PoolConfig(BaseModel):
     )
     engine_retry_budget_s: float = Field(
         30.0, description="No new engine attempt starts this long after a call's first failure."
+    )
+
+
+class SamplingConfig(BaseModel):
+    """The run's sampling distribution and what the proxy does with a harness's own
+    ``temperature``/``top_p``/``top_k`` (``[proxy.sampling]``; docs/engine.md, "Sampling
+    semantics").
+
+    A field set here is the run's: the proxy sends it on every engine request, whatever the
+    harness asked. A field left unset passes the harness's value through (else the engine's
+    default: temperature 1, no truncation). ``gyre run`` sets every unset field to that default,
+    so in a training run the distribution tokens are drawn from is always the config's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0.0, description="0 is greedy.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, description="-1 (or 0) is no top-k cut.")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    harness_params: Literal["override", "refuse"] = Field(
+        "override",
+        description="a harness value that differs from a field set here: override (send the "
+        "run's; counted as sampling_overridden, the harness's value kept in the trace record's "
+        "meta) or refuse (400 in the client's dialect, naming the parameter)",
     )
 
 
@@ -137,4 +161,8 @@ class ProxyConfig(PoolConfig):
         60.0,
         description="A client that leaves a request incomplete (headers or body) this long "
         "without sending a byte is disconnected.",
+    )
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig,
+        description="The run's temperature/top-p/top-k/min-p and the rule for a harness's own.",
     )

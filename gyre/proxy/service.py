@@ -35,6 +35,7 @@ from gyre.proxy.promptsize import PromptBound
 from gyre.proxy.recorder import Recorder
 from gyre.proxy.render import Renderer, RenderError
 from gyre.proxy.retries import RetryEntry, RetryWindow, retry_count
+from gyre.proxy.sampling import SamplingRefused, effective, engine_sampling
 from gyre.proxy.session import Bridge, ExecutionState, Plan
 from gyre.proxy.types import (
     AssistantTurn,
@@ -282,12 +283,15 @@ class ProxyService:
             "max_new_tokens": min(s.max_tokens or self.config.default_max_tokens, room),
             "stop_token_ids": self.renderer.stop_token_ids,
         }
-        if s.temperature is not None:
-            sp["temperature"] = s.temperature
-        if s.top_p is not None:
-            sp["top_p"] = s.top_p
-        if s.top_k is not None:
-            sp["top_k"] = s.top_k if s.top_k > 0 else -1
+        try:  # the run's fixed fields win over the harness's (gyre.proxy.sampling)
+            dist, overridden = engine_sampling(s, self.config.sampling)
+        except SamplingRefused as e:
+            raise bad_request(str(e), param=e.param) from None
+        sp.update(dist)
+        call.meta["sampling"] = effective(dist)
+        if overridden:
+            call.meta["sampling_overridden"] = overridden
+            self.counters.sampling_overridden += 1
         if s.seed is not None:
             sp["sampling_seed"] = s.seed  # SGLang's name; Gyre engines accept it too
         return sp

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gyre.engine.config import EmbeddedEngineConfig, VllmEngineConfig, VllmLaunchConfig
 
@@ -32,6 +32,15 @@ class RolloutEngineConfig(EmbeddedEngineConfig):
     )
     vllm: VllmLaunchConfig = Field(default_factory=VllmLaunchConfig)
 
+    @model_validator(mode="after")
+    def _vllm_logprob_mode(self) -> RolloutEngineConfig:
+        if self.kind == "vllm" and self.logprob_mode == "tempered":
+            raise ValueError(
+                "engine.logprob_mode = 'tempered' has no vLLM equivalent (its --logprobs-mode "
+                "is raw_logprobs or processed_logprobs): use 'raw' or 'processed'"
+            )
+        return self
+
 
 def cell_engine_config(
     rc: RolloutEngineConfig,
@@ -45,10 +54,13 @@ def cell_engine_config(
     """The engine config one rollout engine is built from (a cell's or a standalone one's),
     from the run's ``[engine]`` section (the model itself crosses into the Ray actors)."""
     if rc.kind == "vllm":
+        mode = rc.logprob_mode
+        assert mode != "tempered", "refused by RolloutEngineConfig"
         return VllmEngineConfig(
             engine_id=engine_id,
             model_dir=model_dir,
             weight_version=version,
+            logprob_mode=mode,
             **rc.vllm.model_dump(),
         )
     data = rc.model_dump(exclude={"kind", "vllm"})

@@ -7,6 +7,7 @@ tokens and a separate full forward pass for log-probs.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import httpx
 import pytest
@@ -593,3 +594,49 @@ async def test_resume_on_another_engine_continues_the_same_greedy_output(tiny_mo
     finally:
         await a.stop()
         await b.stop()
+
+
+def nucleus_logprob(logits_row: torch.Tensor, token: int, top_p: float) -> tuple[float, int]:
+    """log p(token) under the top-p cut of softmax(logits_row), renormalised, computed apart
+    from the engine's code: walk the tokens by falling probability and keep each one while the
+    mass before it is below top_p. Returns (log-prob, tokens kept)."""
+    probs = torch.softmax(logits_row.double(), -1).tolist()
+    kept, mass = [], 0.0
+    for i in sorted(range(len(probs)), key=lambda j: -probs[j]):
+        if mass >= top_p:
+            break
+        kept.append(i)
+        mass += probs[i]
+    assert token in kept, "the engine sampled a token outside the nucleus"
+    return math.log(probs[token] / sum(probs[i] for i in kept)), len(kept)
+
+
+async def test_processed_logprob_under_top_p_is_the_renormalised_nucleus(tiny_model_dir, hf_model):
+    """The opt-in of docs/engine.md "Sampling semantics": with top_p < 1 the processed log-prob
+    is log(p / P(nucleus)), the distribution the token was drawn from, not the raw one."""
+    top_p = 0.3
+    proc = EmbeddedEngine(
+        EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="p", logprob_mode="processed")
+    )
+    raw = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir), engine_id="r"))
+    await proc.start()
+    await raw.start()
+    try:
+        sp = {"max_new_tokens": 12, "top_p": top_p, "seed": 11, "ignore_eos": True}
+        req = GenerateRequest(input_ids=PROMPTS[1], sampling_params=sp)
+        p, r = await asyncio.gather(proc.generate(req), raw.generate(req))
+    finally:
+        await proc.stop()
+        await raw.stop()
+    assert p.output_ids == r.output_ids  # same seed, same draws: only the reported log-prob differs
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([PROMPTS[1] + p.output_ids])).logits[0].float()
+    n = len(PROMPTS[1])
+    ref, sizes = zip(
+        *(nucleus_logprob(logits[n - 1 + i], t, top_p) for i, t in enumerate(p.output_ids)),
+        strict=True,
+    )
+    assert max(sizes) < logits.shape[-1]  # the cut removed tokens: the two log-probs differ
+    assert p.logprobs == pytest.approx(list(ref), abs=1e-4)
+    assert r.logprobs == pytest.approx(hf_logprobs(hf_model, PROMPTS[1], r.output_ids), abs=1e-4)
+    assert all(a > b + 1e-3 for a, b in zip(p.logprobs, r.logprobs, strict=True))

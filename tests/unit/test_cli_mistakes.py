@@ -358,6 +358,28 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("executor.scorer.sandbox = false", "unconfined"),
     ),
     (
+        "run-truncated-sampling-without-a-named-logprob",  # docs/engine.md, Sampling semantics
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            "proxy.sampling.top_p=0.9",
+        ],
+        ("proxy.sampling top_p=0.9", "engine.logprob_mode = 'processed'"),
+    ),
+    (
+        "run-vllm-tempered-logprobs",
+        lambda f, p: [
+            "run",
+            str(ROOT / "examples" / "run.toml"),
+            "--set",
+            "engine.kind=vllm",
+            "--set",
+            "engine.logprob_mode=tempered",
+        ],
+        ("'tempered' has no vLLM equivalent",),
+    ),
+    (
         "sim-sweep-unknown-placement",
         lambda f, p: ["sim", "sweep", "--placement", "best", "--seeds", "1"],
         ("--placement", "'best'"),
