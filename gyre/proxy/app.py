@@ -78,6 +78,26 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=499)
 
 
+def _model_list(name: str) -> dict[str, Any]:
+    """``/v1/models`` in a shape both SDKs read (OpenAI's list, Anthropic's paging fields)."""
+    m = {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "gyre",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
+    return {
+        "object": "list",
+        "data": [m],
+        "has_more": False,
+        "first_id": m["id"],
+        "last_id": m["id"],
+    }
+
+
 def build_app(
     config: ProxyConfig, tokenizer: Any = None, service: ProxyService | None = None
 ) -> Starlette:
@@ -97,24 +117,7 @@ def build_app(
         return await svc.count_tokens(request)
 
     async def models(request: Request) -> Response:
-        m = {
-            "id": svc.served_model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "gyre",
-            "type": "model",
-            "display_name": svc.served_model,
-            "created_at": "1970-01-01T00:00:00Z",
-        }
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [m],
-                "has_more": False,
-                "first_id": m["id"],
-                "last_id": m["id"],
-            }
-        )
+        return JSONResponse(_model_list(svc.served_model))
 
     async def health(request: Request) -> Response:
         """200 when at least one active engine answers its own /health; counts only (no URLs)."""
@@ -170,8 +173,58 @@ def build_app(
 def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
     """The admin routes over ``svc`` (no lifespan: the API app starts and stops the service)."""
 
-    def _admin(request: Request) -> None:
-        token = config.admin_token
+    async def denied(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)  # registered for ApiError only
+        return JSONResponse(exc.openai_body(), status_code=exc.status)
+
+    app = Starlette(
+        routes=_AdminRoutes(config, svc).routes(),
+        exception_handlers={
+            HTTPException: _http_error,
+            ApiError: denied,
+            ClientDisconnect: _client_gone,
+        },
+    )
+    app.state.service = svc
+    return app
+
+
+class _AdminRoutes:
+    """The admin handlers over one service; every one checks the admin token first."""
+
+    def __init__(self, config: ProxyConfig, svc: ProxyService) -> None:
+        self.config = config
+        self.svc = svc
+
+    def routes(self) -> list[Route]:
+        g = self._guarded
+        return [
+            Route("/health", g(self.health), methods=["GET"]),
+            Route("/admin/health", g(self.health), methods=["GET"]),
+            Route("/admin/executions", g(self.register), methods=["POST"]),
+            Route("/admin/executions", g(self.list_executions), methods=["GET"]),
+            Route("/admin/executions/{execution_id:path}", g(self.revoke), methods=["DELETE"]),
+            Route(
+                "/admin/executions/{execution_id:path}", g(self.execution_calls), methods=["GET"]
+            ),
+            Route("/admin/engines", g(self.add_engine), methods=["POST"]),
+            Route("/admin/engines/drain", g(self.drain_engine), methods=["POST"]),
+            Route("/admin/engines/remove", g(self.remove_engine), methods=["POST"]),
+            Route("/admin/stats", g(self.stats), methods=["GET"]),
+        ]
+
+    def _guarded(self, fn):
+        async def wrapped(request: Request) -> Response:
+            try:
+                self._check_token(request)
+                return await fn(request)
+            except ApiError as e:
+                return JSONResponse(e.openai_body(), status_code=e.status)
+
+        return wrapped
+
+    def _check_token(self, request: Request) -> None:
+        token = self.config.admin_token
         auth = request.headers.get("authorization", "")
         given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         if not token or not hmac.compare_digest(given.encode(), token.encode()):
@@ -179,6 +232,7 @@ def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
                 401, "admin routes need Authorization: Bearer <admin token>", "authentication"
             )
 
+    @staticmethod
     async def _json(request: Request) -> dict:
         try:
             data = jsonfast.loads(await request.body())
@@ -188,19 +242,8 @@ def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
             raise ApiError(400, "expected a JSON object")
         return data
 
-    def admin_route(fn):
-        async def wrapped(request: Request) -> Response:
-            try:
-                _admin(request)
-                return await fn(request)
-            except ApiError as e:
-                return JSONResponse(e.openai_body(), status_code=e.status)
-
-        return wrapped
-
-    @admin_route
-    async def register(request: Request) -> Response:
-        data = await _json(request)
+    async def register(self, request: Request) -> Response:
+        data = await self._json(request)
         ex = data.get("execution_id")
         if not isinstance(ex, str) or not ex:
             raise ApiError(400, "execution_id: expected a non-empty string")
@@ -211,86 +254,51 @@ def build_admin_app(config: ProxyConfig, svc: ProxyService) -> Starlette:
         if key is not None and (not isinstance(key, str) or not key):
             raise ApiError(400, "key: expected a non-empty string")
         try:
-            api_key = svc.keys.register(ex, str(label), key)
+            api_key = self.svc.keys.register(ex, str(label), key)
         except ValueError as e:
             raise ApiError(409, str(e)) from None
         return JSONResponse({"execution_id": ex, "label": label, "api_key": api_key})
 
-    @admin_route
-    async def revoke(request: Request) -> Response:
+    async def revoke(self, request: Request) -> Response:
         ex = request.path_params["execution_id"]
-        n = svc.keys.revoke(ex)
-        svc.close_execution(ex)
+        n = self.svc.keys.revoke(ex)
+        self.svc.close_execution(ex)
         return JSONResponse({"execution_id": ex, "revoked_keys": n})
 
-    @admin_route
-    async def execution_calls(request: Request) -> Response:
-        return JSONResponse(svc.calls.get(request.path_params["execution_id"]))
+    async def execution_calls(self, request: Request) -> Response:
+        return JSONResponse(self.svc.calls.get(request.path_params["execution_id"]))
 
-    @admin_route
-    async def list_executions(request: Request) -> Response:
-        return JSONResponse({"executions": svc.keys.executions()})
+    async def list_executions(self, request: Request) -> Response:
+        return JSONResponse({"executions": self.svc.keys.executions()})
 
-    @admin_route
-    async def add_engine(request: Request) -> Response:
-        url = (await _json(request)).get("url")
+    async def add_engine(self, request: Request) -> Response:
+        url = (await self._json(request)).get("url")
         if not isinstance(url, str):
             raise ApiError(400, "url: expected a string")
-        await svc.pool.add(url)
-        return JSONResponse({"engines": svc.pool.status()})
+        await self.svc.pool.add(url)
+        return JSONResponse({"engines": self.svc.pool.status()})
 
-    @admin_route
-    async def drain_engine(request: Request) -> Response:
-        url = (await _json(request)).get("url")
+    async def drain_engine(self, request: Request) -> Response:
+        url = (await self._json(request)).get("url")
         try:
-            moved = await svc.pool.drain(str(url))
+            moved = await self.svc.pool.drain(str(url))
         except KeyError as e:
             raise ApiError(404, str(e), "not_found") from None
-        return JSONResponse({"moved": moved, "engines": svc.pool.status()})
+        return JSONResponse({"moved": moved, "engines": self.svc.pool.status()})
 
-    @admin_route
-    async def remove_engine(request: Request) -> Response:
-        url = (await _json(request)).get("url")
-        if str(url).rstrip("/") not in svc.pool.engines:
+    async def remove_engine(self, request: Request) -> Response:
+        url = (await self._json(request)).get("url")
+        if str(url).rstrip("/") not in self.svc.pool.engines:
             raise ApiError(404, f"unknown engine {url}", "not_found")
-        await svc.pool.remove(str(url))
-        return JSONResponse({"engines": svc.pool.status()})
+        await self.svc.pool.remove(str(url))
+        return JSONResponse({"engines": self.svc.pool.status()})
 
-    @admin_route
-    async def stats(request: Request) -> Response:
-        return JSONResponse(svc.stats())
+    async def stats(self, request: Request) -> Response:
+        return JSONResponse(self.svc.stats())
 
-    @admin_route
-    async def health(request: Request) -> Response:
-        ok, engines = await _probe(svc)
+    async def health(self, request: Request) -> Response:
+        ok, engines = await _probe(self.svc)
         return JSONResponse(
             {"status": "ok" if ok else "no_engine", "engines": engines},
             status_code=200 if ok else 503,
         )
-
-    async def denied(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)  # registered for ApiError only
-        return JSONResponse(exc.openai_body(), status_code=exc.status)
-
-    routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/admin/health", health, methods=["GET"]),
-        Route("/admin/executions", register, methods=["POST"]),
-        Route("/admin/executions", list_executions, methods=["GET"]),
-        Route("/admin/executions/{execution_id:path}", revoke, methods=["DELETE"]),
-        Route("/admin/executions/{execution_id:path}", execution_calls, methods=["GET"]),
-        Route("/admin/engines", add_engine, methods=["POST"]),
-        Route("/admin/engines/drain", drain_engine, methods=["POST"]),
-        Route("/admin/engines/remove", remove_engine, methods=["POST"]),
-        Route("/admin/stats", stats, methods=["GET"]),
-    ]
-    app = Starlette(
-        routes=routes,
-        exception_handlers={
-            HTTPException: _http_error,
-            ApiError: denied,
-            ClientDisconnect: _client_gone,
-        },
-    )
-    app.state.service = svc
-    return app

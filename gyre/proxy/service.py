@@ -29,7 +29,7 @@ from gyre.proxy.counters import BridgeMode, ProxyCounters
 from gyre.proxy.detok import Detokenizer
 from gyre.proxy.errors import ApiError, bad_request
 from gyre.proxy.identity import Identity, KeyRegistry, key_from_headers
-from gyre.proxy.parsing import make_parser
+from gyre.proxy.parsing import OutputParser, make_parser
 from gyre.proxy.pool import EnginePool, GenResult
 from gyre.proxy.promptsize import PromptBound
 from gyre.proxy.recorder import Recorder
@@ -437,6 +437,19 @@ class ProxyService:
             await work
         raise ClientGone()
 
+    def _parser(self, adapter: Adapter, call: ParsedCall) -> OutputParser:
+        """The output parser for one call: ``plain`` when tools are off for it; tool call ids
+        in the adapter's dialect."""
+        prefix = adapter.tool_id_prefix
+        no_tools = call.tool_choice == "none" or (
+            isinstance(call.tool_choice, dict) and call.tool_choice.get("type") == "none"
+        )
+        return make_parser(
+            "plain" if no_tools else self.config.parser,
+            lambda: prefix + uuid.uuid4().hex[:24],
+            self.renderer.generation_opens_reasoning,
+        )
+
     async def _produce(
         self,
         adapter: Adapter,
@@ -450,15 +463,7 @@ class ProxyService:
     ) -> AsyncGenerator[StreamEvent, None]:
         st = ex.state
         ex.active += 1
-        prefix = adapter.tool_id_prefix
-        no_tools = call.tool_choice == "none" or (
-            isinstance(call.tool_choice, dict) and call.tool_choice.get("type") == "none"
-        )
-        parser = make_parser(
-            "plain" if no_tools else self.config.parser,
-            lambda: prefix + uuid.uuid4().hex[:24],
-            self.renderer.generation_opens_reasoning,
-        )
+        parser = self._parser(adapter, call)
         detok = Detokenizer(self.tokenizer, self._stop_ids)
         texts: list[str] = []
         reasoning: list[str] = []
@@ -495,20 +500,7 @@ class ProxyService:
             assert result is not None
             tail = [] if call.stream else note(parser.feed(detok.add(result.output_ids)))
             tail += note(parser.feed(detok.flush()) + parser.finish())
-            finish: TurnFinish = (
-                "tool_calls" if calls and result.finish == "stop" else result.finish
-            )
-            turn = AssistantTurn(
-                content="".join(texts),
-                reasoning="".join(reasoning).strip() or None,
-                tool_calls=calls,
-                finish=finish,
-                prompt_tokens=plan.input_len,
-                completion_tokens=len(result.output_ids),
-                output_ids=result.output_ids,
-                output_logprobs=result.logprobs,
-                request_id=plan.request_id,
-            )
+            turn = _assistant_turn(texts, reasoning, calls, result, plan)
             await self.recorder.answered(st, call, plan, result, turn, headers, t0)
             if entry is not None:
                 entry.settle(turn)
@@ -558,6 +550,24 @@ class ProxyService:
             "executions": len(self.executions),
             "open_trace_files": self.writer.open_files,
         }
+
+
+def _assistant_turn(
+    texts: list[str], reasoning: list[str], calls: list[ToolCall], result: GenResult, plan: Plan
+) -> AssistantTurn:
+    """The answered turn from what the parser produced and what the engines sampled."""
+    finish: TurnFinish = "tool_calls" if calls and result.finish == "stop" else result.finish
+    return AssistantTurn(
+        content="".join(texts),
+        reasoning="".join(reasoning).strip() or None,
+        tool_calls=calls,
+        finish=finish,
+        prompt_tokens=plan.input_len,
+        completion_tokens=len(result.output_ids),
+        output_ids=result.output_ids,
+        output_logprobs=result.logprobs,
+        request_id=plan.request_id,
+    )
 
 
 def _model_max_context(model_dir: str) -> int:

@@ -205,13 +205,7 @@ def pack_groups(
             rows = g.rows.get(eid, [])
             if a == 0.0 or not rows:
                 continue  # no gradient: counted as scored, not packed
-            for r in rows:
-                r.validate()
-                tids = {x for x, t in zip(r.execution_index, r.is_target) if t}
-                if len(tids) > 1:
-                    raise ValueError(
-                        f"execution {eid!r}: a row holds targets of {len(tids)} executions"
-                    )
+            _check_rows(eid, rows)
             _normalise_weights(eid, rows)
             if eid in adv_of:
                 raise ValueError(f"execution id {eid!r} appears twice in one batch")
@@ -227,11 +221,7 @@ def pack_groups(
         tree_steps = pack(adms, stream.pack_mode, stream.token_budget)
         stats.tokens += sum(ms.n_tokens for ms in tree_steps)
         micro = micro + tree_steps
-    where: dict[str, list[int]] = {}
-    for k, ms in enumerate(micro):
-        for e in ms.executions:
-            where.setdefault(e, []).append(start_index + k)
-    spans = {e: w for e, w in where.items() if len(w) > 1}
+    spans = _split_executions(micro, start_index)
     stats.executions_split = len(spans)
     stats.micro_steps = len(micro)
     tasks = [
@@ -245,6 +235,23 @@ def pack_groups(
         for k, ms in enumerate(micro)
     ]
     return PackedChunk(tasks=tasks, stats=stats, groups=[g.group_id for g in groups])
+
+
+def _check_rows(eid: str, rows: list[PackedSequence]) -> None:
+    for r in rows:
+        r.validate()
+        tids = {x for x, t in zip(r.execution_index, r.is_target) if t}
+        if len(tids) > 1:
+            raise ValueError(f"execution {eid!r}: a row holds targets of {len(tids)} executions")
+
+
+def _split_executions(micro: list[MicroStep], start_index: int) -> dict[str, list[int]]:
+    """The executions packed into more than one micro-step -> the task indices holding them."""
+    where: dict[str, list[int]] = {}
+    for k, ms in enumerate(micro):
+        for e in ms.executions:
+            where.setdefault(e, []).append(start_index + k)
+    return {e: w for e, w in where.items() if len(w) > 1}
 
 
 def validate_group(group: ReadyGroup) -> None:

@@ -102,7 +102,6 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
     from gyre.train.checkpoint import latest_checkpoint, load_state
     from gyre.train.weights import FileWeightChannel
 
-    rank = cell.rank
     rdir = out / run.name
     rdir.mkdir(parents=True, exist_ok=True)
     ns = run.name + run.fresh_store_namespace
@@ -110,105 +109,120 @@ def _run_one(cell, run: LocalRun, out: Path) -> None:
     ckpt = latest_checkpoint(run.cfg.checkpoint.dir) if run.resume else None
     first = load_state(ckpt).step if ckpt else 0
     cell.barrier()  # everyone has read the starting step before the core can move on
-
-    def killer(step):
-        def hook(n):
-            k = run.kill
-            if k is not None and k.cell == rank and k.step == step and n >= k.after_micro_steps:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        return hook
-
-    if rank == 0:
-        from safetensors.torch import save_file
-
-        from gyre.train.replica import load_causal_lm
-        from gyre.train.synthetic import synthetic_groups
-        from gyre.train.weights import named_params
-
-        d = run.data
-        gen_model = load_causal_lm(run.cfg.model_dir, run.cfg.dtype)
-        groups = synthetic_groups(
-            gen_model,
-            d.n_groups,
-            d.group_size,
-            seed=d.seed,
-            context_len=d.context_len,
-            target_len=d.target_len,
-            noise=d.noise,
-            missing_every=d.missing_every,
-            branches=d.branches,
-        )
-        del gen_model
-        core = cell.core(run.cfg, ns, weights)
-        core.start(resume=run.resume)
-        pending = list(groups)
-
-        def one_per_pump():
-            return [pending.pop(0)] if pending else []
-
-        if run.source == "all":
-            core.add_groups(groups)
-        planned = sorted(c for c, p in run.joins.items() if p.join and 0 < c < cell.world)
-        cell.barrier()  # every cell is loaded: the first step is not lost to start-up skew
-        with (rdir / "metrics.jsonl").open("a") as f:
-            for s in range(first, run.steps):
-                res = core.run_step(
-                    source=one_per_pump if run.source != "all" else None,
-                    whole_batch=run.whole_batch,
-                    max_claims=run.core_max_claims,
-                    on_microstep=killer(s),
-                )
-                f.write(
-                    json.dumps(
-                        {
-                            "step": s,
-                            "version": res.policy_version,
-                            **res.metrics,
-                            "claims": res.seal.claims,
-                            "cells_joined": list(range(res.seal.participants)),
-                            "cells_missed": [c for c in planned if c >= res.seal.participants],
-                            "groups": res.seal.meta.get("groups", []),
-                        }
-                    )
-                    + "\n"
-                )
-                f.flush()
-        save_file(named_params(core.model), str(rdir / "final.safetensors"))
-        core.stop()
+    if cell.rank == 0:
+        _run_core(cell, run, rdir, ns, weights, first)
     else:
-        from gyre.train.participation import OVER_BEFORE_READY, join_when_due
+        _run_satellite(cell, run, rdir, ns, weights, first)
 
-        plan = run.joins.get(rank)
-        sat = cell.satellite(run.cfg, ns, weights)
-        coord = sat.coord
-        sat.start()
-        cell.barrier()  # pairs with the core's: all cells loaded before the first step
-        log = []
+
+def _kill_hook(run: LocalRun, rank: int, step: int):
+    """The micro-step hook for ``step``: SIGKILL this cell where ``run.kill`` says."""
+
+    def hook(n):
+        k = run.kill
+        if k is not None and k.cell == rank and k.step == step and n >= k.after_micro_steps:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def _synthetic_groups(run: LocalRun) -> list:
+    """The run's synthetic groups, sampled from its starting model (loaded for this, then freed)."""
+    from gyre.train.replica import load_causal_lm
+    from gyre.train.synthetic import synthetic_groups
+
+    d = run.data
+    gen_model = load_causal_lm(run.cfg.model_dir, run.cfg.dtype)
+    groups = synthetic_groups(
+        gen_model,
+        d.n_groups,
+        d.group_size,
+        seed=d.seed,
+        context_len=d.context_len,
+        target_len=d.target_len,
+        noise=d.noise,
+        missing_every=d.missing_every,
+        branches=d.branches,
+    )
+    del gen_model
+    return groups
+
+
+def _run_core(cell, run: LocalRun, rdir: Path, ns: str, weights, first: int) -> None:
+    from safetensors.torch import save_file
+
+    from gyre.train.weights import named_params
+
+    groups = _synthetic_groups(run)
+    core = cell.core(run.cfg, ns, weights)
+    core.start(resume=run.resume)
+    pending = list(groups)
+
+    def one_per_pump():
+        return [pending.pop(0)] if pending else []
+
+    if run.source == "all":
+        core.add_groups(groups)
+    planned = sorted(c for c, p in run.joins.items() if p.join and 0 < c < cell.world)
+    cell.barrier()  # every cell is loaded: the first step is not lost to start-up skew
+    with (rdir / "metrics.jsonl").open("a") as f:
         for s in range(first, run.steps):
-            if plan is None or not plan.join:
-                continue
-            res, why = None, OVER_BEFORE_READY
-            if sat.wait_for_step(s) is not None:
-                res, why = join_when_due(
-                    coord,
-                    s,
-                    plan.after_done,
-                    partial(sat.join_step, s, max_claims=plan.max_claims, on_microstep=killer(s)),
-                    poll_s=run.cfg.stream.poll_s,
-                )
-            log.append(
-                {
-                    "step": s,
-                    "joined": res is not None,
-                    "why": why,
-                    "micro_steps": res.micro_steps if res else 0,
-                    "compute_s": res.compute_s if res else 0.0,
-                    "cpu_s": res.cpu_s if res else 0.0,
-                }
+            res = core.run_step(
+                source=one_per_pump if run.source != "all" else None,
+                whole_batch=run.whole_batch,
+                max_claims=run.core_max_claims,
+                on_microstep=_kill_hook(run, cell.rank, s),
             )
-        (rdir / f"cell{rank}.json").write_text(json.dumps(log))
-        sat.stop()
+            f.write(
+                json.dumps(
+                    {
+                        "step": s,
+                        "version": res.policy_version,
+                        **res.metrics,
+                        "claims": res.seal.claims,
+                        "cells_joined": list(range(res.seal.participants)),
+                        "cells_missed": [c for c in planned if c >= res.seal.participants],
+                        "groups": res.seal.meta.get("groups", []),
+                    }
+                )
+                + "\n"
+            )
+            f.flush()
+    save_file(named_params(core.model), str(rdir / "final.safetensors"))
+    core.stop()
+
+
+def _run_satellite(cell, run: LocalRun, rdir: Path, ns: str, weights, first: int) -> None:
+    from gyre.train.participation import OVER_BEFORE_READY, join_when_due
+
+    rank = cell.rank
+    plan = run.joins.get(rank)
+    sat = cell.satellite(run.cfg, ns, weights)
+    coord = sat.coord
+    sat.start()
+    cell.barrier()  # pairs with the core's: all cells loaded before the first step
+    log = []
+    for s in range(first, run.steps):
+        if plan is None or not plan.join:
+            continue
+        res, why = None, OVER_BEFORE_READY
+        if sat.wait_for_step(s) is not None:
+            join = partial(
+                sat.join_step, s, max_claims=plan.max_claims, on_microstep=_kill_hook(run, rank, s)
+            )
+            res, why = join_when_due(coord, s, plan.after_done, join, poll_s=run.cfg.stream.poll_s)
+        log.append(
+            {
+                "step": s,
+                "joined": res is not None,
+                "why": why,
+                "micro_steps": res.micro_steps if res else 0,
+                "compute_s": res.compute_s if res else 0.0,
+                "cpu_s": res.cpu_s if res else 0.0,
+            }
+        )
+    (rdir / f"cell{rank}.json").write_text(json.dumps(log))
+    sat.stop()
 
 
 def read_participation(rdir: Path, world: int) -> list:

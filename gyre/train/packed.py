@@ -367,17 +367,28 @@ def token_logprobs(model, seq: PackedSequence, impl: str = "auto") -> torch.Tens
         hidden = _layer_loop(model, ids, pos, attend)
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
     if impl == "dense":
-        mask = ancestor_mask(seq.parent, device=dev)
-        if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
-            mask = torch.zeros(L, L, device=dev, dtype=next(model.parameters()).dtype).masked_fill(
-                ~mask, float("-inf")
-            )
-        out = model.model(
-            input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None]
-        )
-        hidden = out.last_hidden_state[0]
+        hidden = _dense_hidden(model, seq.parent, ids, pos)
         return _gather_logprobs(model, hidden, ids, targets, parents, L)
-    # expand: one plain forward per root-to-leaf chain
+    return _expand_logprobs(model, seq, ids, pos)
+
+
+def _dense_hidden(model, parent: list[int], ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Last hidden states of one forward over the whole tree, under the dense ancestor mask."""
+    L, dev = len(parent), ids.device
+    mask = ancestor_mask(parent, device=dev)
+    if getattr(model.config, "_attn_implementation", "sdpa") != "sdpa":
+        mask = torch.zeros(L, L, device=dev, dtype=next(model.parameters()).dtype).masked_fill(
+            ~mask, float("-inf")
+        )
+    out = model.model(input_ids=ids[None], position_ids=pos[None], attention_mask=mask[None, None])
+    return out.last_hidden_state[0]
+
+
+def _expand_logprobs(
+    model, seq: PackedSequence, ids: torch.Tensor, pos: torch.Tensor
+) -> torch.Tensor:
+    """Target log-probs from one plain forward per root-to-leaf chain (each target once)."""
+    L, dev = len(seq), ids.device
     has_child = [False] * L
     for p in seq.parent:
         if p >= 0:

@@ -1,28 +1,30 @@
 """Engine pool pieces that need no engine: output segments per engine/weights version, placement."""
 
-from gyre.proxy.pool import EngineHandle, EnginePool, _merge, _segments, _unpack
+from gyre.proxy.attempts import EngineHandle
+from gyre.proxy.enginewire import merge_segments, output_segments, unpack
+from gyre.proxy.pool import EnginePool
 from gyre.trace.record import OutputSegment
 
 
 def test_segments_split_at_weight_version_marks_and_merge_across_attempts():
     # attempt 1 on engine A produced tokens [0, 5) with a publication after 3 tokens
-    a = _segments(0, 5, "A", [(0, 3), (3, 4)])
+    a = output_segments(0, 5, "A", [(0, 3), (3, 4)])
     assert a == [OutputSegment(0, 3, "A", 3), OutputSegment(3, 5, "A", 4)]
     # attempt 2 (after a drain) on engine B continued at token 5
-    b = _segments(5, 9, "B", [(0, 4)])
-    assert _merge(a + b) == [
+    b = output_segments(5, 9, "B", [(0, 4)])
+    assert merge_segments(a + b) == [
         OutputSegment(0, 3, "A", 3),
         OutputSegment(3, 5, "A", 4),
         OutputSegment(5, 9, "B", 4),
     ]
-    assert _segments(0, 2, "C", []) == [OutputSegment(0, 2, "C", -1)]  # engine did not say
-    assert _merge(_segments(0, 2, "A", [(0, 1)]) + _segments(2, 4, "A", [(0, 1)])) == [
-        OutputSegment(0, 4, "A", 1)
-    ]
+    assert output_segments(0, 2, "C", []) == [OutputSegment(0, 2, "C", -1)]  # engine did not say
+    assert merge_segments(
+        output_segments(0, 2, "A", [(0, 1)]) + output_segments(2, 4, "A", [(0, 1)])
+    ) == [OutputSegment(0, 4, "A", 1)]
 
 
 def test_unpack_sglang_shapes():
-    ids, lps, fin, marks = _unpack(
+    ids, lps, fin, marks = unpack(
         {
             "output_ids": [5, 6],
             "meta_info": {
@@ -54,12 +56,12 @@ def test_generate_body_is_valid_json_and_never_copies_big_pieces():
     import json
 
     from gyre.proxy import jsonfast
-    from gyre.proxy.pool import BIG_PIECE, PartsPayload, _coalesce
+    from gyre.proxy.enginewire import BIG_PIECE, PartsPayload, coalesce, generate_body
 
     big = jsonfast.ids_json(range(30000))  # > BIG_PIECE bytes
     assert len(big) >= BIG_PIECE
     parts = [jsonfast.ids_json([1, 2]), big, jsonfast.ids_json([7]), b"", jsonfast.ids_json([8, 9])]
-    body = EnginePool._body("r1", parts, [11, 12], {"max_new_tokens": 4}, False)
+    body = generate_body("r1", parts, [11, 12], {"max_new_tokens": 4}, False)
     assert isinstance(body, PartsPayload)
     data = json.loads(body.joined())
     assert data["input_ids"] == [1, 2] + list(range(30000)) + [7, 8, 9, 11, 12]
@@ -68,14 +70,14 @@ def test_generate_body_is_valid_json_and_never_copies_big_pieces():
     assert any(p is big for p in body.parts)  # handed over as is, not joined
     assert len(body.parts) == 3 and body.size == len(body.joined())
     # no input pieces at all (only resumed output ids) and nothing at all
-    assert json.loads(EnginePool._body("r", [], [5], {}, True).joined())["input_ids"] == [5]
-    assert json.loads(EnginePool._body("r", [b""], [], {}, True).joined())["input_ids"] == []
-    assert _coalesce([b"a", b"b", big, b"c"]) == [b"ab", big, b"c"]
-    assert _coalesce([]) == []
+    assert json.loads(generate_body("r", [], [5], {}, True).joined())["input_ids"] == [5]
+    assert json.loads(generate_body("r", [b""], [], {}, True).joined())["input_ids"] == []
+    assert coalesce([b"a", b"b", big, b"c"]) == [b"ab", big, b"c"]
+    assert coalesce([]) == []
 
 
 async def test_parts_payload_writes_every_piece_and_honours_a_length():
-    from gyre.proxy.pool import PartsPayload
+    from gyre.proxy.enginewire import PartsPayload
 
     class Writer:
         def __init__(self):

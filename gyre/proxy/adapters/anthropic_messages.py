@@ -83,24 +83,34 @@ def normalize_item(m: Any, restore: Restore) -> list[Message]:
     if not isinstance(content, list):
         raise bad_request(f"messages.{role}.content: expected a string or a list of content blocks")
     if role == "user":
-        out: list[Message] = []
-        texts: list[str] = []
-        for i, b in enumerate(content):
-            if not isinstance(b, dict):
-                raise bad_request(f"messages.user.content[{i}]: expected a content block object")
-            if b.get("type") == "tool_result":
-                tid = b.get("tool_use_id")
-                if not isinstance(tid, str):
-                    raise bad_request(f"messages.user.content[{i}].tool_use_id: expected a string")
-                text = _blocks_text(b.get("content"), f"messages.user.content[{i}].content")
-                if b.get("is_error"):
-                    text = "Error: " + text
-                out.append({"role": "tool", "tool_call_id": tid, "content": text})
-            else:
-                texts.append(_blocks_text([b], f"messages.user.content[{i}]"))
-        if texts or not out:
-            out.append({"role": "user", "content": "\n".join(texts)})
-        return out
+        return _user_messages(content)
+    return [_assistant_message(content, restore)]
+
+
+def _user_messages(content: list[Any]) -> list[Message]:
+    """``tool_result`` blocks become ``tool`` messages (in order), the rest one user message."""
+    out: list[Message] = []
+    texts: list[str] = []
+    for i, b in enumerate(content):
+        if not isinstance(b, dict):
+            raise bad_request(f"messages.user.content[{i}]: expected a content block object")
+        if b.get("type") == "tool_result":
+            tid = b.get("tool_use_id")
+            if not isinstance(tid, str):
+                raise bad_request(f"messages.user.content[{i}].tool_use_id: expected a string")
+            text = _blocks_text(b.get("content"), f"messages.user.content[{i}].content")
+            if b.get("is_error"):
+                text = "Error: " + text
+            out.append({"role": "tool", "tool_call_id": tid, "content": text})
+        else:
+            texts.append(_blocks_text([b], f"messages.user.content[{i}]"))
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant_message(content: list[Any], restore: Restore) -> Message:
+    """``thinking``/``text``/``tool_use`` blocks become one assistant message."""
     msg: Message = {"role": "assistant", "content": ""}
     texts = []
     reasoning: list[str] = []
@@ -116,27 +126,29 @@ def normalize_item(m: Any, restore: Restore) -> list[Message]:
             thinking = b.get("thinking")
             reasoning.append(thinking if isinstance(thinking, str) else "")
         elif t == "tool_use":
-            cid, name = b.get("id"), b.get("name")
-            if not isinstance(cid, str) or not isinstance(name, str):
-                raise bad_request(
-                    f"messages.assistant.content[{i}]: tool_use needs string id and name"
-                )
-            cached = restore(cid)
-            if cached is not None and cached[0] == name:
-                args = cached[1]
-            else:
-                inp = b.get("input", {})
-                args = jsonfast.dumps_str(inp if inp is not None else {})
-            calls.append(
-                {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
-            )
+            calls.append(_tool_call(b, i, restore))
         # redacted_thinking, server tool blocks: nothing the template can show
     msg["content"] = "".join(texts)
     if reasoning:
         msg["reasoning_content"] = "\n".join(reasoning)
     if calls:
         msg["tool_calls"] = calls
-    return [msg]
+    return msg
+
+
+def _tool_call(b: dict[str, Any], i: int, restore: Restore) -> dict[str, Any]:
+    """A ``tool_use`` block as a chat-template tool call, with the arguments' JSON as the model
+    wrote it when the proxy still has it (so the re-rendered history is token-exact)."""
+    cid, name = b.get("id"), b.get("name")
+    if not isinstance(cid, str) or not isinstance(name, str):
+        raise bad_request(f"messages.assistant.content[{i}]: tool_use needs string id and name")
+    cached = restore(cid)
+    if cached is not None and cached[0] == name:
+        args = cached[1]
+    else:
+        inp = b.get("input", {})
+        args = jsonfast.dumps_str(inp if inp is not None else {})
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -293,119 +305,68 @@ async def stream(
             },
         },
     )
-    index = -1
-    open_kind: str | None = None
-    reasoning: list[str] = []
-
-    def close() -> bytes:
-        return _event("content_block_stop", {"type": "content_block_stop", "index": index})
-
-    def sign() -> bytes:
-        """The thinking block's signature delta, sent just before the block closes."""
-        delta = {"type": "signature_delta", "signature": _signature("".join(reasoning).strip())}
-        return _event(
-            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
-        )
-
+    blocks = _ContentBlocks()
     async for ev in events:
         if isinstance(ev, ReasoningDelta) and ev.text:
-            if open_kind != "thinking":
-                if open_kind is not None:
-                    yield close()
-                index += 1
-                open_kind = "thinking"
-                yield _event(
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "thinking", "thinking": ""},
-                    },
-                )
-            reasoning.append(ev.text)
-            yield _event(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "thinking_delta", "thinking": ev.text},
-                },
-            )
+            chunks = blocks.thinking(ev.text)
         elif isinstance(ev, TextDelta) and ev.text:
-            if open_kind != "text":
-                if open_kind == "thinking":
-                    yield sign()
-                if open_kind is not None:
-                    yield close()
-                index += 1
-                open_kind = "text"
-                yield _event(
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "text", "text": ""},
-                    },
-                )
-            yield _event(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "text_delta", "text": ev.text},
-                },
-            )
+            chunks = blocks.text(ev.text)
         elif isinstance(ev, ToolCallEvent):
-            if open_kind == "thinking":
-                yield sign()
-            if open_kind is not None:
-                yield close()
-            index += 1
-            open_kind = None
-            tc = ev.call
-            yield _event(
-                "content_block_start",
-                {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {
-                        "type": "tool_use",
-                        "id": tc.id,
-                        "name": tc.name,
-                        "input": {},
-                    },
-                },
-            )
-            yield _event(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {
-                        "type": "input_json_delta",
-                        "partial_json": jsonfast.dumps_str(_tool_input(tc.arguments)),
-                    },
-                },
-            )
-            yield close()
+            chunks = blocks.tool_use(ev.call.id, ev.call.name, ev.call.arguments)
         elif isinstance(ev, Finished):
-            turn = ev.turn
-            if open_kind == "thinking":
-                yield sign()
-            if open_kind is None and index == -1:  # empty answer: still one (empty) text block
-                index += 1
-                open_kind = "text"
-                yield _event(
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "text", "text": ""},
-                    },
-                )
-            if open_kind is not None:
-                yield close()
-            yield _event(
+            chunks = blocks.finish(ev.turn)
+        else:
+            continue
+        for chunk in chunks:
+            yield chunk
+
+
+class _ContentBlocks:
+    """The content blocks of one streamed answer, as SSE events: which block is open and its
+    index, and the thinking so far (a thinking block is signed just before it closes)."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open_kind: str | None = None
+        self.reasoning: list[str] = []
+
+    def thinking(self, text: str) -> list[bytes]:
+        out = []
+        if self.open_kind != "thinking":
+            out += self._end_open()
+            out.append(self._start("thinking", {"type": "thinking", "thinking": ""}))
+        self.reasoning.append(text)
+        out.append(self._delta({"type": "thinking_delta", "thinking": text}))
+        return out
+
+    def text(self, text: str) -> list[bytes]:
+        out = []
+        if self.open_kind != "text":
+            out += self._end_open()
+            out.append(self._start("text", {"type": "text", "text": ""}))
+        out.append(self._delta({"type": "text_delta", "text": text}))
+        return out
+
+    def tool_use(self, call_id: str, name: str, arguments: str) -> list[bytes]:
+        """A whole tool call: its block opens, gets its input in one delta, and closes."""
+        block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        partial = jsonfast.dumps_str(_tool_input(arguments))
+        return [
+            *self._end_open(),
+            self._start(None, block),
+            self._delta({"type": "input_json_delta", "partial_json": partial}),
+            self._close(),
+        ]
+
+    def finish(self, turn: AssistantTurn) -> list[bytes]:
+        out = []
+        if (
+            self.open_kind is None and self.index == -1
+        ):  # empty answer: still one (empty) text block
+            out.append(self._start("text", {"type": "text", "text": ""}))
+        out += self._end_open()
+        out.append(
+            _event(
                 "message_delta",
                 {
                     "type": "message_delta",
@@ -416,4 +377,37 @@ async def stream(
                     "usage": {"output_tokens": turn.completion_tokens},
                 },
             )
-            yield _event("message_stop", {"type": "message_stop"})
+        )
+        out.append(_event("message_stop", {"type": "message_stop"}))
+        return out
+
+    def _start(self, kind: str | None, block: dict[str, Any]) -> bytes:
+        self.index += 1
+        self.open_kind = kind
+        return _event(
+            "content_block_start",
+            {"type": "content_block_start", "index": self.index, "content_block": block},
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self.index, "delta": delta},
+        )
+
+    def _end_open(self) -> list[bytes]:
+        """Close the open block, if any (a thinking block gets its signature delta first)."""
+        out = []
+        if self.open_kind == "thinking":
+            out.append(self._sign())
+        if self.open_kind is not None:
+            out.append(self._close())
+        return out
+
+    def _sign(self) -> bytes:
+        """The thinking block's signature delta, sent just before the block closes."""
+        signature = _signature("".join(self.reasoning).strip())
+        return self._delta({"type": "signature_delta", "signature": signature})
+
+    def _close(self) -> bytes:
+        return _event("content_block_stop", {"type": "content_block_stop", "index": self.index})
