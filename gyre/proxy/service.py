@@ -499,6 +499,7 @@ class ProxyService:
                 reasoning="".join(reasoning).strip() or None,
                 tool_calls=calls,
                 finish=finish,
+                tool_calls_unparsed=parser.n_unparsed,
                 prompt_tokens=plan.input_len,
                 completion_tokens=len(result.output_ids),
                 output_ids=result.output_ids,
