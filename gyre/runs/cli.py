@@ -101,7 +101,8 @@ def health(
 
     if len(harness) not in (0, 1, len(paths)):
         fail("runs health", f"--harness given {len(harness)} times for {len(paths)} paths")
-    names = harness * len(paths) if len(harness) == 1 else harness or [None] * len(paths)
+    names: list[str | None] = [*harness] if len(harness) == len(paths) else []
+    names = names or [harness[0] if harness else None] * len(paths)
     groups = []
     try:
         for path, name in zip(paths, names, strict=True):
