@@ -7,6 +7,8 @@ path feeds everything at once, so both paths agree by construction.
 reasoning and ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 calls. A tool call whose JSON is broken (or that is cut off) comes back as
 plain text: the client sees exactly what the model wrote, and nothing crashes.
+The parser counts those (``n_unparsed``) so the trace says how many calls the
+model meant but the client never saw as calls (tool-call health, docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from gyre.proxy.types import ReasoningDelta, StreamEvent, TextDelta, ToolCall, T
 
 
 class OutputParser(Protocol):
+    n_unparsed: int  # tool calls written but not parseable (returned as text)
+
     def feed(self, text: str) -> list[StreamEvent]: ...
 
     def finish(self) -> list[StreamEvent]: ...
@@ -31,7 +35,7 @@ class PlainParser:
     """Everything is content (for models without a tool format, or tool_choice none)."""
 
     def __init__(self, new_id: IdFactory, start_in_reasoning: bool = False) -> None:
-        pass
+        self.n_unparsed = 0
 
     def feed(self, text: str) -> list[StreamEvent]:
         return [TextDelta(text)] if text else []
@@ -61,6 +65,7 @@ class HermesParser:
         self.state = "reasoning" if start_in_reasoning else "content"
         self.buf = ""
         self.n_calls = 0
+        self.n_unparsed = 0
         self.content_started = False  # leading whitespace of content is dropped
         self.pending_ws = ""  # trailing whitespace, emitted only if more text follows
 
@@ -123,6 +128,7 @@ class HermesParser:
             inner, self.buf = self.buf[:i], self.buf[i + len(_CALL_CLOSE) :]
             call = self._parse_call(inner)
             if call is None:
+                self.n_unparsed += 1
                 self._text(_CALL_OPEN + inner + _CALL_CLOSE, out)
             else:
                 self.n_calls += 1
@@ -151,6 +157,7 @@ class HermesParser:
     def finish(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []
         if self.state == "tool":  # cut off inside a call: what was written is text
+            self.n_unparsed += 1
             self._text(_CALL_OPEN + self.buf, out)
         elif self.state == "reasoning":
             if self.buf:

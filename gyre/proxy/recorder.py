@@ -158,7 +158,11 @@ class Recorder:
             turn.finish if turn.finish != "tool_calls" else "stop",
             headers,
             t0,
-            {"moves": result.moves, "n_tool_calls": len(turn.tool_calls)},
+            {
+                "moves": result.moves,
+                "n_tool_calls": len(turn.tool_calls),
+                "n_tool_calls_unparsed": turn.tool_calls_unparsed,
+            },
         )
         await self._append(st, rec)
         b = plan.bridge

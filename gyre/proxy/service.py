@@ -500,7 +500,7 @@ class ProxyService:
             assert result is not None
             tail = [] if call.stream else note(parser.feed(detok.add(result.output_ids)))
             tail += note(parser.feed(detok.flush()) + parser.finish())
-            turn = _assistant_turn(texts, reasoning, calls, result, plan)
+            turn = _assistant_turn(texts, reasoning, calls, result, plan, parser.n_unparsed)
             await self.recorder.answered(st, call, plan, result, turn, headers, t0)
             if entry is not None:
                 entry.settle(turn)
@@ -553,7 +553,12 @@ class ProxyService:
 
 
 def _assistant_turn(
-    texts: list[str], reasoning: list[str], calls: list[ToolCall], result: GenResult, plan: Plan
+    texts: list[str],
+    reasoning: list[str],
+    calls: list[ToolCall],
+    result: GenResult,
+    plan: Plan,
+    unparsed: int,
 ) -> AssistantTurn:
     """The answered turn from what the parser produced and what the engines sampled."""
     finish: TurnFinish = "tool_calls" if calls and result.finish == "stop" else result.finish
@@ -562,6 +567,7 @@ def _assistant_turn(
         reasoning="".join(reasoning).strip() or None,
         tool_calls=calls,
         finish=finish,
+        tool_calls_unparsed=unparsed,
         prompt_tokens=plan.input_len,
         completion_tokens=len(result.output_ids),
         output_ids=result.output_ids,

@@ -77,6 +77,7 @@ class AssistantTurn:
     reasoning: str | None
     tool_calls: list[ToolCall]
     finish: TurnFinish
+    tool_calls_unparsed: int = 0  # written as a tool call, not parseable: sent back as text
     prompt_tokens: int = 0
     completion_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)

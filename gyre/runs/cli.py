@@ -1,4 +1,4 @@
-"""``gyre runs list|show|compare``: what a run directory holds, for a person.
+"""``gyre runs list|show|compare|health``: what a run directory holds, for a person.
 
 Everything is read from the run directories' files, so these commands work on finished,
 killed and still-running runs alike, and on a machine that has none of the run's processes.
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="Look at run directories: list, show, compare.", no_args_is_help=True)
+app = typer.Typer(
+    help="Look at run directories: list, show, compare, tool-call health.", no_args_is_help=True
+)
 
 
 def _run_dir(path: Path, what: str) -> Path:
@@ -77,3 +79,35 @@ def compare(
     except OSError as e:
         fail("runs compare", f"cannot write {out}: {e.strerror or e}")
     typer.echo(str(out))
+
+
+@app.command("health")
+def health(
+    paths: list[Path] = typer.Argument(
+        ..., help="Run directories, folders of trace files, or trace files."
+    ),
+    harness: list[str] = typer.Option(
+        [],
+        "--harness",
+        help="Harness profile whose role rules read the traces (compactions, sub-agent calls): "
+        "once for all PATHs or once per PATH. Default: a run directory's own profile, else "
+        "the default rules.",
+    ),
+):
+    """Tool-call health per execution: turns, tool calls, unparsed, truncated, no-call,
+    compactions, sub-agent calls (the counts behind a run's tools/* metrics)."""
+    from gyre.cli_errors import fail
+    from gyre.runs.health import HealthError, rows, source, table
+
+    if len(harness) not in (0, 1, len(paths)):
+        fail("runs health", f"--harness given {len(harness)} times for {len(paths)} paths")
+    names: list[str | None] = [*harness] if len(harness) == len(paths) else []
+    names = names or [harness[0] if harness else None] * len(paths)
+    groups = []
+    try:
+        for path, name in zip(paths, names, strict=True):
+            src = source(path, name)
+            groups.append((src.profile, rows(src)))
+    except HealthError as e:
+        fail("runs health", str(e))
+    typer.echo(table(groups))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gyre.config import GyreConfig
@@ -20,6 +21,8 @@ from gyre.runtime.longtail import LongTail
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, reward_of
+from gyre.trace.store import read_trace
+from gyre.trace.toolhealth import ToolHealth, execution_health
 
 if TYPE_CHECKING:
     from gyre.harness.executor import HarnessExecutor
@@ -225,7 +228,31 @@ class Executions:
         for r in rewards.values():  # by reason, per step (so per policy version): a trend shows
             if isinstance(r, Missing):
                 info[f"missing/{r.reason.value}"] = info.get(f"missing/{r.reason.value}", 0) + 1
+        info.update(self._health(traces, report.health, profile))
         return group, st.executions_scored, info, chunk.tasks
+
+    @staticmethod
+    def _health(
+        traces: dict[str, Path], read: dict[str, ToolHealth], profile: HarnessProfile
+    ) -> dict[str, int]:
+        """The group's tool-call health sums (``gyre.trace.toolhealth``), keyed by profile.
+
+        Scored executions were counted while their traces were read; a missing one's trace
+        (a harness that ended after one answer is often missing) is read here."""
+        from gyre.harness.roles import role_profile
+
+        roles = role_profile(profile.roles)
+        total = ToolHealth()
+        for eid, path in traces.items():
+            h = read.get(eid)
+            if h is None:
+                try:
+                    recs = read_trace(path).records if path.exists() else []
+                except (OSError, ValueError):  # unreadable: counted as no call, never fatal
+                    recs = []
+                h = execution_health(recs, roles)
+            total = total + h
+        return total.sums(profile.name)
 
     # ------------------------------------------------------------------ evaluation
     def maybe_evaluate(self, version: int) -> None:

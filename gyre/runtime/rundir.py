@@ -4,7 +4,8 @@ Layout::
 
     config.toml          the resolved config, to read
     config.json          the same, exactly (TOML cannot hold None): what --resume reads back
-    metrics.jsonl        one line per optimizer step (veRL-style names: actor/*, timing/*, batch/*, sched/*)
+    metrics.jsonl        one line per optimizer step (veRL-style names: actor/*, timing/*, batch/*,
+                         sched/*, tools/*)
     evals.jsonl          one line per evaluation (apart from training rewards)
     executions.jsonl     one line per finished execution (reward or missing reason, harness outcome)
     tb/                  TensorBoard event files (the same scalars)
@@ -23,6 +24,8 @@ import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gyre.trace.toolhealth import tool_metrics
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -156,6 +159,7 @@ class RunDir:
             "batch/unreadable_traces": p.get("unreadable_traces", 0),
             "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
             "batch/staleness_max": max(stale) if stale else 0,
+            **tool_metrics(p),  # tools/* and tools/by_profile/<profile>/*
             "train/tokens": p.get("tokens", 0),
             "train/target_tokens": p.get("targets", 0),
             "train/micro_steps": p.get("micro_steps", 0),

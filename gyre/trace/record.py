@@ -152,6 +152,8 @@ META_KEYS = {
     "fork_at": "index of the first message that differed from a recorded conversation (forked records)",
     "moves": "how often the call was moved between engines (drain/engine failure) before finishing",
     "n_tool_calls": "tool calls parsed out of the output",
+    "n_tool_calls_unparsed": "tool calls written in the output that the proxy could not parse "
+    "(broken JSON, cut off): the client got them as text",
     "client_disconnected": "true on an abort record: the client hung up before the answer was complete",
     "bridge_verified": "debug mode only: whether a full re-render gave the same ids as the bridge",
 }

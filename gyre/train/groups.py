@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gyre.trace.assessment import Missing, MissingReason
+from gyre.trace.toolhealth import ToolHealth, execution_health
 from gyre.train.buffer import ReadyGroup
 from gyre.train.rewards import Reward
 
@@ -25,6 +26,7 @@ class GroupReport:
 
     trace_errors: dict[str, list[str]] = field(default_factory=dict)
     unreadable: dict[str, str] = field(default_factory=dict)  # execution -> reason (made missing)
+    health: dict[str, ToolHealth] = field(default_factory=dict)  # of the traces read (scored)
 
 
 def group_from_traces(
@@ -69,6 +71,7 @@ def group_from_traces(
         res = read_trace(path, vocab_size)
         if res.errors:
             report.trace_errors[eid] = res.errors
+        report.health[eid] = execution_health(res.records, role_profile)
         if not res.records:
             report.unreadable[eid] = "no usable records"
             out_rewards[eid] = Missing(

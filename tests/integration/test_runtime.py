@@ -316,6 +316,10 @@ def test_metrics_one_line_per_step(done):
         assert isinstance(r["batch/staleness_mean"], (int, float))
         assert 0 <= r["batch/staleness_mean"] <= r["batch/staleness_max"] <= 3 + 1
         assert r["sched/capacity"] is not None
+        # tool-call health from the traces: --max-turns 1 is one answered call per execution
+        assert r["tools/turns_per_execution"] == 1.0
+        assert r["tools/by_profile/reference/turns_per_execution"] == 1.0
+        assert 0 <= r["tools/no_call_executions"] <= B * N
     # the first step trains groups dispatched at version 0, at version 0
     assert m[0]["batch/staleness_max"] == 0
     # with mu = 3, later steps train groups dispatched before the previous publication

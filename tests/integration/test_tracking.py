@@ -26,6 +26,7 @@ def _row(step: int) -> dict:
         "version": step + 1,
         "reward/mean": 0.1 * step,
         "batch/staleness_max": step % 2,
+        "tools/by_profile/claude-code/turns_per_execution": 2.5,
         "train/claims": {"0": 2, "1": 1},
         "groups": ["g0"],
         "actor/loss": None,
@@ -43,6 +44,7 @@ def test_numeric_keeps_metrics_jsonl_names():
         "version": 3.0,
         "reward/mean": pytest.approx(0.2),
         "batch/staleness_max": 0.0,
+        "tools/by_profile/claude-code/turns_per_execution": 2.5,
         "train/claims/0": 2.0,
         "train/claims/1": 1.0,
     }
@@ -81,6 +83,7 @@ def test_wandb_offline_and_mlflow_sqlite_then_resume(tmp_path, monkeypatch):
     assert [h["_step"] for h in steps] == [0, 1, 2, 3]
     assert [h["reward/mean"] for h in steps] == pytest.approx([0.0, 0.1, 0.2, 0.3])
     assert steps[0]["train/claims/0"] == 2
+    assert steps[0]["tools/by_profile/claude-code/turns_per_execution"] == 2.5
     evals = [h for r in runs for h in r["history"] if "eval/reward_mean" in h]
     assert [(h["eval/version"], h["eval/reward_mean"]) for h in evals] == [(0, 0.25), (4, 0.5)]
     assert runs[1]["summary"]["summary/makespan_s"] == 12.5
@@ -95,6 +98,8 @@ def test_wandb_offline_and_mlflow_sqlite_then_resume(tmp_path, monkeypatch):
         (run_id,),
     ).fetchall()
     assert got == [(0, 0.0), (1, 0.1), (2, 0.2), (3, pytest.approx(0.3))]
+    key = "tools/by_profile/claude-code/turns_per_execution"  # a per-profile name MLflow takes
+    assert db.execute("SELECT COUNT(*) FROM metrics WHERE key = ?", (key,)).fetchone() == (4,)
     ev = db.execute("SELECT step, value FROM metrics WHERE key = 'eval/reward_mean'").fetchall()
     assert sorted(ev) == [(0, 0.25), (4, 0.5)]
     params = dict(db.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)))

@@ -67,6 +67,32 @@ def test_broken_json_is_text_never_a_crash():
     assert calls == [] and content == 'ok <tool_call>\n{"name": "ba'
 
 
+def test_unparsed_calls_are_counted():
+    """What came back as text although the model wrote a call: the trace's tool-call health."""
+    good = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+    bad = '<tool_call>{"name": "a", "arguments": 5}</tool_call>'
+    for text, parsed, unparsed in [
+        (good + bad + bad, 1, 2),
+        (good, 1, 0),
+        ("plain words", 0, 0),
+        (good + '<tool_call>{"name": "b"', 1, 1),  # cut off inside the second call
+    ]:
+        for pieces in (None, [3] * (len(text) // 3)):
+            p = HermesParser(_ids())
+            evs = []
+            if pieces is None:
+                evs += p.feed(text)
+            else:
+                for i in range(0, len(text), 3):
+                    evs += p.feed(text[i : i + 3])
+            evs += p.finish()
+            assert sum(isinstance(e, ToolCallEvent) for e in evs) == parsed
+            assert p.n_unparsed == unparsed, text
+    plain = PlainParser(_ids())
+    plain.feed(bad)
+    assert plain.n_unparsed == 0  # tool_choice none: text is text
+
+
 def test_arguments_given_as_json_string():
     _, _, calls = run('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')
     assert calls == [("f", '{"a": 1}')]
