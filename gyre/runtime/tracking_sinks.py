@@ -63,13 +63,19 @@ class WandbSink:
             self.run.config.update(config, allow_val_change=True)
         self.run.define_metric("eval/*", step_metric="eval/version")
         self.run_id: str = self.run.id
+        self._step = int(self.run.step or 0)  # where evaluations are filed (see log_eval)
 
     def log_step(self, step: int, metrics: dict[str, float]) -> None:
+        self._step = max(self._step, step)
         self.run.log(metrics, step=step)
 
     def log_eval(self, version: int, metrics: dict[str, float]) -> None:
-        # no step: evaluations finish out of step order; their x axis is eval/version
-        self.run.log({f"eval/{k}": v for k, v in metrics.items()} | {"eval/version": version})
+        # Evaluations finish out of step order; their x axis is eval/version. They are filed
+        # under the newest training step, never ahead of it: a W&B step that moved on (as a
+        # log without a step moves it) drops every later row with a smaller step, and version
+        # 0 is evaluated before step 0.
+        row = {f"eval/{k}": v for k, v in metrics.items()} | {"eval/version": version}
+        self.run.log(row, step=self._step)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         self.run.summary.update({f"summary/{k}": v for k, v in summary.items()})

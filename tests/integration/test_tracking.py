@@ -59,8 +59,10 @@ def test_wandb_offline_and_mlflow_sqlite_then_resume(tmp_path, monkeypatch):
     cfg = TrackingConfig(sinks=["wandb", "mlflow"], project="gyre-test", interval_s=3600)
     warnings: list[str] = []
     t = Tracker(cfg, rd, CONFIG, warnings.append)
-    _append(rd / "metrics.jsonl", [_row(0), _row(1)], torn='{"step": 2, "rew')
+    # a run evaluates version 0 before its first step: that must not push step 0 out of W&B
     _append(rd / "evals.jsonl", [{"version": 0, "reward_mean": 0.25, "per_task": {"a": [0.5]}}])
+    assert t.poll() == 0
+    _append(rd / "metrics.jsonl", [_row(0), _row(1)], torn='{"step": 2, "rew')
     assert t.poll() == 2
     assert t.poll() == 0  # nothing new: nothing sent twice
     t.close(None)  # stopped early: no summary
