@@ -11,6 +11,7 @@ fails, is the pool's business (:mod:`gyre.proxy.pool`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -83,7 +84,8 @@ class EngineHandle:
         self.gone = None
         now = asyncio.get_running_loop().time()
         for cm in list(self.readers):
-            cm.reschedule(now)
+            with contextlib.suppress(RuntimeError):  # expired or exiting already: it wakes anyway
+                cm.reschedule(now)
 
     def gone_future(self) -> asyncio.Future:
         if self.gone is None:

@@ -174,6 +174,8 @@ class ProxyServer:
             self.kill()
         self._thread = None
         old = self.service
+        with contextlib.suppress(Exception):  # a crash skips the service's own close: its files
+            old.writer.close()
         engines = [e.url for e in old.pool.engines.values() if e.state == "active"]
         if not old.pool.engines:  # never started: its configured engines
             engines = list(self.config.engines)
