@@ -57,6 +57,8 @@ class Heartbeat:
     def __init__(self, pool: EnginePool) -> None:
         self.pool = pool
         self._task: asyncio.Task | None = None
+        self._last_tick: float | None = None
+        self._judge_from = 0.0  # after a stall of this loop, silence is judged again from here
 
     def start(self) -> None:
         if self.pool.config.engine_heartbeat_s is not None:
@@ -82,14 +84,23 @@ class Heartbeat:
                 log.exception("heartbeat tick failed")
 
     def tick(self, now: float) -> None:
-        """Ping every engine that has no ping in flight; declare lost the ones silent too long."""
+        """Ping every engine that has no ping in flight; declare lost the ones silent too long.
+
+        A stall of the proxy's own loop (a tick far later than due) is no engine's silence: no
+        ping answer could be read meanwhile. Then nothing is judged until the pings sent now
+        had two heartbeat periods to come back."""
         lost_after = self.pool.config.engine_lost_after_s
+        every = self.pool.config.engine_heartbeat_s or 1.0
+        if self._last_tick is not None and now - self._last_tick > 2 * every + 0.5:
+            self._judge_from = now + 2 * every
+            self.pool.counters.heartbeat_stalls += 1
+        self._last_tick = now
         loop = asyncio.get_running_loop()
         for e in list(self.pool.engines.values()):
             if e.beat is None or e.beat.done():
                 e.beat = loop.create_task(self._ping(e, lost_after))
             silent = now - e.last_alive
-            if e.state != "lost" and silent > lost_after:
+            if e.state != "lost" and silent > lost_after and now >= self._judge_from:
                 self.pool.lose(e, f"no answer to a heartbeat for {silent:.1f} s", silent)
 
     async def _ping(self, e: EngineHandle, timeout: float) -> None:

@@ -144,3 +144,23 @@ async def test_a_lost_engine_leaves_routing_its_waits_end_and_it_comes_back():
     strict.lose(e3, "silent")
     strict.back(e3)  # heard, but it stays out until added again
     assert e3.state == "lost" and strict.counters.engines_back == 1
+
+
+async def test_heartbeat_judges_silence_but_not_its_own_loop_stalling():
+    from gyre.proxy.config import PoolConfig
+
+    pool = EnginePool([], PoolConfig(engine_heartbeat_s=1.0, engine_lost_after_s=5.0))
+    e = EngineHandle("u1", [], None, "e1", last_alive=100.0)  # no ctl: every ping fails
+    pool.engines = {"u1": e}
+    hb = pool.heartbeat
+    hb.tick(104.0)
+    assert e.state == "active"  # silent 4 s < 5 s
+    hb.tick(130.0)  # 26 s late: the proxy's loop was blocked, not the engine silent
+    assert e.state == "active" and pool.counters.heartbeat_stalls == 1
+    hb.tick(131.0)
+    assert e.state == "active"  # the pings sent after the stall get two periods
+    hb.tick(132.0)
+    assert e.state == "lost" and pool.counters.engines_lost == 1
+    for t in (133.0, 134.0):
+        hb.tick(t)
+    assert pool.counters.engines_lost == 1
