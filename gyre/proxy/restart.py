@@ -19,8 +19,9 @@ A proxy holds, in memory only:
 
 Not carried: the pool's affinity and per-engine health (rebuilt by the first calls and the
 heartbeat), trace file handles (reopened, appended to), and the tokens a call had generated
-when the proxy died: its retry starts the generation again (identical under greedy sampling, a
-new sample otherwise).
+when the proxy died: a non-streamed call's engine request is not streamed, so the proxy held
+none of them, and the SDK's retry starts the generation again (identical under greedy sampling,
+a new sample otherwise); a stream under way is not retried by the SDKs.
 """
 
 from __future__ import annotations
