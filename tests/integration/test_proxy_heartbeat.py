@@ -145,6 +145,15 @@ class Streamer(threading.Thread):
         )
 
 
+def _post(url: str, key: str, body: dict) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
 def _wait_chunks(streams: list[Streamer], n: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while min(len(s.chunks) for s in streams) < n:
@@ -184,14 +193,28 @@ def test_killed_and_frozen_null_engines_are_lost_and_their_calls_move(
                 "max_tokens": 300,
                 "messages": [{"role": "user", "content": "hi"}],
             }
+            pool.affinity[open_id("kp")] = ub
             streams = [Streamer(px.url, "ka", body), Streamer(px.url, "kb", body)]
             for s in streams:
                 s.start()
+            plain: dict = {}  # a non-streamed call held by the engine that freezes
+            waiter = threading.Thread(
+                target=lambda: plain.update(r=_post(px.url, "kp", body)), daemon=True
+            )
+            waiter.start()
             _wait_chunks(streams, 5)
+            deadline = time.monotonic() + 30
+            while len(pool.engines[ub].inflight) < 2:  # the stream and the plain call
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
             t_kill, t_stop = _kill_and_freeze(pa, pb)
             for s in streams:
                 s.join(60)
                 assert s.error is None and s.status == 200 and s.done_marker, s.error
+            waiter.join(60)
+            assert plain["r"].status_code == 200, plain
+            (rec,) = read_trace(tmp_path / f"{open_id('kp')}.jsonl").records
+            assert len(rec.output_ids) == 300 and [s.engine_id for s in rec.segments] == ["C"]
             lost_a = events.wait("lost", ua, 10) - t_kill
             lost_b = events.wait("lost", ub, 10) - t_stop
             print(
