@@ -119,6 +119,7 @@ class EnginePool:
         self.heartbeat = Heartbeat(self)
         self.listeners: list[EngineListener] = []  # told of every lost / back engine
         self.events: deque[EngineEvent] = deque(maxlen=256)  # the latest, for status readers
+        self._closed_active: list[str] = []
 
     async def start(self) -> None:
         self._changed = asyncio.Event()
@@ -126,8 +127,16 @@ class EnginePool:
             await self.add(u)
         self.heartbeat.start()
 
+    def active_urls(self) -> list[str]:
+        """The engines calls are routed to (after :meth:`aclose`: those when it closed), which a
+        restarted proxy starts with."""
+        if self.engines:
+            return [e.url for e in self.engines.values() if e.state == "active"]
+        return list(self._closed_active)
+
     async def aclose(self) -> None:
         await self.heartbeat.aclose()
+        self._closed_active = [e.url for e in self.engines.values() if e.state == "active"]
         for e in list(self.engines.values()):
             await e.session.close()
             await e.ctl.aclose()

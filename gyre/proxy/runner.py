@@ -176,9 +176,7 @@ class ProxyServer:
         old = self.service
         with contextlib.suppress(Exception):  # a crash skips the service's own close: its files
             old.writer.close()
-        engines = [e.url for e in old.pool.engines.values() if e.state == "active"]
-        if not old.pool.engines:  # never started: its configured engines
-            engines = list(self.config.engines)
+        engines = old.pool.active_urls() if old.loop is not None else list(self.config.engines)
         self.config = self.config.model_copy(
             update={
                 "port": self.port or self.config.port,
@@ -186,6 +184,8 @@ class ProxyServer:
                 "engines": engines,
             }
         )
+        if self._admin_dir is not None and not self._admin_dir.exists():  # a clean stop removed it
+            self._admin_dir.mkdir(mode=0o700)  # same path: the run's admin clients still reach it
         self.service = ProxyService(self.config, old.tokenizer)
         carry_over(old, self.service)
         self.app = build_app(self.config, service=self.service)

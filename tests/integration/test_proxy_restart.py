@@ -109,3 +109,36 @@ def test_sdk_call_cut_by_a_proxy_crash_completes_after_restart(
     # before the crash, its prompt that call's input + output verbatim
     assert b.base == a.request_id and b.meta["bridge"] == "continuation"
     assert b.base_len == len(a.input_suffix) + len(a.output_ids)
+
+
+def test_restart_after_a_clean_stop_keeps_the_pool_as_it_was(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    """Engines added and removed while it ran are the restarted proxy's pool, not the config's."""
+    with (
+        running_engine("null", str(tiny_model_dir), engine_id="A") as a,
+        running_engine("null", str(tiny_model_dir), engine_id="B") as b,
+    ):
+        cfg = ProxyConfig(model_dir=str(tiny_model_dir), engines=[a.url], trace_dir=str(tmp_path))
+        px = ProxyServer(cfg, tiny_tokenizer).start()
+        try:
+            px.add_engine(b.url)
+            px.remove_engine(a.url)
+            port = px.port
+            px.stop()
+            px.restart()
+            assert px.port == port
+            assert [e["url"] for e in px.service.pool.status()] == [b.url]
+            r = httpx.post(
+                px.url + "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+                headers={"authorization": "Bearer k"},
+                timeout=30,
+            )
+            assert r.status_code == 200
+        finally:
+            px.stop()
