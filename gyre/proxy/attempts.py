@@ -11,6 +11,7 @@ fails, is the pool's business (:mod:`gyre.proxy.pool`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -35,7 +36,9 @@ from gyre.proxy.enginewire import (
 
 log = logging.getLogger("gyre.proxy.pool")  # the pool's log: one name to filter its engines by
 
-EngineState = Literal["active", "draining"]
+EngineState = Literal["active", "draining", "lost"]
+"""``lost``: the heartbeat found it dead or frozen (:mod:`gyre.proxy.heartbeat`); no call is
+routed there and the calls it held were abandoned and resumed elsewhere."""
 
 
 @dataclass(eq=False)
@@ -62,6 +65,32 @@ class EngineHandle:
     suspect: str | None = None  # the last protocol violation seen (cleared by a good answer)
     last_alive: float = 0.0  # time.monotonic() of the last byte or probe answer from it
     probe: asyncio.Task | None = None  # the liveness probe in flight, shared by waiting calls
+    beat: asyncio.Task | None = None  # the heartbeat's ping in flight
+    lost_at: float = 0.0  # time.monotonic() when the heartbeat declared it lost
+    state_before_lost: EngineState = "active"  # what it returns to when it answers again
+    gone: asyncio.Future | None = None  # set when it is declared lost: ends waits on it at once
+    readers: set = field(default_factory=set)  # timeouts of stream reads waiting on it (to cut)
+
+    @property
+    def lost(self) -> bool:
+        return self.state == "lost"
+
+    def abandon(self) -> None:
+        """End every wait on this engine now (it was declared lost): each attempt's read or
+        request wakes up, sees ``state == "lost"`` and breaks off, so its call moves on with the
+        tokens received so far instead of waiting on a stopped process."""
+        if self.gone is not None and not self.gone.done():
+            self.gone.set_result(None)
+        self.gone = None
+        now = asyncio.get_running_loop().time()
+        for cm in list(self.readers):
+            with contextlib.suppress(RuntimeError):  # expired or exiting already: it wakes anyway
+                cm.reschedule(now)
+
+    def gone_future(self) -> asyncio.Future:
+        if self.gone is None:
+            self.gone = asyncio.get_running_loop().create_future()
+        return self.gone
 
 
 async def open_engine(url: str, config: PoolConfig, api_key: str | None) -> EngineHandle:
@@ -92,7 +121,10 @@ async def open_engine(url: str, config: PoolConfig, api_key: str | None) -> Engi
         engine_id = info.engine_id or url
     except Exception as e:  # an engine that is still starting: keep its URL as id
         log.warning("engine %s: model info unavailable (%s)", url, e)
-    return EngineHandle(url=url, session=session, ctl=ctl, engine_id=engine_id)
+    # counted alive from now: one that never answers is declared lost after engine_lost_after_s
+    return EngineHandle(
+        url=url, session=session, ctl=ctl, engine_id=engine_id, last_alive=time.monotonic()
+    )
 
 
 def _big_send_buffer(addr_info) -> socket.socket:
@@ -166,10 +198,14 @@ class Attempts:
                     p = loop.time() + self.config.engine_probe_after_s
                     until = p if until is None else min(until, p)
                 done, _ = await asyncio.wait(
-                    {fut}, timeout=None if until is None else max(until - loop.time(), 0)
+                    {fut, engine.gone_future()},
+                    timeout=None if until is None else max(until - loop.time(), 0),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
-                if done:
+                if fut in done:
                     return fut.result()
+                if engine.lost:
+                    raise EngineBroke(f"{what}: engine lost (heartbeat)")
                 if limit_at is not None and loop.time() >= limit_at:
                     raise EngineSilent(f"{what}: no answer within the read timeout")
                 if not await self.alive(engine):
@@ -183,11 +219,14 @@ class Attempts:
         aiohttp's ``readany`` is cancel-safe, so no task is made per chunk."""
         loop = asyncio.get_running_loop()
         while True:
+            if engine.lost:
+                raise EngineBroke("the stream: engine lost (heartbeat)")
             until = limit_at
             if self.config.engine_probe_after_s is not None:
                 p = loop.time() + self.config.engine_probe_after_s
                 until = p if until is None else min(until, p)
             cm = asyncio.timeout_at(until)
+            engine.readers.add(cm)  # the heartbeat cuts the wait when it declares the engine lost
             try:
                 async with cm:
                     data = await resp.content.readany()
@@ -196,6 +235,10 @@ class Attempts:
             except TimeoutError:
                 if not cm.expired():
                     raise
+            finally:
+                engine.readers.discard(cm)
+            if engine.lost:
+                continue
             if limit_at is not None and loop.time() >= limit_at:
                 raise EngineSilent("the stream went silent past its read timeout")
             if not await self.alive(engine):

@@ -42,6 +42,24 @@ class PoolConfig(BaseModel):
         "engine_probe_timeout_s: the engine is frozen, the call moves on (None: no probes).",
     )
     engine_probe_timeout_s: float = Field(10.0, description="See engine_probe_after_s.")
+    engine_heartbeat_s: float | None = Field(
+        2.0,
+        gt=0.0,
+        description="Every this many seconds the pool pings every engine (/get_model_info; any "
+        "HTTP answer counts) whether or not a call waits on it (None: no heartbeat).",
+    )
+    engine_lost_after_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="An engine from which nothing came (ping answer, stream byte) this long is "
+        "lost: out of routing at once, its calls resumed elsewhere with their tokens so far. "
+        "A killed or frozen engine is found within this plus engine_heartbeat_s.",
+    )
+    engine_rejoin: bool = Field(
+        True,
+        description="A lost engine that answers a heartbeat again is routed to again (false: it "
+        "stays out until added again; the owner hears of it either way).",
+    )
     engine_max_attempts: int = Field(
         8, description="Failed engine attempts one call may make before a 503/504."
     )

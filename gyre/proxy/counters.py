@@ -62,6 +62,11 @@ class PoolCounters:
     backoff_waits: int = 0
     probes: int = 0
     probes_failed: int = 0
+    heartbeats: int = 0
+    heartbeats_failed: int = 0
+    heartbeat_stalls: int = 0  # ticks far later than due (the proxy's loop was blocked)
+    engines_lost: int = 0  # declared lost by the heartbeat
+    engines_back: int = 0  # lost ones that answered again
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

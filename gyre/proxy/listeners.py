@@ -297,6 +297,14 @@ class Listeners:
     def started(self) -> bool:
         return self.api.started and self.admin.started
 
+    def cut_connections(self) -> None:
+        """Abort every client connection now (a crash's effect on clients; on the serving loop)."""
+        for s in (self.api, self.admin):
+            for conn in list(getattr(s, "server_state", None) and s.server_state.connections or ()):
+                transport = getattr(conn, "transport", None)
+                if transport is not None:
+                    transport.abort()
+
     def request_exit(self, force: bool = False) -> None:
         for s in (self.admin, self.api):
             s.should_exit = True

@@ -22,6 +22,10 @@ Engine faults (see :mod:`gyre.proxy.enginefaults` for the policy):
 * a protocol violation (a stream request answered with a plain body, data that is
   not the ``/generate`` JSON) is not transient: 502 naming it, no retry, and the
   engine is marked suspect (routed to only when no other engine is up).
+
+Engine health (see :mod:`gyre.proxy.heartbeat`): an engine silent to the heartbeat for
+``engine_lost_after_s`` is lost: out of routing at once, its calls abandoned there and resumed
+elsewhere, and the pool's listeners told (``lost``, later ``back``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,6 +55,7 @@ from gyre.proxy.enginefaults import (
 )
 from gyre.proxy.enginewire import PartsPayload, generate_body, merge_segments, output_segments
 from gyre.proxy.errors import ApiError
+from gyre.proxy.heartbeat import EngineEvent, EngineListener, Heartbeat
 from gyre.trace.record import OutputSegment
 
 log = logging.getLogger("gyre.proxy.pool")
@@ -110,13 +116,27 @@ class EnginePool:
         self.attempts = Attempts(cfg, self.counters)
         self._rr = itertools.count()
         self._changed: asyncio.Event | None = None
+        self.heartbeat = Heartbeat(self)
+        self.listeners: list[EngineListener] = []  # told of every lost / back engine
+        self.events: deque[EngineEvent] = deque(maxlen=256)  # the latest, for status readers
+        self._closed_active: list[str] = []
 
     async def start(self) -> None:
         self._changed = asyncio.Event()
         for u in self._urls:
             await self.add(u)
+        self.heartbeat.start()
+
+    def active_urls(self) -> list[str]:
+        """The engines calls are routed to (after :meth:`aclose`: those when it closed), which a
+        restarted proxy starts with."""
+        if self.engines:
+            return [e.url for e in self.engines.values() if e.state == "active"]
+        return list(self._closed_active)
 
     async def aclose(self) -> None:
+        await self.heartbeat.aclose()
+        self._closed_active = [e.url for e in self.engines.values() if e.state == "active"]
         for e in list(self.engines.values()):
             await e.session.close()
             await e.ctl.aclose()
@@ -128,6 +148,7 @@ class EnginePool:
         if url in self.engines:
             e = self.engines[url]
             e.state = "active"
+            e.last_alive = max(e.last_alive, time.monotonic())  # a lost one gets its grace again
             self._notify()
             return e
         h = await open_engine(url, self.config, self.api_key)
@@ -143,8 +164,51 @@ class EnginePool:
         await self.drain(url)
         e = self.engines.pop(url.rstrip("/"), None)
         if e is not None:
+            if e.beat is not None:
+                e.beat.cancel()
             await e.session.close()
             await e.ctl.aclose()
+
+    # -- health (the heartbeat decides, see gyre.proxy.heartbeat) ------------------------------
+    def lose(self, e: EngineHandle, why: str, silent_s: float = 0.0) -> None:
+        """Out of routing now; every call waiting on it breaks off and resumes elsewhere."""
+        if e.state == "lost":
+            return
+        e.state_before_lost, e.state = e.state, "lost"
+        e.lost_at = time.monotonic()
+        e.failures += 1
+        for ex, u in list(self.affinity.items()):
+            if u == e.url:
+                del self.affinity[ex]
+        e.abandon()
+        self.counters.engines_lost += 1
+        log.warning("engine %s lost: %s (%d calls move)", e.url, why, len(e.inflight))
+        self._emit(EngineEvent("lost", e.url, e.engine_id, time.time(), why, silent_s))
+        self._notify()
+
+    def back(self, e: EngineHandle) -> None:
+        """A lost engine answered again: routed to again (unless ``engine_rejoin`` is off)."""
+        if self.config.engine_rejoin:
+            e.state = e.state_before_lost
+            e.streak = 0
+            e.down_until = 0.0
+        self.counters.engines_back += 1
+        away = time.monotonic() - e.lost_at
+        log.warning("engine %s answers again after %.1f s lost", e.url, away)
+        self._emit(
+            EngineEvent(
+                "back", e.url, e.engine_id, time.time(), f"answered after {away:.1f} s", 0.0
+            )
+        )
+        self._notify()
+
+    def _emit(self, ev: EngineEvent) -> None:
+        self.events.append(ev)
+        for listener in list(self.listeners):
+            try:
+                listener(ev)
+            except Exception:  # a listener's bug must not stop the heartbeat
+                log.exception("engine event listener failed on %s", ev)
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -161,6 +225,7 @@ class EnginePool:
                 "served": e.served,
                 "failures": e.failures,
                 "suspect": e.suspect,
+                "silent_s": round(time.monotonic() - e.last_alive, 3),
             }
             for e in self.engines.values()
         ]
@@ -216,6 +281,9 @@ class EnginePool:
         e = self.engines.get(url.rstrip("/"))
         if e is None:
             raise KeyError(f"unknown engine {url}")
+        if e.state == "lost":  # its calls were abandoned already; nothing there answers aborts
+            e.state_before_lost = "draining"
+            return 0
         e.state = "draining"
         for ex, u in list(self.affinity.items()):
             if u == e.url:

@@ -12,11 +12,17 @@ with a token that lives in this process's memory only (generated when the
 config has none). Both run in one thread with its own event loop; ``drain``
 and friends are forwarded to that loop, so a sync caller (or a Ray actor) can
 drive the pool directly.
+
+``restart()`` brings a proxy back after it died (or after ``kill()``, which stops it the way a
+crash does): same address, admin socket, token, trace directory and engines, with the run's
+registrations carried over (:mod:`gyre.proxy.restart`), so harnesses whose SDKs retry a refused
+connection go on where they were.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import threading
 import time
@@ -25,7 +31,9 @@ from typing import Any
 
 from gyre.proxy.app import build_admin_app, build_app
 from gyre.proxy.config import ProxyConfig
+from gyre.proxy.heartbeat import EngineListener
 from gyre.proxy.listeners import Listeners, bind_admin_socket, bind_tcp, remove_admin_socket
+from gyre.proxy.restart import carry_over
 from gyre.proxy.service import ProxyService
 
 KEEP_ALIVE_S = 75
@@ -38,9 +46,11 @@ class ProxyServer:
         if not config.admin_token:
             config = config.model_copy(update={"admin_token": secrets.token_urlsafe(24)})
         self.config = config
+        self._tokenizer = tokenizer
         self.service = ProxyService(config, tokenizer)
         self.app = build_app(config, service=self.service)
         self.admin_app = build_admin_app(config, self.service)
+        self.restarts = 0
         self._listeners: Listeners | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -84,9 +94,8 @@ class ProxyServer:
             raise RuntimeError("proxy already started")
         api_sock = bind_tcp(self.config.host, self.config.port)
         try:
-            admin_sock, self._admin_path, self._admin_dir = bind_admin_socket(
-                self.config.admin_socket
-            )
+            admin_sock, self._admin_path, made = bind_admin_socket(self.config.admin_socket)
+            self._admin_dir = self._admin_dir or made  # a restart binds in the first start's dir
         except BaseException:
             api_sock.close()
             raise
@@ -136,6 +145,59 @@ class ProxyServer:
             self._thread = None
         remove_admin_socket(self._admin_path, self._admin_dir)
         self._listeners = None
+
+    def kill(self) -> None:
+        """Stop at once, the way a crash does: every client connection is cut mid-answer (an SDK
+        sees a broken connection and retries), nothing is drained, the admin socket's directory
+        is kept for :meth:`restart`. For fault tests and the runtime's fault injection."""
+        lst = self._listeners
+        if lst is not None and self._thread is not None and self._thread.is_alive():
+            loop = self.service.loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop may end meanwhile
+                    loop.call_soon_threadsafe(lst.cut_connections)
+            lst.request_exit(force=True)
+            self._thread.join(10.0)
+        self._thread = None
+        self._listeners = None
+
+    @property
+    def alive(self) -> bool:
+        """Serving: started, and its thread has not ended (stopped, killed or crashed)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart(self, timeout: float = 60.0) -> ProxyServer:
+        """A fresh proxy on the same address (port, admin socket and token), trace directory and
+        engines, carrying over what the run registered (keys, call tallies, execution states:
+        see :mod:`gyre.proxy.restart`). The old one is killed first if it still runs."""
+        if self.alive:
+            self.kill()
+        self._thread = None
+        old = self.service
+        with contextlib.suppress(Exception):  # a crash skips the service's own close: its files
+            old.writer.close()
+        engines = old.pool.active_urls() if old.loop is not None else list(self.config.engines)
+        self.config = self.config.model_copy(
+            update={
+                "port": self.port or self.config.port,
+                "admin_socket": str(self._admin_path) if self._admin_path else None,
+                "engines": engines,
+            }
+        )
+        if self._admin_dir is not None and not self._admin_dir.exists():  # a clean stop removed it
+            self._admin_dir.mkdir(mode=0o700)  # same path: the run's admin clients still reach it
+        self.service = ProxyService(self.config, old.tokenizer)
+        carry_over(old, self.service)
+        self.app = build_app(self.config, service=self.service)
+        self.admin_app = build_admin_app(self.config, self.service)
+        self.restarts += 1
+        return self.start(timeout)
+
+    def on_engine_event(self, listener: EngineListener) -> None:
+        """Call ``listener`` with every :class:`~gyre.proxy.heartbeat.EngineEvent` (an engine
+        lost or back). It runs on the proxy's event loop thread: hand the event over to another
+        loop with ``call_soon_threadsafe``. Kept across :meth:`restart`."""
+        self.service.pool.listeners.append(listener)
 
     def call(self, coro, timeout: float | None = None) -> Any:
         """Run a coroutine on the proxy's event loop from another thread (e.g. ``pool.drain(url)``)."""

@@ -37,6 +37,7 @@ from gyre.engine.service import RELOAD_ROOT_ENV
 from gyre.log import LogSpec, current
 from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
+from gyre.proxy.heartbeat import EngineEvent
 from gyre.proxy.runner import ProxyServer
 from gyre.runtime.cell import Cell, StandaloneEngine
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
@@ -178,6 +179,7 @@ class Cluster:
             tuple[Any, str]
         ] = []  # (Ray actor, URL) of the standalone rollout pool
         self.dead_engines: list[str] = []
+        self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
 
     @property
@@ -324,7 +326,24 @@ class Cluster:
         )
         proxy = self.proxy = ProxyServer(pcfg)
         proxy.set_engine_api_key(self.engine_key)
+        loop = asyncio.get_running_loop()  # the heartbeat calls on the proxy's thread: hand over
+        proxy.on_engine_event(lambda ev: loop.call_soon_threadsafe(self._on_engine_event, ev))
         await asyncio.to_thread(proxy.start)
+
+    def _on_engine_event(self, ev: EngineEvent) -> None:
+        """A standalone engine the proxy's heartbeat lost leaves the pool now (not at the next
+        publication) and counts as dead; its calls already moved. A cell's engine is the
+        policy's business (it stays in the pool, out of routing, until it answers again)."""
+        self.engine_events.append(ev)
+        if ev.kind == "lost" and ev.url in [u for _, u in self.standalone]:
+            asyncio.get_running_loop().create_task(
+                self._engine_lost(ev.url, RuntimeError(f"heartbeat: {ev.why}"))
+            )
+
+    async def restart_proxy(self) -> None:
+        """Bring the proxy back after it died: same address, admin socket, token, trace
+        directory and engines, the executions' keys carried over (``ProxyServer.restart``)."""
+        await asyncio.to_thread(self.live_proxy.restart)
 
     async def stop(self) -> None:
         if self.proxy is not None:
@@ -475,6 +494,8 @@ class Cluster:
     async def _engine_lost(self, url: str, why: BaseException) -> None:
         """An engine that cannot reload is gone (its process died): take it out of the pool so no
         call is routed there again. Calls it held were already resumed elsewhere by the pool."""
+        if url in self.dead_engines:  # the heartbeat took it out already
+            return
         if url not in [u for _, u in self.standalone]:
             raise RuntimeError(f"rollout engine {url} failed to reload weights: {why}") from why
         self.standalone = [(a, u) for a, u in self.standalone if u != url]

@@ -94,3 +94,73 @@ async def test_parts_payload_writes_every_piece_and_honours_a_length():
     await p.write_with_length(w, 6)
     assert b"".join(w.got) == b"abcdef"
     assert p.decode() == "abcdefghij" and await p.as_bytes() == b"abcdefghij"
+
+
+async def test_a_lost_engine_leaves_routing_its_waits_end_and_it_comes_back():
+    import asyncio
+
+    from gyre.proxy.config import PoolConfig
+
+    pool = EnginePool([])
+    seen = []
+    pool.listeners.append(seen.append)
+    e1 = EngineHandle("u1", [], None, "e1")
+    e2 = EngineHandle("u2", [], None, "e2")
+    pool.engines = {"u1": e1, "u2": e2}
+    e2.inflight = {object()}
+    assert pool.pick("x") is e1
+    waiting = asyncio.ensure_future(asyncio.wait_for(asyncio.shield(e1.gone_future()), 5))
+    cm = asyncio.timeout(None)  # a stream read waiting on it, with no limit of its own
+    e1.readers.add(cm)
+
+    async def read() -> str:
+        try:
+            async with cm:
+                await asyncio.sleep(5)
+        except TimeoutError:
+            return "cut"
+        return "slept"
+
+    reader = asyncio.ensure_future(read())
+    await asyncio.sleep(0)
+    pool.lose(e1, "silent", 3.0)
+    pool.lose(e1, "silent again", 4.0)  # once only
+    assert await asyncio.wait_for(reader, 1) == "cut"  # its waits end at once
+    await asyncio.wait_for(waiting, 1)
+    assert e1.state == "lost" and "x" not in pool.affinity
+    assert pool.pick("x") is e2  # never a lost engine, even a less loaded one
+    assert [(ev.kind, ev.url, ev.silent_s) for ev in seen] == [("lost", "u1", 3.0)]
+    assert pool.counters.engines_lost == 1
+    assert await pool.drain("u1") == 0  # nothing there answers aborts; returns to draining
+    pool.back(e1)
+    assert e1.state == "draining" and [ev.kind for ev in seen] == ["lost", "back"]
+    e1.state = "active"
+    pool.lose(e1, "again")
+    pool.back(e1)
+    assert e1.state == "active"
+    strict = EnginePool([], PoolConfig(engine_rejoin=False))
+    e3 = EngineHandle("u3", [], None, "e3")
+    strict.engines = {"u3": e3}
+    strict.lose(e3, "silent")
+    strict.back(e3)  # heard, but it stays out until added again
+    assert e3.state == "lost" and strict.counters.engines_back == 1
+
+
+async def test_heartbeat_judges_silence_but_not_its_own_loop_stalling():
+    from gyre.proxy.config import PoolConfig
+
+    pool = EnginePool([], PoolConfig(engine_heartbeat_s=1.0, engine_lost_after_s=5.0))
+    e = EngineHandle("u1", [], None, "e1", last_alive=100.0)  # no ctl: every ping fails
+    pool.engines = {"u1": e}
+    hb = pool.heartbeat
+    hb.tick(104.0)
+    assert e.state == "active"  # silent 4 s < 5 s
+    hb.tick(130.0)  # 26 s late: the proxy's loop was blocked, not the engine silent
+    assert e.state == "active" and pool.counters.heartbeat_stalls == 1
+    hb.tick(131.0)
+    assert e.state == "active"  # the pings sent after the stall get two periods
+    hb.tick(132.0)
+    assert e.state == "lost" and pool.counters.engines_lost == 1
+    for t in (133.0, 134.0):
+        hb.tick(t)
+    assert pool.counters.engines_lost == 1

@@ -1,0 +1,33 @@
+"""The runtime's use of the proxy heartbeat's events (issue 20): a lost standalone engine leaves
+the pool at once and counts as dead; a cell's engine is left to the policy."""
+
+import asyncio
+import time
+
+from gyre.config import GyreConfig
+from gyre.proxy.heartbeat import EngineEvent
+from gyre.runtime.cluster import Cluster
+from gyre.runtime.rundir import RunDir
+
+
+async def test_lost_standalone_engine_leaves_at_once_cell_engine_stays(tmp_path):
+    cluster = Cluster(GyreConfig(model_dir="/nonexistent"), RunDir(tmp_path / "run"))
+    cluster.standalone = [(object(), "http://s0"), (object(), "http://s1")]
+    cluster.urls = ["http://c0"]
+
+    def event(kind: str, url: str) -> EngineEvent:
+        return EngineEvent(kind, url, url, time.time(), "silent", 3.0)  # type: ignore[arg-type]
+
+    cluster._on_engine_event(event("lost", "http://c0"))  # a cell's: the policy decides
+    cluster._on_engine_event(event("lost", "http://s1"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [u for _, u in cluster.standalone] == ["http://s0"]
+    assert cluster.dead_engines == ["http://s1"]
+    assert [(e.kind, e.url) for e in cluster.engine_events] == [
+        ("lost", "http://c0"),
+        ("lost", "http://s1"),
+    ]
+    # the next publication failing to reload it does not end the run: it is gone already
+    await cluster._engine_lost("http://s1", RuntimeError("connection refused"))
+    assert cluster.dead_engines == ["http://s1"]
