@@ -114,7 +114,7 @@ class Executions:
     async def _run_one(
         self, execution_id: str, task, extra_env: dict[str, str] | None = None
     ) -> Any:
-        from gyre.harness.executor import ExecutionSpec
+        from gyre.harness.execution import ExecutionSpec
 
         executor, admin, profile = self._started()
         run, lt = self.cfg.run, self.cfg.run.longtail
