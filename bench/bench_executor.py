@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.profiles import load_profile
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task

@@ -22,7 +22,7 @@ from gyre.cli_errors import (
 
 if TYPE_CHECKING:
     from .config import ExecutorConfig
-    from .executor import ExecutionResult
+    from .execution import ExecutionResult
 
 app = typer.Typer(
     help="Run harnesses on tasks: debug a task or a harness profile before training.",
@@ -88,7 +88,8 @@ def run(
     import asyncio
     import uuid
 
-    from .executor import ExecutionSpec, HarnessExecutor
+    from .execution import ExecutionSpec
+    from .executor import HarnessExecutor
     from .profiles import ProfileError, load_profile
     from .task import TaskError, load_task
 

@@ -1,5 +1,9 @@
 """The harness executor: one fresh workspace, one harness process, one assessment per execution.
 
+It runs each execution in numbered steps: its folder (:mod:`.workspace`), its key and
+command line (:mod:`.command`), the sandbox (:mod:`.launch`), the harness, then its
+assessment; what it takes and leaves is :mod:`.execution`'s.
+
 Lifecycle: ``await ex.start()`` ... ``await ex.run(spec)`` (many at once, up to
 ``max_concurrency`` harnesses live) ... ``await ex.stop()`` (kills what is
 still running). No global state: two executors in one process do not interact.
@@ -22,43 +26,33 @@ Timeout semantics (the paper's partial scoring):
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from gyre.trace.assessment import Missing, MissingReason, Scored
 
-from gyre.trace.assessment import Assessment, Missing, MissingReason, Scored
-
+from .command import bridge_target, command_line, write_files
 from .config import ExecutorConfig
+from .execution import ExecutionError, ExecutionResult, ExecutionSpec, HarnessRun, Timings
 from .hostguard import (
     HostSetupError,
     private_dir,
     working_bwrap,
 )
 from .launch import Abort, Exec, Launch, sandbox, undo_sandbox
-from .model_calls import (
-    CALLS_FILE_ENV,
-    CALLS_FILE_NAME,
-    CallsVerdict,
-    ModelCalls,
-    decide,
-    read_calls_file,
-)
+from .model_calls import CALLS_FILE_NAME, CallsVerdict, ModelCalls, decide, read_calls_file
 from .process import ProcessResult, run_process
-from .profiles import HarnessProfile, ProfileError, find_npm_harness
+from .profiles import ProfileError
 from .safe_read import quote
 from .safecopy import remove_tree
-from .sandbox import SANDBOX_HOME, Confinement
+from .sandbox import Confinement
 from .scorer import Scorer
-from .task import Task
+from .workspace import fresh_workspace
 
 # (execution_id, label) -> API key for that execution (e.g. the proxy's admin registration).
 RegisterKey = Callable[[str, str], Awaitable[str]]
@@ -67,80 +61,12 @@ CountCalls = Callable[[str], Awaitable[ModelCalls | None]]
 # execution_id -> revoke its API key (the proxy's admin route): called once its harness stopped.
 RevokeKey = Callable[[str], Awaitable[object]]
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
-HarnessStop = Literal[
-    "exited",
-    "harness_timeout",
-    "overall_timeout",
-    "log_limit",
-    "disk_limit",
-    "launch_failed",
-    "not_run",
-]
 
 
 class _Finish(Protocol):
     """``run``'s closure that turns an assessment into the execution's result (and writes it)."""
 
     def __call__(self, assessment: Scored | Missing, write: bool = True) -> ExecutionResult: ...
-
-
-class ExecutionError(RuntimeError):
-    """A caller error (executor not started, duplicate execution id)."""
-
-
-class ExecutionSpec(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    execution_id: str
-    task: Task
-    profile: HarnessProfile
-    base_url: str
-    api_key: str | None = None  # None: obtained from the executor's ``register`` hook
-    model: str | None = None  # overrides the profile's model name
-    overall_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # overrides the task's
-    harness_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # overrides the task's
-    deadline: float | None = Field(None, allow_inf_nan=False)  # absolute time.monotonic() deadline
-    extra_env: dict[str, str] = Field(default_factory=dict)
-    label: str | None = None
-
-
-class HarnessRun(BaseModel):
-    argv: list[str] = Field(default_factory=list)
-    stop: HarnessStop = "not_run"
-    exit_code: int | None = None
-    error: str = ""
-    stdout_path: str = ""
-    stderr_path: str = ""
-    log_truncated: bool = False
-    model_calls: ModelCalls | None = None  # None: nobody counted (no proxy hook, no harness file)
-
-
-class Timings(BaseModel):
-    queued_s: float = 0.0  # waiting for a slot
-    setup_s: float = 0.0  # workspace copy, key, command line
-    launched_s: float = (
-        0.0  # from submission until the harness process existed (queue + setup + spawn)
-    )
-    harness_s: float = 0.0
-    teardown_s: float = 0.0  # process-group kill and log flush after the harness stopped
-    scoring_s: float = 0.0
-    total_s: float = 0.0
-
-
-class ExecutionResult(BaseModel):
-    execution_id: str
-    task: str
-    profile: str
-    assessment: Assessment
-    harness: HarnessRun
-    workspace: str
-    execution_dir: str
-    timings: Timings
-
-    @property
-    def reward(self) -> float | None:
-        """The reward, or None when the assessment is missing (never 0 for missing)."""
-        return self.assessment.reward if isinstance(self.assessment, Scored) else None
 
 
 class HarnessExecutor:
@@ -323,7 +249,7 @@ class HarnessExecutor:
         """Fresh workspace, key and command line, sandbox, the harness, then its assessment."""
         run = x.run
         try:
-            await self._fresh_workspace(x)
+            await fresh_workspace(x)
             launch = await self._launch(x)
             if self._bwrap:
                 await sandbox(self.config, self._bwrap, self._confinement(), x, launch)
@@ -358,29 +284,6 @@ class HarnessExecutor:
             assessment = _unverified_unreachable(assessment, run.model_calls)
         return result(assessment)
 
-    async def _fresh_workspace(self, x: Exec) -> None:
-        """1. The execution's own folder: workspace (the task's repository), inputs, HOME."""
-        if x.exec_dir.exists():
-            raise Abort(
-                MissingReason.infra_error,
-                f"execution folder {x.exec_dir} already exists (stale run with the same id?); "
-                "left untouched",
-                write=False,
-            )
-        try:
-            await asyncio.to_thread(
-                self._prepare,
-                x.spec.task,
-                x.spec.profile,
-                x.exec_dir,
-                x.ws,
-                x.inputs,
-                x.artifacts,
-                x.home,
-            )
-        except OSError as e:
-            raise Abort(MissingReason.infra_error, f"workspace setup failed: {e}") from None
-
     async def _launch(self, x: Exec) -> Launch:
         """2. The execution's API key, its command line and the profile's config files."""
         spec, run = x.spec, x.run
@@ -401,18 +304,19 @@ class HarnessExecutor:
                     stop="launch_failed",
                 ) from None
         try:
-            bridge = self._bridge_target(spec.base_url)
+            proxy_only = bool(self._bwrap) and self.config.sandbox.network == "proxy-only"
+            bridge = bridge_target(spec.base_url) if proxy_only else None
             base_url = spec.base_url if bridge is None else bridge[2]
             # Off the loop: the npm harness lookups stat a dozen paths (docs/runtime.md).
             argv, env, home_files = await asyncio.to_thread(
-                self._command, spec, base_url, key, x.ws, x.inputs, x.artifacts, x.home
+                command_line, x, base_url, key, bool(self._bwrap)
             )
         except (ProfileError, ExecutionError) as e:
             raise Abort(MissingReason.launch_failed, str(e), stop="launch_failed") from None
         # The profile's config files: straight into HOME, or (sandbox: HOME is a tmpfs made at
         # start) under the read-only inputs, copied into HOME inside by gyre.harness.homeseed.
         try:
-            await asyncio.to_thread(_write_files, self._seed_dir(x), home_files)
+            await asyncio.to_thread(write_files, self._seed_dir(x), home_files)
         except OSError as e:
             raise Abort(
                 MissingReason.infra_error, f"harness config files could not be written: {e}"
@@ -526,35 +430,6 @@ class HarnessExecutor:
         own = await asyncio.to_thread(read_calls_file, artifacts / CALLS_FILE_NAME)
         return decide(proxy, own)
 
-    @staticmethod
-    def _prepare(
-        task: Task,
-        prof: HarnessProfile,
-        exec_dir: Path,
-        ws: Path,
-        inputs: Path,
-        artifacts: Path,
-        home: Path,
-    ) -> None:
-        exec_dir.mkdir(mode=0o700)  # the workspace root is checked private by start()
-        skip = task.skip_files
-        shutil.copytree(
-            task.repository,
-            ws,
-            symlinks=True,
-            ignore=(lambda d, names: [n for n in names if n in skip]) if skip else None,
-        )
-        inputs.mkdir()
-        (inputs / "instruction.md").write_text(task.instruction + "\n", encoding="utf-8")
-        if prof.needs_solution:
-            if task.solution_dir is None:
-                raise FileNotFoundError(
-                    f"profile {prof.name!r} needs a solution/ folder; task {task.name} has none"
-                )
-            shutil.copytree(task.solution_dir, inputs / "solution", symlinks=True)
-        artifacts.mkdir()
-        home.mkdir()
-
     def _confinement(self) -> Confinement:
         sb = self.config.sandbox
         return Confinement(
@@ -564,88 +439,6 @@ class HarnessExecutor:
             max_file_bytes=sb.max_file_bytes,
             tmpfs_bytes=sb.tmpfs_bytes,
         )
-
-    def _bridge_target(self, base_url: str) -> tuple[str, int, str] | None:
-        """(proxy host, port, base URL as the sandboxed harness sees it) in proxy-only mode, else None."""
-        if not self._bwrap or self.config.sandbox.network != "proxy-only":
-            return None
-        u = urlsplit(base_url)
-        if u.scheme != "http" or not u.hostname:
-            raise ExecutionError(
-                f"proxy-only sandbox network needs an http:// base URL, got {base_url!r}"
-            )
-        port = u.port or 80
-        # The bridge listens inside as the unprivileged sandbox user: a port below 1024 cannot
-        # be bound there, so it is moved up (the harness only ever sees the URL).
-        inside = port if port >= 1024 else 20000 + port
-        return (
-            u.hostname,
-            port,
-            urlunsplit(("http", f"127.0.0.1:{inside}", u.path, u.query, u.fragment)),
-        )
-
-    def _command(
-        self,
-        spec: ExecutionSpec,
-        base_url: str,
-        key: str,
-        ws: Path,
-        inputs: Path,
-        artifacts: Path,
-        home: Path,
-    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """argv, environment and the profile's rendered ``home_files`` for one execution."""
-        base = base_url.rstrip("/")
-        root = base[: -len("/v1")] if base.endswith("/v1") else base
-        prof = spec.profile
-        values = {
-            "instruction": spec.task.instruction,
-            "instruction_file": str(inputs / "instruction.md"),
-            "workspace": str(ws),
-            "artifacts": str(artifacts),
-            "home": SANDBOX_HOME if self._bwrap else str(home),
-            "base_url": base_url,
-            "openai_base_url": root + "/v1",
-            "anthropic_base_url": root,
-            "api_key": key,
-            "model": spec.model or prof.model,
-            "python": sys.executable,
-            "python_bin": str(Path(sys.executable).parent),
-            "claude": find_npm_harness("claude") or "claude",
-            "qwen": find_npm_harness("qwen") or "qwen",
-            "codex": find_npm_harness("codex") or "codex",
-            "solution_dir": str(inputs / "solution"),
-            "execution_id": spec.execution_id,
-            "task": spec.task.name,
-        }
-        argv, penv = prof.render(values)
-        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env = {
-            "PATH": f"{values['python_bin']}:{path}",
-            "HOME": values["home"],
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-            "TERM": "dumb",
-            "NO_COLOR": "1",
-            "PYTHONUNBUFFERED": "1",
-            "OPENAI_BASE_URL": values["openai_base_url"],
-            "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": values["anthropic_base_url"],
-            "ANTHROPIC_API_KEY": key,
-            "GYRE_EXECUTION_ID": spec.execution_id,
-            "GYRE_TASK": spec.task.name,
-            CALLS_FILE_ENV: str(artifacts / CALLS_FILE_NAME),
-            **penv,
-            **spec.extra_env,
-        }
-        return argv, env, prof.render_home_files(values)
-
-
-def _write_files(root: Path, files: dict[str, str]) -> None:
-    """Write ``files`` (relative path -> text) under ``root``, making folders as needed."""
-    for rel, text in files.items():
-        dest = root / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text, encoding="utf-8")
 
 
 def _unverified_unreachable(a: Scored | Missing, calls: ModelCalls) -> Scored | Missing:
@@ -659,8 +452,3 @@ def _unverified_unreachable(a: Scored | Missing, calls: ModelCalls) -> Scored | 
             detail=f"{calls.detail()}; its workspace scored {a.reward:.4g}, not kept",
         )
     return a.model_copy(update={"detail": f"{a.detail}; {calls.detail()}"})
-
-
-def load_result(path: str | Path) -> ExecutionResult:
-    """Read a ``result.json`` written by the executor."""
-    return ExecutionResult.model_validate(json.loads(Path(path).read_text()))

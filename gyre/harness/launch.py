@@ -15,21 +15,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gyre.trace.assessment import MissingReason
 
 from . import homeseed, netbridge
+from .config import ExecutorConfig
+from .execution import ExecutionSpec, HarnessRun, HarnessStop, Timings
 from .forwarder import UnixForwarder
 from .hostguard import GYRE_ROOT, strip_modes, task_paths
 from .quota import watch_tree
 from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv
 from .userns import chown_tree, make_userns
-
-if TYPE_CHECKING:
-    from .config import ExecutorConfig
-    from .executor import ExecutionSpec, HarnessRun, HarnessStop, Timings
 
 
 class Abort(Exception):
@@ -74,7 +71,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     home_files: dict[str, str]
-    bridge: tuple[str, int, str] | None  # proxy-only network: see HarnessExecutor._bridge_target
+    bridge: tuple[str, int, str] | None  # proxy-only network: command.bridge_target
     forwarder: UnixForwarder | None = None
     sock_dir: Path | None = None
     userns_fd: int | None = None

@@ -1,19 +1,20 @@
 """The proxy's request pipeline, independent of the HTTP framework's routing.
 
-identify (key -> execution) -> read + parse body -> validate into a
-:class:`ParsedCall` -> SDK-retry check -> bridge (token-exact continuation, or
-a full render) -> generate on the engine pool (survives drains) -> parse the
-output -> record (durable) -> answer in the request's dialect.
+identify (key -> execution, :mod:`gyre.proxy.executions`) -> read + parse body ->
+validate into a :class:`ParsedCall` -> SDK-retry check -> bridge (token-exact
+continuation, or a full render: :mod:`gyre.proxy.planner`) -> generate on the engine
+pool (survives drains) -> parse the output -> record (durable) -> answer in the
+request's dialect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +22,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gyre.proxy import jsonfast
-from gyre.proxy.adapters.dialects import ANTHROPIC, Adapter, too_long
-from gyre.proxy.bodyparse import BodyParser
+from gyre.proxy.adapters.dialects import ANTHROPIC, Adapter
 from gyre.proxy.calltally import CallTallies
 from gyre.proxy.config import ProxyConfig
-from gyre.proxy.counters import BridgeMode, ProxyCounters
+from gyre.proxy.counters import ProxyCounters
 from gyre.proxy.detok import Detokenizer
 from gyre.proxy.errors import ApiError, bad_request
+from gyre.proxy.executions import Execution, Executions
 from gyre.proxy.identity import Identity, KeyRegistry, key_from_headers
 from gyre.proxy.parsing import OutputParser, make_parser
+from gyre.proxy.planner import Planner
 from gyre.proxy.pool import EnginePool, GenResult
 from gyre.proxy.promptsize import PromptBound
 from gyre.proxy.recorder import Recorder
 from gyre.proxy.render import Renderer, RenderError
-from gyre.proxy.retries import RetryEntry, RetryWindow, retry_count
-from gyre.proxy.sampling import SamplingRefused, effective, engine_sampling
-from gyre.proxy.session import Bridge, ExecutionState, Plan
+from gyre.proxy.retries import RetryEntry, retry_count
+from gyre.proxy.session import Plan
 from gyre.proxy.types import (
     AssistantTurn,
     Finished,
@@ -48,17 +49,7 @@ from gyre.proxy.types import (
     ToolCallEvent,
     TurnFinish,
 )
-from gyre.trace.store import TraceWriter, read_trace, trace_path
-
-
-@dataclass
-class Execution:
-    ident: Identity
-    state: ExecutionState
-    retries: RetryWindow
-    bodies: BodyParser
-    last_used: float = 0.0  # time.monotonic() of its last request
-    active: int = 0  # generations in flight: an execution is never evicted while > 0
+from gyre.trace.store import TraceWriter
 
 
 class ClientGone(Exception):
@@ -84,9 +75,10 @@ class ProxyService:
         self.writer = TraceWriter(
             config.trace_dir, fsync=config.fsync, max_open=config.max_open_traces
         )
-        self.executions: dict[str, Execution] = {}
         self.calls = CallTallies()  # per execution: attempted / answered (did the policy act?)
         self.counters = ProxyCounters()
+        self.executions = Executions(config, self.pool, self.writer, self.counters)
+        self.planner = Planner(config, self.renderer, self.max_context, self.counters)
         self.recorder = Recorder(self.writer, config.fsync, self.counters, self.calls)
         self._stop_ids = frozenset(self.renderer.stop_token_ids)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -109,31 +101,7 @@ class ProxyService:
         every = max(0.05, min(30.0, self.config.execution_idle_s / 4))
         while True:
             await asyncio.sleep(every)
-            self.sweep()
-
-    def sweep(self, now: float | None = None) -> int:
-        """Drop executions idle for ``execution_idle_s`` (state and trace handle); returns how many.
-
-        Why: nothing else ends an execution in open mode, and a managed run that
-        forgets to revoke must not grow the proxy without bound.
-        """
-        now = time.monotonic() if now is None else now
-        idle = [
-            k
-            for k, ex in self.executions.items()
-            if ex.active == 0 and now - ex.last_used > self.config.execution_idle_s
-        ]
-        for k in idle:
-            self._evict(k)
-        self.writer.close_idle(self.config.execution_idle_s)
-        return len(idle)
-
-    def _evict(self, execution_id: str) -> None:
-        """Forget an execution's in-memory state (its key stays valid; the trace file stays)."""
-        self.executions.pop(execution_id, None)
-        self.pool.forget(execution_id)
-        self.writer.close_execution(execution_id)
-        self.counters.evicted_executions += 1
+            self.executions.sweep()
 
     # -- identity / state ----------------------------------------------------------------------
     def _identify(self, headers: Any) -> Identity:
@@ -146,43 +114,10 @@ class ProxyService:
             )
         return ident
 
-    def _execution(self, ident: Identity) -> Execution:
-        ex = self.executions.pop(ident.execution_id, None)  # re-inserted last: dict order is LRU
-        if ex is None:
-            self._make_room()
-            st = ExecutionState(
-                execution_id=ident.execution_id,
-                label=ident.label,
-                hot_nodes=self.config.prefix_cache_nodes,
-            )
-            path = trace_path(self.config.trace_dir, ident.execution_id)
-            if path.exists():  # a restarted proxy continues the execution's numbering
-                recs = read_trace(path).records
-                st.next_seq = max((r.seq for r in recs), default=-1) + 1
-            ex = Execution(
-                ident=ident,
-                state=st,
-                retries=RetryWindow(self.config.retry_window),
-                bodies=BodyParser(),
-            )
-        self.executions[ident.execution_id] = ex
-        ex.last_used = time.monotonic()
-        return ex
-
-    def _make_room(self) -> None:
-        """Above ``max_executions`` live states, drop the least recently used idle ones."""
-        excess = len(self.executions) - self.config.max_executions + 1
-        if excess <= 0:
-            return
-        for k in [k for k, ex in self.executions.items() if ex.active == 0][:excess]:
-            self._evict(k)
-
     def close_execution(self, execution_id: str) -> None:
         self.keys.revoke(execution_id)
         self.calls.drop(execution_id)
-        self.executions.pop(execution_id, None)
-        self.pool.forget(execution_id)
-        self.writer.close_execution(execution_id)
+        self.executions.drop(execution_id)
 
     # -- body --------------------------------------------------------------------------------
     async def _read_body(self, request: Request) -> bytes:
@@ -206,7 +141,7 @@ class ProxyService:
         ident = self._identify(request.headers)
         self.calls.attempt(ident.execution_id)
         body = await self._read_body(request)
-        ex = self._execution(ident)
+        ex = self.executions.get(ident)
         try:
             data = ex.bodies.parse(
                 body
@@ -220,81 +155,6 @@ class ProxyService:
             ex.bodies.discard(body)
             raise
         return ex, body, call
-
-    # -- planning ----------------------------------------------------------------------------
-    async def _plan(self, st: ExecutionState, call: ParsedCall) -> Plan:
-        rid = uuid.uuid4().hex[:24]
-        bridge = st.find_bridge(call)
-        suffix: list[int] | None = None
-        mode: BridgeMode = "full"
-        try:
-            if bridge.base is not None and bridge.echo is not None:
-                last = bridge.base.output[-1] if bridge.base.output else None
-                suffix = self.renderer.continuation(
-                    bridge.head, bridge.base.assistant, bridge.new, call.tools, last
-                )
-                mode = "continuation"
-                if suffix is None:  # the template does not render the anchor as a prefix
-                    mode = "template_fallback"
-                    bridge = Bridge(
-                        base=None,
-                        base_len=0,
-                        echo=None,
-                        new=bridge.norm,
-                        norm=bridge.norm,
-                        raw_to_norm=bridge.raw_to_norm,
-                        head=bridge.head,
-                    )
-            elif bridge.base is not None:
-                suffix, mode = [], "resample"
-            if suffix is None:
-                suffix = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
-        except RenderError as e:
-            raise bad_request(
-                f"the model's chat template cannot render this conversation: {e}"
-            ) from None
-        parts = st.prefix_parts(bridge.base, bridge.base_len)
-        if suffix:
-            parts = parts + [jsonfast.ids_json(suffix)]
-        plan = Plan(
-            request_id=rid,
-            bridge=bridge,
-            suffix=suffix,
-            input_parts=parts,
-            input_len=bridge.base_len + len(suffix),
-            mode=mode,
-        )
-        if self.config.verify_bridge and mode == "continuation":
-            assert bridge.base is not None  # a continuation extends a recorded call
-            full = await asyncio.to_thread(self.renderer.full, bridge.norm, call.tools)
-            plan.verify_equal = full == bridge.base.materialise(bridge.base_len) + suffix
-            if not plan.verify_equal:
-                self.counters.bridge_mismatch += 1
-        return plan
-
-    def _sampling(self, call: ParsedCall, input_len: int, adapter: Adapter) -> dict[str, Any]:
-        if input_len <= 0:
-            raise bad_request("the rendered prompt is empty")
-        room = self.max_context - input_len
-        if room <= 0:
-            raise too_long(adapter, str(input_len), self.max_context)
-        s = call.sampling
-        sp: dict[str, Any] = {
-            "max_new_tokens": min(s.max_tokens or self.config.default_max_tokens, room),
-            "stop_token_ids": self.renderer.stop_token_ids,
-        }
-        try:  # the run's fixed fields win over the harness's (gyre.proxy.sampling)
-            dist, overridden = engine_sampling(s, self.config.sampling)
-        except SamplingRefused as e:
-            raise bad_request(str(e), param=e.param) from None
-        sp.update(dist)
-        call.meta["sampling"] = effective(dist)
-        if overridden:
-            call.meta["sampling_overridden"] = overridden
-            self.counters.sampling_overridden += 1
-        if s.seed is not None:
-            sp["sampling_seed"] = s.seed  # SGLang's name; Gyre engines accept it too
-        return sp
 
     # -- the pipeline --------------------------------------------------------------------------
     async def handle(self, adapter: Adapter, request: Request) -> Response:
@@ -317,8 +177,8 @@ class ProxyService:
             # registered before planning: a retry that arrives during a long full render still coalesces
             entry = ex.retries.add(body) if self.config.retry_window > 0 else None
             try:
-                plan = await self._plan(ex.state, call)
-                sampling = self._sampling(call, plan.input_len, adapter)
+                plan = await self.planner.plan(ex.state, call)
+                sampling = self.planner.sampling(call, plan.input_len, adapter)
             except BaseException:
                 if entry is not None:
                     entry.settle(None)
@@ -577,8 +437,6 @@ def _assistant_turn(
 
 
 def _model_max_context(model_dir: str) -> int:
-    import json
-
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         return int(cfg.get("max_position_embeddings") or 32768)

@@ -12,6 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
+
+from gyre import log
+from gyre.cli_errors import UserError, error_line, first_line, make_dir
+from gyre.runtime.cpulimit import CpuLimitError, check
+from gyre.runtime.rundir import RunDir
+from gyre.runtime.tracking_config import missing_packages
+from gyre.validation import validation_line
+
+# Lazy imports below: every `gyre` command imports this module (gyre/cli.py), so the
+# config models, harness, policy, Ray and torch load only once `gyre run` needs them.
 
 
 class ConfigProblem(Exception):
@@ -20,11 +31,7 @@ class ConfigProblem(Exception):
 
 def load_run_config(path: Path | None, overrides: list[str]):
     """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
-    from pydantic import ValidationError
-
-    from gyre.cli_errors import first_line
-    from gyre.config import load_config
-    from gyre.validation import validation_line
+    from gyre.config import load_config  # lazy: see the note at the top
 
     try:
         cfg = load_config(path, overrides)
@@ -52,9 +59,11 @@ def resume_config(run_dir: Path, overrides: list[str]):
 
 def check_run(cfg) -> None:
     """The checks that need the file system: model, task set, harness profile, split size, placement."""
-    from gyre.cli_errors import error_line
+    # lazy: see the note at the top
+    from gyre.harness.hostguard import HostSetupError, working_bwrap
     from gyre.harness.profiles import ProfileError, load_profile
     from gyre.harness.task import TaskError
+    from gyre.runtime.engines import check_vllm
     from gyre.runtime.tasks import TaskSetError, TaskStream
 
     if cfg.trainer.checkpoint.dir is not None:  # resume reads them from the run directory only
@@ -83,21 +92,15 @@ def check_run(cfg) -> None:
         load_profile(cfg.run.profile)
     except ProfileError as e:
         raise ConfigProblem(f"run.profile: {error_line(e)}") from None
-    from gyre.runtime.engines import check_vllm
-
     try:
         check_vllm(cfg.engine, cfg.trainer.model_dir)
     except ValueError as e:
         raise ConfigProblem(str(e)) from None
     if cfg.executor.sandbox.enabled:  # on by default: a run without a working bwrap stops here
-        from gyre.harness.hostguard import HostSetupError, working_bwrap
-
         try:
             working_bwrap(cfg.executor.sandbox)
         except HostSetupError as e:
             raise ConfigProblem(f"executor.sandbox: {e}") from None
-    from gyre.runtime.tracking_config import missing_packages
-
     if (line := missing_packages(cfg.run.tracking)) is not None:
         raise ConfigProblem(line)
     _check_cells(cfg)
@@ -105,7 +108,7 @@ def check_run(cfg) -> None:
 
 def _check_cells(cfg) -> None:
     """The placement's needs: enough cells and capacity, a working CPU limit, resources."""
-    from gyre.policy import Placement
+    from gyre.policy import Placement  # lazy: see the note at the top
 
     p = cfg.policy
     if p.placement is Placement.ELASTIC and p.cells < 2:
@@ -115,8 +118,6 @@ def _check_cells(cfg) -> None:
         )
     quota = cfg.run.cell.cpu_quota
     if quota is not None and not cfg.run.ray.address:  # a cluster's nodes are checked by the cells
-        from gyre.runtime.cpulimit import CpuLimitError, check
-
         try:
             check(quota)
         except CpuLimitError as e:
@@ -138,8 +139,7 @@ def _check_cells(cfg) -> None:
 
 def _resume_state(run_dir: Path) -> dict[str, Any]:
     """Where a killed run stands: its checkpoint (step, data cursor), next group id, next segment."""
-    from gyre.runtime.rundir import RunDir
-    from gyre.train.checkpoint import latest_checkpoint, load_state
+    from gyre.train.checkpoint import latest_checkpoint, load_state  # lazy: torch
 
     rd = RunDir(run_dir)
     execs = rd.read_jsonl("executions.jsonl")
@@ -162,9 +162,6 @@ def _resume_state(run_dir: Path) -> dict[str, Any]:
 def _start_logging(cfg, run_dir: Path, log_format: str | None) -> None:
     """The driver's logs: stderr as ``gyre``'s options say (JSON lines when the progress is), and
     ``logs/driver.jsonl`` in the run directory at ``run.log_level``, beside the cells' own."""
-    from gyre import log
-    from gyre.runtime.rundir import RunDir
-
     rd = RunDir(run_dir).create()  # 0700, before the log file would create it
     level, fmt = log.current()
     if (log_format or cfg.run.log_format) == "json":
@@ -185,8 +182,6 @@ def run_command(
     log_format: str | None = typer.Option(None, "--log-format", help="rich | plain | json"),
 ) -> None:
     """Train a policy: real harnesses through the proxy, engines and trainer replicas on Ray cells."""
-    from gyre.cli_errors import UserError, make_dir
-
     try:
         if log_format is not None and log_format not in ("rich", "plain", "json"):
             raise ConfigProblem(f"--log-format: expected rich, plain or json, got {log_format!r}")
@@ -235,7 +230,10 @@ def run_command(
         )
         raise typer.Exit(0)
     _start_logging(cfg, run_dir, log_format)
+    # lazy, and only once the checks passed: Ray and the whole runtime take seconds to import
+    from gyre.runtime.cluster import RuntimeSetupError
     from gyre.runtime.loop import run
+    from gyre.runtime.publication import PublicationError
 
     if state is not None:
         typer.echo(
@@ -243,9 +241,6 @@ def run_command(
             f"segment {state['segment']})",
             err=True,
         )
-    from gyre.runtime.cluster import RuntimeSetupError
-    from gyre.runtime.publication import PublicationError
-
     try:
         summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
     except (RuntimeSetupError, PublicationError) as e:

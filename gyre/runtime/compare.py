@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gyre.runtime import measure
+from gyre.runtime.workload import read_calls
+from gyre.sim.replay import predict
+
 ROLE_COLORS = {
     "rollout": "#4C78A8",
     "training": "#F2B701",
@@ -84,9 +88,6 @@ def staleness(run_dir: str | Path, w: dict[str, Any]) -> dict[str, float | None]
     trained executions; ``tokens``: pooled over every trained token (long executions weigh
     more). Pooled as ``gyre.sim.replay`` pools its prediction.
     """
-    from gyre.runtime import measure
-    from gyre.runtime.workload import read_calls
-
     rd = Path(run_dir)
     rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()]
     by_exec: dict[tuple[int, int], list[measure.Call]] = {}
@@ -111,18 +112,9 @@ def staleness(run_dir: str | Path, w: dict[str, Any]) -> dict[str, float | None]
     }
 
 
-def predictor():
-    """``gyre.sim.replay.predict`` when the simulator has it, else None (measured side only)."""
-    try:
-        from gyre.sim.replay import predict  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return predict
-
-
 def plot_pair(panels: list[Panel], path: str | Path, title: str) -> Path:
     """One PNG, the panels side by side on one time axis (core on top, steps underneath)."""
-    import matplotlib
+    import matplotlib  # heavy: loaded only when a PNG is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -178,16 +170,13 @@ def plot_pair(panels: list[Panel], path: str | Path, title: str) -> Path:
 
 
 def compare_run(run_dir: str | Path, png: str | Path) -> dict[str, Any]:
-    """The table row of one run (measured, predicted when the simulator can replay) and its PNG."""
+    """The table row of one run (measured, and predicted by the simulator's replay) and its PNG."""
     w = load(run_dir)
     m = w["measured"]
     panels = [measured_panel(w)]
-    predicted = pred = None
-    predict = predictor()
-    if predict is not None:
-        pred = predict(w, w["placement"])
-        panels.append(predicted_panel(pred, int(w["policy"]["cells"])))
-        predicted = panels[-1].makespan
+    pred = predict(w, w["placement"])
+    panels.append(predicted_panel(pred, int(w["policy"]["cells"])))
+    predicted = panels[-1].makespan
     plot_pair(panels, png, f"{w['placement']}, seed {w['seed']}: measured vs predicted")
     st = staleness(run_dir, w)
     return {
@@ -197,15 +186,13 @@ def compare_run(run_dir: str | Path, png: str | Path) -> dict[str, Any]:
         "mu": w["policy"]["mu"],
         "measured_s": m["makespan_s"],
         "predicted_s": predicted,
-        "gap": None if predicted is None else m["makespan_s"] / predicted - 1.0,
+        "gap": m["makespan_s"] / predicted - 1.0,
         "staleness_expected": w["policy"]["phi"] + (w["policy"]["mu"] - 1) / 2,
         "staleness_tokens": st["tokens"],
         "staleness_executions": st["executions"],
         "staleness_dispatch": st["dispatch"],
-        "staleness_predicted": None if pred is None else pred.get("staleness_mean"),
-        "staleness_predicted_executions": None
-        if pred is None
-        else pred.get("staleness_serving_per_execution"),
+        "staleness_predicted": pred.get("staleness_mean"),
+        "staleness_predicted_executions": pred.get("staleness_serving_per_execution"),
         "interrupted": m["interrupted"],
         "moved_calls": m.get("moved_calls"),
         "png": str(png),

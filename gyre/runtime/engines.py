@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gyre.engine.config import EmbeddedEngineConfig, VllmEngineConfig, VllmLaunchConfig
+from gyre.engine.vllm_launch import vllm_python
 
 
 class RolloutEngineConfig(EmbeddedEngineConfig):
@@ -94,8 +95,6 @@ def check_vllm(cfg: RolloutEngineConfig, model_dir: str) -> None:
     tied ``lm_head``; see :mod:`gyre.engine.vllm`.)"""
     if cfg.kind != "vllm":
         return
-    from gyre.engine.vllm_launch import vllm_python
-
     py = cfg.vllm.python or vllm_python()
     if py is None or not Path(py).exists():
         env = os.environ.get("GYRE_VLLM_PYTHON")

@@ -17,16 +17,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gyre.config import GyreConfig
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
+from gyre.harness.model_calls import ModelCalls
+from gyre.harness.profiles import HarnessProfile, load_profile
+from gyre.harness.roles import role_profile
 from gyre.runtime.longtail import LongTail
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, reward_of
-from gyre.trace.store import read_trace
+from gyre.trace.store import read_trace, trace_path
 from gyre.trace.toolhealth import ToolHealth, execution_health
+from gyre.train.buffer import pack_groups
+from gyre.train.groups import group_from_traces
 
 if TYPE_CHECKING:
-    from gyre.harness.executor import HarnessExecutor
-    from gyre.harness.profiles import HarnessProfile
     from gyre.proxy.admin import ProxyAdminClient
 
 
@@ -62,9 +67,6 @@ class Executions:
         )
 
     async def start(self) -> None:
-        from gyre.harness.executor import HarnessExecutor
-        from gyre.harness.profiles import load_profile
-
         prof = load_profile(self.cfg.run.profile)
         self.profile = prof.model_copy(update={"args": [*prof.args, *self.cfg.run.harness_args]})
         proxy = self.cluster.proxy
@@ -100,8 +102,6 @@ class Executions:
 
     async def _calls(self, execution_id: str) -> Any:
         """The proxy's count of this execution's model calls (did the policy act at all?)."""
-        from gyre.harness.model_calls import ModelCalls
-
         _, admin, _ = self._started()
         d = await asyncio.to_thread(admin.calls, execution_id)
         return ModelCalls(
@@ -114,8 +114,6 @@ class Executions:
     async def _run_one(
         self, execution_id: str, task, extra_env: dict[str, str] | None = None
     ) -> Any:
-        from gyre.harness.executor import ExecutionSpec
-
         executor, admin, profile = self._started()
         run, lt = self.cfg.run, self.cfg.run.longtail
         spec = ExecutionSpec(
@@ -190,11 +188,6 @@ class Executions:
         self, gid: int, step: int, start_index: int
     ) -> tuple[Any, int, dict[str, float], list]:
         """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks."""
-        from gyre.harness.roles import role_profile
-        from gyre.trace.store import trace_path
-        from gyre.train.buffer import pack_groups
-        from gyre.train.groups import group_from_traces
-
         N = self.cfg.policy.group_size
         ids = {a: self.results.pop((gid, a)) for a in range(N)}
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
@@ -239,8 +232,6 @@ class Executions:
 
         Scored executions were counted while their traces were read; a missing one's trace
         (a harness that ended after one answer is often missing) is read here."""
-        from gyre.harness.roles import role_profile
-
         roles = role_profile(profile.roles)
         total = ToolHealth()
         for eid, path in traces.items():

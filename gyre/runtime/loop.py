@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import GyreConfig
-from gyre.policy import SchedulingPolicy
+from gyre.policy import CellRole, SchedulingPolicy
 from gyre.runtime import workload
 from gyre.runtime.progress import Progress, closing_lines
+from gyre.runtime.report import summarize, write_timeline
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
+from gyre.runtime.tracking import open_tracker
 from gyre.runtime.world import RealWorld
 
 
@@ -33,9 +35,6 @@ async def train(
     """Run the steps left (all of them, or those after ``resume``'s checkpoint), then finish:
     final weights and evaluation, ``summary.json``, ``timeline.png``. A run killed after its
     last step but before its summary has no step left: this segment only finishes it."""
-    from gyre.policy import CellRole
-    from gyre.runtime.report import summarize, write_timeline
-
     tasks = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
     done = (resume or {}).get("step", 0)
     left = cfg.policy.total_steps - done
@@ -111,8 +110,6 @@ def run(
     with Progress(
         log_format or cfg.run.log_format, cfg.policy.total_steps, quiet=quiet
     ) as progress:
-        from gyre.runtime.tracking import open_tracker
-
         tracker = open_tracker(
             cfg.run.tracking, rundir.path, cfg.model_dump(mode="json"), progress.message
         )

@@ -22,8 +22,13 @@ address) is the routable one on most machines, and every peer is on this machine
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
+import os
 import socket
+import struct
+
+import ray
 
 LOOPBACK = "127.0.0.1"
 BIND_HOST_ENV = "GYRE_BIND_HOST"
@@ -44,12 +49,8 @@ def node_ip() -> str:
     """The address this process's servers bind: ``GYRE_BIND_HOST`` when the driver set it (a
     local run: 127.0.0.1), else the IP of the Ray node it runs on; 127.0.0.1 outside Ray (a cell
     built by a unit test), where Ray's own guess would be the machine's routable address."""
-    import os
-
     if host := os.environ.get(BIND_HOST_ENV):
         return host
-    import ray
-
     return ray.util.get_node_ip_address() if ray.is_initialized() else LOOPBACK
 
 
@@ -68,9 +69,6 @@ def interface_of(ip: str, interfaces: dict[str, str]) -> str | None:
 def ipv4_interfaces() -> dict[str, str]:
     """Each network interface's primary IPv4 address (Linux ``SIOCGIFADDR``; an interface
     without one is left out, so is everything on a system without the ioctl)."""
-    import fcntl
-    import struct
-
     out: dict[str, str] = {}
     try:
         names = [name for _, name in socket.if_nameindex()]

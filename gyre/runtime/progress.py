@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from rich.console import RenderableType
-    from rich.live import Live
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 
+if TYPE_CHECKING:
     from gyre.runtime.records import Records
 
 _ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R"}
@@ -142,9 +144,6 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.mode == "rich":
-            from rich.console import Console
-            from rich.live import Live
-
             live = self._live = Live(
                 console=Console(stderr=True), refresh_per_second=4, transient=False
             )
@@ -296,10 +295,6 @@ def line(s: dict[str, Any]) -> str:
 
 def panel(s: dict[str, Any]) -> RenderableType:
     """The snapshot as the rich panel: bar, scores, one row per cell, counters."""
-    from rich.console import Group
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
-
     total = s["steps"] or 1
     head = Table.grid(padding=(0, 2))
     head.add_row(

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gyre.sim.plot import plot_gantt
+from gyre.trace.store import read_trace
+
 if TYPE_CHECKING:
     from gyre.runtime.cluster import Cluster
     from gyre.runtime.executions import Executions
@@ -21,8 +24,6 @@ if TYPE_CHECKING:
 
 def trace_reroutes(trace_dir: Path) -> dict[str, int]:
     """Calls whose output was sampled on more than one engine (moved mid-generation, partial output kept)."""
-    from gyre.trace.store import read_trace
-
     records = multi = 0
     for p in Path(trace_dir).rglob("*.jsonl"):
         for r in read_trace(p).records:
@@ -154,8 +155,6 @@ class Timeline:
 
 
 def write_timeline(records: Records, rundir: RunDir, summary: dict[str, Any]) -> Path:
-    from gyre.sim.plot import plot_gantt
-
     end = records.makespan or records.now()
     rows = rundir.read_jsonl("metrics.jsonl")
     stale = [r["batch/staleness_mean"] for r in rows]

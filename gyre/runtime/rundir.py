@@ -122,6 +122,8 @@ class RunDir:
 
     def tb(self) -> SummaryWriter:
         if self._tb is None:
+            # lazy: torch and tensorboard load once scalars are written, not when `gyre run`
+            # only checks a config or reads a run directory to resume it
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.tb_dir))

@@ -44,7 +44,7 @@ class WandbSink:
     def __init__(
         self, cfg: TrackingConfig, run_dir: Path, config: dict[str, Any], prior: str | None
     ):
-        import wandb
+        import wandb  # lazy: an optional extra, loaded only by a run that tracks to W&B
 
         env = os.environ.get("WANDB_MODE")
         mode = cfg.wandb_mode or ("online" if env == "online" else "offline")
@@ -93,7 +93,7 @@ class MlflowSink:
         uri = cfg.mlflow_uri or f"sqlite:///{run_dir / 'mlflow.db'}"
         if uri.startswith("file:"):  # chosen explicitly: MLflow refuses it unless told so
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: optional extra, only when tracking
 
         for noisy in ("mlflow", "alembic"):  # schema set-up notices would tear the live view;
             logging.getLogger(noisy).setLevel(logging.WARNING)  # after the import: it sets INFO
@@ -117,14 +117,14 @@ class MlflowSink:
         self.client.log_dict(self.run_id, config, "config.json")
 
     def _params(self, config: dict[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # lazy: optional extra (see __init__)
 
         params = [Param(k, json.dumps(v)[:6000]) for k, v in flat(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     def _metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: optional extra (see __init__)
 
         ms = int(time.time() * 1000)
         batch = [Metric(k, v, ms, step) for k, v in metrics.items()]

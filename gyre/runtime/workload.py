@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gyre.runtime import measure
 from gyre.runtime.measure import Call
+from gyre.trace.store import read_trace
 
 if TYPE_CHECKING:
     from gyre.policy.config import PolicyConfig
@@ -35,8 +36,6 @@ _SWITCHING = {"to_training": "switching", "to_rollout": "switching"}
 
 def read_calls(trace_dir: Path, wall_offset: float) -> list[Call]:
     """Every training call the proxy recorded, on the run's clock (eval executions skipped)."""
-    from gyre.trace.store import read_trace
-
     calls = []
     for p in sorted(Path(trace_dir).rglob("*.jsonl")):
         for r in read_trace(p).records:

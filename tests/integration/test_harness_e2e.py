@@ -19,7 +19,8 @@ import pytest
 from helpers.servers import scripted_proxy_stack
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.profiles import find_claude, find_mini, load_profile
 from gyre.harness.roles import role_profile
 from gyre.harness.sandbox import bwrap_available

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionError, ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionError, ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.profiles import HarnessProfile
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import load_task

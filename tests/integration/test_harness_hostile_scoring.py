@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.sandbox import bwrap_available
 from gyre.harness.task import builtin_tasksets_dir, load_task

@@ -23,7 +23,8 @@ import pytest
 from helpers.servers import scripted_proxy_stack
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.profiles import find_claude, find_codex, find_mini, find_qwen, load_profile
 from gyre.harness.task import builtin_tasksets_dir, load_task
 from gyre.trace.store import read_trace, trace_path

@@ -18,7 +18,8 @@ from gyre.engine.app import create_app
 from gyre.engine.null import NullEngine
 from gyre.engine.runner import ServerRunner
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.task import load_task
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.runner import ProxyServer

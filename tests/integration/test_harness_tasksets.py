@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gyre.harness.config import ExecutorConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.task import load_taskset
 

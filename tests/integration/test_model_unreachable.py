@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor, load_result
+from gyre.harness.execution import ExecutionSpec, load_result
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
 from gyre.harness.sandbox import bwrap_available

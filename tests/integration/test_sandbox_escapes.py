@@ -74,7 +74,8 @@ DRIVER = r"""
 import asyncio, json, sys
 from pathlib import Path
 from gyre.harness.config import ExecutorConfig, SandboxConfig
-from gyre.harness.executor import ExecutionSpec, HarnessExecutor
+from gyre.harness.execution import ExecutionSpec
+from gyre.harness.executor import HarnessExecutor
 from gyre.harness.profiles import HarnessProfile
 from gyre.harness.task import load_task
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gyre.harness.config import ExecutorConfig
-from gyre.harness.executor import ExecutionSpec
+from gyre.harness.execution import ExecutionSpec
 from gyre.harness.model_calls import ModelCalls, decide, read_calls_file
 from gyre.harness.results import ResultError, parse_result, read_result
 from gyre.harness.safe_read import UnsafeFile, open_dir, quote, read_at, read_file

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gyre.harness.executor import HarnessRun
+from gyre.harness.execution import HarnessRun
 from gyre.harness.model_calls import (
     CALLS_FILE_ENV,
     ModelCalls,

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 from gyre.config import GyreConfig
-from gyre.harness.executor import ExecutionResult, HarnessRun, Timings
+from gyre.harness.execution import ExecutionResult, HarnessRun, Timings
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
 from gyre.runtime.executions import Executions

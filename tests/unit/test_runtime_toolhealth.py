@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 from gyre.config import GyreConfig
-from gyre.harness.executor import ExecutionResult, HarnessRun, Timings
+from gyre.harness.execution import ExecutionResult, HarnessRun, Timings
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
 from gyre.harness.reference_agent import MAIN_SUMMARY_SYSTEM, MAIN_SYSTEM, SUB_SYSTEM
