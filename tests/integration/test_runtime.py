@@ -662,7 +662,10 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     logged twice), only their unfinished attempts relaunched, the rest on fresh group ids."""
     steps = 3
     rd = tmp_path / "killed"
-    argv = _args(tiny_model_dir, tmp_path, "killed", steps, "run.eval_interval=0")
+    # two executions per cell: a group's attempts start as others end, so groups are caught
+    # part finished
+    extra = ("run.eval_interval=0", "policy.cell_capacity=2")
+    argv = _args(tiny_model_dir, tmp_path, "killed", steps, *extra)
     kill_mid_group(argv, rd, tmp_path / "first.log", steps)
     killed_at = len(_jsonl(rd / "metrics.jsonl"))
     assert killed_at < steps, "the run finished before it was killed"
