@@ -355,6 +355,8 @@ class RealWorld:
         for gid, _ in rec.groups:
             self.shards.pop(rec.local[gid], None)
             self.group_tasks.pop(rec.local[gid], None)
+            for att in range(self.cfg.policy.group_size):
+                self.exec_version.pop((gid, att), None)
         self._emit(StepDone(time=t1, step=step))
 
     async def _publish(self, version: int) -> None:
