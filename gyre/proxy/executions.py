@@ -51,6 +51,13 @@ class Executions:
     def __len__(self) -> int:
         return len(self._live)
 
+    def items(self) -> list[tuple[str, Execution]]:
+        return list(self._live.items())
+
+    def adopt(self, live: dict[str, Execution]) -> None:
+        """Take over a restarted proxy's states (:mod:`gyre.proxy.restart`), in their LRU order."""
+        self._live = dict(live)
+
     def get(self, ident: Identity) -> Execution:
         """The execution's state (made on its first request), marked most recently used."""
         ex = self._live.pop(ident.execution_id, None)  # re-inserted last: dict order is LRU

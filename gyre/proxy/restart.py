@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from gyre.proxy.retries import RetryWindow
 
 if TYPE_CHECKING:
-    from gyre.proxy.service import Execution, ProxyService
+    from gyre.proxy.executions import Execution
+    from gyre.proxy.service import ProxyService
 
 
 def carry_over(old: ProxyService, new: ProxyService) -> None:
@@ -46,7 +47,8 @@ def carry_over(old: ProxyService, new: ProxyService) -> None:
     new.pool.listeners = old.pool.listeners
     new.pool.counters = old.pool.counters
     new.pool.attempts.counters = old.pool.counters
-    new.executions = {k: _fresh(ex, new.config.retry_window) for k, ex in old.executions.items()}
+    window = new.config.retry_window
+    new.executions.adopt({k: _fresh(ex, window) for k, ex in old.executions.items()})
 
 
 def _fresh(ex: Execution, window: int) -> Execution:

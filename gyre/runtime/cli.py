@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from gyre import log
 from gyre.cli_errors import UserError, error_line, first_line, make_dir
 from gyre.runtime.cpulimit import CpuLimitError, check
+from gyre.runtime.restore import plan_restore
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tracking_config import missing_packages
 from gyre.validation import validation_line
@@ -137,17 +138,21 @@ def _check_cells(cfg) -> None:
         )
 
 
-def _resume_state(run_dir: Path) -> dict[str, Any]:
-    """Where a killed run stands: its checkpoint (step, data cursor), next group id, next segment."""
+def _resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
+    """Where a killed run stands: its checkpoint (step, data cursor, groups trained), the groups
+    in flight with what they keep (``gyre.runtime.restore``), next group id, next segment."""
     from gyre.train.checkpoint import latest_checkpoint, load_state  # lazy: torch
 
     rd = RunDir(run_dir)
     execs = rd.read_jsonl("executions.jsonl")
     ckpt = latest_checkpoint(rd.checkpoints)
-    step = load_state(ckpt).step if ckpt else 0
+    st = load_state(ckpt) if ckpt else None
+    step = st.step if st else 0
     dropped = rd.truncate_metrics(step)
     metrics = rd.read_jsonl("metrics.jsonl")
     trained = [g for r in metrics for g in r.get("groups", [])]
+    # the checkpoint's own list is the one its weights were trained on (metrics may lag it)
+    plan = plan_restore(execs, [*trained, *(st.consumed_groups if st else [])], group_size)
     next_group = max([e["group"] for e in execs] + [int(g[1:]) for g in trained] + [-1]) + 1
     segment = max([e.get("segment", 0) for e in execs] + [-1]) + 1
     return {
@@ -156,7 +161,16 @@ def _resume_state(run_dir: Path) -> dict[str, Any]:
         "next_group": next_group,
         "segment": max(segment, 1),
         "dropped_metric_lines": dropped,
+        "restore": plan,
     }
+
+
+def _restore_line(plan) -> str:
+    n = plan.summary()
+    return (
+        f"{n['groups']} groups, {n['restored']} finished executions kept, "
+        f"{n['relaunched']} attempts to relaunch"
+    )
 
 
 def _start_logging(cfg, run_dir: Path, log_format: str | None) -> None:
@@ -190,7 +204,7 @@ def run_command(
             if not (resume / "config.json").is_file():
                 raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.json)")
             cfg = resume_config(resume, set_)
-            state = _resume_state(resume)
+            state = _resume_state(resume, cfg.policy.group_size)
             run_dir = resume
         else:
             if config is None:
@@ -238,7 +252,7 @@ def run_command(
     if state is not None:
         typer.echo(
             f"[gyre run] resuming {run_dir} at step {state['step']} (group {state['next_group']}, "
-            f"segment {state['segment']})",
+            f"segment {state['segment']}); in flight: {_restore_line(state['restore'])}",
             err=True,
         )
     try:

@@ -23,6 +23,7 @@ from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.roles import role_profile
 from gyre.runtime.longtail import LongTail
+from gyre.runtime.restore import Restored
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, reward_of
@@ -133,11 +134,27 @@ class Executions:
             pass
         return res
 
-    async def run(self, gid: int, attempt: int) -> float | None:
+    def restore(self, kept: Restored) -> None:
+        """A resume's execution that finished before the driver died: its outcome and trace
+        (under its own id) go to its group as they are; it is not logged again."""
+        self.results[(kept.group, kept.attempt)] = (kept.execution, kept.outcome())
+
+    def _served(self, eid: str) -> list[int]:
+        """The weights versions that sampled the execution's tokens (its trace's segments)."""
+        path = trace_path(self.rundir.traces, eid)
+        try:
+            recs = read_trace(path).records if path.exists() else []
+        except (OSError, ValueError):  # unreadable: the trainer reports it, never fatal here
+            return []
+        return sorted({s.weights_version for r in recs for s in r.segments})
+
+    async def run(self, gid: int, attempt: int, version: int | None = None) -> float | None:
         """Run one training execution to its assessment; its reward, or None when missing.
 
         The trainer keeps the ``Missing`` with its reason (``self.results``); the policy's
-        event only needs to know the execution is invalid, so it gets ``None``.
+        event only needs to know the execution is invalid, so it gets ``None``. Its line in
+        ``executions.jsonl`` (written as it finishes: what a resume restores it from) carries
+        ``version``, the policy version it was dispatched at, and the versions that served it.
         """
         eid = f"r{self.segment}-g{gid:05d}-a{attempt:02d}"
         task = self.tasks.task(gid)
@@ -160,6 +177,7 @@ class Executions:
             self.missing_reasons[why] = self.missing_reasons.get(why, 0) + 1
         calls = h.model_calls
         self.results[(gid, attempt)] = (eid, reward)
+        served = await asyncio.to_thread(self._served, eid)
         self.rundir.log_execution(
             {
                 "execution": eid,
@@ -180,6 +198,9 @@ class Executions:
                 if calls is None
                 else {"attempted": calls.attempted, "answered": calls.answered},
                 "seconds": round(res.timings.total_s, 3),
+                "dispatch_version": version,
+                "served_versions": served,
+                "trace": str(trace_path(self.rundir.traces, eid).relative_to(self.rundir.path)),
             }
         )
         return res.reward

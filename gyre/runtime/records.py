@@ -28,7 +28,9 @@ class StepRecord:
     step: int  # global step index
     version: int  # policy version the step's gradients were taken at
     start: float
-    groups: list[tuple[int, int]] = field(default_factory=list)  # (group id, dispatch version)
+    # (group id, dispatch version: the mean of its executions' own, gyre.runtime.restore)
+    groups: list[tuple[int, float]] = field(default_factory=list)
+    local: dict[int, int] = field(default_factory=dict)  # group id -> the policy's id for it
     n_scored: int = 0
     pack: dict[str, float] = field(default_factory=dict)
     stats: dict[int, ObjectiveStats] = field(default_factory=dict)  # cell -> its summed stats
@@ -56,6 +58,7 @@ class Records:
     micros: list[tuple[int, int, float, float]] = field(default_factory=list)  # cell, version, s, e
     optims: list[tuple[float, float]] = field(default_factory=list)  # the core's FinishStep
     finished_steps: list[StepRecord] = field(default_factory=list)
+    restored: int = 0  # executions a resume kept from the killed segment (not run again)
     makespan: float | None = None
     # what the live view shows of work under way (gyre.runtime.progress): cell -> what it
     # computes now ({"what": "micro_step", "index", "of", "group"} or {"what": "optimizer_step"}),

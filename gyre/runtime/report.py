@@ -104,6 +104,8 @@ def summarize(
                 "failed": ex.failed,
                 "missing": ex.missing,
                 "missing_by_reason": dict(ex.missing_reasons),
+                # finished in the killed segment, kept for their groups, not run again
+                "restored": records.restored,
             },
         },
         # failed harnesses of the whole run; 5xx answers of this segment's proxy (a killed

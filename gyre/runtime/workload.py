@@ -34,13 +34,16 @@ CUT = "cancelled"  # the missing reason of an execution the run's end cut short 
 _SWITCHING = {"to_training": "switching", "to_rollout": "switching"}
 
 
-def read_calls(trace_dir: Path, wall_offset: float) -> list[Call]:
-    """Every training call the proxy recorded, on the run's clock (eval executions skipped)."""
+def read_calls(
+    trace_dir: Path, wall_offset: float, drop: frozenset[str] | set[str] = frozenset()
+) -> list[Call]:
+    """Every training call the proxy recorded, on the run's clock (eval executions skipped,
+    and those of the executions in ``drop``)."""
     calls = []
     for p in sorted(Path(trace_dir).rglob("*.jsonl")):
         for r in read_trace(p).records:
             m = _EID.match(r.execution_id)
-            if not m:
+            if not m or r.execution_id in drop:
                 continue
             calls.append(
                 Call(
@@ -54,6 +57,18 @@ def read_calls(trace_dir: Path, wall_offset: float) -> list[Call]:
                 )
             )
     return calls
+
+
+def _abandoned(rundir: RunDir, lines: list[dict[str, Any]], segment: int) -> set[str]:
+    """Executions of earlier segments that never finished (the driver died under them): a
+    resume relaunched them under this segment's id, so their partial calls are left out."""
+    done = {r["execution"] for r in lines}
+    out = set()
+    for p in Path(rundir.traces).rglob("*.jsonl"):
+        m = re.match(r"^r(\d+)-g\d+-a\d+$", p.stem)
+        if m and int(m.group(1)) < segment and p.stem not in done:
+            out.add(p.stem)
+    return out
 
 
 def capacity_intervals(
@@ -97,6 +112,8 @@ def _executions(
                 "harness_timeout": bool(lt and lt.planned(gid, att).harness_timeout)
                 or r.get("harness_stop") == "harness_timeout",
                 "interrupted": bool(r.get("failed", False)),
+                "dispatch_version": r.get("dispatch_version"),
+                "served_versions": r.get("served_versions"),
             }
         )
     return executions
@@ -178,8 +195,9 @@ def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir)
     p = cfg.policy
     end = records.makespan if records.makespan is not None else records.now()
     wall_offset = time.time() - records.now()
-    calls = read_calls(rundir.traces, wall_offset)
-    rows = {(r["group"], r["attempt"]): r for r in rundir.read_jsonl("executions.jsonl")}
+    lines = rundir.read_jsonl("executions.jsonl")
+    rows = {(r["group"], r["attempt"]): r for r in lines}
+    calls = read_calls(rundir.traces, wall_offset, _abandoned(rundir, lines, records.segment))
     lt = execs.longtail
     errors_5xx = int(cluster.proxy_stats().get("counters", {}).get("errors_5xx", 0))
     return {

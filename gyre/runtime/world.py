@@ -42,6 +42,7 @@ from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
 from gyre.runtime.progress import Feed
 from gyre.runtime.records import Records, StepRecord
+from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.train.stats import ObjectiveStats
@@ -57,7 +58,7 @@ class RealWorld:
         self.K = cfg.policy.cells
         r = resume or {}
         self.base_step = r.get("step", 0)  # global index of the policy's step 0
-        self.base_gid = r.get("next_group", 0)  # global id of the policy's group 0
+        self.base_gid = r.get("next_group", 0)  # global id of the policy's first fresh group
         self.segment = r.get("segment", 0)  # how many times this run was (re)started
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cluster = Cluster(
@@ -66,7 +67,9 @@ class RealWorld:
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         self.step_rec: StepRecord | None = None
-        self.group_version: dict[int, int] = {}
+        # a resume's groups in flight take the policy's first group ids (docs/runtime.md, "Resume")
+        self.restore: RestorePlan = r.get("restore") or RestorePlan()
+        self.exec_version: dict[tuple[int, int], int] = {}  # (global gid, att) -> dispatch version
         self.shards: dict[int, list[list[int]]] = {}  # group -> policy micro-step -> task indices
         self.group_tasks: dict[int, list[Any]] = {}  # group -> its tasks' object-store reference
         self._task_index = 0
@@ -215,14 +218,35 @@ class RealWorld:
                 case _:  # pragma: no cover - a new action type must be handled here
                     raise RuntimeError(f"the runtime cannot carry out {type(a).__name__}")
 
+    def gid(self, gid: int) -> int:
+        """The run's id of the policy's group ``gid``: a resume's groups in flight first, then
+        fresh ids from ``base_gid``."""
+        kept = self.restore.groups
+        return kept[gid] if gid < len(kept) else self.base_gid + gid - len(kept)
+
     def _launch(self, a: LaunchExecutions) -> None:
+        restored = []
         for gid, att in a.executions:
-            self._spawn(self._execution(gid, att))
+            if (self.gid(gid), att) in self.restore.finished:
+                restored.append((gid, att))  # finished before the resume: never run again
+            else:
+                self._spawn(self._execution(gid, att))
         self._emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
+        for gid, att in restored:
+            self._emit(self._restored(gid, att))
+
+    def _restored(self, gid: int, att: int) -> ExecutionFinished:
+        kept = self.restore.finished[(self.gid(gid), att)]
+        if kept.version is not None:
+            self.exec_version[(kept.group, att)] = kept.version
+        self.execs.restore(kept)
+        self.records.restored += 1
+        return ExecutionFinished(time=self.now(), execution=(gid, att), reward=kept.reward)
 
     def _dispatch(self, a: DispatchGroups) -> None:
         for gid in a.group_ids:
-            self.group_version[gid] = self.base_step + a.version
+            for att in range(a.group_size):
+                self.exec_version[(self.gid(gid), att)] = self.base_step + a.version
 
     def _switch_cell(self, a: SwitchCell) -> None:
         target = CellRole.TO_TRAINING if a.role is CellRole.TRAINING else CellRole.TO_ROLLOUT
@@ -240,10 +264,10 @@ class RealWorld:
 
     async def _execution(self, gid: int, att: int) -> None:
         t0 = self.now()
-        times = self.records.exec_times
-        times[(self.base_gid + gid, att)] = (t0, None)
-        reward = await self.execs.run(self.base_gid + gid, att)
-        times[(self.base_gid + gid, att)] = (t0, self.now())
+        times, g = self.records.exec_times, self.gid(gid)
+        times[(g, att)] = (t0, None)
+        reward = await self.execs.run(g, att, self.exec_version.get((g, att)))
+        times[(g, att)] = (t0, self.now())
         self._emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
 
     async def _switch(self, cell: int, role: CellRole) -> None:
@@ -263,10 +287,15 @@ class RealWorld:
     def _assign(self, a: AssignGroup) -> None:
         """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
         rec = self._open_step()
-        gid = self.base_gid + a.group_id
+        gid = self.gid(a.group_id)
         group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index)
         self._task_index += len(tasks)
-        rec.groups.append((gid, self.group_version.get(a.group_id, rec.version)))
+        versions = [
+            self.exec_version.get((gid, att), rec.version)
+            for att in range(self.cfg.policy.group_size)
+        ]
+        rec.groups.append((gid, group_version(versions)))  # staleness: the executions' mean
+        rec.local[gid] = a.group_id
         rec.n_scored += n_scored
         for k, v in pack.items():
             rec.pack[k] = rec.pack.get(k, 0) + v
@@ -279,7 +308,7 @@ class RealWorld:
         shard = self.shards[a.group_id][a.index]
         t0 = self.now()
         n = len(self.shards[a.group_id])
-        act = {"what": "micro_step", "index": a.index, "of": n, "group": self.base_gid + a.group_id}
+        act = {"what": "micro_step", "index": a.index, "of": n, "group": self.gid(a.group_id)}
         self.records.activity[a.cell] = act
         if shard:
             stats = await self.cluster.compute(
@@ -324,8 +353,10 @@ class RealWorld:
         records.finished_steps.append(rec)
         self.rundir.write_step(records, rec, metrics, self.sched_status())
         for gid, _ in rec.groups:
-            self.shards.pop(gid - self.base_gid, None)
-            self.group_tasks.pop(gid - self.base_gid, None)
+            self.shards.pop(rec.local[gid], None)
+            self.group_tasks.pop(rec.local[gid], None)
+            for att in range(self.cfg.policy.group_size):
+                self.exec_version.pop((gid, att), None)
         self._emit(StepDone(time=t1, step=step))
 
     async def _publish(self, version: int) -> None:

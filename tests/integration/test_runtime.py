@@ -601,43 +601,88 @@ def test_runtime_steps_match_a_local_core(done, tmp_path):
 
 
 # ------------------------------------------------------------------------------ faults
-@pytest.mark.slow
-def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
-    """SIGKILL the driver once a step is done; `gyre run --resume` finishes the run: every step
-    once, every group trained once, the resumed segment on fresh group and execution ids."""
-    steps = 3
-    rd = tmp_path / "killed"
-    argv = _args(tiny_model_dir, tmp_path, "killed", steps, "run.eval_interval=0")
+def _part_done(rd: Path) -> dict[int, int]:
+    """Groups not (yet) trained with some but not all of their executions finished: id -> done."""
+    trained = {int(g[1:]) for x in _jsonl_torn(rd / "metrics.jsonl") for g in x["groups"]}
+    done: dict[int, int] = {}
+    for e in _jsonl_torn(rd / "executions.jsonl"):
+        if e["group"] not in trained:
+            done[e["group"]] = done.get(e["group"], 0) + 1
+    return {g: n for g, n in done.items() if n < N}
+
+
+def _jsonl_torn(p: Path) -> list[dict]:
+    """Rows of a JSONL file being written: a torn last line is left out."""
+    out = []
+    for x in p.read_text().splitlines() if p.exists() else []:
+        try:
+            out.append(json.loads(x))
+        except ValueError:
+            pass
+    return out
+
+
+def kill_mid_group(argv: list[str], rd: Path, log: Path, steps: int) -> subprocess.Popen:
+    """Start ``gyre run`` and SIGKILL its driver once a step is done and a group in flight has
+    some, not all, of its executions finished (mid-burst: the next step's group half scored)."""
     for attempt in range(2):
-        with open(tmp_path / "first.log", "w") as f:
+        with open(log, "w") as f:
             p = subprocess.Popen(
                 argv,
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=_env(),
-                cwd=tmp_path,
+                cwd=log.parent,
                 start_new_session=True,
             )
         t0 = time.monotonic()
-        lines = 0
+        hit = False
         while p.poll() is None and time.monotonic() - t0 < 600:
-            m = rd / "metrics.jsonl"
-            lines = m.read_text().count("\n") if m.exists() else 0
-            if lines >= 1:
+            m = _jsonl_torn(rd / "metrics.jsonl")
+            if 1 <= len(m) < steps and _part_done(rd):
+                hit = True
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         if p.poll() is None:
             break
-        text = (tmp_path / "first.log").read_text()
+        text = log.read_text()
         assert attempt == 0 and RAY_START_FAILED in text, text[-4000:]
-    assert lines >= 1, "no step done in time"
+    assert hit, "no step done with a group half finished in time"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     _reap_group(p.pid)
+    return p
+
+
+@pytest.mark.slow
+def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
+    """SIGKILL the driver once a step is done and a group in flight is partly finished; `gyre
+    run --resume` finishes the run: every step once, every group trained once with N
+    executions, the finished executions of the groups in flight kept (not relaunched, not
+    logged twice), only their unfinished attempts relaunched, the rest on fresh group ids."""
+    steps = 3
+    rd = tmp_path / "killed"
+    # two executions per cell: a group's attempts start as others end, so groups are caught
+    # part finished
+    extra = ("run.eval_interval=0", "policy.cell_capacity=2")
+    argv = _args(tiny_model_dir, tmp_path, "killed", steps, *extra)
+    kill_mid_group(argv, rd, tmp_path / "first.log", steps)
     killed_at = len(_jsonl(rd / "metrics.jsonl"))
     assert killed_at < steps, "the run finished before it was killed"
     assert not (rd / "summary.json").exists()
-    first = _jsonl(rd / "executions.jsonl")
+    first = _jsonl_torn(rd / "executions.jsonl")
+    ckpt = json.loads(
+        (rd / "checkpoints" / (rd / "checkpoints" / "latest").read_text().strip())
+        .joinpath("trainer_state.json")
+        .read_text()
+    )
+    trained_before = {int(g[1:]) for g in ckpt["consumed_groups"]}
+    in_flight = {e["group"] for e in first} - trained_before
+    assert in_flight, "nothing in flight"
+    kept = {(e["group"], e["attempt"]) for e in first if e["group"] in in_flight}
+    partial = [g for g in in_flight if 0 < sum(1 for k in kept if k[0] == g) < N]
+    assert partial, "no group in flight was partly finished"
+    assert all(e["dispatch_version"] is not None and "served_versions" in e for e in first)
 
     r = _gyre(
         [sys.executable, "-m", "gyre.cli", "run", "--resume", str(rd), "--log-format", "plain"],
@@ -645,35 +690,56 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     )
     assert r.returncode == 0, r.stdout[-6000:]
     assert re.search(r"resuming .* at step [1-9]", r.stdout)
+    line = re.search(
+        r"in flight: (\d+) groups, (\d+) finished executions kept, (\d+) attempts", r.stdout
+    )
+    assert line, r.stdout[-3000:]
+    assert (int(line[1]), int(line[2]), int(line[3])) == (
+        len(in_flight),
+        len(kept),
+        len(in_flight) * N - len(kept),
+    )
     assert f"step {steps}/{steps}" in r.stdout
     m = _jsonl(rd / "metrics.jsonl")
     assert [x["step"] for x in m] == list(range(steps))
     assert [x["version"] for x in m] == list(range(1, steps + 1))
     trained = [g for x in m for g in x["groups"]]
-    assert len(trained) == len(set(trained)) == steps * B
+    assert len(trained) == len(set(trained)) == steps * B  # every group trained once
     s = json.loads((rd / "summary.json").read_text())
     assert s["steps"] == steps and s["segment"] == 1 and s["interrupted_executions"] == 0
+    assert s["executions"]["this_segment"]["restored"] >= 1
     resumed_at = steps - s["steps_this_segment"]
     assert 1 <= resumed_at <= killed_at + 1
     ex = _jsonl(rd / "executions.jsonl")
     ids = [e["execution"] for e in ex]
     assert len(ids) == len(set(ids))
+    # each attempt finished once over both segments: nothing finished was run again
+    attempts = [(e["group"], e["attempt"]) for e in ex]
+    assert len(attempts) == len(set(attempts))
     later = ex[len(first) :]
+    assert not kept & {(e["group"], e["attempt"]) for e in later}
     # the summary counts the executions of both segments, not only the resumed one's
     assert s["executions"]["finished"] == len(ex) > len(later)
     assert s["executions"]["this_segment"]["finished"] == len(later)
     assert later and all(e["segment"] == 1 and e["execution"].startswith("r1-") for e in later)
-    # groups of the resumed segment are fresh: above every group id the first segment used
-    assert min(e["group"] for e in later) > max(e["group"] for e in first)
-    segment_of = {}
+    # the resumed segment ran the in-flight groups' unfinished attempts, then fresh groups
+    fresh = {e["group"] for e in later} - in_flight
+    assert not fresh or min(fresh) > max(e["group"] for e in first)
+    by_group: dict[int, list[dict]] = {}
     for e in ex:
-        segment_of.setdefault(e["group"], set()).add(e["segment"])
-    for x in m[resumed_at:]:
+        by_group.setdefault(e["group"], []).append(e)
+    for x in m:  # every trained group has its N executions, each counted once
         for g in x["groups"]:
-            assert segment_of[int(g[1:])] == {1}, g
-    for x in m:
-        for g in x["groups"]:
-            assert sum(1 for e in ex if e["group"] == int(g[1:])) == N
+            assert len(by_group[int(g[1:])]) == N, g
+    # a trained partial group mixes the two segments; its staleness is its executions' mean
+    mixed = [g for g in partial if f"g{g}" in trained]
+    for g in mixed:
+        assert {e["segment"] for e in by_group[g]} == {0, 1}
+        row = next(x for x in m if f"g{g}" in x["groups"])
+        vs = [e["dispatch_version"] for e in by_group[g]]
+        # relaunched at the resume's first dispatch: the checkpoint's version
+        assert all(e["dispatch_version"] == resumed_at for e in by_group[g] if e["segment"] == 1)
+        assert row["batch/staleness_max"] >= row["version"] - 1 - sum(vs) / N - 1e-9
 
 
 @pytest.mark.slow

@@ -88,7 +88,8 @@ async def test_world_notices_write_the_step_and_makespan(tmp_path):
             WakeAt(time=0.0),
         ]
     )
-    assert world.group_version == {0: 5, 1: 5}  # global versions (resumed at step 4)
+    # global versions (resumed at step 4), per execution
+    assert world.exec_version == {(g, a): 5 for g in (0, 1) for a in (0, 1)}
     assert world.step_rec is not None and (world.step_rec.step, world.step_rec.version) == (6, 5)
     ev = await asyncio.wait_for(world.events.get(), 5)
     assert isinstance(ev, Tick)
