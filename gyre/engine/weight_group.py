@@ -1,0 +1,76 @@
+"""The process group weights travel over in memory: the trainer is rank 0, each engine one rank.
+
+The shape is SGLang's (``init_weights_update_group`` then ``update_weights_from_distributed``):
+rank 0 broadcasts each named tensor in the order the request lists them. The group is built
+without touching torch's default group (a ``TCPStore`` the trainer hosts, a ``PrefixStore``
+per group name, a backend process group made directly): an engine process may hold a training
+replica whose FSDP mesh owns the default group, and an engine can be in several weight
+groups over its life (one per membership of the rollout set). CPU: ``gloo``; GPU: ``nccl``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+BACKENDS = ("gloo", "nccl")
+
+
+class WeightGroup:
+    """One member's end of a weight-update group (a blocking object: call it from a thread)."""
+
+    def __init__(
+        self,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ):
+        import torch.distributed as dist
+
+        if backend not in BACKENDS:
+            raise ValueError(f"weight-update backend {backend!r}: use one of {BACKENDS}")
+        timeout = timedelta(seconds=timeout_s)
+        self.rank, self.world_size, self.name, self.backend = rank, world_size, group_name, backend
+        # the master's store must live as long as the group: kept on the object
+        self._store: Any = dist.TCPStore(
+            master_address,
+            master_port,
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        store = dist.PrefixStore(f"gyre-weights/{group_name}", self._store)
+        self._pg: Any
+        if backend == "gloo":
+            self._pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        else:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self._pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+        self._root = dist.BroadcastOptions()
+        self._root.rootRank = 0
+        # a first collective: every member has joined once the constructor returns
+        self.broadcast(_tiny(backend))
+
+    def broadcast(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0 sends ``t``; every other rank receives into ``t`` (same dtype and shape)."""
+        self._pg.broadcast([t], self._root).wait()
+        return t
+
+    def close(self) -> None:
+        self._pg = None
+        self._store = None
+
+
+def _tiny(backend: str) -> torch.Tensor:
+    import torch
+
+    return torch.zeros(1, device="cuda" if backend == "nccl" else "cpu")
