@@ -4,8 +4,10 @@ One optimizer step moves every element a little (Adam: about the learning rate),
 float's sign, exponent and high mantissa bits mostly equal the old one's: the XOR of the two
 raw byte strings is mostly zero bytes. The byte planes are split apart (every element's first
 byte, then every second byte, ...; the "shuffle" of HDF5/Blosc) so those zeros form long runs,
-and the result is zlib-compressed (level 1: the planes of zeros compress at any level, and the
-low planes are noise at every level). Decoding is the same steps backwards against the base
+and the result is zlib-compressed with its run-length strategy (``Z_RLE``): on SmolLM2-sized
+tensors after a 1e-5 step it is about 3x faster than deflate at level 1 and compresses better
+(0.46 vs 0.49 of the bytes, measured on a 50 MB tensor), since the planes hold runs of zeros
+and skewed bytes, not repeated strings. Decoding is the same steps backwards against the base
 the engine holds, and the result must match the trainer's CRC-32 of the new tensor's bytes:
 a wrong base or a corrupted payload is refused, never served.
 
@@ -52,7 +54,8 @@ def encode(new: torch.Tensor, base: torch.Tensor) -> bytes:
 
     x = torch.bitwise_xor(_raw(new), _raw(base))
     planes = x.reshape(-1, new.element_size()).t().contiguous()
-    return zlib.compress(planes.numpy().data, LEVEL)
+    co = zlib.compressobj(LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
+    return co.compress(planes.numpy().data) + co.flush()
 
 
 def decode(payload: bytes | memoryview, base: torch.Tensor, name: str, want: str) -> torch.Tensor:

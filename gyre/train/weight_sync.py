@@ -18,8 +18,10 @@ engine that starts later: it loads the newest published directory, then joins a 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -66,17 +68,20 @@ class PublishStats:
 def encode_items(
     params: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None
 ) -> list[Item]:
-    """Each tensor raw (``base`` None) or as the delta from ``base``, with its checksum."""
-    out = []
-    for n, t in params.items():
-        t = t.detach().to("cpu").contiguous()
+    """Each tensor raw (``base`` None) or as the delta from ``base``, with its checksum; tensors
+    in parallel (zlib and torch's byte ops release the GIL)."""
+
+    def one(n: str) -> Item:
+        t = params[n].detach().to("cpu").contiguous()
         dt = str(t.dtype).removeprefix("torch.")
         if base is None:
             payload = t
         else:
             payload = torch.frombuffer(bytearray(delta.encode(t, base[n])), dtype=torch.uint8)
-        out.append(Item(n, dt, list(t.shape), payload, delta.checksum(t)))
-    return out
+        return Item(n, dt, list(t.shape), payload, delta.checksum(t))
+
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(one, params))
 
 
 def buckets(items: list[Item], limit: int) -> list[list[Item]]:
@@ -233,7 +238,7 @@ class DistributedWeightChannel:
             dtypes=[it.dtype for it in bucket],
             shapes=[it.shape for it in bucket],
             group_name=self.group_name,
-            weight_version=version,
+            weight_version=str(version),  # SGLang's type; Gyre engines read it as an int
             encoding=encoding,  # type: ignore[arg-type]  # a DeltaCodec literal
             base_version=self._base_version if encoding != "raw" else None,
             nbytes=[it.payload.numel() for it in bucket] if encoding != "raw" else None,
