@@ -118,6 +118,7 @@ class DistributedWeightChannel:
         self.bucket_bytes, self.use_delta, self.timeout_s = bucket_bytes, use_delta, timeout_s
         self.group_name = f"gyre-weights-{uuid.uuid4().hex[:8]}"
         self.group: WeightGroup | None = None
+        self.port: int | None = None  # where rank 0's store listens (master_address only)
         self.delta_ok = False  # every engine holds the published dtype exactly (set at connect)
         self.acked: dict[str, int | None] = {}  # url -> the version it is known to hold
         self._base: dict[str, torch.Tensor] | None = None  # the newest full copy published
@@ -129,7 +130,9 @@ class DistributedWeightChannel:
     async def connect(self) -> None:
         """Open the group: rank 0 here, engine ``i`` as rank ``i + 1`` (all at once: the
         rendezvous waits for every member)."""
-        (port,) = free_ports()
+        await self._check_kinds()
+        (port,) = free_ports(host=self.master_address)
+        self.port = port
         world = len(self.urls) + 1
         opening = asyncio.to_thread(
             WeightGroup,
@@ -167,6 +170,21 @@ class DistributedWeightChannel:
             i.engine_kind == "embedded" and i.weights_dtype is not None for i in infos
         )
         self._dtypes = {i.weights_dtype for i in infos}
+
+    async def _check_kinds(self) -> None:
+        """Refuse at once an engine that cannot join (a Gyre engine other than the embedded one):
+        rank 0's rendezvous would otherwise wait for it until its timeout."""
+
+        async def kind(url: str) -> str | None:
+            async with self._client(url) as c:
+                return (await c.model_info()).engine_kind
+
+        kinds = await asyncio.gather(*[kind(u) for u in self.urls])
+        bad = [f"{u} ({k})" for u, k in zip(self.urls, kinds) if k not in (None, "embedded")]
+        if bad:
+            raise WeightSyncError(
+                f"engines {', '.join(bad)} do not receive weights in memory; publish through disk"
+            )
 
     async def close(self) -> None:
         async def leave(url: str) -> None:

@@ -73,6 +73,18 @@ def _step(model: torch.nn.Module, scale: float, seed: int) -> None:
             p.add_(torch.randn(p.shape, generator=g) * scale * (p.abs().mean() + 1e-3))
 
 
+def _listeners(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp{,6} write them) listening on ``port``."""
+    out = set()
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(f).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, _, p = local.rpartition(":")
+            if state == "0A" and int(p, 16) == port:  # 0A: LISTEN
+                out.add(addr)
+    return out
+
+
 async def _greedy(url: str) -> tuple[list[int], list[float], float | None]:
     async with EngineClient(url) as c:
         r = await c.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0.0})
@@ -87,6 +99,7 @@ async def test_in_memory_publication_serves_what_a_disk_reload_serves(engines, t
     ch = DistributedWeightChannel([mem])
     await ch.connect()
     try:
+        assert ch.port is not None and _listeners(ch.port) == {"0100007F"}  # 127.0.0.1 only
         stats = await ch.publish(1, named_params(trainer))
     finally:
         await ch.close()
@@ -123,6 +136,21 @@ async def test_delta_is_smaller_bit_exact_and_seeds_a_missed_engine(engines, tra
         assert [r.weight_version for r in v3.replies] == [3, 3]
     finally:
         await ch.close()
+
+
+async def test_an_engine_that_cannot_join_is_refused_at_once(tiny_model_dir):
+    from gyre.engine.config import NullEngineConfig
+    from gyre.engine.service import EngineService
+
+    svc = EngineService(NullEngineConfig(engine_id="no-mem"))
+    url = svc.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"\(null\) do not receive weights in memory"):
+            await DistributedWeightChannel([url]).connect()
+        assert time.monotonic() - t0 < 10  # not rank 0's rendezvous timeout
+    finally:
+        svc.stop()
 
 
 async def test_a_checksum_mismatch_is_refused_and_the_old_weights_stay(
