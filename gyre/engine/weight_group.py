@@ -21,7 +21,15 @@ BACKENDS = ("gloo", "nccl")
 
 
 class WeightGroup:
-    """One member's end of a weight-update group (a blocking object: call it from a thread)."""
+    """One member's end of a weight-update group (a blocking object: call it from a thread).
+
+    The store keys and the backends are laid out as SGLang's ``init_custom_process_group`` lays
+    them out through torch's ``_new_process_group_helper`` (a ``PrefixStore`` of the group name,
+    then ``"<group>/"``, then the backend under its first device: gloo under ``cpu/``, serving
+    CUDA tensors too; NCCL under ``cuda/``), so a real SGLang server and this class meet in the
+    same group (tests/integration/test_publication_distributed.py joins one built by torch's
+    helper). It is built directly so that two members may live in one process (torch's
+    registry allows a group name once per process)."""
 
     def __init__(
         self,
@@ -41,18 +49,18 @@ class WeightGroup:
         self.rank, self.world_size, self.name, self.backend = rank, world_size, group_name, backend
         # the master's store must live as long as the group: kept on the object
         self._store: Any = _store(master_address, master_port, world_size, rank == 0, timeout)
-        store = dist.PrefixStore(f"gyre-weights/{group_name}", self._store)
+        prefix = dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, self._store))
         self._pg: Any
-        if backend == "gloo":
+        if backend == "gloo":  # returns once every member has connected
+            store = dist.PrefixStore("cpu/", prefix)
             self._pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-        else:
+        else:  # NCCL connects at the first collective
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
+            store = dist.PrefixStore("cuda/", prefix)
             self._pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
         self._root = dist.BroadcastOptions()
         self._root.rootRank = 0
-        # a first collective: every member has joined once the constructor returns
-        self.broadcast(_tiny(backend))
 
     def broadcast(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0 sends ``t``; every other rank receives into ``t`` (same dtype and shape)."""
@@ -95,9 +103,3 @@ def _store(host: str, port: int, world: int, master: bool, timeout: timedelta) -
         if fd is not None:
             socket.close(fd)
         raise
-
-
-def _tiny(backend: str) -> torch.Tensor:
-    import torch
-
-    return torch.zeros(1, device="cuda" if backend == "nccl" else "cpu")

@@ -10,11 +10,13 @@ with a clear error and the engine keeps serving its old weights.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,6 +25,8 @@ from transformers import AutoModelForCausalLM
 
 from gyre.engine.checksum import weights_checksum
 from gyre.engine.client import EngineClient
+from gyre.engine.weight_group import WeightGroup
+from gyre.ports import free_ports
 from gyre.train import weight_sync
 from gyre.train.weight_sync import DistributedWeightChannel, WeightSyncError
 from gyre.train.weights import named_params
@@ -136,6 +140,28 @@ async def test_delta_is_smaller_bit_exact_and_seeds_a_missed_engine(engines, tra
         assert [r.weight_version for r in v3.replies] == [3, 3]
     finally:
         await ch.close()
+
+
+def test_a_group_built_by_torchs_helper_as_sglang_does_meets_ours():
+    """SGLang's engine joins with torch's ``_new_process_group_helper``; Gyre's rank 0 builds the
+    group directly. The store keys and backends must line up, or a real server would hang."""
+    (port,) = free_ports()
+    member = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "torch_helper_member.py")]
+        + ["127.0.0.1", str(port), "1", "2", "weights-x"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        group = WeightGroup("127.0.0.1", port, 0, 2, "weights-x", "gloo", timeout_s=60)
+        sent = [torch.arange(12.0).reshape(3, 4), torch.linspace(-1, 1, 5).to(torch.bfloat16)]
+        for t in sent:
+            group.broadcast(t)
+        out, _ = member.communicate(timeout=60)
+    finally:
+        if member.poll() is None:
+            member.kill()
+    assert json.loads(out) == [t.float().tolist() for t in sent]
 
 
 async def test_an_engine_that_cannot_join_is_refused_at_once(tiny_model_dir):
