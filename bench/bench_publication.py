@@ -111,7 +111,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     torch.manual_seed(0)
     head = (
-        "| model | lr | tensors MB | disk MB | disk s | full MB | full s | delta MB | delta s "
+        "| model | lr | tensors MiB | disk MiB | disk s | full MiB | full s | delta MiB | delta s "
         "(encode) | delta / full |"
     )
     print(head)
