@@ -36,9 +36,12 @@ from gyre.engine.protocol import (
     DONE_SENTINEL,
     AbortRequest,
     AbortResponse,
+    DestroyWeightsUpdateGroupRequest,
     GenerateRequest,
+    InitWeightsUpdateGroupRequest,
     PauseRequest,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     error_payload,
 )
 from gyre.validation import validation_line
@@ -251,6 +254,28 @@ def create_app(
             resolved = allowed_reload(req.model_path, reload_root)
             req = req.model_copy(update={"model_path": resolved})
         out = await engine.update_weights_from_disk(req)
+        return JSONResponse(out.model_dump(mode="json"), status_code=200 if out.success else 400)
+
+    # weights in memory, SGLang's routes: the engine joins a group whose rank 0 is the trainer,
+    # then receives each bucket's tensors by broadcast (docs/engine.md, "Weights in memory")
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request) -> JSONResponse:
+        req = await _parse(InitWeightsUpdateGroupRequest, request)
+        out = await engine.init_weights_update_group(req)
+        return JSONResponse(out.model_dump(mode="json"), status_code=200 if out.success else 400)
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request) -> JSONResponse:
+        req = await _parse(UpdateWeightsFromDistributedRequest, request)
+        out = await engine.update_weights_from_distributed(req)
+        return JSONResponse(
+            out.model_dump(mode="json", exclude_none=True), status_code=200 if out.success else 400
+        )
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request) -> JSONResponse:
+        req = await _parse(DestroyWeightsUpdateGroupRequest, request, empty_ok=True)
+        out = await engine.destroy_weights_update_group(req.group_name)
         return JSONResponse(out.model_dump(mode="json"), status_code=200 if out.success else 400)
 
     @app.get("/get_model_info")

@@ -27,11 +27,14 @@ from gyre.engine.protocol import (
     FinishReason,
     GenerateRequest,
     GenerateResponse,
+    GroupResponse,
+    InitWeightsUpdateGroupRequest,
     MetaInfo,
     ModelInfo,
     PauseMode,
     SamplingParams,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
 )
 
@@ -293,6 +296,25 @@ class Engine(ABC):
             message="no weights to load; version bumped",
             weight_version=self.weight_version,
         )
+
+    async def init_weights_update_group(self, req: InitWeightsUpdateGroupRequest) -> GroupResponse:
+        """Default (engines without tensors to receive): refused before joining, so the trainer's
+        rendezvous fails by its timeout and it publishes through disk instead."""
+        return GroupResponse(
+            success=False, message=f"the {self.kind} engine does not receive weights in memory"
+        )
+
+    async def update_weights_from_distributed(
+        self, req: UpdateWeightsFromDistributedRequest
+    ) -> UpdateWeightsResponse:
+        return UpdateWeightsResponse(
+            success=False,
+            message=f"the {self.kind} engine does not receive weights in memory",
+            weight_version=self.weight_version,
+        )
+
+    async def destroy_weights_update_group(self, group_name: str) -> GroupResponse:
+        return GroupResponse(success=False, message=f"no weight-update group {group_name!r}")
 
     def _bump_version(self, requested: int | str | None) -> None:
         if requested is not None:

@@ -38,11 +38,14 @@ from gyre.engine.protocol import (
     AbortRequest,
     GenerateRequest,
     GenerateResponse,
+    GroupResponse,
+    InitWeightsUpdateGroupRequest,
     ModelInfo,
     PauseMode,
     PauseRequest,
     SamplingParams,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
 )
 from gyre.validation import validation_line
@@ -345,6 +348,36 @@ class EngineClient:
                 status_code=resp.status_code,
             )
         return out
+
+    async def init_weights_update_group(self, req: InitWeightsUpdateGroupRequest) -> GroupResponse:
+        """Join the trainer's weight-update group (returns once every member joined: call it
+        while rank 0 opens its end)."""
+        resp = await self._request("POST", "/init_weights_update_group", req.model_dump())
+        return GroupResponse.model_validate(self._json(resp))
+
+    async def update_weights_from_distributed(
+        self, req: UpdateWeightsFromDistributedRequest
+    ) -> UpdateWeightsResponse:
+        """Receive one bucket (returns after rank 0's broadcasts). A refusal is returned, not
+        raised: the caller reads ``needs_full_copy`` to seed the engine with a full copy."""
+        url = self.base_url + "/update_weights_from_distributed"
+        try:
+            resp = await self._http.post(
+                "/update_weights_from_distributed",
+                # defaults left out: a real SGLang gets only the fields it knows
+                json=req.model_dump(exclude_none=True, exclude_defaults=True),
+            )
+        except httpx.TransportError as e:
+            raise EngineConnectionError(f"engine {url} unreachable: {e}", url=url) from e
+        if resp.status_code == 400:
+            data = self._json(resp)
+            if "success" in data:
+                return UpdateWeightsResponse.model_validate(data)
+        _raise_for_status(resp.status_code, resp.text, url)
+        return UpdateWeightsResponse.model_validate(self._json(resp))
+
+    async def destroy_weights_update_group(self, group_name: str) -> None:
+        await self._request("POST", "/destroy_weights_update_group", {"group_name": group_name})
 
     async def model_info(self) -> ModelInfo:
         resp = await self._request("GET", "/get_model_info")

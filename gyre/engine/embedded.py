@@ -36,13 +36,19 @@ from gyre.engine.precision import compute_autocast, to_compute_dtype
 from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import (
     GenerateRequest,
+    GroupResponse,
+    InitWeightsUpdateGroupRequest,
     ModelInfo,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightsResponse,
 )
+from gyre.engine.receive import NeedsFullCopy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from gyre.engine.weight_group import WeightGroup
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -118,6 +124,8 @@ class EmbeddedEngine(Engine):
         self.weight_version = config.weight_version
         self._rng = random.Random(config.seed)
         self.weights_checksum: float | None = None  # of what the worker loaded (engine.checksum)
+        self._groups: dict[str, WeightGroup] = {}  # weight-update groups joined, by name
+        self._held: dict[str, int] = {}  # parameter -> version it holds (a delta's base check)
         self.steps = 0  # decode steps run (for tests/benchmarks)
         self.max_rows_seen = 0  # largest batch a decode step ran with
 
@@ -144,6 +152,7 @@ class EmbeddedEngine(Engine):
             torch.set_num_threads(self.config.torch_threads)
         self.model = self._load(self.config.model_dir)
         self.weights_checksum = weights_checksum(self.model)
+        self._held = dict.fromkeys(self._params(), self._loaded_version)
         try:
             from transformers import AutoTokenizer
 
@@ -212,6 +221,9 @@ class EmbeddedEngine(Engine):
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown, True)  # waits for a running job
             self._executor = None
+        for group in self._groups.values():
+            group.close()
+        self._groups.clear()
         self._batch = None
         self.model = None
         self._live.clear()
@@ -379,8 +391,13 @@ class EmbeddedEngine(Engine):
         del new
         self.weights_checksum = weights_checksum(self._loaded_model())
         self._loaded_version = version
+        self._held = dict.fromkeys(self._params(), version)
         self._live_batch().new_weights(version)
         return str(missing)
+
+    def _params(self) -> dict:
+        """Parameters by every name (a tied head under both of its names)."""
+        return dict(self._loaded_model().named_parameters(remove_duplicate=False))
 
     async def update_weights_from_disk(
         self, req: UpdateWeightsFromDiskRequest
@@ -410,6 +427,93 @@ class EmbeddedEngine(Engine):
             message=f"loaded {req.model_path}",
             num_paused_requests=self.live_requests,
             weight_version=new_version,
+            weights_checksum=self.weights_checksum,
+            weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
+        )
+
+    # -- weights in memory (SGLang's update_weights_from_distributed; docs/engine.md) -----------
+    async def init_weights_update_group(self, req: InitWeightsUpdateGroupRequest) -> GroupResponse:
+        from gyre.engine.weight_group import WeightGroup
+
+        want = "nccl" if self.config.device.startswith("cuda") else "gloo"
+        if req.backend != want:
+            return GroupResponse(
+                success=False,
+                message=f"backend {req.backend!r}: this engine runs on {self.config.device}, "
+                f"use {want!r}",
+            )
+        if req.group_name in self._groups:
+            self._groups.pop(req.group_name).close()
+        try:  # the rendezvous blocks until every member joined: a thread, not the loop
+            group = await asyncio.to_thread(
+                WeightGroup,
+                req.master_address,
+                req.master_port,
+                req.rank_offset,
+                req.world_size,
+                req.group_name,
+                req.backend,
+            )
+        except Exception as e:
+            return GroupResponse(success=False, message=f"joining {req.group_name!r} failed: {e}")
+        self._groups[req.group_name] = group
+        return GroupResponse(
+            success=True, message=f"joined {req.group_name!r} as rank {group.rank}"
+        )
+
+    async def destroy_weights_update_group(self, group_name: str) -> GroupResponse:
+        group = self._groups.pop(group_name, None)
+        if group is None:
+            return await super().destroy_weights_update_group(group_name)
+        group.close()
+        return GroupResponse(success=True, message=f"left {group_name!r}")
+
+    def _receive_bucket(
+        self, group: WeightGroup, req: UpdateWeightsFromDistributedRequest, version: int
+    ) -> None:
+        """Worker thread: receive every tensor of the bucket, then check, then apply."""
+        from gyre.engine import receive
+
+        got = receive.receive(group, req, self.config.device)
+        params = self._params()
+        new = receive.decode_bucket(params, self._held, req, got)
+        receive.apply(params, new)
+        # a tied head is one tensor under two names: it holds the version under both
+        moved = {id(params[n]) for n in new}
+        self._held.update({n: version for n, p in params.items() if id(p) in moved})
+        self.weights_checksum = weights_checksum(self._loaded_model())
+        self._loaded_version = version
+        self._live_batch().new_weights(version)
+
+    async def update_weights_from_distributed(
+        self, req: UpdateWeightsFromDistributedRequest
+    ) -> UpdateWeightsResponse:
+        group = self._groups.get(req.group_name)
+        if group is None:
+            return UpdateWeightsResponse(
+                success=False,
+                message=f"no weight-update group {req.group_name!r}; call /init_weights_update_group",
+                weight_version=self.weight_version,
+            )
+        if req.abort_all_requests:
+            await self.abort_all("aborted by weights update")
+        old = self.weight_version
+        self._bump_version(req.weight_version)
+        try:
+            await self._run(self._receive_bucket, group, req, self.weight_version)
+        except Exception as e:  # refused or failed: the old weights stay
+            self.weight_version = old
+            return UpdateWeightsResponse(
+                success=False,
+                message=f"weights not loaded: {e}",
+                weight_version=old,
+                needs_full_copy=isinstance(e, NeedsFullCopy),
+            )
+        return UpdateWeightsResponse(
+            success=True,
+            message=f"loaded {len(req.names)} tensors ({req.encoding})",
+            num_paused_requests=self.live_requests,
+            weight_version=self.weight_version,
             weights_checksum=self.weights_checksum,
             weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
         )

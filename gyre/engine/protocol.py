@@ -14,6 +14,10 @@ Routes (all JSON):
 - ``POST /pause_generation``         :class:`PauseRequest`
 - ``POST /continue_generation``      (empty body)
 - ``POST /update_weights_from_disk`` :class:`UpdateWeightsFromDiskRequest` -> :class:`UpdateWeightsResponse`
+- ``POST /init_weights_update_group`` :class:`InitWeightsUpdateGroupRequest` -> :class:`GroupResponse`
+- ``POST /update_weights_from_distributed`` :class:`UpdateWeightsFromDistributedRequest` ->
+  :class:`UpdateWeightsResponse` (the tensors arrive by broadcast from rank 0 of the group)
+- ``POST /destroy_weights_update_group`` :class:`DestroyWeightsUpdateGroupRequest`
 - ``GET  /get_model_info``           -> :class:`ModelInfo`
 - ``GET  /health``                   -> 200 when the engine can serve
 
@@ -182,9 +186,81 @@ class UpdateWeightsFromDiskRequest(_Open):
     abort_all_requests: bool = False
 
 
+class InitWeightsUpdateGroupRequest(_Open):
+    """SGLang's ``/init_weights_update_group``: join a process group whose rank 0 is the trainer
+    (``rank_offset`` is this engine's first rank; a Gyre engine holds one rank)."""
+
+    master_address: str
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class DestroyWeightsUpdateGroupRequest(_Open):
+    group_name: str = "weight_update_group"
+
+
+class GroupResponse(_Open):
+    success: bool
+    message: str = ""
+
+
+DeltaCodec = Literal["raw", "xor-shuffle-zlib"]
+
+
+class UpdateWeightsFromDistributedRequest(_Open):
+    """SGLang's ``/update_weights_from_distributed``: the named tensors of one bucket, which rank
+    0 broadcasts over the group in this order right after sending the request.
+
+    Gyre additions (a real SGLang gets ``encoding="raw"`` and none of them): with
+    ``encoding="xor-shuffle-zlib"`` each broadcast is a uint8 tensor of ``nbytes[i]`` bytes, the
+    delta from version ``base_version`` (:mod:`gyre.engine.delta`); ``checksums`` are the CRC-32
+    of each new tensor's bytes, checked before anything is applied."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: WeightVersion | None = None
+    load_format: str | None = None
+    encoding: DeltaCodec = "raw"
+    base_version: int | None = None
+    nbytes: list[int] | None = None
+    checksums: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> UpdateWeightsFromDistributedRequest:
+        n = len(self.names)
+        lists: dict[str, list] = {"dtypes": self.dtypes, "shapes": self.shapes}
+        lists.update(
+            {
+                k: v
+                for k, v in (("nbytes", self.nbytes), ("checksums", self.checksums))
+                if v is not None
+            }
+        )
+        bad = [k for k, v in lists.items() if len(v) != n]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} must have one entry per name ({n})")
+        if self.encoding != "raw" and (
+            self.nbytes is None or self.checksums is None or self.base_version is None
+        ):
+            raise ValueError(f"encoding {self.encoding!r} needs nbytes, checksums and base_version")
+        return self
+
+
 class UpdateWeightsResponse(_Open):
     success: bool
     message: str = ""
+    needs_full_copy: bool | None = Field(
+        None,
+        description="Gyre: the engine refused a delta because it does not hold the delta's base "
+        "(it missed a version); send it a full copy.",
+    )
     num_paused_requests: int = 0
     weight_version: WeightVersion | None = None
     weights_checksum: float | None = Field(

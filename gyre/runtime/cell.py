@@ -305,6 +305,17 @@ class Cell:
         self.trainer.save_hf(out_dir)
         return fingerprints(self.trainer.replica().live_model)
 
+    def publish_in_memory(self, version: int, urls: list[str]) -> dict:
+        """Core, ``run.publication = "distributed"``: the current weights into the engines at
+        ``urls`` over a weight group (runtime.publication.MemoryPublisher.publish's answer)."""
+        from gyre.runtime.publication import MemoryPublisher
+        from gyre.train.weights import named_params
+
+        if getattr(self, "_publisher", None) is None:
+            self._publisher = MemoryPublisher(node_ip())
+        params = named_params(self.trainer.replica().live_model)
+        return self._publisher.publish(version, params, urls)
+
 
 def _start_timeout(ecfg: RolloutEngineConfig) -> float:
     """How long an engine's server may take to accept requests (a vLLM launch is minutes)."""

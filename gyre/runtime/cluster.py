@@ -20,6 +20,7 @@ memory), never to the driver's environment that harness processes start from, no
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import shutil
@@ -50,6 +51,8 @@ from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
     from gyre.train.tasks import MicroStepTask
+
+log = logging.getLogger("gyre.runtime.cluster")
 
 
 async def _settle(refs: list, timeout_s: float = 30.0) -> None:
@@ -172,6 +175,7 @@ class Cluster:
         self.weights_version = base_version
         self.weights_sums: dict[str, float] | None = None  # the core's fingerprints of weights_dir
         self.engines_checked = 0  # engine loads found serving the published weights
+        self.engines_in_memory = 0  # engine loads of a publication sent in memory
         self.trainer_version = base_version
         self._publishing: asyncio.Event | None = None
         self.placement: list[dict[str, Any]] = []
@@ -473,7 +477,10 @@ class Cluster:
             urls = [u for u in (self.urls[c] for c in rollout_cells) if u] + [
                 u for _, u in self.standalone
             ]
-            results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
+            info: dict[str, Any] = {}
+            results = await self._in_memory(version, urls, info)
+            if results is None:  # run.publication = "disk", or the in-memory path failed
+                results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
             checked = 0
             for u, r in zip(urls, results):
                 if isinstance(r, BaseException):
@@ -482,10 +489,30 @@ class Cluster:
                     checked += check_served(self._engine_name(u), version, r, sums)
             self.engines_checked += checked
             self._prune_weights(version, self.cfg.run.keep_published)
-            return {"engines": len(urls), "checked": checked, "save_seconds": t_save}
+            return {"engines": len(urls), "checked": checked, "save_seconds": t_save, **info}
         finally:
             publishing.set()
             self._publishing = None
+
+    async def _in_memory(self, version: int, urls: list[str], info: dict) -> list | None:
+        """``run.publication = "distributed"``: the core sends ``version`` to ``urls`` over a
+        weight group (engines paused meanwhile); their replies (what was sent goes in ``info``),
+        or None to reload from disk."""
+        if self.cfg.run.publication != "distributed" or not urls:
+            return None
+        clients = [EngineClient(u, api_key=self.engine_key) for u in urls]
+        try:
+            await asyncio.gather(*[c.pause() for c in clients])
+            sent = await self.cells[0].publish_in_memory.remote(version, urls)
+            self.engines_in_memory += len(urls)
+            info["memory"] = {k: v for k, v in sent.items() if k != "replies"}
+            return sent["replies"]
+        except Exception as e:  # the fallback: every engine reloads the directory just written
+            log.warning("in-memory publication of v%d failed (%s); reloading from disk", version, e)
+            return None
+        finally:
+            await asyncio.gather(*[c.resume() for c in clients], return_exceptions=True)
+            await asyncio.gather(*[c.aclose() for c in clients], return_exceptions=True)
 
     def _engine_name(self, url: str) -> str:
         cells = [c for c, u in enumerate(self.urls) if u == url]

@@ -122,6 +122,13 @@ class RunConfig(BaseModel):
     step_timeout_s: float = Field(
         1800.0, gt=0, description="abort the run if no event arrives this long"
     )
+    publication: Literal["disk", "distributed"] = Field(
+        "disk",
+        description="how rollout engines get each published version: reload the HF directory "
+        "(disk), or in memory over a weight group with the core (distributed: SGLang's "
+        "update_weights_from_distributed, deltas between Gyre engines; the directory is still "
+        "written for engines that start later, and reloaded if the in-memory path fails)",
+    )
     keep_published: int = Field(
         2,
         ge=1,

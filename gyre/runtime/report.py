@@ -33,6 +33,17 @@ def trace_reroutes(trace_dir: Path) -> dict[str, int]:
     return {"records": records, "resumed_with_partial_output": multi}
 
 
+def _in_memory(sent: list[dict]) -> dict[str, int]:
+    """Publications sent in memory, how many as deltas, bytes sent (per engine) and the raw
+    bytes of the same tensors."""
+    return {
+        "count": len(sent),
+        "deltas": sum(s["encoding"] != "raw" for s in sent),
+        "bytes": sum(s["bytes"] for s in sent),
+        "raw_bytes": sum(s["raw_bytes"] for s in sent),
+    }
+
+
 def disk_bytes(rundir) -> dict[str, int]:
     """Bytes the run directory holds, by what holds them (checkpoints and published weights are
     one model each; their number is bounded by trainer.checkpoint.keep and run.keep_published)."""
@@ -132,6 +143,9 @@ def summarize(
             # engine loads of published weights checked against the core's (publications, the
             # final one too, and cells returning to rollout)
             "engines_checked": cluster.engines_checked,
+            # engine loads sent in memory (run.publication = "distributed"), and what was sent
+            "engines_in_memory": cluster.engines_in_memory,
+            "in_memory": _in_memory([p["memory"] for p in pubs if "memory" in p]),
         },
         "role_shares": records.role_shares(),
         "evals": rundir.read_jsonl("evals.jsonl"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -33,6 +34,9 @@ from gyre.train.fsdp import (
 from gyre.train.objective import gspo_loss
 
 LAYOUT = CellLayout(cells=2, per_cell=2)
+DEVICE = os.environ.get(
+    "GYRE_FSDP_DEVICE", "cpu"
+)  # cuda: scripts/gpu-check.sh (NCCL, a GPU a rank)
 MICRO, PER_MICRO, LENGTH = 4, 4, 12
 E = MICRO * PER_MICRO
 LR, GRAD_CLIP = 1e-3, 1.0
@@ -68,16 +72,16 @@ def batch(name: str, vocab: int) -> list[list[tuple[torch.Tensor, float]]]:
 
 def micro_loss(model: torch.nn.Module, execs: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
     """Sum over the executions of their GSPO loss (one forward for all of them)."""
-    tokens = torch.stack([t for t, _ in execs])
+    tokens = torch.stack([t for t, _ in execs]).to(DEVICE)
     logits = model(input_ids=tokens).logits[:, :-1]
     logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
     n, t = logp.shape
     loss, _ = gspo_loss(
         logp.reshape(-1),
         None,
-        torch.arange(n).repeat_interleave(t),
-        torch.full((n * t,), 1.0 / t, dtype=logp.dtype),
-        torch.tensor([a for _, a in execs], dtype=torch.float64),
+        torch.arange(n, device=logp.device).repeat_interleave(t),
+        torch.full((n * t,), 1.0 / t, dtype=logp.dtype, device=logp.device),
+        torch.tensor([a for _, a in execs], dtype=torch.float64, device=logp.device),
     )
     return loss
 
@@ -110,8 +114,15 @@ def reference(model_dir: str, steps: list[str]) -> tuple[dict[str, torch.Tensor]
 
 
 def run_rank(rank: int, port: int, model_dir: str, out: Path) -> None:
+    cuda = DEVICE == "cuda"
     groups = init_sharded_process(
-        LAYOUT, rank, port, backend="gloo", device_type="cpu", timeout_s=120
+        LAYOUT,
+        rank,
+        port,
+        backend="nccl" if cuda else "gloo",
+        device_type=DEVICE,
+        device_index=rank % torch.cuda.device_count() if cuda else None,
+        timeout_s=120,
     )
     model = load_model(model_dir)
     vocab = model.config.vocab_size
@@ -139,7 +150,7 @@ def run_rank(rank: int, port: int, model_dir: str, out: Path) -> None:
                 micro_loss(model, execs[local::G]).backward()
             if cell < k:
                 norms.append(finish_step(model, groups, k, opt, n_scored=E, grad_clip=GRAD_CLIP))
-        final = full_state_dict(model)
+        final = {n: t.cpu() for n, t in full_state_dict(model).items()}
         if local == 0:
             torch.save(final, out / f"{scenario}_cell{cell}.pt")
         if rank == 0:
