@@ -660,7 +660,7 @@ def test_driver_killed_then_resumed(tiny_model_dir, tmp_path):
     run --resume` finishes the run: every step once, every group trained once with N
     executions, the finished executions of the groups in flight kept (not relaunched, not
     logged twice), only their unfinished attempts relaunched, the rest on fresh group ids."""
-    steps = 3
+    steps = 6  # more steps, more moments to catch a group part finished
     rd = tmp_path / "killed"
     # two executions per cell: a group's attempts start as others end, so groups are caught
     # part finished
