@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from gyre.runtime.records import Records
 
-_ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R"}
+_ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R", "lost": "X"}
 _ROLE_NAME = {"to_training": "-> training", "to_rollout": "-> rollout"}
 TOOL_KEYS = (  # the tool-call health of a step, in metrics.jsonl when the harness reports it
     "tools/unparsed",
