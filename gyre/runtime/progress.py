@@ -39,6 +39,7 @@ _TOOL_LABEL = {
 }
 _FAULT_LABEL = {
     "engines_lost": "engines lost",
+    "cells_lost": "cells lost",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",
