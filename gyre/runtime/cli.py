@@ -244,12 +244,12 @@ def run_command(
             err=True,
         )
     from gyre.runtime.cluster import RuntimeSetupError
-    from gyre.runtime.faults import CoreLost
+    from gyre.runtime.faults import FatalFault
     from gyre.runtime.publication import PublicationError
 
     try:
         summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
-    except (RuntimeSetupError, PublicationError, CoreLost) as e:
+    except (RuntimeSetupError, PublicationError, FatalFault) as e:
         typer.echo(f"gyre run: {e}", err=True)
         raise typer.Exit(1) from None
     if log_format == "json":

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from gyre.runtime.world import RealWorld
 
 
-class CoreLost(RuntimeError):
-    """The core's process died: the run stops with this line."""
+class FatalFault(RuntimeError):
+    """A loss the run cannot survive (the core, or a cell in the step's reduce): the run stops
+    with this line."""
 
 
 def actor_died(e: BaseException) -> bool:
@@ -91,10 +92,19 @@ class CellFaults:
             "back": None,
         }
         w.records.faults.append(rec)
+        if w.records.activity.get(cell, {}).get("what") == "reduce":
+            rec["action"] = "run stopped"
+            w.errors.append(
+                FatalFault(
+                    f"cell {cell} was lost ({kind}: {first}) during the step's reduce: the step "
+                    "cannot complete (`gyre run --resume` continues from the last checkpoint)"
+                )
+            )
+            return
         if cell == 0:
             rec["action"] = "run stopped"
             w.errors.append(
-                CoreLost(
+                FatalFault(
                     f"cell 0 (the core) was lost ({kind}: {first}); its optimizer state went "
                     "with it: `gyre run --resume` continues from the last checkpoint"
                 )

@@ -40,7 +40,7 @@ from gyre.policy import (
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
-from gyre.runtime.faults import CellFaults, actor_died
+from gyre.runtime.faults import CellFaults, FatalFault, actor_died
 from gyre.runtime.progress import Feed
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.rundir import RunDir
@@ -350,6 +350,13 @@ class RealWorld:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
             )
+        except Exception as e:
+            if not actor_died(e):
+                raise
+            raise FatalFault(
+                f"a cell died during the reduce of step {rec.step}: the step cannot complete "
+                "(`gyre run --resume` continues from the last checkpoint)"
+            ) from None
         finally:
             for c in range(k):
                 records.activity.pop(c, None)
