@@ -3,14 +3,19 @@ in-order joining right; a lost satellite's micro-steps are computed by the other
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from typer.testing import CliRunner
+
+from gyre.cli import app
 from gyre.policy import (
     CellBack,
     CellLost,
     CellRole,
     CellSwitched,
     ClaimMicroStep,
+    ExecutionFinished,
     FinishStep,
     LaunchExecutions,
     MicroStepDone,
@@ -44,8 +49,6 @@ def test_lost_rollout_cell_takes_its_capacity_and_back_restores_it_through_a_swi
     acts = p.handle(CellLost(1.0, cell=2))
     assert p.capacity == 6 and p.roles[2] is CellRole.LOST and p.running == 8
     # overbooked until enough finish: no launch while running >= capacity
-    from gyre.policy import ExecutionFinished
-
     acts = p.handle(ExecutionFinished(2.0, (0, 0), 1.0))
     assert not of(acts, LaunchExecutions)
     acts = p.handle(CellBack(3.0, cell=2))
@@ -65,8 +68,6 @@ def _training(p: SchedulingPolicy, cells: list[int]) -> None:
 
 
 def _scored_group(p: SchedulingPolicy, gid: int, t: float) -> list:
-    from gyre.policy import ExecutionFinished
-
     acts = []
     for a in range(p.config.group_size):
         acts += p.handle(ExecutionFinished(t, (gid, a), 1.0))
@@ -156,3 +157,13 @@ def test_sim_survives_a_satellite_fault_and_reports_its_cost(placement):
 def test_sim_core_lost_in_training_is_reported_not_survived():
     r = fault_cost(preset("seed-toy"), "async", parse_faults("cell=0@1h"))
     assert r["survived"] is False and "core" in r["why"]
+
+
+def test_sim_cli_prints_the_makespan_with_and_without_faults():
+    r = CliRunner().invoke(
+        app, ["sim", "--placement", "elastic", "--faults", "cell=1@2h,restart=never", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.output)
+    assert row["placement"] == "elastic" and row["survived"]
+    assert row["makespan_faults_h"] > row["makespan_h"]  # cell 1 never back: only the core trains
