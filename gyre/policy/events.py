@@ -61,6 +61,9 @@ class CellLost(Event):
     (claimed or done: its gradients went with it) go back to the queue. Cells training
     past it leave the step's participant prefix and return to rollout. The core is lost
     recoverably only while it serves rollouts: its optimizer state is not the policy's.
+    A participant lost after ``FinishStep`` voids that FinishStep (the policy issues it again
+    once the step's micro-steps are done): the world reports such a loss only before the
+    reduce began, and stops the run if the reduce had begun.
     """
 
     cell: int

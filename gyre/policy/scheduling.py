@@ -329,7 +329,10 @@ class SchedulingPolicy:
         if cell == CORE and (trains or self._busy[CORE]):
             raise PolicyError("the core was lost while it held training state")
         if self._finishing and cur is CellRole.TRAINING:
-            raise PolicyError(f"cell {cell} was lost during the reduce of step {self.steps_done}")
+            # the world reports a participant lost during FinishStep only before the reduce
+            # began (it stops the run otherwise): that FinishStep is void, the step goes on
+            self._finishing = False
+            self._busy[CORE] = False
         self.lost += 1
         if cur is CellRole.ROLLOUT:
             self.capacity -= self._Ce  # its calls in flight resume on the other engines

@@ -66,6 +66,22 @@ class CellFaults:
                     kind = "hung" if isinstance(r, TimeoutError) else "died"
                     self.lost(c, r, "heartbeat", kind=kind)
 
+    async def alive(self, cells: list[int]) -> bool:
+        """Ping ``cells`` at once (a dead actor answers in milliseconds): any lost is reported
+        and False returned. The world asks before a reduce, which a dead participant would
+        break (an idle satellite's death is otherwise found only by the next heartbeat)."""
+        bound = self.cfg.heartbeat_s
+        results = await asyncio.gather(
+            *[self._ping(c, bound) for c in cells], return_exceptions=True
+        )
+        ok = True
+        for c, r in zip(cells, results):
+            if isinstance(r, BaseException):
+                kind = "hung" if isinstance(r, TimeoutError) else "died"
+                self.lost(c, r, "reduce_check", kind=kind)
+                ok = False
+        return ok and not self.down.intersection(cells)
+
     async def _ping(self, cell: int, bound: float) -> int:
         actor = self.world.cluster.cells[cell]
         return await asyncio.wait_for(actor.ping.remote(), bound)

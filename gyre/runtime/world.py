@@ -318,13 +318,14 @@ class RealWorld:
                     raise
                 self.faults.lost(a.cell, e, "micro_step")  # the policy queues it again
                 return
-            # void when sent back to rollout (a fault before it) while it computed: the policy
-            # ignores this report, and the stats stay out of the step
-            if self.roles[a.cell] is CellRole.TRAINING:
-                rec.stats.setdefault(a.cell, ObjectiveStats()).add(stats)  # sums and maxes
         if self.roles[a.cell] is CellRole.LOST:
             return  # lost meanwhile: the policy queued this micro-step again
-        rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
+        # void when sent back to rollout (a fault before it) while it computed: the policy
+        # ignores this report, and the step's record leaves it out
+        if self.roles[a.cell] is CellRole.TRAINING:
+            if shard:
+                rec.stats.setdefault(a.cell, ObjectiveStats()).add(stats)  # sums and maxes
+            rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
         if self.records.activity.get(a.cell) is act:
             del self.records.activity[a.cell]
         t1 = self.now()
@@ -342,6 +343,8 @@ class RealWorld:
         k = 0
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
+        if not await self.faults.alive(list(range(k))):
+            return  # a participant is lost: the policy voids this FinishStep and goes on
         t0 = self.now()
         records = self.records
         for c in range(k):

@@ -51,6 +51,7 @@ from gyre.policy import (
     FinishStep,
     LaunchExecutions,
     MicroStepDone,
+    PolicyError,
     PublishWeights,
     SchedulingPolicy,
     StartStep,
@@ -189,6 +190,7 @@ class World:
         self._pending: list[set[int]] = [set() for _ in range(K)]
         self._void: set[int] = set()
         self.faults: list[dict[str, float | int | str]] = []
+        self._reducing = False
         for cell, at_h, restart_h in faults:
             self._push(at_h, _Lost(cell, restart_h))
 
@@ -467,6 +469,7 @@ class World:
         self._pending[cell].add(self._push(self.now + self._to_training_h, switched))
 
     def _finish_step(self, a: FinishStep) -> None:
+        self._reducing = True  # the reduce is part of the optimizer step's cost here
         self.trace.optimizer_cells.add(a.cell)
         self._busy_start(a.cell)
         self._push(self.now + self.cfg.costs.optim_h, _OptimDone(cell=a.cell, step=a.step))
@@ -515,6 +518,9 @@ class World:
         """A cell's process dies: what it had scheduled is void, its capacity leaves (its
         executions' calls move, as a drain does), and it comes back ``restart_h`` later."""
         cell = what.cell
+        if self._reducing and self.roles[cell] is CellRole.TRAINING:
+            # as the runtime: a participant lost in the reduce stops the run
+            raise PolicyError(f"cell {cell} was lost during the step's reduce: the run stops")
         self._account()
         self._void |= self._pending[cell]
         self._pending[cell] = set()
@@ -540,6 +546,7 @@ class World:
         return CellSwitched(time=t, cell=what.cell, role=what.role)
 
     def _optim_done(self, t: float, what: _OptimDone) -> StepDone:
+        self._reducing = False
         self._busy_end(what.cell)
         if self._refresh_h:
             for c in range(1, self.K):

@@ -167,3 +167,21 @@ def test_sim_cli_prints_the_makespan_with_and_without_faults():
     (row,) = json.loads(r.output)
     assert row["placement"] == "elastic" and row["survived"]
     assert row["makespan_faults_h"] > row["makespan_h"]  # cell 1 never back: only the core trains
+
+
+def test_participant_lost_after_finish_step_voids_it_and_the_step_goes_on():
+    p = SchedulingPolicy(cfg(cells=4, micro_steps_per_execution=1, batch_groups=1, mu=1, phi=1.0))
+    p.start(0.0)
+    _training(p, [0, 1])
+    acts = _scored_group(p, 0, 1.0)
+    assert [(c.cell, c.index) for c in of(acts, ClaimMicroStep)] == [(0, 0), (1, 1)]
+    p.handle(MicroStepDone(2.0, cell=1, step=0, group_id=0, index=1))
+    acts = p.handle(MicroStepDone(2.5, cell=0, step=0, group_id=0, index=0))
+    assert of(acts, FinishStep)
+    # cell 1 is found dead before the reduce: its micro-step is redone by the core, then the
+    # step finishes (once) over the core alone
+    acts = p.handle(CellLost(3.0, cell=1))
+    (again,) = of(acts, ClaimMicroStep)
+    assert (again.cell, again.index) == (0, 1)
+    acts = p.handle(MicroStepDone(4.0, cell=0, step=0, group_id=0, index=1))
+    assert len(of(acts, FinishStep)) == 1
