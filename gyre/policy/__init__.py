@@ -21,6 +21,8 @@ from gyre.policy.actions import (
 from gyre.policy.cell_roles import CellRole
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.policy.events import (
+    CellBack,
+    CellLost,
     CellSwitched,
     Event,
     ExecutionFinished,
@@ -44,6 +46,8 @@ __all__ = [
     "Action",
     "AssignGroup",
     "CORE",
+    "CellBack",
+    "CellLost",
     "CellSwitched",
     "ClaimMicroStep",
     "DispatchGroups",

@@ -16,3 +16,4 @@ class CellRole(str, Enum):
     TO_TRAINING = "to_training"  # left rollout (serves nothing), loading training state
     TRAINING = "training"
     TO_ROLLOUT = "to_rollout"  # dropped training state, loading an engine (serves nothing yet)
+    LOST = "lost"  # its process died (or hung): serves and trains nothing until it is back

@@ -53,6 +53,31 @@ class CellSwitched(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class CellLost(Event):
+    """Cell ``cell``'s process died or stopped answering: it serves and trains nothing.
+
+    Whatever it held is gone: its rollout capacity leaves at once (its in-flight model
+    calls resume on the other engines), and a satellite's micro-steps of the open step
+    (claimed or done: its gradients went with it) go back to the queue. Cells training
+    past it leave the step's participant prefix and return to rollout. The core is lost
+    recoverably only while it serves rollouts: its optimizer state is not the policy's.
+    A participant lost after ``FinishStep`` voids that FinishStep (the policy issues it again
+    once the step's micro-steps are done): the world reports such a loss only before the
+    reduce began, and stops the run if the reduce had begun.
+    """
+
+    cell: int
+
+
+@dataclass(frozen=True, slots=True)
+class CellBack(Event):
+    """Lost cell ``cell`` has a live process again, holding nothing: the policy sends it to
+    rollout (``SwitchCell``), and it may join training later in order like any cell."""
+
+    cell: int
+
+
+@dataclass(frozen=True, slots=True)
 class MicroStepDone(Event):
     """Cell ``cell`` finished the forward/backward of one claimed micro-step."""
 

@@ -41,6 +41,8 @@ from gyre.policy.actions import (
 from gyre.policy.cell_roles import CellRole
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.policy.events import (
+    CellBack,
+    CellLost,
     CellSwitched,
     Event,
     ExecutionFinished,
@@ -107,6 +109,12 @@ class SchedulingPolicy:
         self._inflight = 0
         self._finishing = False
         self._busy = [False] * c.cells
+        # faults: each cell's claim in flight and micro-steps done in the open step (a lost
+        # satellite's go back to the queue), and cells whose claim in flight was void
+        self._claim: list[tuple[int, int] | None] = [None] * c.cells
+        self._done_by: list[list[tuple[int, int]]] = [[] for _ in range(c.cells)]
+        self._void: set[int] = set()
+        self.lost = 0  # CellLost events handled
         # burst boundary
         self._boundary = False
         self._core_stays = False
@@ -161,6 +169,7 @@ class SchedulingPolicy:
             "steps_done": self.steps_done,
             "step_active": self._step_active,
             "done": self.done,
+            "lost": self.lost,
         }
 
     # ------------------------------------------------------------------ entry points
@@ -199,7 +208,11 @@ class SchedulingPolicy:
         elif type(event) is WeightsPublished:
             self._on_published(event, acts)
         elif type(event) is CellSwitched:
-            self._on_switched(event)
+            self._on_switched(event, acts)
+        elif type(event) is CellLost:
+            self._on_lost(event, acts)
+        elif type(event) is CellBack:
+            self._on_back(event, acts)
         elif type(event) is Tick:
             pass
         else:
@@ -232,10 +245,17 @@ class SchedulingPolicy:
             self._ready_seq += 1
 
     def _on_micro_done(self, ev: MicroStepDone) -> None:
+        if ev.cell in self._void:  # its claim went back to the queue when a cell before it died
+            self._void.discard(ev.cell)
+            return
         if not self._busy[ev.cell] or ev.step != self.steps_done:
             raise PolicyError(f"unexpected micro-step completion {ev}")
         self._busy[ev.cell] = False
         self._inflight -= 1
+        claim = self._claim[ev.cell]
+        if claim is not None:
+            self._done_by[ev.cell].append(claim)
+            self._claim[ev.cell] = None
 
     def _on_step_done(self, ev: StepDone, acts: list[Action]) -> None:
         if not self._finishing or ev.step != self.steps_done:
@@ -261,7 +281,8 @@ class SchedulingPolicy:
             if self.placement is Placement.COLOCATE:
                 cap_without_core = c.standalone_capacity  # the pool moves as one gang
             else:
-                cap_without_core = c.standalone_capacity + self._Ce * (self._K - 1)
+                alive = sum(r is not CellRole.LOST for r in self.roles[1:])
+                cap_without_core = c.standalone_capacity + self._Ce * alive
             self._core_stays = (
                 len(self._ready) >= c.supply_groups
                 and cap_without_core >= self.waterlevel + next_dispatch
@@ -285,15 +306,86 @@ class SchedulingPolicy:
             self.roles[CORE] = CellRole.TO_ROLLOUT
             acts.append(SwitchCell(cell=CORE, role=CellRole.ROLLOUT))
 
-    def _on_switched(self, ev: CellSwitched) -> None:
+    def _on_switched(self, ev: CellSwitched, acts: list[Action]) -> None:
         cur = self.roles[ev.cell]
         if ev.role is CellRole.TRAINING and cur is CellRole.TO_TRAINING:
+            if CellRole.LOST in self.roles[: ev.cell]:  # past a lost cell: outside the prefix
+                self.roles[ev.cell] = CellRole.TO_ROLLOUT
+                acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
+                return
             self.roles[ev.cell] = CellRole.TRAINING
         elif ev.role is CellRole.ROLLOUT and cur is CellRole.TO_ROLLOUT:
             self.roles[ev.cell] = CellRole.ROLLOUT
             self.capacity += self._Ce
         else:
             raise PolicyError(f"cell {ev.cell} reported {ev.role.value} while {cur.value}")
+
+    def _on_lost(self, ev: CellLost, acts: list[Action]) -> None:
+        cell = ev.cell
+        cur = self.roles[cell]
+        if cur is CellRole.LOST:
+            raise PolicyError(f"cell {cell} lost twice")
+        trains = cur in (CellRole.TRAINING, CellRole.TO_TRAINING)
+        if cell == CORE and (trains or self._busy[CORE]):
+            raise PolicyError("the core was lost while it held training state")
+        if self._finishing and cur is CellRole.TRAINING:
+            # the world reports a participant lost during FinishStep only before the reduce
+            # began (it stops the run otherwise): that FinishStep is void, the step goes on
+            self._finishing = False
+            self._busy[CORE] = False
+        self.lost += 1
+        if cur is CellRole.ROLLOUT:
+            self.capacity -= self._Ce  # its calls in flight resume on the other engines
+        self.roles[cell] = CellRole.LOST
+        if cur is not CellRole.TRAINING:
+            return
+        self._requeue(cell)
+        for j in range(cell + 1, self._K):  # past the hole: out of the participant prefix
+            if self.roles[j] is CellRole.TRAINING:
+                self._requeue(j)
+                self.roles[j] = CellRole.TO_ROLLOUT
+                acts.append(SwitchCell(cell=j, role=CellRole.ROLLOUT))
+
+    def _requeue(self, cell: int) -> None:
+        """Cell ``cell``'s micro-steps of the open step (done and in flight) go back to the
+        front of the queue: its gradients are gone."""
+        back = self._done_by[cell]
+        claim = self._claim[cell]
+        if claim is not None:
+            back.append(claim)
+            self._claim[cell] = None
+            self._inflight -= 1
+            self._busy[cell] = False
+            if self.roles[cell] is not CellRole.LOST:
+                self._void.add(cell)  # it still reports; that report is ignored
+        self._micro.extendleft(reversed(back))
+        self._done_by[cell] = []
+
+    def _on_back(self, ev: CellBack, acts: list[Action]) -> None:
+        if self.roles[ev.cell] is not CellRole.LOST:
+            raise PolicyError(f"cell {ev.cell} came back while {self.roles[ev.cell].value}")
+        if self.placement is Placement.ASYNC and ev.cell < self.config.train_cells:
+            if all(r is CellRole.TRAINING for r in self.roles[: ev.cell]):
+                self.roles[ev.cell] = CellRole.TO_TRAINING  # async: back to its fixed role
+                acts.append(SwitchCell(cell=ev.cell, role=CellRole.TRAINING))
+                return
+        self.roles[ev.cell] = CellRole.TO_ROLLOUT
+        acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
+
+    def _async_refill(self, acts: list[Action]) -> None:
+        """Async: once the training prefix is whole again, the next of its fixed training cells
+        that a fault sent to rollout goes back to training (one at a time, in order)."""
+        if self.placement is not Placement.ASYNC:
+            return
+        for i in range(self.config.train_cells):
+            r = self.roles[i]
+            if r is CellRole.TRAINING:
+                continue
+            if r is CellRole.ROLLOUT and self.capacity - self._Ce >= self.waterlevel:
+                self.roles[i] = CellRole.TO_TRAINING
+                self.capacity -= self._Ce
+                acts.append(SwitchCell(cell=i, role=CellRole.TRAINING))
+            return
 
     # ------------------------------------------------------------------ decisions
     def _react(self, acts: list[Action]) -> None:
@@ -352,7 +444,10 @@ class SchedulingPolicy:
 
     def _switch(self, acts: list[Action]) -> None:
         """Move the next cell into training if the waterlevel rule and the supply check allow."""
-        if self.placement is Placement.ASYNC or self._boundary:
+        if self.placement is Placement.ASYNC:
+            self._async_refill(acts)
+            return
+        if self._boundary:
             return
         if (
             self._supply_since is None
@@ -360,10 +455,11 @@ class SchedulingPolicy:
         ):
             return
         roles = self.roles
-        if self.placement is Placement.COLOCATE:
-            if any(r is not CellRole.ROLLOUT for r in roles):
+        if self.placement is Placement.COLOCATE:  # the gang: every cell before a lost one
+            hole = roles.index(CellRole.LOST) if CellRole.LOST in roles else self._K
+            leaving = list(range(hole))
+            if not leaving or any(roles[i] is not CellRole.ROLLOUT for i in leaving):
                 return
-            leaving = list(range(self._K))
         else:
             nxt = 0
             while nxt < self._K and roles[nxt] is CellRole.TRAINING:
@@ -393,6 +489,7 @@ class SchedulingPolicy:
                 return
             self._step_active = True
             self._step_groups = 0
+            self._done_by = [[] for _ in range(self._K)]
             acts.append(StartStep(step=self.steps_done, version=self.steps_done))
             if not c.streaming:
                 for _ in range(self._B):
@@ -408,6 +505,7 @@ class SchedulingPolicy:
                 break
             gid, idx = micro.popleft()
             self._busy[cell] = True
+            self._claim[cell] = (gid, idx)
             self._inflight += 1
             acts.append(ClaimMicroStep(cell=cell, step=step, group_id=gid, index=idx))
         if (

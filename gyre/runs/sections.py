@@ -18,6 +18,7 @@ ROLE_COLORS = {
     "training": "#F2B701",
     "to_training": "#9D9D9D",
     "to_rollout": "#BDBDBD",
+    "lost": "#D62728",
 }
 
 

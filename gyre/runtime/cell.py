@@ -86,6 +86,11 @@ class Cell:
         return self.cell.comm
 
     # ---------------------------------------------------------------- plumbing (once)
+    @ray.method(concurrency_group="health")
+    def ping(self) -> int:
+        """The driver's heartbeat (a group of its own: answered while the cell trains)."""
+        return os.getpid()
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -110,6 +115,8 @@ class Cell:
         every prefix communicator (collective: all cells at once). On a non-loopback node the
         cell's own gloo sockets bind the interface holding its node IP (see nodeaddr)."""
         os.environ.update(gloo_env(node_ip(), dict(os.environ), ipv4_interfaces()))
+        if self.cell is not None:  # a rebuild (a cell was restarted): leave the old world
+            self.cell.teardown()
         cell = self.cell = TrainCell(
             self.index, self.world, dist_port=dist_port, store_port=store_port, host=host
         )

@@ -246,6 +246,7 @@ def run_command(
     _start_logging(cfg, run_dir, log_format)
     # lazy, and only once the checks passed: Ray and the whole runtime take seconds to import
     from gyre.runtime.cluster import RuntimeSetupError
+    from gyre.runtime.faults import FatalFault
     from gyre.runtime.loop import run
     from gyre.runtime.publication import PublicationError
 
@@ -257,7 +258,7 @@ def run_command(
         )
     try:
         summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
-    except (RuntimeSetupError, PublicationError) as e:
+    except (RuntimeSetupError, PublicationError, FatalFault) as e:
         typer.echo(f"gyre run: {e}", err=True)
         raise typer.Exit(1) from None
     if log_format == "json":

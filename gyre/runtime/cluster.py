@@ -185,6 +185,11 @@ class Cluster:
         self.dead_engines: list[str] = []
         self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
+        self._asks: list[dict[str, float]] = []
+        self._loading: set[int] = set()  # versions an engine is starting on: not pruned
+        self._runtime_env: dict[str, Any] = {}
+        # called with (cell, cause, where) when a cell's engine is found dead (the world's)
+        self.on_cell_lost: Any = None
 
     @property
     def live_proxy(self) -> ProxyServer:
@@ -213,16 +218,34 @@ class Cluster:
     async def _start_cells(self, asks: list[dict[str, float]], runtime_env: dict) -> None:
         """One actor per cell; the gloo world is served by the core, on its node's IP and
         ports free there. Fills ``placement`` (pid, node, cgroup of each cell)."""
+        self._asks, self._runtime_env = asks, runtime_env  # a restarted cell asks the same
+        self.cells = [self.cell_actor(i) for i in range(self.K)]
+        gloo = await self.build_world()
+        res = self.cfg.run.cell
+        ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
+        pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
+        nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
+        groups = await asyncio.gather(*[c.group.remote() for c in self.cells])
+        self.placement = [
+            {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i], "gloo": gloo}
+            | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
+            for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
+        ]
+
+    def cell_actor(self, i: int) -> Any:
+        """A new actor for cell ``i`` (at start, and when a lost cell is restarted). Its ``ping``
+        runs in a concurrency group of its own, so a cell busy training still answers it."""
         res = self.cfg.run.cell
         tcfg, ecfg = self.cfg.trainer, self.cfg.engine  # pydantic models cross into the actors
-        self.cells = [
-            ray.remote(Cell)
+        remote: Any = ray.remote  # Ray's stubs lack the class form's concurrency_groups
+        return (
+            remote(concurrency_groups={"health": 1})(Cell)
             .options(
                 num_cpus=res.num_cpus,
                 num_gpus=res.num_gpus,
-                resources=asks[i] or None,
+                resources=self._asks[i] or None,
                 max_concurrency=1,
-                runtime_env=runtime_env,
+                runtime_env=self._runtime_env,
             )
             .remote(
                 i,
@@ -234,20 +257,17 @@ class Cluster:
                 self.engine_key,
                 self.log_spec(f"cell-{i}"),
             )
-            for i in range(self.K)
-        ]
+        )
+
+    async def build_world(self) -> str:
+        """Every cell (re)joins a fresh gloo world served by the core at its node IP, on ports
+        free there, and builds its prefix communicators (collective). Each actor runs it after
+        the calls it already has (one at a time, in the driver's order), so a survivor's work in
+        flight finishes first. Returns the world's address."""
         ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
         dist_port, store_port = await self.cells[0].free_ports.remote(2)
         await asyncio.gather(*[c.setup.remote(dist_port, store_port, ips[0]) for c in self.cells])
-        pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
-        nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
-        groups = await asyncio.gather(*[c.group.remote() for c in self.cells])
-        gloo = f"{ips[0]}:{dist_port}"
-        self.placement = [
-            {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i], "gloo": gloo}
-            | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
-            for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
-        ]
+        return f"{ips[0]}:{dist_port}"
 
     def log_spec(self, name: str) -> LogSpec:
         """How actor ``name`` logs: stderr (Ray's worker log) as the driver's, and JSON lines to
@@ -390,7 +410,7 @@ class Cluster:
                 self._publishing.wait()
             )  # a returning satellite serves the version being published
         await self.cells[cell].drop_replica.remote()
-        url = await self.cells[cell].start_engine.remote(self.weights_dir, self.weights_version)
+        url = await self._start_newest(cell)
         if self.weights_sums is not None:  # it serves a publication: check it like the others
             async with EngineClient(url, api_key=self.engine_key) as c:
                 info = await c.model_info()
@@ -400,6 +420,28 @@ class Cluster:
             )
         await asyncio.to_thread(self.live_proxy.add_engine, url)
         self._serving(cell, url)
+
+    async def _start_newest(self, cell: int) -> str:
+        """Start cell ``cell``'s engine on the newest published weights. A cell restarted after
+        a fault returns at any time, not only at a boundary: a publication may run while its
+        engine starts, so the version it loads is kept from pruning, and it catches up (reloads)
+        until it serves the newest."""
+        version = self.weights_version
+        self._loading.add(version)
+        try:
+            url = await self.cells[cell].start_engine.remote(self.weights_dir, version)
+            while version != self.weights_version or self._publishing is not None:
+                if self._publishing is not None:
+                    await self._publishing.wait()
+                    continue
+                self._loading.discard(version)
+                version = self.weights_version
+                self._loading.add(version)
+                async with EngineClient(url, api_key=self.engine_key) as c:
+                    await c.update_weights_from_disk(self.weights_dir, weight_version=version)
+            return url
+        finally:
+            self._loading.discard(version)
 
     def _serving(self, cell: int, url: str) -> None:
         """Cell ``cell``'s engine serves at ``url``; every URL a cell served at is kept
@@ -520,7 +562,12 @@ class Cluster:
 
     async def _engine_lost(self, url: str, why: BaseException) -> None:
         """An engine that cannot reload is gone (its process died): take it out of the pool so no
-        call is routed there again. Calls it held were already resumed elsewhere by the pool."""
+        call is routed there again. Calls it held were already resumed elsewhere by the pool.
+        A cell's engine is the cell's fault handler's (``on_cell_lost``) when one is set."""
+        cells = [c for c, u in enumerate(self.urls) if u == url]
+        if cells and self.on_cell_lost is not None:
+            self.on_cell_lost(cells[0], why, "publication")
+            return
         if url in self.dead_engines:  # the heartbeat took it out already
             return
         if url not in [u for _, u in self.standalone]:
@@ -541,7 +588,7 @@ class Cluster:
                 v = int(p.name[1:])
             except ValueError:
                 continue
-            if v <= version - keep:
+            if v <= version - keep and v not in self._loading:
                 shutil.rmtree(p, ignore_errors=True)
 
     def engine_load(self) -> dict[str, Any]:

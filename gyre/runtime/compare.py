@@ -22,6 +22,7 @@ ROLE_COLORS = {
     "switching": "#9D9D9D",
     "to_training": "#9D9D9D",
     "to_rollout": "#9D9D9D",
+    "lost": "#D62728",
     "busy": "#E45756",
 }
 

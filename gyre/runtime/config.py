@@ -55,6 +55,23 @@ class RayConfig(BaseModel):
     include_dashboard: bool = False
 
 
+class FaultConfig(BaseModel):
+    """The ``[run.fault]`` section: how a dead or hung cell is found and replaced."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    heartbeat_s: float = Field(
+        10.0,
+        gt=0,
+        description="ping every cell this often; one that does not answer within this bound "
+        "(hung) or whose actor died is lost: a dead one is found at its next call or ping, a "
+        "hung one within 2 x heartbeat_s",
+    )
+    restart: bool = Field(
+        True, description="restart a lost cell (a new actor, same cell id) and let it rejoin"
+    )
+
+
 class RunConfig(BaseModel):
     """The ``[run]`` section."""
 
@@ -106,6 +123,7 @@ class RunConfig(BaseModel):
         "(empty: every cell asks for run.cell.resources alone)",
     )
     ray: RayConfig = Field(default_factory=RayConfig)
+    fault: FaultConfig = Field(default_factory=FaultConfig)
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="W&B / MLflow sinks (docs/runtime.md)"
     )

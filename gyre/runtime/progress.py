@@ -25,7 +25,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from gyre.runtime.records import Records
 
-_ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R"}
+_ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R", "lost": "X"}
 _ROLE_NAME = {"to_training": "-> training", "to_rollout": "-> rollout"}
 TOOL_KEYS = (  # the tool-call health of a step, in metrics.jsonl when the harness reports it
     "tools/unparsed",
@@ -41,6 +41,7 @@ _TOOL_LABEL = {
 }
 _FAULT_LABEL = {
     "engines_lost": "engines lost",
+    "cells_lost": "cells lost",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",

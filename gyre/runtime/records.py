@@ -65,6 +65,9 @@ class Records:
     # and the version every rollout engine is reloading while a publication runs
     activity: dict[int, dict[str, Any]] = field(default_factory=dict)
     publishing: int | None = None
+    # every cell lost: {"cell", "kind": died|hung, "role", "time", "detected_by", "cause",
+    # "action", "back" (time it served again, None if not), "moved_calls", "requeued"}
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         K = self.cells

@@ -40,6 +40,7 @@ from gyre.policy import (
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
+from gyre.runtime.faults import CellFaults, FatalFault, actor_died
 from gyre.runtime.progress import Feed
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
@@ -77,6 +78,8 @@ class RealWorld:
         self.errors: list[BaseException] = []
         # the loop points this at policy.status
         self.sched_status: Callable[[], dict[str, Any]] = lambda: {}
+        self.faults = CellFaults(self)  # a cell that dies or hangs (gyre.runtime.faults)
+        self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -138,6 +141,7 @@ class RealWorld:
         await self.execs.start()
         self.records.restart_clock()
         self._last_event = 0.0
+        self._spawn(self.faults.heartbeat())
 
     async def stop(self) -> None:
         for t in list(self._bg):
@@ -165,6 +169,7 @@ class RealWorld:
                 "engine_errors": load.get("engine_errors", 0),
                 "errors_5xx": load.get("errors_5xx", 0),
                 "engines_lost": len(self.cluster.dead_engines),
+                "cells_lost": len(self.records.faults),
                 "harness_failed": self.execs.failed,
             },
         )
@@ -250,8 +255,22 @@ class RealWorld:
 
     def _switch_cell(self, a: SwitchCell) -> None:
         target = CellRole.TO_TRAINING if a.role is CellRole.TRAINING else CellRole.TO_ROLLOUT
+        if target is CellRole.TO_ROLLOUT and self.roles[a.cell] is CellRole.TRAINING:
+            self.forget_cell_work(a.cell)  # mid-step (a fault before it): its micro-steps go back
         self._set_role(a.cell, target)
         self._spawn(self._switch(a.cell, a.role))
+
+    def forget_cell_work(self, cell: int) -> None:
+        """Cell ``cell``'s part of the open step is void (the policy queued its micro-steps
+        again): its stats and claims leave the step's record; its gradients left with its
+        replica. A finished step's record is kept as it is."""
+        rec = self.step_rec
+        if rec is not None and (
+            not self.records.finished_steps or rec is not self.records.finished_steps[-1]
+        ):
+            rec.stats.pop(cell, None)
+            rec.claims.pop(cell, None)
+        self.records.activity.pop(cell, None)
 
     def _start_step(self, a: StartStep) -> None:
         self.step_rec = StepRecord(
@@ -272,11 +291,19 @@ class RealWorld:
 
     async def _switch(self, cell: int, role: CellRole) -> None:
         t0 = self.now()
-        if role is CellRole.TRAINING:
-            moved = await self.cluster.to_training(cell)
-        else:
-            moved = 0
-            await self.cluster.to_rollout(cell)
+        try:
+            if role is CellRole.TRAINING:
+                moved = await self.cluster.to_training(cell)
+            else:
+                moved = 0
+                await self.cluster.to_rollout(cell)
+        except Exception as e:
+            if not actor_died(e):
+                raise
+            self.faults.lost(cell, e, "switch")  # no CellSwitched: the policy hears CellLost
+            return
+        if role is CellRole.ROLLOUT:
+            self.faults.back(cell)
         t1 = self.now()
         self.records.switches.append(
             {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
@@ -311,11 +338,23 @@ class RealWorld:
         act = {"what": "micro_step", "index": a.index, "of": n, "group": self.gid(a.group_id)}
         self.records.activity[a.cell] = act
         if shard:
-            stats = await self.cluster.compute(
-                a.cell, rec.step, rec.version, a.group_id, self.group_tasks[a.group_id], shard
-            )
-            rec.stats.setdefault(a.cell, ObjectiveStats()).add(stats)  # sums and maxes
-        rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
+            try:
+                stats = await self.cluster.compute(
+                    a.cell, rec.step, rec.version, a.group_id, self.group_tasks[a.group_id], shard
+                )
+            except Exception as e:
+                if not actor_died(e):
+                    raise
+                self.faults.lost(a.cell, e, "micro_step")  # the policy queues it again
+                return
+        if self.roles[a.cell] is CellRole.LOST:
+            return  # lost meanwhile: the policy queued this micro-step again
+        # void when sent back to rollout (a fault before it) while it computed: the policy
+        # ignores this report, and the step's record leaves it out
+        if self.roles[a.cell] is CellRole.TRAINING:
+            if shard:
+                rec.stats.setdefault(a.cell, ObjectiveStats()).add(stats)  # sums and maxes
+            rec.claims[a.cell] = rec.claims.get(a.cell, 0) + 1
         if self.records.activity.get(a.cell) is act:
             del self.records.activity[a.cell]
         t1 = self.now()
@@ -333,6 +372,8 @@ class RealWorld:
         k = 0
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
+        if not await self.faults.alive(list(range(k))):
+            return  # a participant is lost: the policy voids this FinishStep and goes on
         t0 = self.now()
         records = self.records
         for c in range(k):
@@ -341,6 +382,13 @@ class RealWorld:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
             )
+        except Exception as e:
+            if not actor_died(e):
+                raise
+            raise FatalFault(
+                f"a cell died during the reduce of step {rec.step}: the step cannot complete "
+                "(`gyre run --resume` continues from the last checkpoint)"
+            ) from None
         finally:
             for c in range(k):
                 records.activity.pop(c, None)

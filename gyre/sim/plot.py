@@ -33,6 +33,7 @@ COLORS = {
     "busy": "#E45756",
     "to_training": "#9D9D9D",
     "to_rollout": "#9D9D9D",
+    "lost": "#D62728",
 }
 
 

@@ -37,6 +37,8 @@ from typing import NamedTuple
 
 from gyre.policy import (
     AssignGroup,
+    CellBack,
+    CellLost,
     CellRole,
     CellSwitched,
     ClaimMicroStep,
@@ -49,6 +51,7 @@ from gyre.policy import (
     FinishStep,
     LaunchExecutions,
     MicroStepDone,
+    PolicyError,
     PublishWeights,
     SchedulingPolicy,
     StartStep,
@@ -94,7 +97,16 @@ class _Wake(NamedTuple):
     pass
 
 
-_Scheduled = _Launched | _MicroDone | _Switched | _OptimDone | _Published | _Wake
+class _Lost(NamedTuple):
+    cell: int
+    restart_h: float | None  # None: it never comes back
+
+
+class _Back(NamedTuple):
+    cell: int
+
+
+_Scheduled = _Launched | _MicroDone | _Switched | _OptimDone | _Published | _Wake | _Lost | _Back
 
 
 @dataclass
@@ -135,7 +147,10 @@ class World:
         *,
         record: bool = True,
         drain: bool = False,
+        faults: tuple[tuple[int, float, float | None], ...] = (),
     ) -> None:
+        """``faults``: ``(cell, at_h, restart_h)`` each: the cell's process dies at ``at_h`` and
+        is back ``restart_h`` later (None: never), as :mod:`gyre.sim.faults` parses them."""
         self.cfg = cfg
         self.name = placement
         self.pcfg = cfg.policy_config(placement)
@@ -171,6 +186,13 @@ class World:
         if self._reroute_h > 0:
             self._members = {i: set() for i in range(K)}
             self._members[-1] = set()
+        # faults: what each cell has scheduled (void once it dies), and what died when
+        self._pending: list[set[int]] = [set() for _ in range(K)]
+        self._void: set[int] = set()
+        self.faults: list[dict[str, float | int | str]] = []
+        self._reducing = False
+        for cell, at_h, restart_h in faults:
+            self._push(at_h, _Lost(cell, restart_h))
 
     def _init_costs(self, cfg: SimConfig) -> None:
         """What each action costs, in hours (the cost model of this placement)."""
@@ -225,9 +247,10 @@ class World:
         self._group_finished: dict[int, int] = {}
 
     # ------------------------------------------------------------------ helpers
-    def _push(self, t: float, what: _Scheduled) -> None:
+    def _push(self, t: float, what: _Scheduled) -> int:
         self._seq += 1  # ties pop in push order
         heapq.heappush(self._heap, (t, self._seq, what))
+        return self._seq
 
     def _account(self) -> None:
         """Integrate idle rollout slots and advance the progress clock up to ``now``."""
@@ -407,26 +430,32 @@ class World:
         start = self.now
         if a.cell and self._refresh_h:  # a satellite first loads the core's new weights
             start = max(start, self._fresh_at[a.cell])
-        self._push(start + self._micro_h, done)
+        self._pending[a.cell].add(self._push(start + self._micro_h, done))
 
     def _switch(self, a: SwitchCell) -> None:
         self.trace.switch_order.append((self.now, a.cell, a.role.value))
         if a.role is CellRole.TRAINING:
             self._to_training(a.cell)
             return
-        if self.roles[a.cell] is not CellRole.TRAINING:
+        if self.roles[a.cell] not in (CellRole.TRAINING, CellRole.LOST):
             self.protocol_errors.append(
                 f"cell {a.cell} switched to rollout from {self.roles[a.cell]}"
             )
         self._set_role(a.cell, CellRole.TO_ROLLOUT)
-        self._push(self.now + self._to_rollout_h, _Switched(cell=a.cell, role=CellRole.ROLLOUT))
+        switched = _Switched(cell=a.cell, role=CellRole.ROLLOUT)
+        self._pending[a.cell].add(self._push(self.now + self._to_rollout_h, switched))
 
     def _to_training(self, cell: int) -> None:
         """``cell`` stops serving now: executions beyond the capacity left are interrupted."""
         self._check_order(cell)
+        self._account()
+        if self.roles[cell] is CellRole.LOST:  # a restarted cell held no capacity
+            self._set_role(cell, CellRole.TO_TRAINING)
+            switched = _Switched(cell=cell, role=CellRole.TRAINING)
+            self._pending[cell].add(self._push(self.now + self._to_training_h, switched))
+            return
         if self.roles[cell] is not CellRole.ROLLOUT:
             self.protocol_errors.append(f"cell {cell} switched to training from {self.roles[cell]}")
-        self._account()
         self.capacity -= self.Ce
         slack = self.capacity - self.running
         self.trace.min_slack = min(self.trace.min_slack, slack)
@@ -436,9 +465,11 @@ class World:
         if self._members:
             self._reroute(cell)
         self._rerate()
-        self._push(self.now + self._to_training_h, _Switched(cell=cell, role=CellRole.TRAINING))
+        switched = _Switched(cell=cell, role=CellRole.TRAINING)
+        self._pending[cell].add(self._push(self.now + self._to_training_h, switched))
 
     def _finish_step(self, a: FinishStep) -> None:
+        self._reducing = True  # the reduce is part of the optimizer step's cost here
         self.trace.optimizer_cells.add(a.cell)
         self._busy_start(a.cell)
         self._push(self.now + self.cfg.costs.optim_h, _OptimDone(cell=a.cell, step=a.step))
@@ -469,6 +500,11 @@ class World:
                 return self._switched(t, what)
             case _OptimDone():
                 return self._optim_done(t, what)
+            case _Lost():
+                return self._lose(t, what)
+            case _Back():
+                self.faults.append({"cell": what.cell, "back_h": t})
+                return CellBack(time=t, cell=what.cell)
             case _Published():
                 self._busy_end(what.cell)
                 self._pub_P.append(self._progress_now())
@@ -477,6 +513,28 @@ class World:
                     self.trace.publications.append(t)
                 return WeightsPublished(time=t, version=what.version)
         return Tick(time=t)
+
+    def _lose(self, t: float, what: _Lost) -> CellLost:
+        """A cell's process dies: what it had scheduled is void, its capacity leaves (its
+        executions' calls move, as a drain does), and it comes back ``restart_h`` later."""
+        cell = what.cell
+        if self._reducing and self.roles[cell] is CellRole.TRAINING:
+            # as the runtime: a participant lost in the reduce stops the run
+            raise PolicyError(f"cell {cell} was lost during the step's reduce: the run stops")
+        self._account()
+        self._void |= self._pending[cell]
+        self._pending[cell] = set()
+        self._busy_end(cell)
+        if self.roles[cell] is CellRole.ROLLOUT:
+            self.capacity -= self.Ce
+            if self._members:
+                self._reroute(cell)
+        self.faults.append({"cell": cell, "lost_h": t, "role": self.roles[cell].value})
+        self._set_role(cell, CellRole.LOST)
+        self._rerate()
+        if what.restart_h is not None:
+            self._push(t + what.restart_h, _Back(cell))
+        return CellLost(time=t, cell=cell)
 
     def _switched(self, t: float, what: _Switched) -> CellSwitched:
         self._account()
@@ -488,6 +546,7 @@ class World:
         return CellSwitched(time=t, cell=what.cell, role=what.role)
 
     def _optim_done(self, t: float, what: _OptimDone) -> StepDone:
+        self._reducing = False
         self._busy_end(what.cell)
         if self._refresh_h:
             for c in range(1, self.K):
@@ -561,7 +620,12 @@ class World:
             if t_fin < t_ev:
                 ev = self._execution_done(t_fin)
             else:
-                t, _, what = heapq.heappop(heap)
+                t, seq, what = heapq.heappop(heap)
+                if seq in self._void:  # scheduled by a cell that died since
+                    self._void.discard(seq)
+                    continue
+                if isinstance(what, _MicroDone | _Switched):
+                    self._pending[what.cell].discard(seq)
                 self.now = t
                 ev = self._arrive(t, what)
             self._apply(pol.handle(ev))

@@ -390,6 +390,11 @@ CASES: list[tuple[str, Args, tuple[str, ...]]] = [
         ("workload.tail", "'abc'"),
     ),
     (
+        "sim-faults-bad-cell",
+        lambda f, p: ["sim", "--placement", "elastic", "--faults", "cell=99@1h"],
+        ("--faults", "cells are 0.."),
+    ),
+    (
         "sim-plot-unwritable",
         lambda f, p: ["sim", "--placement", "elastic", "--plot", str(f["under_file"]) + ".png"],
         ("--plot", "cannot write", "no directory"),
