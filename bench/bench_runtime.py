@@ -80,7 +80,7 @@ def start_ray(cfg, tries: int = 3) -> None:
     """``init_ray`` with retries: Ray gives its raylet 30 s to come up, which a loaded machine can miss."""
     import ray
 
-    from gyre.runtime.cluster import init_ray
+    from gyre.runtime.ray_setup import init_ray
 
     for attempt in range(tries):
         try:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+CORE = 0  # the cell that holds optimizer state and the authoritative weights
+
 
 class CellRole(str, Enum):
     """What a cell is doing. A cell serves rollouts only in ROLLOUT."""

@@ -18,6 +18,10 @@ from gyre.policy.cell_roles import CellRole
 ExecutionId = tuple[int, int]  # (group_id, attempt index 0..N-1)
 
 
+class PolicyError(ValueError):
+    """An event the policy cannot accept (unknown id, duplicate, out of order)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     time: float

@@ -25,6 +25,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from gyre.policy import faults
 from gyre.policy.actions import (
     Action,
     AssignGroup,
@@ -38,7 +39,7 @@ from gyre.policy.actions import (
     SwitchCell,
     WakeAt,
 )
-from gyre.policy.cell_roles import CellRole
+from gyre.policy.cell_roles import CORE, CellRole
 from gyre.policy.config import Placement, PolicyConfig
 from gyre.policy.events import (
     CellBack,
@@ -49,16 +50,11 @@ from gyre.policy.events import (
     ExecutionId,
     ExecutionsLaunched,
     MicroStepDone,
+    PolicyError,
     StepDone,
     Tick,
     WeightsPublished,
 )
-
-CORE = 0
-
-
-class PolicyError(ValueError):
-    """An event the policy cannot accept (unknown id, duplicate, out of order)."""
 
 
 @dataclass(slots=True)
@@ -210,9 +206,9 @@ class SchedulingPolicy:
         elif type(event) is CellSwitched:
             self._on_switched(event, acts)
         elif type(event) is CellLost:
-            self._on_lost(event, acts)
+            faults.on_lost(self, event, acts)
         elif type(event) is CellBack:
-            self._on_back(event, acts)
+            faults.on_back(self, event, acts)
         elif type(event) is Tick:
             pass
         else:
@@ -320,73 +316,6 @@ class SchedulingPolicy:
         else:
             raise PolicyError(f"cell {ev.cell} reported {ev.role.value} while {cur.value}")
 
-    def _on_lost(self, ev: CellLost, acts: list[Action]) -> None:
-        cell = ev.cell
-        cur = self.roles[cell]
-        if cur is CellRole.LOST:
-            raise PolicyError(f"cell {cell} lost twice")
-        trains = cur in (CellRole.TRAINING, CellRole.TO_TRAINING)
-        if cell == CORE and (trains or self._busy[CORE]):
-            raise PolicyError("the core was lost while it held training state")
-        if self._finishing and cur is CellRole.TRAINING:
-            # the world reports a participant lost during FinishStep only before the reduce
-            # began (it stops the run otherwise): that FinishStep is void, the step goes on
-            self._finishing = False
-            self._busy[CORE] = False
-        self.lost += 1
-        if cur is CellRole.ROLLOUT:
-            self.capacity -= self._Ce  # its calls in flight resume on the other engines
-        self.roles[cell] = CellRole.LOST
-        if cur is not CellRole.TRAINING:
-            return
-        self._requeue(cell)
-        for j in range(cell + 1, self._K):  # past the hole: out of the participant prefix
-            if self.roles[j] is CellRole.TRAINING:
-                self._requeue(j)
-                self.roles[j] = CellRole.TO_ROLLOUT
-                acts.append(SwitchCell(cell=j, role=CellRole.ROLLOUT))
-
-    def _requeue(self, cell: int) -> None:
-        """Cell ``cell``'s micro-steps of the open step (done and in flight) go back to the
-        front of the queue: its gradients are gone."""
-        back = self._done_by[cell]
-        claim = self._claim[cell]
-        if claim is not None:
-            back.append(claim)
-            self._claim[cell] = None
-            self._inflight -= 1
-            self._busy[cell] = False
-            if self.roles[cell] is not CellRole.LOST:
-                self._void.add(cell)  # it still reports; that report is ignored
-        self._micro.extendleft(reversed(back))
-        self._done_by[cell] = []
-
-    def _on_back(self, ev: CellBack, acts: list[Action]) -> None:
-        if self.roles[ev.cell] is not CellRole.LOST:
-            raise PolicyError(f"cell {ev.cell} came back while {self.roles[ev.cell].value}")
-        if self.placement is Placement.ASYNC and ev.cell < self.config.train_cells:
-            if all(r is CellRole.TRAINING for r in self.roles[: ev.cell]):
-                self.roles[ev.cell] = CellRole.TO_TRAINING  # async: back to its fixed role
-                acts.append(SwitchCell(cell=ev.cell, role=CellRole.TRAINING))
-                return
-        self.roles[ev.cell] = CellRole.TO_ROLLOUT
-        acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
-
-    def _async_refill(self, acts: list[Action]) -> None:
-        """Async: once the training prefix is whole again, the next of its fixed training cells
-        that a fault sent to rollout goes back to training (one at a time, in order)."""
-        if self.placement is not Placement.ASYNC:
-            return
-        for i in range(self.config.train_cells):
-            r = self.roles[i]
-            if r is CellRole.TRAINING:
-                continue
-            if r is CellRole.ROLLOUT and self.capacity - self._Ce >= self.waterlevel:
-                self.roles[i] = CellRole.TO_TRAINING
-                self.capacity -= self._Ce
-                acts.append(SwitchCell(cell=i, role=CellRole.TRAINING))
-            return
-
     # ------------------------------------------------------------------ decisions
     def _react(self, acts: list[Action]) -> None:
         if not self.done:
@@ -445,7 +374,7 @@ class SchedulingPolicy:
     def _switch(self, acts: list[Action]) -> None:
         """Move the next cell into training if the waterlevel rule and the supply check allow."""
         if self.placement is Placement.ASYNC:
-            self._async_refill(acts)
+            faults.async_refill(self, acts)
             return
         if self._boundary:
             return

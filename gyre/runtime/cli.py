@@ -245,10 +245,10 @@ def run_command(
         raise typer.Exit(0)
     _start_logging(cfg, run_dir, log_format)
     # lazy, and only once the checks passed: Ray and the whole runtime take seconds to import
-    from gyre.runtime.cluster import RuntimeSetupError
     from gyre.runtime.faults import FatalFault
     from gyre.runtime.loop import run
     from gyre.runtime.publication import PublicationError
+    from gyre.runtime.ray_setup import RuntimeSetupError
 
     if state is not None:
         typer.echo(

@@ -5,8 +5,9 @@ calls elsewhere with the tokens so far (the waterlevel rule guarantees room), th
 engine is dropped, the replica loads the core's current weights. Back to rollout:
 the replica is dropped (the core keeps its optimizer state in host memory), an
 engine starts on the newest published weights and joins the proxy's pool.
-Publication: the core writes a Hugging Face directory; every rollout engine
-pauses, reloads it from disk with the new version number, and continues.
+Publication (:func:`gyre.runtime.publication.publish`): the core writes a Hugging Face
+directory; every rollout engine pauses, reloads it from disk with the new version number,
+and continues. Connecting to Ray and the cells' resources: :mod:`gyre.runtime.ray_setup`.
 
 Who can reach an engine: a local run binds every server of its cells to 127.0.0.1
 (``GYRE_BIND_HOST``, see :mod:`gyre.runtime.nodeaddr`); on any run, every route of every
@@ -20,21 +21,15 @@ memory), never to the driver's environment that harness processes start from, no
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import secrets
-import shutil
-import socket
 import time
 from collections import Counter
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
 
 from gyre.config import GyreConfig
 from gyre.engine.client import EngineClient
-from gyre.engine.service import RELOAD_ROOT_ENV
 from gyre.log import LogSpec, current
 from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
@@ -43,16 +38,20 @@ from gyre.proxy.runner import ProxyServer
 from gyre.runtime.cell import Cell, StandaloneEngine
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
-from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK, ray_local_ip
-from gyre.runtime.publication import check_served
+from gyre.runtime.publication import check_served, publish
+from gyre.runtime.ray_setup import (
+    RuntimeSetupError,
+    cell_resources,
+    check_resources,
+    engine_env,
+    init_ray,
+)
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.seeds import SEED_STRIDE
 from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
     from gyre.train.tasks import MicroStepTask
-
-log = logging.getLogger("gyre.runtime.cluster")
 
 
 async def _settle(refs: list, timeout_s: float = 30.0) -> None:
@@ -62,84 +61,6 @@ async def _settle(refs: list, timeout_s: float = 30.0) -> None:
         await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), timeout_s)
     except TimeoutError:
         pass
-
-
-class RuntimeSetupError(RuntimeError):
-    """The run could not start (Ray, a cell, or the proxy failed to come up)."""
-
-
-def init_ray(cfg: GyreConfig) -> None:
-
-    rc = cfg.run.ray
-    if ray.is_initialized():
-        return
-    # Ray's start-up notices stay out of the live view: with configure_logging off its "Started a
-    # local Ray instance" (INFO) reaches no handler, the token-auth notice is quieted by
-    # gyre.cli_errors.quiet_third_party, and a nightly wheel's usage-stats prompt (a print) is
-    # off here. Ray's warnings and errors still come through; workers' output stays in its logs.
-    os.environ.setdefault("RAY_USAGE_STATS_PROMPT_ENABLED", "0")
-    kw: dict[str, Any] = {
-        "include_dashboard": rc.include_dashboard,
-        "log_to_driver": False,
-        "configure_logging": False,
-    }
-    if (
-        rc.address and rc.address != "auto"
-    ):  # Ray retries an unreachable address for minutes: check first
-        host, _, port = rc.address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError) as e:
-            raise RuntimeSetupError(
-                f"no Ray cluster answers at {rc.address} ({e}); start one with "
-                "`ray start --head` or leave --address out"
-            ) from None
-    try:
-        if rc.address:
-            ray.init(address=rc.address, **kw)
-        else:  # Ray rewrites 127.0.0.1 to the routable address; 127.0.0.2 stays loopback
-            ray.init(num_cpus=rc.num_cpus, _node_ip_address=ray_local_ip(rc.node_ip), **kw)
-    except Exception as e:  # a bad --address, or a local node that did not come up in time
-        where = f"cluster at {rc.address}" if rc.address else "local Ray instance"
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise RuntimeSetupError(f"the {where} did not start: {first}") from None
-
-
-def engine_env(cfg: GyreConfig, rundir: RunDir) -> dict[str, str]:
-    """The environment of a run's cells and standalone engines: the only folder their engines
-    reload from, and on a local run the loopback address their servers bind. Not the engine
-    key: Ray's runtime-env agent logs these variables in a world-readable file, so the key goes
-    as an actor argument."""
-    env = {RELOAD_ROOT_ENV: str(rundir.weights)}
-    if not cfg.run.ray.address:
-        env[BIND_HOST_ENV] = LOOPBACK
-    return env
-
-
-def cell_resources(cfg: GyreConfig, cell: int) -> dict[str, float]:
-    """The custom Ray resources cell ``cell`` asks for: ``run.cell.resources`` plus its own
-    entry of ``run.cell_resources`` (which pins it to the nodes that offer them)."""
-    per_cell = cfg.run.cell_resources
-    return {**cfg.run.cell.resources, **(per_cell[cell] if cell < len(per_cell) else {})}
-
-
-def check_resources(asks: list[dict[str, float]], offered: dict[str, float]) -> None:
-    """Refuse at once custom resources the cluster cannot give: Ray would keep an actor pending
-    forever (the run would hang at start instead of saying why). Actors hold their resources for
-    the whole run, so the asks are summed. Totals only: a resource split across nodes, none of
-    which holds enough for one actor, still waits."""
-    total: dict[str, float] = {}
-    for ask in asks:
-        for name, amount in ask.items():
-            total[name] = total.get(name, 0.0) + amount
-    for name, amount in total.items():
-        have = offered.get(name, 0.0)
-        if amount > have + 1e-9:
-            raise RuntimeSetupError(
-                f"the cells ask for Ray resource {name}={amount:g} in all (run.cell.resources, "
-                f"run.cell_resources), the cluster offers {have:g}; give a node more with "
-                f"`ray start --resources '{{\"{name}\": N}}'`"
-            )
 
 
 def _sweep_cgroups() -> None:
@@ -497,64 +418,9 @@ class Cluster:
             self._publishing = asyncio.Event()
 
     async def publish(self, version: int, rollout_cells: list[int]) -> dict[str, Any]:
-        """The core writes version ``version``; every rollout engine pauses, reloads it, continues."""
-        self.begin_publish()
-        publishing = self._publishing
-        assert publishing is not None  # begin_publish made it; only this method clears it
-        try:
-            t0 = time.perf_counter()
-            path = str(self.rundir.weights / f"v{version}")
-            sums = await self.cells[0].save_hf.remote(path)
-            t_save = time.perf_counter() - t0
-            self.weights_dir, self.weights_version, self.weights_sums = path, version, sums
-
-            async def reload(url: str) -> Any:
-                async with EngineClient(url, api_key=self.engine_key) as c:
-                    await c.pause()
-                    try:
-                        return await c.update_weights_from_disk(path, weight_version=version)
-                    finally:
-                        await c.resume()
-
-            urls = [u for u in (self.urls[c] for c in rollout_cells) if u] + [
-                u for _, u in self.standalone
-            ]
-            info: dict[str, Any] = {}
-            results = await self._in_memory(version, urls, info)
-            if results is None:  # run.publication = "disk", or the in-memory path failed
-                results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
-            checked = 0
-            for u, r in zip(urls, results):
-                if isinstance(r, BaseException):
-                    await self._engine_lost(u, r)
-                else:  # it reloaded: does it serve what the core wrote?
-                    checked += check_served(self._engine_name(u), version, r, sums)
-            self.engines_checked += checked
-            self._prune_weights(version, self.cfg.run.keep_published)
-            return {"engines": len(urls), "checked": checked, "save_seconds": t_save, **info}
-        finally:
-            publishing.set()
-            self._publishing = None
-
-    async def _in_memory(self, version: int, urls: list[str], info: dict) -> list | None:
-        """``run.publication = "distributed"``: the core sends ``version`` to ``urls`` over a
-        weight group (engines paused meanwhile); their replies (what was sent goes in ``info``),
-        or None to reload from disk."""
-        if self.cfg.run.publication != "distributed" or not urls:
-            return None
-        clients = [EngineClient(u, api_key=self.engine_key) for u in urls]
-        try:
-            await asyncio.gather(*[c.pause() for c in clients])
-            sent = await self.cells[0].publish_in_memory.remote(version, urls)
-            self.engines_in_memory += len(urls)
-            info["memory"] = {k: v for k, v in sent.items() if k != "replies"}
-            return sent["replies"]
-        except Exception as e:  # the fallback: every engine reloads the directory just written
-            log.warning("in-memory publication of v%d failed (%s); reloading from disk", version, e)
-            return None
-        finally:
-            await asyncio.gather(*[c.resume() for c in clients], return_exceptions=True)
-            await asyncio.gather(*[c.aclose() for c in clients], return_exceptions=True)
+        """The core writes version ``version``; every rollout engine pauses, reloads it,
+        continues (:func:`gyre.runtime.publication.publish`)."""
+        return await publish(self, version, rollout_cells)
 
     def _engine_name(self, url: str) -> str:
         cells = [c for c, u in enumerate(self.urls) if u == url]
@@ -579,17 +445,6 @@ class Cluster:
             await asyncio.to_thread(proxy.remove_engine, url, 30)
         except Exception:
             pass
-
-    def _prune_weights(self, version: int, keep: int) -> None:
-        """Keep the published weight directories of the newest ``keep`` versions (every engine has
-        reloaded ``version`` by now, and a returning cell starts on the newest)."""
-        for p in Path(self.rundir.weights).glob("v*"):
-            try:
-                v = int(p.name[1:])
-            except ValueError:
-                continue
-            if v <= version - keep and v not in self._loading:
-                shutil.rmtree(p, ignore_errors=True)
 
     def engine_load(self) -> dict[str, Any]:
         """Per engine URL ``(executions it holds, calls in flight)``, and the proxy's counters

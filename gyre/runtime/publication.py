@@ -11,14 +11,29 @@ checked engines is in each publication's record.
 With ``run.publication = "distributed"`` the core also sends each publication in memory
 (:class:`MemoryPublisher`, SGLang's ``update_weights_from_distributed``); the HF directory is
 still written, for engines that start later and as the fallback when the in-memory path fails.
+
+:func:`publish` is the driver's side of a publication (:meth:`Cluster.publish
+<gyre.runtime.cluster.Cluster.publish>`): the core writes the directory, every rollout engine
+pauses, reloads (or receives it in memory) and continues, each is checked, and published
+directories past ``run.keep_published`` are pruned.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from gyre.engine.client import EngineClient
 from gyre.engine.protocol import ModelInfo, UpdateWeightsResponse
+
+if TYPE_CHECKING:
+    from gyre.runtime.cluster import Cluster
+
+log = logging.getLogger("gyre.runtime.publication")
 
 
 class PublicationError(RuntimeError):
@@ -93,3 +108,75 @@ class MemoryPublisher:
             "raw_bytes": stats.raw_bytes,
             "full_resends": stats.full_resends,
         }
+
+
+async def publish(cl: Cluster, version: int, rollout_cells: list[int]) -> dict[str, Any]:
+    """The core writes version ``version``; every rollout engine pauses, reloads it, continues."""
+    cl.begin_publish()
+    publishing = cl._publishing
+    assert publishing is not None  # begin_publish made it; only this method clears it
+    try:
+        t0 = time.perf_counter()
+        path = str(cl.rundir.weights / f"v{version}")
+        sums = await cl.cells[0].save_hf.remote(path)
+        t_save = time.perf_counter() - t0
+        cl.weights_dir, cl.weights_version, cl.weights_sums = path, version, sums
+
+        async def reload(url: str) -> Any:
+            async with EngineClient(url, api_key=cl.engine_key) as c:
+                await c.pause()
+                try:
+                    return await c.update_weights_from_disk(path, weight_version=version)
+                finally:
+                    await c.resume()
+
+        urls = [u for u in (cl.urls[c] for c in rollout_cells) if u] + [u for _, u in cl.standalone]
+        info: dict[str, Any] = {}
+        results = await _in_memory(cl, version, urls, info)
+        if results is None:  # run.publication = "disk", or the in-memory path failed
+            results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
+        checked = 0
+        for u, r in zip(urls, results):
+            if isinstance(r, BaseException):
+                await cl._engine_lost(u, r)
+            else:  # it reloaded: does it serve what the core wrote?
+                checked += check_served(cl._engine_name(u), version, r, sums)
+        cl.engines_checked += checked
+        _prune_weights(cl, version, cl.cfg.run.keep_published)
+        return {"engines": len(urls), "checked": checked, "save_seconds": t_save, **info}
+    finally:
+        publishing.set()
+        cl._publishing = None
+
+
+async def _in_memory(cl: Cluster, version: int, urls: list[str], info: dict) -> list | None:
+    """``run.publication = "distributed"``: the core sends ``version`` to ``urls`` over a
+    weight group (engines paused meanwhile); their replies (what was sent goes in ``info``),
+    or None to reload from disk."""
+    if cl.cfg.run.publication != "distributed" or not urls:
+        return None
+    clients = [EngineClient(u, api_key=cl.engine_key) for u in urls]
+    try:
+        await asyncio.gather(*[c.pause() for c in clients])
+        sent = await cl.cells[0].publish_in_memory.remote(version, urls)
+        cl.engines_in_memory += len(urls)
+        info["memory"] = {k: v for k, v in sent.items() if k != "replies"}
+        return sent["replies"]
+    except Exception as e:  # the fallback: every engine reloads the directory just written
+        log.warning("in-memory publication of v%d failed (%s); reloading from disk", version, e)
+        return None
+    finally:
+        await asyncio.gather(*[c.resume() for c in clients], return_exceptions=True)
+        await asyncio.gather(*[c.aclose() for c in clients], return_exceptions=True)
+
+
+def _prune_weights(cl: Cluster, version: int, keep: int) -> None:
+    """Keep the published weight directories of the newest ``keep`` versions (every engine has
+    reloaded ``version`` by now, and a returning cell starts on the newest)."""
+    for p in Path(cl.rundir.weights).glob("v*"):
+        try:
+            v = int(p.name[1:])
+        except ValueError:
+            continue
+        if v <= version - keep and v not in cl._loading:
+            shutil.rmtree(p, ignore_errors=True)

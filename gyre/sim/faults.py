@@ -98,6 +98,6 @@ def fault_cost(cfg: SimConfig, placement: str, faults: list[Fault]) -> dict[str,
         "cost_h": cost,
         "rerouted": hit.rerouted,
         "interrupted": hit.interrupted,
-        "events": hit.faults,
+        "events": hit.faults.log,
         "protocol_errors": hit.protocol_errors,
     }

@@ -219,11 +219,11 @@ def summarise(world, lb: LowerBound) -> SimResult:
         missing_assessments=world.missing_execs,
         groups_trained=len(consumed),
         sim_wall_s=world.wall_s,
-        serving_staleness=_ratio(world.serve_acc[1], world.serve_acc[0], 0.0),
-        serving_staleness_steady=_ratio(world.serve_acc_steady[1], world.serve_acc_steady[0]),
-        serving_staleness_tokens=_ratio(world.serve_acc[3], world.serve_acc[2], 0.0),
+        serving_staleness=_ratio(world.serving.acc[1], world.serving.acc[0], 0.0),
+        serving_staleness_steady=_ratio(world.serving.acc_steady[1], world.serving.acc_steady[0]),
+        serving_staleness_tokens=_ratio(world.serving.acc[3], world.serving.acc[2], 0.0),
         serving_staleness_tokens_steady=_ratio(
-            world.serve_acc_steady[3], world.serve_acc_steady[2]
+            world.serving.acc_steady[3], world.serving.acc_steady[2]
         ),
         rerouted_executions=world.rerouted,
     )

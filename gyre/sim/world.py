@@ -18,12 +18,11 @@ tracks which cell serves which execution.
 
 Staleness is measured two ways: by dispatch version (per trained group, the
 policy's E[d]) and by *serving* version: the version each token was sampled
-with. Model calls are spread evenly over an execution's progress, so its tokens
-are too; an execution spanning a publication has tokens from both versions,
-weighted by the progress made under each. Two means over trained executions:
-per execution (each counts once, comparable with the dispatch E[d]) and per
-token (an execution's tokens are its length, or its calls when the draw knows
-them; what a count over trained tokens sees).
+with, booked by :class:`gyre.sim.serving.ServingStaleness`.
+
+Faults are scheduled like any completion: :class:`gyre.sim.cell_faults.CellFaults`
+(the twin of :mod:`gyre.runtime.faults`) voids a dead cell's scheduled work, takes
+its capacity out and tells the policy ``CellLost``, then ``CellBack``.
 """
 
 from __future__ import annotations
@@ -31,14 +30,9 @@ from __future__ import annotations
 import heapq
 import math
 import time as _time
-from bisect import bisect_right
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from gyre.policy import (
     AssignGroup,
-    CellBack,
-    CellLost,
     CellRole,
     CellSwitched,
     ClaimMicroStep,
@@ -46,12 +40,10 @@ from gyre.policy import (
     EndRun,
     Event,
     ExecutionFinished,
-    ExecutionId,
     ExecutionsLaunched,
     FinishStep,
     LaunchExecutions,
     MicroStepDone,
-    PolicyError,
     PublishWeights,
     SchedulingPolicy,
     StartStep,
@@ -61,79 +53,23 @@ from gyre.policy import (
     WakeAt,
     WeightsPublished,
 )
+from gyre.sim.cell_faults import CellFaults
 from gyre.sim.config import SimConfig
+from gyre.sim.routing import Routing
+from gyre.sim.scheduled import (
+    Back,
+    Launched,
+    Lost,
+    MicroDone,
+    OptimDone,
+    Published,
+    Scheduled,
+    Switched,
+    Wake,
+)
+from gyre.sim.serving import ServingStaleness
+from gyre.sim.timeline import Trace
 from gyre.sim.workload import Draw
-
-
-# What the world has scheduled (its heap holds ``(time, seq, one of these)``). Each becomes the
-# policy's event when its time comes; the cell fields are the world's own bookkeeping.
-class _Launched(NamedTuple):
-    executions: tuple[ExecutionId, ...]
-
-
-class _MicroDone(NamedTuple):
-    cell: int
-    step: int
-    group_id: int
-    micro_index: int  # not `index`: a NamedTuple field would shadow tuple.index
-
-
-class _Switched(NamedTuple):
-    cell: int
-    role: CellRole
-
-
-class _OptimDone(NamedTuple):
-    cell: int
-    step: int
-
-
-class _Published(NamedTuple):
-    cell: int
-    version: int
-
-
-class _Wake(NamedTuple):
-    pass
-
-
-class _Lost(NamedTuple):
-    cell: int
-    restart_h: float | None  # None: it never comes back
-
-
-class _Back(NamedTuple):
-    cell: int
-
-
-_Scheduled = _Launched | _MicroDone | _Switched | _OptimDone | _Published | _Wake | _Lost | _Back
-
-
-@dataclass
-class Trace:
-    """What happened, for reports, plots and invariant checks."""
-
-    cells: int
-    segments: list[list[tuple[float, float, str]]]  # per cell: (start, end, role)
-    busy: list[list[tuple[float, float]]]  # per cell: merged compute intervals while training
-    steps: list[tuple[float, float]] = field(default_factory=list)  # (start, end) per step
-    publications: list[float] = field(default_factory=list)
-    consumed: list[tuple[int, int, int]] = field(default_factory=list)  # (step, group, version)
-    switch_order: list[tuple[float, int, str]] = field(
-        default_factory=list
-    )  # (time, cell, to-role)
-    utilisation: list[tuple[float, int, int]] = field(
-        default_factory=list
-    )  # (time, running, capacity)
-    finish_count: dict[tuple[int, int], int] = field(default_factory=dict)
-    optimizer_cells: set[int] = field(
-        default_factory=set
-    )  # cells that ran FinishStep / PublishWeights
-    min_slack: float = math.inf  # min over capacity drops of (capacity after - running)
-    group_ready: dict[int, float] = field(
-        default_factory=dict
-    )  # group -> time its last execution finished
-    group_assigned: dict[int, float] = field(default_factory=dict)  # group -> time it joined a step
 
 
 class World:
@@ -162,7 +98,7 @@ class World:
         self._groups_drawn = draw.groups
         self._calls = draw.calls.tolist() if draw.calls is not None else None
         self._init_costs(cfg)
-        self._init_staleness()
+        self.serving = ServingStaleness(steady_from_step=self.pcfg.mu)  # gyre.sim.serving
         K = self.pcfg.cells
         self.K = K
         self.Ce = self.pcfg.cell_capacity
@@ -170,7 +106,7 @@ class World:
         self.capacity = self.pcfg.standalone_capacity + self.Ce * self.roles.count(CellRole.ROLLOUT)
         self.running = 0
         self.now = 0.0
-        self._heap: list[tuple[float, int, _Scheduled]] = []
+        self._heap: list[tuple[float, int, Scheduled]] = []
         self._seq = 0
         # progress clock
         self._P = 0.0
@@ -179,20 +115,12 @@ class World:
         self._run_heap: list[tuple[float, int, int]] = []  # (progress target, group, attempt)
         self._init_accounting(K)
         self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
-        # which serving unit runs each execution (cells, -1 = standalone pool); only kept when
-        # a reroute costs something
-        self._where: dict[ExecutionId, int] = {}
-        self._members: dict[int, set[ExecutionId]] = {}
+        # which serving unit runs each execution: only kept when a reroute costs something
+        self.routing: Routing | None = None
         if self._reroute_h > 0:
-            self._members = {i: set() for i in range(K)}
-            self._members[-1] = set()
-        # faults: what each cell has scheduled (void once it dies), and what died when
-        self._pending: list[set[int]] = [set() for _ in range(K)]
-        self._void: set[int] = set()
-        self.faults: list[dict[str, float | int | str]] = []
-        self._reducing = False
-        for cell, at_h, restart_h in faults:
-            self._push(at_h, _Lost(cell, restart_h))
+            self.routing = Routing(K, self.Ce, self.pcfg.standalone_capacity)
+        self._reducing = False  # in the step's reduce: a participant lost there stops the run
+        self.faults = CellFaults(self, faults)  # a cell that dies (gyre.sim.cell_faults)
 
     def _init_costs(self, cfg: SimConfig) -> None:
         """What each action costs, in hours (the cost model of this placement)."""
@@ -212,17 +140,6 @@ class World:
         self._fresh_at = [-math.inf] * self.pcfg.cells
         self._reroute_h = c.reroute_delay_h
         self.rerouted = 0  # executions moved off a leaving cell (each lost reroute_delay_h)
-
-    def _init_staleness(self) -> None:
-        # serving-version staleness: (progress, version) at each publication; launch progress
-        self._pub_P: list[float] = []
-        self._pub_v: list[int] = []
-        self._P0: dict[ExecutionId, float] = {}
-        # gid -> [executions, sum of their mean serving versions, tokens, tokens * version]
-        self._group_tokens: dict[int, list[float]] = {}
-        # over trained executions: [executions, sum of staleness, tokens, tokens * staleness]
-        self.serve_acc = [0.0, 0.0, 0.0, 0.0]
-        self.serve_acc_steady = [0.0, 0.0, 0.0, 0.0]  # the same after the first burst
 
     def _init_accounting(self, K: int) -> None:
         """The world's own counters (it checks the policy rather than trusting it)."""
@@ -247,7 +164,7 @@ class World:
         self._group_finished: dict[int, int] = {}
 
     # ------------------------------------------------------------------ helpers
-    def _push(self, t: float, what: _Scheduled) -> int:
+    def _push(self, t: float, what: Scheduled) -> int:
         self._seq += 1  # ties pop in push order
         heapq.heappush(self._heap, (t, self._seq, what))
         return self._seq
@@ -274,50 +191,20 @@ class World:
         start = max(self._acct_t, self._stall_until)
         return self._P + self._rate * max(0.0, self.now - start)
 
-    def _served(self, p0: float, p1: float) -> float:
-        """Tokens x version over the progress span [p0, p1]: the sum of the versions that
-        served it, each weighted by the progress (hence tokens) made under it."""
-        pubs, vers = self._pub_P, self._pub_v
-        i = bisect_right(pubs, p0)
-        v = vers[i - 1] if i else 0
-        at, acc = p0, 0.0
-        while i < len(pubs) and pubs[i] < p1:
-            acc += v * (pubs[i] - at)
-            at, v = pubs[i], vers[i]
-            i += 1
-        return acc + v * (p1 - at)
-
-    def _place(self, key: ExecutionId) -> None:
-        """Serve ``key`` on the least-occupied serving unit (the proxy's routing)."""
-        best, best_occ = -1, math.inf
-        for u, members in self._members.items():
-            if u >= 0:
-                if self.roles[u] is not CellRole.ROLLOUT:
-                    continue
-                cap = self.Ce
-            else:
-                cap = self.pcfg.standalone_capacity
-                if cap <= 0:
-                    continue
-            occ = len(members) / cap
-            if occ < best_occ:
-                best, best_occ = u, occ
-        self._members[best].add(key)
-        self._where[key] = best
-
     def _reroute(self, cell: int) -> None:
         """``cell`` left rollout: every execution it served loses ``reroute_delay_h`` and moves."""
-        moved = self._members[cell]
+        if self.routing is None:
+            return
+        moved = self.routing.leave(cell)
         if not moved:
             return
-        self._members[cell] = set()
         self.rerouted += len(moved)
         d = self._reroute_h * self._rate  # the lost time, in progress units
         heap = self._run_heap
         heap[:] = [(p + d, g, a) if (g, a) in moved else (p, g, a) for p, g, a in heap]
         heapq.heapify(heap)
         for key in moved:
-            self._place(key)
+            self.routing.place(key, self.roles)
 
     def _book_role(self, cell: int, t: float) -> None:
         """Close ``cell``'s open role segment at ``t``: its hours, and its trace segment."""
@@ -384,7 +271,7 @@ class World:
                 case PublishWeights():
                     self._publish(a)
                 case WakeAt():
-                    self._push(max(a.time, self.now), _Wake())
+                    self._push(max(a.time, self.now), Wake())
                 case EndRun():
                     self._account()
                     self.makespan = self.now
@@ -400,37 +287,31 @@ class World:
             self.overbooked += self.running - self.capacity
         P = self._progress_now()
         dur = self._dur
-        P0 = self._P0
+        P0 = self.serving.P0
         for gid, att in a.executions:
             if gid >= self._groups_drawn:
                 raise RuntimeError("workload draw too small for this run (pool_groups is wrong)")
             heapq.heappush(self._run_heap, (P + dur[gid][att], gid, att))
             P0[(gid, att)] = P
-        if self._members:
+        if self.routing is not None:
             for key in a.executions:
-                self._place(key)
+                self.routing.place(key, self.roles)
         self._rerate()
-        self._push(self.now, _Launched(a.executions))
+        self._push(self.now, Launched(a.executions))
 
     def _assign(self, a: AssignGroup) -> None:
         self.trace.consumed.append((a.step, a.group_id, a.version))
-        gt = self._group_tokens.pop(a.group_id, None)
-        if gt is not None:
-            acc = [gt[0], a.step * gt[0] - gt[1], gt[2], a.step * gt[2] - gt[3]]
-            for i in range(4):
-                self.serve_acc[i] += acc[i]
-                if a.step >= self.pcfg.mu:
-                    self.serve_acc_steady[i] += acc[i]
+        self.serving.assigned(a.step, a.group_id)
         if self.record:
             self.trace.group_assigned[a.group_id] = self.now
 
     def _claim(self, a: ClaimMicroStep) -> None:
         self._busy_start(a.cell)
-        done = _MicroDone(cell=a.cell, step=a.step, group_id=a.group_id, micro_index=a.index)
+        done = MicroDone(cell=a.cell, step=a.step, group_id=a.group_id, micro_index=a.index)
         start = self.now
         if a.cell and self._refresh_h:  # a satellite first loads the core's new weights
             start = max(start, self._fresh_at[a.cell])
-        self._pending[a.cell].add(self._push(start + self._micro_h, done))
+        self.faults.track(a.cell, self._push(start + self._micro_h, done))
 
     def _switch(self, a: SwitchCell) -> None:
         self.trace.switch_order.append((self.now, a.cell, a.role.value))
@@ -442,8 +323,8 @@ class World:
                 f"cell {a.cell} switched to rollout from {self.roles[a.cell]}"
             )
         self._set_role(a.cell, CellRole.TO_ROLLOUT)
-        switched = _Switched(cell=a.cell, role=CellRole.ROLLOUT)
-        self._pending[a.cell].add(self._push(self.now + self._to_rollout_h, switched))
+        switched = Switched(cell=a.cell, role=CellRole.ROLLOUT)
+        self.faults.track(a.cell, self._push(self.now + self._to_rollout_h, switched))
 
     def _to_training(self, cell: int) -> None:
         """``cell`` stops serving now: executions beyond the capacity left are interrupted."""
@@ -451,8 +332,8 @@ class World:
         self._account()
         if self.roles[cell] is CellRole.LOST:  # a restarted cell held no capacity
             self._set_role(cell, CellRole.TO_TRAINING)
-            switched = _Switched(cell=cell, role=CellRole.TRAINING)
-            self._pending[cell].add(self._push(self.now + self._to_training_h, switched))
+            switched = Switched(cell=cell, role=CellRole.TRAINING)
+            self.faults.track(cell, self._push(self.now + self._to_training_h, switched))
             return
         if self.roles[cell] is not CellRole.ROLLOUT:
             self.protocol_errors.append(f"cell {cell} switched to training from {self.roles[cell]}")
@@ -462,17 +343,16 @@ class World:
         if slack < 0:
             self.interrupted += -slack  # these executions lost their model mid-run
         self._set_role(cell, CellRole.TO_TRAINING)
-        if self._members:
-            self._reroute(cell)
+        self._reroute(cell)
         self._rerate()
-        switched = _Switched(cell=cell, role=CellRole.TRAINING)
-        self._pending[cell].add(self._push(self.now + self._to_training_h, switched))
+        switched = Switched(cell=cell, role=CellRole.TRAINING)
+        self.faults.track(cell, self._push(self.now + self._to_training_h, switched))
 
     def _finish_step(self, a: FinishStep) -> None:
         self._reducing = True  # the reduce is part of the optimizer step's cost here
         self.trace.optimizer_cells.add(a.cell)
         self._busy_start(a.cell)
-        self._push(self.now + self.cfg.costs.optim_h, _OptimDone(cell=a.cell, step=a.step))
+        self._push(self.now + self.cfg.costs.optim_h, OptimDone(cell=a.cell, step=a.step))
 
     def _publish(self, a: PublishWeights) -> None:
         self.trace.optimizer_cells.add(a.cell)
@@ -480,14 +360,14 @@ class World:
         if self._stall_h > 0:  # every engine pauses, reloads, resumes
             self._account()
             self._stall_until = max(self._stall_until, self.now + self._stall_h)
-        self._push(self.now + self.cfg.costs.publish_h, _Published(cell=a.cell, version=a.version))
+        self._push(self.now + self.cfg.costs.publish_h, Published(cell=a.cell, version=a.version))
 
-    def _arrive(self, t: float, what: _Scheduled) -> Event:
+    def _arrive(self, t: float, what: Scheduled) -> Event:
         """A scheduled completion is due: update the world, and return the policy's event."""
         match what:
-            case _Launched():
+            case Launched():
                 return ExecutionsLaunched(time=t, executions=what.executions)
-            case _MicroDone():
+            case MicroDone():
                 self._busy_end(what.cell)
                 return MicroStepDone(
                     time=t,
@@ -496,47 +376,23 @@ class World:
                     group_id=what.group_id,
                     index=what.micro_index,
                 )
-            case _Switched():
+            case Switched():
                 return self._switched(t, what)
-            case _OptimDone():
+            case OptimDone():
                 return self._optim_done(t, what)
-            case _Lost():
-                return self._lose(t, what)
-            case _Back():
-                self.faults.append({"cell": what.cell, "back_h": t})
-                return CellBack(time=t, cell=what.cell)
-            case _Published():
+            case Lost():
+                return self.faults.lose(t, what)
+            case Back():
+                return self.faults.back(t, what)
+            case Published():
                 self._busy_end(what.cell)
-                self._pub_P.append(self._progress_now())
-                self._pub_v.append(what.version)
+                self.serving.published(self._progress_now(), what.version)
                 if self.record:
                     self.trace.publications.append(t)
                 return WeightsPublished(time=t, version=what.version)
         return Tick(time=t)
 
-    def _lose(self, t: float, what: _Lost) -> CellLost:
-        """A cell's process dies: what it had scheduled is void, its capacity leaves (its
-        executions' calls move, as a drain does), and it comes back ``restart_h`` later."""
-        cell = what.cell
-        if self._reducing and self.roles[cell] is CellRole.TRAINING:
-            # as the runtime: a participant lost in the reduce stops the run
-            raise PolicyError(f"cell {cell} was lost during the step's reduce: the run stops")
-        self._account()
-        self._void |= self._pending[cell]
-        self._pending[cell] = set()
-        self._busy_end(cell)
-        if self.roles[cell] is CellRole.ROLLOUT:
-            self.capacity -= self.Ce
-            if self._members:
-                self._reroute(cell)
-        self.faults.append({"cell": cell, "lost_h": t, "role": self.roles[cell].value})
-        self._set_role(cell, CellRole.LOST)
-        self._rerate()
-        if what.restart_h is not None:
-            self._push(t + what.restart_h, _Back(cell))
-        return CellLost(time=t, cell=cell)
-
-    def _switched(self, t: float, what: _Switched) -> CellSwitched:
+    def _switched(self, t: float, what: Switched) -> CellSwitched:
         self._account()
         self._set_role(what.cell, what.role)
         self._fresh_at[what.cell] = -math.inf  # joining pulls the core's current weights
@@ -545,7 +401,7 @@ class World:
         self._rerate()
         return CellSwitched(time=t, cell=what.cell, role=what.role)
 
-    def _optim_done(self, t: float, what: _OptimDone) -> StepDone:
+    def _optim_done(self, t: float, what: OptimDone) -> StepDone:
         self._reducing = False
         self._busy_end(what.cell)
         if self._refresh_h:
@@ -572,29 +428,14 @@ class World:
             if gf[gid] == self.pcfg.group_size:
                 self.trace.group_ready[gid] = self.now
         missing = self._missing[gid][att]
-        p0 = self._P0.pop(key)
         if missing:
             self.missing_execs += 1
-        else:
-            self._served_tokens(gid, att, p0)
-        if self._members:
-            self._members[self._where.pop(key)].discard(key)
+        calls = None if self._calls is None else self._calls[gid][att]
+        self.serving.finished(key, self._P, calls, scored=not missing)
+        if self.routing is not None:
+            self.routing.finished(key)
         self._rerate()
         return ExecutionFinished(time=self.now, execution=key, reward=None if missing else 1.0)
-
-    def _served_tokens(self, gid: int, att: int, p0: float) -> None:
-        """Book a scored execution's tokens and their mean serving version on its group."""
-        gt = self._group_tokens.get(gid)
-        if gt is None:
-            gt = self._group_tokens[gid] = [0.0, 0.0, 0.0, 0.0]
-        x = self._P - p0
-        served = self._served(p0, self._P)
-        mean_v = served / x if x > 0 else self._served(p0, p0 + 1.0)
-        tokens = x if self._calls is None else self._calls[gid][att]
-        gt[0] += 1.0
-        gt[1] += mean_v
-        gt[2] += tokens
-        gt[3] += tokens * mean_v
 
     # ------------------------------------------------------------------ loop
     def run(self) -> World:
@@ -621,11 +462,8 @@ class World:
                 ev = self._execution_done(t_fin)
             else:
                 t, seq, what = heapq.heappop(heap)
-                if seq in self._void:  # scheduled by a cell that died since
-                    self._void.discard(seq)
+                if not self.faults.due(seq, what):  # scheduled by a cell that died since
                     continue
-                if isinstance(what, _MicroDone | _Switched):
-                    self._pending[what.cell].discard(seq)
                 self.now = t
                 ev = self._arrive(t, what)
             self._apply(pol.handle(ev))

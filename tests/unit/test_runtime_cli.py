@@ -277,7 +277,7 @@ def test_resume_keeps_unset_values_toml_cannot_hold(base, model_dir, tmp_path):
 def test_unreachable_ray_address_is_one_line_exit_1(tmp_path):
     """A bad --address is reported at once (Ray itself would retry it for minutes), no traceback."""
     from gyre.config import load_config
-    from gyre.runtime.cluster import RuntimeSetupError, init_ray
+    from gyre.runtime.ray_setup import RuntimeSetupError, init_ray
 
     (port,) = free_ports()  # a port nobody listens on
     cfg = load_config(QUICKSTART, [f"model_dir={tmp_path}", f"run.ray.address=127.0.0.1:{port}"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gyre.config import load_config
-from gyre.runtime.cluster import RuntimeSetupError, cell_resources, check_resources
+from gyre.runtime.ray_setup import RuntimeSetupError, cell_resources, check_resources
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.toml"
 

@@ -138,10 +138,11 @@ def test_serving_version_spans_publications():
     """An execution over [0.5, 2.0] of progress with a publication of version 3 at 1.0:
     a third of its tokens were sampled at version 0, two thirds at version 3."""
     w = World(preset("seed-toy"), "elastic", make_draw(preset("seed-toy")), record=False)
-    w._pub_P, w._pub_v = [1.0, 3.0], [3, 6]
-    assert w._served(0.5, 2.0) == pytest.approx(0.0 * 0.5 + 3 * 1.0)
-    assert w._served(1.0, 4.0) == pytest.approx(3 * 2.0 + 6 * 1.0)  # at a publication: the new one
-    assert w._served(3.5, 4.0) == pytest.approx(6 * 0.5)
+    w.serving.published(1.0, 3)
+    w.serving.published(3.0, 6)
+    assert w.serving.served(0.5, 2.0) == pytest.approx(0.0 * 0.5 + 3 * 1.0)
+    assert w.serving.served(1.0, 4.0) == pytest.approx(3 * 2.0 + 6 * 1.0)  # at a publication
+    assert w.serving.served(3.5, 4.0) == pytest.approx(6 * 0.5)
 
 
 def test_serving_staleness_is_at_most_the_dispatch_staleness():

@@ -166,5 +166,5 @@ def test_new_costs_keep_the_invariants(cfg):
         assert w.finished_execs == w.dispatched_execs, name
         assert len({g for _, g, _ in w.trace.consumed}) == S * B, name
         if cfg.workload.overall_timeout_h is None:  # no missing: per execution = per group
-            r = w.serve_acc
+            r = w.serving.acc
             assert r[1] / r[0] <= sum(s - v for s, _, v in w.trace.consumed) / (S * B) + 1e-9

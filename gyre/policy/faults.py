@@ -1,0 +1,96 @@
+"""Cell faults in the policy: a cell lost, a cell back, and the async training prefix refilled.
+
+A fault is an event like any other (``CellLost``, ``CellBack``), handled by the same pure
+state machine: these functions are :class:`~gyre.policy.scheduling.SchedulingPolicy`'s
+handlers for them, kept apart from the placements' rules. A lost rollout cell takes its
+capacity with it; a lost training cell's micro-steps of the open step (done and in flight)
+go back to the front of the queue, and every training cell past it leaves the participant
+prefix. The core (cell 0) is never lost while it holds training state: the world ends the
+run instead. A cell back goes to rollout, or (async) straight back to its fixed training
+role when the prefix before it is whole.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gyre.policy.actions import Action, SwitchCell
+from gyre.policy.cell_roles import CORE, CellRole
+from gyre.policy.config import Placement
+from gyre.policy.events import CellBack, CellLost, PolicyError
+
+if TYPE_CHECKING:
+    from gyre.policy.scheduling import SchedulingPolicy
+
+
+def on_lost(p: SchedulingPolicy, ev: CellLost, acts: list[Action]) -> None:
+    """A cell died (or hung): its capacity or its share of the open step is gone."""
+    cell = ev.cell
+    cur = p.roles[cell]
+    if cur is CellRole.LOST:
+        raise PolicyError(f"cell {cell} lost twice")
+    trains = cur in (CellRole.TRAINING, CellRole.TO_TRAINING)
+    if cell == CORE and (trains or p._busy[CORE]):
+        raise PolicyError("the core was lost while it held training state")
+    if p._finishing and cur is CellRole.TRAINING:
+        # the world reports a participant lost during FinishStep only before the reduce
+        # began (it stops the run otherwise): that FinishStep is void, the step goes on
+        p._finishing = False
+        p._busy[CORE] = False
+    p.lost += 1
+    if cur is CellRole.ROLLOUT:
+        p.capacity -= p._Ce  # its calls in flight resume on the other engines
+    p.roles[cell] = CellRole.LOST
+    if cur is not CellRole.TRAINING:
+        return
+    requeue(p, cell)
+    for j in range(cell + 1, p._K):  # past the hole: out of the participant prefix
+        if p.roles[j] is CellRole.TRAINING:
+            requeue(p, j)
+            p.roles[j] = CellRole.TO_ROLLOUT
+            acts.append(SwitchCell(cell=j, role=CellRole.ROLLOUT))
+
+
+def requeue(p: SchedulingPolicy, cell: int) -> None:
+    """Cell ``cell``'s micro-steps of the open step (done and in flight) go back to the
+    front of the queue: its gradients are gone."""
+    back = p._done_by[cell]
+    claim = p._claim[cell]
+    if claim is not None:
+        back.append(claim)
+        p._claim[cell] = None
+        p._inflight -= 1
+        p._busy[cell] = False
+        if p.roles[cell] is not CellRole.LOST:
+            p._void.add(cell)  # it still reports; that report is ignored
+    p._micro.extendleft(reversed(back))
+    p._done_by[cell] = []
+
+
+def on_back(p: SchedulingPolicy, ev: CellBack, acts: list[Action]) -> None:
+    """A new process for a lost cell is up: rollout, or async back to its fixed role."""
+    if p.roles[ev.cell] is not CellRole.LOST:
+        raise PolicyError(f"cell {ev.cell} came back while {p.roles[ev.cell].value}")
+    if p.placement is Placement.ASYNC and ev.cell < p.config.train_cells:
+        if all(r is CellRole.TRAINING for r in p.roles[: ev.cell]):
+            p.roles[ev.cell] = CellRole.TO_TRAINING  # async: back to its fixed role
+            acts.append(SwitchCell(cell=ev.cell, role=CellRole.TRAINING))
+            return
+    p.roles[ev.cell] = CellRole.TO_ROLLOUT
+    acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
+
+
+def async_refill(p: SchedulingPolicy, acts: list[Action]) -> None:
+    """Async: once the training prefix is whole again, the next of its fixed training cells
+    that a fault sent to rollout goes back to training (one at a time, in order)."""
+    if p.placement is not Placement.ASYNC:
+        return
+    for i in range(p.config.train_cells):
+        r = p.roles[i]
+        if r is CellRole.TRAINING:
+            continue
+        if r is CellRole.ROLLOUT and p.capacity - p._Ce >= p.waterlevel:
+            p.roles[i] = CellRole.TO_TRAINING
+            p.capacity -= p._Ce
+            acts.append(SwitchCell(cell=i, role=CellRole.TRAINING))
+        return
