@@ -34,6 +34,7 @@ from gyre.ports import free_ports
 from gyre.runtime.cpulimit import confine
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
 from gyre.runtime.nodeaddr import gloo_env, ipv4_interfaces, node_ip
+from gyre.runtime.publication import MemoryPublisher
 from gyre.runtime.seeds import SEED_STRIDE
 from gyre.train.cell import TrainCell
 from gyre.train.config import TrainerConfig
@@ -315,8 +316,7 @@ class Cell:
     def publish_in_memory(self, version: int, urls: list[str]) -> dict:
         """Core, ``run.publication = "distributed"``: the current weights into the engines at
         ``urls`` over a weight group (runtime.publication.MemoryPublisher.publish's answer)."""
-        from gyre.runtime.publication import MemoryPublisher
-        from gyre.train.weights import named_params
+        from gyre.train.weights import named_params  # lazy, as torch above: it loads torch
 
         if getattr(self, "_publisher", None) is None:
             self._publisher = MemoryPublisher(node_ip())
