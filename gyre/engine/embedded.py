@@ -251,6 +251,9 @@ class EmbeddedEngine(Engine):
         wake = self._wake
         assert wake is not None, "engine not started"
         while True:
+            # cleared before the state is read, never after: a request enqueued while this loop
+            # awaits the worker (freeing finished rows below) has set it and is not missed
+            wake.clear()
             drop = {rid for rid, st in self._live.items() if st.finish is not None}
             for rid in drop:
                 self._live.pop(rid, None)
@@ -260,7 +263,6 @@ class EmbeddedEngine(Engine):
             if self.paused or not runnable:
                 if drop:  # free the KV of aborted rows even while paused/idle
                     await self._run(self._live_batch().remove, drop)
-                wake.clear()
                 await wake.wait()
                 continue
             admit: list[tuple[Row, list[int]]] = []

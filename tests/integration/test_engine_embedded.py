@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import httpx
 import pytest
@@ -402,6 +403,42 @@ async def test_prefix_cache_reuses_a_conversations_kv_exactly(client, hf_model, 
     await client.update_weights_from_disk(str(tiny_model_dir))
     r4 = await client.generate(turn2, {"max_new_tokens": 20, **GREEDY})
     assert r4.meta_info.cached_tokens == 0 and r4.output_ids == r2.output_ids
+
+
+async def test_request_sent_while_an_aborted_row_is_freed_is_served(tiny_model_dir):
+    """A request that arrives while the idle scheduler frees an aborted row (on the worker) is
+    served: its wake-up must not be cleared after the free. The free is slowed to 0.3 s so the
+    second request always lands inside it (the old code cleared the wake-up there and hung)."""
+    eng = EmbeddedEngine(EmbeddedEngineConfig(model_dir=str(tiny_model_dir)))
+    await eng.start()
+    try:
+        batch = eng._live_batch()
+        free = batch.remove
+
+        def slow_remove(rids):
+            if rids:
+                time.sleep(0.3)
+            free(rids)
+
+        batch.remove = slow_remove  # type: ignore[method-assign]
+        runner = await eng.submit(
+            GenerateRequest(
+                input_ids=PROMPTS[0], sampling_params={"max_new_tokens": 3000, **GREEDY}
+            )
+        )
+        updates = runner.updates()
+        await updates.__anext__()
+        await eng.abort(runner.rid)
+        async for _ in updates:
+            pass
+        await asyncio.sleep(0.05)  # the scheduler is now freeing the aborted row
+        params = {"max_new_tokens": 4, **GREEDY}
+        r = await asyncio.wait_for(
+            eng.generate(GenerateRequest(input_ids=PROMPTS[1], sampling_params=params)), 20
+        )
+        assert len(r.output_ids) == 4
+    finally:
+        await eng.stop()
 
 
 async def test_chunked_prefill_is_exact_and_interleaves_with_decoding(tiny_model_dir, hf_model):
