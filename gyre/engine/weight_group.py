@@ -10,9 +10,10 @@ groups over its life (one per membership of the rollout set). CPU: ``gloo``; GPU
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from gyre.ports import tcp_store
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +49,14 @@ class WeightGroup:
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.name, self.backend = rank, world_size, group_name, backend
         # the master's store must live as long as the group: kept on the object
-        self._store: Any = _store(master_address, master_port, world_size, rank == 0, timeout)
+        self._store: Any = tcp_store(
+            master_address,
+            master_port,
+            world_size,
+            rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
         prefix = dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, self._store))
         self._pg: Any
         if backend == "gloo":  # returns once every member has connected
@@ -70,36 +78,3 @@ class WeightGroup:
     def close(self) -> None:
         self._pg = None
         self._store = None
-
-
-def _store(host: str, port: int, world: int, master: bool, timeout: timedelta) -> Any:
-    """A ``TCPStore`` whose master listens on ``host:port`` only: torch's own master binds every
-    interface whatever ``host`` says (gyre.train.comm.tcp_store does the same for the cells'
-    world; the engine cannot import it)."""
-    import torch.distributed as dist
-
-    fd = None
-    if master:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(max(128, world))
-        except OSError:
-            sock.close()
-            raise
-        fd = sock.detach()
-    try:
-        return dist.TCPStore(
-            host,
-            port,
-            world,
-            master,
-            timeout=timeout,
-            wait_for_workers=False,
-            master_listen_fd=fd,
-        )
-    except BaseException:
-        if fd is not None:
-            socket.close(fd)
-        raise

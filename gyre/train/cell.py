@@ -47,7 +47,8 @@ class TrainCell:
         (cell 0 serves it)."""
         import datetime
 
-        from gyre.train.comm import init_cell_process, tcp_store
+        from gyre.ports import tcp_store
+        from gyre.train.comm import init_cell_process
 
         self.comm = init_cell_process(
             self.rank,

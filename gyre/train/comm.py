@@ -10,10 +10,11 @@ processes and groups alive while cells switch roles).
 from __future__ import annotations
 
 import datetime
-import socket
 
 import torch
 import torch.distributed as dist
+
+from gyre.ports import tcp_store
 
 
 class PrefixCommunicators:
@@ -64,49 +65,6 @@ def init_cell_process(
     store = tcp_store(host, port, world_size, rank == 0, timeout=timeout, multi_tenant=True)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return PrefixCommunicators(world_size, rank)
-
-
-def tcp_store(
-    host: str,
-    port: int,
-    world_size: int,
-    is_master: bool,
-    *,
-    timeout: datetime.timedelta,
-    wait_for_workers: bool = True,
-    multi_tenant: bool = False,
-) -> dist.TCPStore:
-    """A ``TCPStore`` whose master listens on ``host:port`` only. torch's own master binds every
-    interface (``[::]:port``) whatever ``host`` says, which put a local run's gloo rendezvous on
-    the network; here the master gets a socket bound to ``host`` (``master_listen_fd``; the
-    store owns it from then on)."""
-    fd = None
-    if is_master:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(max(128, world_size))
-        except OSError:
-            sock.close()
-            raise
-        fd = sock.detach()
-    try:
-        return dist.TCPStore(
-            host,
-            port,
-            world_size,
-            is_master,
-            timeout=timeout,
-            wait_for_workers=wait_for_workers,
-            multi_tenant=multi_tenant,
-            master_listen_fd=fd,
-        )
-    except BaseException:
-        if fd is not None:
-            socket.close(fd)
-        raise
 
 
 def flat_grads(params: list[torch.Tensor]) -> torch.Tensor:

@@ -137,7 +137,7 @@ def init_sharded_process(
 
     On CUDA pass ``device_index`` (the rank's GPU on its node), set before any group exists.
     """
-    from gyre.train.comm import tcp_store
+    from gyre.ports import tcp_store
 
     if device_type == "cuda" and device_index is not None:
         torch.cuda.set_device(device_index)
