@@ -330,25 +330,39 @@ class EmbeddedEngine(Engine):
                 message=f"model_path {req.model_path!r} is not a directory",
                 weight_version=self.weight_version,
             )
-        if req.abort_all_requests:
+        return await self._swap_weights(
+            req.weight_version,
+            req.abort_all_requests,
+            f"loaded {req.model_path}",
+            self._reload,
+            req.model_path,
+        )
+
+    async def _swap_weights(
+        self, version: int | str | None, abort_all: bool, loaded: str, job, *args
+    ) -> UpdateWeightsResponse:
+        """One weights update, from disk or a weight group: the new version is taken, ``job``
+        runs on the worker between two steps with it as its last argument, and a job that fails
+        or refuses (wrong shapes, a bad checksum, a missed version) keeps the old weights."""
+        if abort_all:
             await self.abort_all("aborted by weights update")
         old = self.weight_version
-        self._bump_version(req.weight_version)
-        new_version = self.weight_version
+        self._bump_version(version)
         try:
-            await self._run(self._reload, req.model_path, new_version)
-        except Exception as e:  # wrong architecture/shapes, unreadable files: keep the old weights
+            await self._run(job, *args, self.weight_version)
+        except Exception as e:
             self.weight_version = old
             return UpdateWeightsResponse(
                 success=False,
                 message=f"weights not loaded: {type(e).__name__}: {e}",
                 weight_version=old,
+                needs_full_copy=isinstance(e, NeedsFullCopy),
             )
         return UpdateWeightsResponse(
             success=True,
-            message=f"loaded {req.model_path}",
+            message=loaded,
             num_paused_requests=self.live_requests,
-            weight_version=new_version,
+            weight_version=self.weight_version,
             weights_checksum=self.weights_checksum,
             weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
         )
@@ -417,27 +431,13 @@ class EmbeddedEngine(Engine):
                 message=f"no weight-update group {req.group_name!r}; call /init_weights_update_group",
                 weight_version=self.weight_version,
             )
-        if req.abort_all_requests:
-            await self.abort_all("aborted by weights update")
-        old = self.weight_version
-        self._bump_version(req.weight_version)
-        try:
-            await self._run(self._receive_bucket, group, req, self.weight_version)
-        except Exception as e:  # refused or failed: the old weights stay
-            self.weight_version = old
-            return UpdateWeightsResponse(
-                success=False,
-                message=f"weights not loaded: {e}",
-                weight_version=old,
-                needs_full_copy=isinstance(e, NeedsFullCopy),
-            )
-        return UpdateWeightsResponse(
-            success=True,
-            message=f"loaded {len(req.names)} tensors ({req.encoding})",
-            num_paused_requests=self.live_requests,
-            weight_version=self.weight_version,
-            weights_checksum=self.weights_checksum,
-            weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
+        return await self._swap_weights(
+            req.weight_version,
+            req.abort_all_requests,
+            f"loaded {len(req.names)} tensors ({req.encoding})",
+            self._receive_bucket,
+            group,
+            req,
         )
 
     def stats(self) -> dict:
