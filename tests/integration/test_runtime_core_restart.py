@@ -76,13 +76,15 @@ def test_core_killed_mid_run_restarts_from_checkpoint_and_applies_no_step_twice(
     assert fault["action"] == "restart from checkpoint step 2" and fault["restart_step"] == 2
     assert fault["steps_redone"] >= 1  # step 3 (at least) was applied by the dead core
     assert fault["unix_time"] >= killer.at
+    assert fault["back_unix_time"] >= fault["restart_unix_time"] and fault["cost_s"] > 0
     assert (rd / "faults.jsonl").exists()
     cells = json.loads((rd / "cells.json").read_text())
     assert cells[0]["pid"] != killer.pid  # a new core
     print(
         f"core restart: found {fault['unix_time'] - killer.at:.2f} s after the kill by "
         f"{fault['detected_by']}; restart began {fault['restart_unix_time'] - killer.at:.2f} s "
-        f"after it; {fault['steps_redone']} steps redone"
+        f"after it; cells up again {fault['cost_s']:.1f} s after the loss; "
+        f"{fault['steps_redone']} steps redone"
     )
 
 
