@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -17,8 +16,8 @@ from pydantic import ValidationError
 from gyre import log
 from gyre.cli_errors import UserError, error_line, first_line, make_dir
 from gyre.runtime.cpulimit import CpuLimitError, check
-from gyre.runtime.restore import plan_restore
 from gyre.runtime.rundir import RunDir
+from gyre.runtime.supervise import resume_state, supervise
 from gyre.runtime.tracking_config import missing_packages
 from gyre.validation import validation_line
 
@@ -138,39 +137,16 @@ def _check_cells(cfg) -> None:
         )
 
 
-def _resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
-    """Where a killed run stands: its checkpoint (step, data cursor, groups trained), the groups
-    in flight with what they keep (``gyre.runtime.restore``), next group id, next segment."""
-    from gyre.train.checkpoint import latest_checkpoint, load_state  # lazy: torch
-
-    rd = RunDir(run_dir)
-    execs = rd.read_jsonl("executions.jsonl")
-    ckpt = latest_checkpoint(rd.checkpoints)
-    st = load_state(ckpt) if ckpt else None
-    step = st.step if st else 0
-    dropped = rd.truncate_metrics(step)
-    metrics = rd.read_jsonl("metrics.jsonl")
-    trained = [g for r in metrics for g in r.get("groups", [])]
-    # the checkpoint's own list is the one its weights were trained on (metrics may lag it)
-    plan = plan_restore(execs, [*trained, *(st.consumed_groups if st else [])], group_size)
-    next_group = max([e["group"] for e in execs] + [int(g[1:]) for g in trained] + [-1]) + 1
-    segment = max([e.get("segment", 0) for e in execs] + [-1]) + 1
-    return {
-        "step": step,
-        "checkpoint": str(ckpt) if ckpt else None,
-        "next_group": next_group,
-        "segment": max(segment, 1),
-        "dropped_metric_lines": dropped,
-        "restore": plan,
-    }
-
-
 def _restore_line(plan) -> str:
     n = plan.summary()
     return (
         f"{n['groups']} groups, {n['restored']} finished executions kept, "
         f"{n['relaunched']} attempts to relaunch"
     )
+
+
+def _say(text: str) -> None:
+    typer.echo(f"[gyre run] {text}", err=True)
 
 
 def _start_logging(cfg, run_dir: Path, log_format: str | None) -> None:
@@ -204,7 +180,7 @@ def run_command(
             if not (resume / "config.json").is_file():
                 raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.json)")
             cfg = resume_config(resume, set_)
-            state = _resume_state(resume, cfg.policy.group_size)
+            state = resume_state(resume, cfg.policy.group_size)
             run_dir = resume
         else:
             if config is None:
@@ -246,7 +222,6 @@ def run_command(
     _start_logging(cfg, run_dir, log_format)
     # lazy, and only once the checks passed: Ray and the whole runtime take seconds to import
     from gyre.runtime.faults import FatalFault
-    from gyre.runtime.loop import run
     from gyre.runtime.publication import PublicationError
     from gyre.runtime.ray_setup import RuntimeSetupError
 
@@ -257,7 +232,9 @@ def run_command(
             err=True,
         )
     try:
-        summary = run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
+        summary = supervise(
+            cfg, run_dir, state, quiet=quiet, log_format=log_format, say=_say
+        )  # the core's loss: a restart from the last checkpoint (gyre.runtime.supervise)
     except (RuntimeSetupError, PublicationError, FatalFault) as e:
         typer.echo(f"gyre run: {e}", err=True)
         raise typer.Exit(1) from None

@@ -70,6 +70,14 @@ class FaultConfig(BaseModel):
     restart: bool = Field(
         True, description="restart a lost cell (a new actor, same cell id) and let it rejoin"
     )
+    core_restarts: int = Field(
+        2,
+        ge=0,
+        description="when the core (cell 0) is lost, or any cell inside the step's reduce, restart "
+        "the run from its last checkpoint in the same `gyre run`, at most this many times "
+        "(0: stop with one line, `gyre run --resume` continues); steps the core finished after "
+        "that checkpoint are trained again, none applied twice",
+    )
 
 
 class RunConfig(BaseModel):

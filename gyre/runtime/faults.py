@@ -14,8 +14,10 @@ own, so a training cell answers it too) does not answer within ``run.fault.heart
    prefix communicators of the new membership), and the policy gets ``CellBack``: it sends the
    cell to rollout, whose switch starts an engine on the newest published weights.
 
-The core (cell 0) is not restarted: its optimizer state lives in its process, so its loss
-ends the run with one line (``gyre run --resume`` continues from the last checkpoint).
+The core (cell 0) is not restarted in place: its optimizer state lives in its process. Its
+loss, or any cell's loss inside the step's reduce, raises :class:`CoreLost` out of the run's
+segment; :mod:`gyre.runtime.supervise` restarts the whole segment from the last checkpoint
+(``run.fault.core_restarts`` times) or stops with one line.
 """
 
 from __future__ import annotations
@@ -33,8 +35,18 @@ if TYPE_CHECKING:
 
 
 class FatalFault(RuntimeError):
-    """A loss the run cannot survive (the core, or a cell in the step's reduce): the run stops
-    with this line."""
+    """A loss the run's segment cannot survive: the segment stops with this line."""
+
+
+class CoreLost(FatalFault):
+    """The core, or a cell inside the step's reduce, was lost: what the core applied since its
+    last checkpoint died with it. ``record`` is the fault's entry in ``faults`` (the supervisor
+    says there what it did); ``faults`` is the segment's whole list, kept for the next one."""
+
+    def __init__(self, message: str, record: dict[str, Any], faults: list[dict[str, Any]]):
+        super().__init__(message)
+        self.record = record
+        self.faults = faults
 
 
 def actor_died(e: BaseException) -> bool:
@@ -55,6 +67,7 @@ class CellFaults:
     async def heartbeat(self) -> None:
         """Ping every live cell every ``heartbeat_s``; a dead or silent one is lost."""
         hb = self.cfg.heartbeat_s
+        self._cells_up()
         while True:
             await asyncio.sleep(hb)
             cells = [c for c in range(self.world.K) if c not in self.down]
@@ -65,6 +78,15 @@ class CellFaults:
                 if isinstance(r, BaseException) and c not in self.down:
                     kind = "hung" if isinstance(r, TimeoutError) else "died"
                     self.lost(c, r, "heartbeat", kind=kind)
+
+    def _cells_up(self) -> None:
+        """The segment's cells are up (the heartbeat starts then): a core restart that led here
+        is over; its cost is the time from the loss to now."""
+        now = round(time.time(), 3)
+        for f in self.world.records.faults:
+            if f.get("core_restart") and f.get("back_unix_time") is None:
+                f["back_unix_time"] = now
+                f["cost_s"] = round(now - f["unix_time"], 3)
 
     async def alive(self, cells: list[int]) -> bool:
         """Ping ``cells`` at once (a dead actor answers in milliseconds): any lost is reported
@@ -106,30 +128,97 @@ class CellFaults:
             "cause": first,
             "action": "restart" if self.cfg.restart and cell != 0 else "none",
             "back": None,
+            "segment": w.records.segment,
         }
         w.records.faults.append(rec)
         if w.records.activity.get(cell, {}).get("what") == "reduce":
             rec["action"] = "run stopped"
-            w.errors.append(
-                FatalFault(
-                    f"cell {cell} was lost ({kind}: {first}) during the step's reduce: the step "
-                    "cannot complete (`gyre run --resume` continues from the last checkpoint)"
-                )
+            msg = (
+                f"cell {cell} was lost ({kind}: {first}) during the step's reduce: the step "
+                "cannot complete (`gyre run --resume` continues from the last checkpoint)"
             )
+            w.errors.append(CoreLost(msg, rec, w.records.faults))
             return
         if cell == 0:
             rec["action"] = "run stopped"
-            w.errors.append(
-                FatalFault(
-                    f"cell 0 (the core) was lost ({kind}: {first}); its optimizer state went "
-                    "with it: `gyre run --resume` continues from the last checkpoint"
-                )
+            msg = (
+                f"cell 0 (the core) was lost ({kind}: {first}); its optimizer state went "
+                "with it: `gyre run --resume` continues from the last checkpoint"
             )
+            w.errors.append(CoreLost(msg, rec, w.records.faults))
             return
         self._open[cell] = rec
         w.forget_cell_work(cell)
         w.records.set_role(cell, CellRole.LOST, now)
         w._spawn(self._replace(cell, rec))
+
+    def reduce_lost(self, step: int, k: int, cause: BaseException) -> CoreLost:
+        """A participant died inside the reduce of ``step`` (cells ``0..k-1``): recorded like any
+        loss; the segment cannot finish the step (the core's gradients may be half reduced)."""
+        w = self.world
+        cell = self.cell_of(cause, range(k))
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        rec: dict[str, Any] = {
+            "cell": 0 if cell is None else cell,
+            "kind": "died",
+            "role": w.roles[0 if cell is None else cell].value,
+            "time": round(w.now(), 3),
+            "unix_time": round(time.time(), 3),
+            "detected_by": "reduce",
+            "cause": first,
+            "action": "run stopped",
+            "back": None,
+            "segment": w.records.segment,
+        }
+        w.records.faults.append(rec)
+        who = "a cell" if cell is None else f"cell {cell}"
+        msg = (
+            f"{who} died during the reduce of step {step}: the step cannot complete "
+            "(`gyre run --resume` continues from the last checkpoint)"
+        )
+        return CoreLost(msg, rec, w.records.faults)
+
+    def cell_of(self, e: BaseException, cells: range) -> int | None:
+        """Which of ``cells`` the dead actor behind ``e`` (or its cause) was, if Ray says."""
+        ids = {}
+        for c in cells:
+            if c < len(self.world.cluster.cells):
+                ids[self.world.cluster.cells[c]._actor_id.hex()] = c
+        x: BaseException | None = e
+        for _ in range(5):  # the error, or what it was raised from
+            if x is None:
+                break
+            if actor_died(x) and getattr(x, "actor_id", None) in ids:
+                return ids[x.actor_id]  # type: ignore[attr-defined]
+            x = x.__cause__ or x.__context__
+        return None
+
+    async def surfaced(self, e: BaseException) -> None:
+        """A background task of the world raised ``e``. If the core is dead (the error says so,
+        or it does not answer a ping) its loss is what stops the segment, as :class:`CoreLost`,
+        whatever call found it (a publication's save, a satellite's reduce whose peer went);
+        anything else stops the run as it is."""
+        w = self.world
+        if not isinstance(e, CoreLost) and w.cluster.cells and 0 not in self.down:
+            dead = self.cell_of(e, range(1)) == 0
+            if not dead:
+                try:
+                    await self._ping(0, self.cfg.heartbeat_s)
+                except Exception:
+                    dead = True
+            if dead:
+                self.lost(0, e, "call")
+        if e not in w.errors and not any(isinstance(x, CoreLost) and x is not e for x in w.errors):
+            w.errors.append(e)
+
+    async def in_reduce(self, step: int, k: int, e: BaseException) -> BaseException:
+        """What to raise when the reduce of ``step`` over cells ``0..k-1`` raised ``e``: a
+        participant's loss (its own error, or a peer's that a ping finds dead) is
+        :class:`CoreLost`; an error of the reduce itself stays as it is."""
+        if not actor_died(e) and await self.alive(list(range(k))):
+            return e
+        queued = [x for x in self.world.errors if isinstance(x, CoreLost)]
+        return queued[0] if queued else self.reduce_lost(step, k, e)
 
     async def _replace(self, cell: int, rec: dict[str, Any]) -> None:
         """Kill the actor, move its engine's calls, tell the policy; restart and rejoin."""

@@ -42,6 +42,7 @@ _TOOL_LABEL = {
 _FAULT_LABEL = {
     "engines_lost": "engines lost",
     "cells_lost": "cells lost",
+    "core_restarts": "core restarts",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",
@@ -174,6 +175,7 @@ class Progress:
         last = rows[-1] if rows else {}
         ev = next((e for e in reversed(feed.evals) if "error" not in e), None)
         f = {k: int(feed.counters.get(k, 0)) for k in _FAULT_LABEL}
+        f["core_restarts"] = core_restarts(rec.faults)
         cells = []
         for c, role in enumerate(rec.roles):
             r = role.value
@@ -249,7 +251,8 @@ class Progress:
 def _faults(s: dict[str, Any]) -> str:
     f = s["faults"]
     parts = [f"{_FAULT_LABEL[k]} {v}" for k, v in f.items() if v]
-    return f"faults {sum(f.values())}" + (f" ({', '.join(parts)})" if parts else "")
+    n = sum(v for k, v in f.items() if k != "core_restarts")  # a restart answers a cell lost
+    return f"faults {n}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _missing_text(s: dict[str, Any]) -> str:
@@ -332,6 +335,11 @@ def panel(s: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+def core_restarts(faults: list[dict[str, Any]]) -> int:
+    """Times the run restarted its core from a checkpoint (gyre.runtime.supervise)."""
+    return sum(1 for f in faults if f.get("core_restart"))
+
+
 def closing_lines(summary: dict[str, Any], seconds: float, path: Any) -> list[str]:
     """The run's last lines: time, makespan, reward first/last quarter and the evaluations'
     first and last score, rounded as a person reads them."""
@@ -343,7 +351,17 @@ def closing_lines(summary: dict[str, Any], seconds: float, path: Any) -> list[st
         ev = f", {name} v{first['version']} {num(first['reward_mean'])}"
         if last is not first:
             ev += f" -> v{last['version']} {num(last['reward_mean'])}"
+    restarts = [f for f in summary.get("faults", []) if f.get("core_restart")]
+    said = []
+    if restarts:  # the run went on past its core's loss: say what it cost
+        steps = ", ".join(str(f["restart_step"]) for f in restarts)
+        redone = sum(f.get("steps_redone", 0) for f in restarts)
+        said.append(
+            f"core restarted {len(restarts)}x (from checkpoint step {steps}); "
+            f"{redone} finished steps trained again"
+        )
     return [
+        *said,
         f"done in {duration(seconds)}: makespan {summary['makespan_s']:.1f}s, reward first/last "
         f"quarter {num(summary['reward_first_quarter'])} -> "
         f"{num(summary['reward_last_quarter'])}{ev}",

@@ -40,7 +40,7 @@ from gyre.policy import (
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
-from gyre.runtime.faults import CellFaults, FatalFault, actor_died
+from gyre.runtime.faults import CellFaults, actor_died
 from gyre.runtime.progress import Feed
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
@@ -67,6 +67,7 @@ class RealWorld:
         )
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
+        self.records.faults.extend(r.get("faults", []))  # earlier segments' (faults.jsonl)
         self.step_rec: StepRecord | None = None
         # a resume's groups in flight take the policy's first group ids (docs/runtime.md, "Resume")
         self.restore: RestorePlan = r.get("restore") or RestorePlan()
@@ -127,7 +128,7 @@ class RealWorld:
             except asyncio.CancelledError:
                 raise
             except BaseException as e:  # surfaced by next_event: the loop stops with the cause
-                self.errors.append(e)
+                await self.faults.surfaced(e)  # the core's death as CoreLost, whatever found it
 
         t = asyncio.get_running_loop().create_task(guarded())
         self._bg.add(t)
@@ -382,13 +383,8 @@ class RealWorld:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
             )
-        except Exception as e:
-            if not actor_died(e):
-                raise
-            raise FatalFault(
-                f"a cell died during the reduce of step {rec.step}: the step cannot complete "
-                "(`gyre run --resume` continues from the last checkpoint)"
-            ) from None
+        except Exception as e:  # a participant lost: CoreLost (gyre.runtime.faults)
+            raise await self.faults.in_reduce(rec.step, k, e) from None
         finally:
             for c in range(k):
                 records.activity.pop(c, None)
