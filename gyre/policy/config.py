@@ -27,8 +27,7 @@ class CoreRetention(str, Enum):
     """Elastic only: when the core stays in training at a burst boundary (gyre.policy.retention)."""
 
     PAPER = "paper"  # rollout without the core covers w + the whole next dispatch
-    OUTSTANDING = "outstanding"  # ... covers w only (the next dispatch may queue for slots)
-    ADAPTIVE = "adaptive"  # outstanding's test once the core's rollout stint < its switching
+    ADAPTIVE = "adaptive"  # ... or covers w, when the core's last rollout stint was short
 
 
 class PolicyConfig(BaseModel):
@@ -78,8 +77,8 @@ class PolicyConfig(BaseModel):
     )
     core_retention: CoreRetention = Field(
         CoreRetention.PAPER,
-        description="Elastic only: the core's retention test at a boundary (paper | "
-        "outstanding | adaptive; see gyre.policy.retention); other placements ignore it",
+        description="Elastic only: the core's retention test at a boundary (paper | adaptive; "
+        "see gyre.policy.retention); other placements ignore it",
     )
 
     @model_validator(mode="after")

@@ -67,7 +67,7 @@ def boundary_with_leftover(rule: str, t0: float = 1.0) -> tuple[SchedulingPolicy
 
     Groups 0-2 finish at ``t0`` (the core leaves once w = 4 <= 4), group 3 keeps running.
     At the boundary: group 2 ready, w = 2, next dispatch 4 executions; without the core
-    4 slots: the paper's test fails (4 < 2 + 4), the outstanding one holds (4 >= 2).
+    4 slots: the paper's test fails (4 < 2 + 4), the work outstanding fits (4 >= 2).
     """
     p = SchedulingPolicy(
         cfg(
@@ -94,19 +94,6 @@ def test_paper_retention_sends_the_core_back_when_the_next_dispatch_does_not_fit
     assert p.roles[0] is CellRole.ROLLOUT and p.capacity == 8
 
 
-def test_outstanding_retention_keeps_the_core_and_queues_the_dispatch():
-    p, out = boundary_with_leftover("outstanding")
-    assert SwitchCell(0, CellRole.ROLLOUT) not in out
-    assert p.roles == [CellRole.TRAINING, CellRole.ROLLOUT]
-    # nothing interrupted: the new groups launch only into the 2 free slots, 2 wait
-    assert p.capacity == 4 and p.running == 4 and p.queued == 2
-    launched = [e for a in of(out, LaunchExecutions) for e in a.executions]
-    assert (4, 0) in launched and (5, 1) not in launched
-    # the satellite still obeys the waterlevel rule: it cannot leave while w > 0
-    acts = p.handle(ExecutionFinished(9.0, (3, 0), 1.0))
-    assert not [a for a in of(acts, SwitchCell) if a.cell == 1]
-
-
 def test_adaptive_retention_returns_a_core_whose_rollout_stint_outlasted_its_switching():
     # the core served 1.0 in rollout and its switch in took 0.01: rollout was worth it
     p, out = boundary_with_leftover("adaptive", t0=1.0)
@@ -116,11 +103,18 @@ def test_adaptive_retention_returns_a_core_whose_rollout_stint_outlasted_its_swi
 
 
 def test_adaptive_retention_keeps_a_core_that_moves_longer_than_it_serves():
-    # the core left rollout at 0.001, its switch took 0.01: it stays, as with outstanding
+    # the core left rollout at 0.001, its switch took 0.01: it stays in training
     p, out = boundary_with_leftover("adaptive", t0=0.001)
     assert p.core_clock.rollout_stint < p.core_clock.to_training
     assert SwitchCell(0, CellRole.ROLLOUT) not in out
-    assert p.roles[0] is CellRole.TRAINING
+    assert p.roles == [CellRole.TRAINING, CellRole.ROLLOUT]
+    # nothing interrupted: the new groups launch only into the 2 free slots, 2 wait
+    assert p.capacity == 4 and p.running == 4 and p.queued == 2
+    launched = [e for a in of(out, LaunchExecutions) for e in a.executions]
+    assert (4, 0) in launched and (5, 1) not in launched
+    # the satellite still obeys the waterlevel rule: it cannot leave while w > 0
+    acts = p.handle(ExecutionFinished(9.0, (3, 0), 1.0))
+    assert not [a for a in of(acts, SwitchCell) if a.cell == 1]
 
 
 def test_retention_needs_supply_whatever_the_rule():
@@ -137,9 +131,7 @@ def test_retention_needs_supply_whatever_the_rule():
 
 def test_colocate_keeps_the_paper_test_under_any_rule():
     # the colocated gang is the whole cluster: staying would leave no rollout at all
-    p = SchedulingPolicy(
-        cfg("colocate", cells=4, cell_capacity=4, mu=1, core_retention="outstanding")
-    )
+    p = SchedulingPolicy(cfg("colocate", cells=4, cell_capacity=4, mu=1, core_retention="adaptive"))
     p.start(0.0)
     acts = finish_group(p, 0, 1.0) + finish_group(p, 1, 1.0)
     out, _ = drive_training(p, acts, 1.0)
@@ -184,3 +176,24 @@ def test_a_satellite_that_lands_within_its_burst_stays():
     acts = p.handle(CellSwitched(1.3, 1, CellRole.TRAINING))
     assert not of(acts, SwitchCell) and p.roles[1] is CellRole.TRAINING
     assert not [a for a in acts if isinstance(a, StepDone)]
+
+
+def test_core_clock_stays_for_a_short_stint_against_switching_or_training():
+    from gyre.policy.retention import CoreClock
+
+    c = CoreClock()
+    assert not c.stint_too_short  # nothing measured yet: an infinite stint
+    c.left_rollout(1.0)  # rolled out 1.0
+    c.in_training(1.01)
+    assert not c.stint_too_short  # 1.0 >= the 0.01 switch in
+    c.left_training(5.01)  # trained 4.0
+    c.in_rollout(5.02)
+    c.left_rollout(6.02)  # rolled out 1.0 again: < 4.0 / 3
+    assert c.training_stint == pytest.approx(4.0) and c.stint_too_short
+    c.in_training(6.03)
+    c.left_training(8.03)  # trained 2.0
+    c.in_rollout(8.04)
+    c.left_rollout(9.04)  # 1.0 >= 2.0 / 3 and >= the 0.02 round trip
+    assert not c.stint_too_short
+    c.in_training(11.04)  # a 2.0 switch in: round trip 2.01 > the 1.0 stint
+    assert c.stint_too_short
