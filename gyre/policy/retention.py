@@ -7,15 +7,16 @@ when its rollout stint is shorter than those switches (issue 24: K=3, training-h
 ``PolicyConfig.core_retention = "adaptive"`` also keeps the core when the rollout side
 without it covers the work already outstanding (w, not the next dispatch: that queues for
 slots) *and* the core's last rollout stint was shorter than its last switching round trip
-(in + out) or than a third of its last training stint, all measured from the policy's own
-events: a core that spends longer moving than serving, or trains over 3/4 of its cycle, is
-worth more in training, where it also starts the next burst's steps at once. No rule is
-broken: the core does not leave rollout (it is not in it), no live execution is
-interrupted, satellites still join only under the waterlevel rule. The supply check
-(>= rho_min B ready groups) still applies, so the core has work.
+(in + out), both measured from the policy's own events: a core that spends longer moving
+than serving is worth more in training, where it also starts the next burst's steps at
+once. No rule is broken: the core does not leave rollout (it is not in it), no live
+execution is interrupted, satellites still join only under the waterlevel rule. The
+supply check (>= rho_min B ready groups) still applies, so the core has work.
 
-Keeping the core whenever w fits, without the stint test, won more at some K=3 points but
-lost up to 8 % where executions are long (docs/scheduling.md), so it is not offered.
+Tried and dropped (docs/scheduling.md): keeping the core whenever w fits (won more at some
+K=3 points, lost up to 8 % where executions are long), a stint below twice the round trip
+(lost up to 5 %), or below a third of the core's training stint (lost 1.6 % on the
+flagship with 4x training).
 """
 
 from __future__ import annotations
@@ -26,11 +27,6 @@ from typing import TYPE_CHECKING
 
 from gyre.policy.cell_roles import CellRole
 from gyre.policy.config import CoreRetention, Placement
-
-# ``adaptive`` keeps the core when its rollout stint < its training stint / this (or < its
-# switching round trip). Swept in the simulator (docs/scheduling.md): 2 loses up to 1.7 % at
-# some K=3 points with heavy tails; 3 lost nowhere; the round trip alone misses most wins.
-TRAINING_PER_ROLLOUT = 3.0
 
 if TYPE_CHECKING:
     from gyre.policy.scheduling import SchedulingPolicy
@@ -45,8 +41,6 @@ class CoreClock:
     rollout_stint: float = math.inf  # unknown until the core first leaves rollout
     to_training: float = 0.0
     to_rollout: float = 0.0
-    training_since: float = 0.0
-    training_stint: float = 0.0  # unknown (0) until the core first leaves training
 
     def left_rollout(self, t: float) -> None:
         self.rollout_stint = t - self.rollout_since
@@ -54,11 +48,9 @@ class CoreClock:
 
     def in_training(self, t: float) -> None:
         self.to_training = t - self.switch_since
-        self.training_since = t
 
     def left_training(self, t: float) -> None:
         self.switch_since = t
-        self.training_stint = t - self.training_since
 
     def in_rollout(self, t: float) -> None:
         self.to_rollout = t - self.switch_since
@@ -66,10 +58,8 @@ class CoreClock:
 
     @property
     def stint_too_short(self) -> bool:
-        """The last rollout stint was short against the round trip (in + out) that bought it,
-        or against the training stint around it."""
-        round_trip = self.to_training + self.to_rollout
-        return self.rollout_stint < max(round_trip, self.training_stint / TRAINING_PER_ROLLOUT)
+        """The last rollout stint was shorter than the round trip (in + out) that bought it."""
+        return self.rollout_stint < self.to_training + self.to_rollout
 
 
 def core_stays(p: SchedulingPolicy, cap_without_core: int, next_dispatch: int) -> bool:

@@ -178,7 +178,7 @@ def test_a_satellite_that_lands_within_its_burst_stays():
     assert not [a for a in acts if isinstance(a, StepDone)]
 
 
-def test_core_clock_stays_for_a_short_stint_against_switching_or_training():
+def test_core_clock_compares_the_last_rollout_stint_with_the_round_trip():
     from gyre.policy.retention import CoreClock
 
     c = CoreClock()
@@ -186,14 +186,14 @@ def test_core_clock_stays_for_a_short_stint_against_switching_or_training():
     c.left_rollout(1.0)  # rolled out 1.0
     c.in_training(1.01)
     assert not c.stint_too_short  # 1.0 >= the 0.01 switch in
-    c.left_training(5.01)  # trained 4.0
-    c.in_rollout(5.02)
-    c.left_rollout(6.02)  # rolled out 1.0 again: < 4.0 / 3
-    assert c.training_stint == pytest.approx(4.0) and c.stint_too_short
-    c.in_training(6.03)
-    c.left_training(8.03)  # trained 2.0
-    c.in_rollout(8.04)
-    c.left_rollout(9.04)  # 1.0 >= 2.0 / 3 and >= the 0.02 round trip
-    assert not c.stint_too_short
-    c.in_training(11.04)  # a 2.0 switch in: round trip 2.01 > the 1.0 stint
+    c.left_training(5.01)
+    c.in_rollout(5.51)  # 0.5 back
+    c.left_rollout(6.01)  # rolled out 0.5 < 0.01 + 0.5
+    assert c.rollout_stint == pytest.approx(0.5) and c.stint_too_short
+    c.in_training(6.02)  # the round trip is now 0.01 + 0.5, still > 0.5
     assert c.stint_too_short
+    c.left_training(8.0)
+    c.in_rollout(8.1)
+    c.left_rollout(9.1)  # 1.0 >= 0.01 + 0.1
+    c.in_training(9.11)
+    assert not c.stint_too_short
