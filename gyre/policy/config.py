@@ -23,6 +23,13 @@ class Placement(str, Enum):
     ELASTIC = "elastic"  # K cells that move between roles under the waterlevel rule
 
 
+class CoreRetention(str, Enum):
+    """Elastic only: when the core stays in training at a burst boundary (gyre.policy.retention)."""
+
+    PAPER = "paper"  # rollout without the core covers w + the whole next dispatch
+    ADAPTIVE = "adaptive"  # ... or covers w, when the core's last rollout stint was short
+
+
 class PolicyConfig(BaseModel):
     """Everything the policy needs to decide; nothing about how long things take.
 
@@ -67,6 +74,11 @@ class PolicyConfig(BaseModel):
     )
     hold_tau: float = Field(
         0.0, ge=0.0, description="supply check must hold this long (world time units)"
+    )
+    core_retention: CoreRetention = Field(
+        CoreRetention.PAPER,
+        description="Elastic only: the core's retention test at a boundary (paper | adaptive; "
+        "see gyre.policy.retention); other placements ignore it",
     )
 
     @model_validator(mode="after")

@@ -25,7 +25,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from gyre.policy import faults
+from gyre.policy import faults, retention
 from gyre.policy.actions import (
     Action,
     AssignGroup,
@@ -114,6 +114,8 @@ class SchedulingPolicy:
         # burst boundary
         self._boundary = False
         self._core_stays = False
+        self._left_at = [0] * c.cells  # the version each cell last left rollout at
+        self.core_clock = retention.CoreClock()  # the core's measured rollout stint and switches
         self._supply_since: float | None = None
         self._started = False
         self.done = False
@@ -279,10 +281,7 @@ class SchedulingPolicy:
             else:
                 alive = sum(r is not CellRole.LOST for r in self.roles[1:])
                 cap_without_core = c.standalone_capacity + self._Ce * alive
-            self._core_stays = (
-                len(self._ready) >= c.supply_groups
-                and cap_without_core >= self.waterlevel + next_dispatch
-            )
+            self._core_stays = retention.core_stays(self, cap_without_core, next_dispatch)
             # colocate moves as one gang: if the pool stays, every cell stays
             if not (self.placement is Placement.COLOCATE and self._core_stays):
                 for i in satellites:
@@ -299,22 +298,35 @@ class SchedulingPolicy:
         self._busy[CORE] = False
         self._dispatch(acts)
         if not self._core_stays:
+            self.core_clock.left_training(ev.time)
             self.roles[CORE] = CellRole.TO_ROLLOUT
             acts.append(SwitchCell(cell=CORE, role=CellRole.ROLLOUT))
 
     def _on_switched(self, ev: CellSwitched, acts: list[Action]) -> None:
         cur = self.roles[ev.cell]
         if ev.role is CellRole.TRAINING and cur is CellRole.TO_TRAINING:
-            if CellRole.LOST in self.roles[: ev.cell]:  # past a lost cell: outside the prefix
+            if CellRole.LOST in self.roles[: ev.cell] or self._late_join(ev.cell):
                 self.roles[ev.cell] = CellRole.TO_ROLLOUT
                 acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
                 return
             self.roles[ev.cell] = CellRole.TRAINING
+            if ev.cell == CORE:
+                self.core_clock.in_training(ev.time)
         elif ev.role is CellRole.ROLLOUT and cur is CellRole.TO_ROLLOUT:
             self.roles[ev.cell] = CellRole.ROLLOUT
+            if ev.cell == CORE:
+                self.core_clock.in_rollout(ev.time)
             self.capacity += self._Ce
         else:
             raise PolicyError(f"cell {ev.cell} reported {ev.role.value} while {cur.value}")
+
+    def _late_join(self, cell: int) -> bool:
+        """An Elastic satellite whose switch into training straddled a burst boundary: the
+        other satellites went back at it, so it goes back too (else it would train past a
+        cell in rollout, outside the participant prefix, holding its capacity)."""
+        if self.placement is not Placement.ELASTIC or cell == CORE:
+            return False
+        return self._boundary or self._left_at[cell] != self.version
 
     # ------------------------------------------------------------------ decisions
     def _react(self, acts: list[Action]) -> None:
@@ -401,7 +413,10 @@ class SchedulingPolicy:
             return  # waterlevel rule: what stays must cover every queued or running execution
         for i in leaving:
             roles[i] = CellRole.TO_TRAINING
+            self._left_at[i] = self.version
             acts.append(SwitchCell(cell=i, role=CellRole.TRAINING))
+        if leaving[0] == CORE:
+            self.core_clock.left_rollout(self.now)
         self.capacity = cap_after
         # The hold window is NOT restarted here: the rule is "supply >= rho_min B continuously
         # for tau". If the joining cell drains supply below that, _update_supply restarts the

@@ -157,7 +157,7 @@ def _print_bursts(results) -> None:
 def sim(
     ctx: typer.Context,
     preset: str = typer.Option(
-        "seed-toy", "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t"
+        "seed-toy", "--preset", "-p", help="seed-toy | nl2repo-122b | flagship-2.4t | cells-k3"
     ),
     placement: str | None = typer.Option(
         None,

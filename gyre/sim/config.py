@@ -243,6 +243,8 @@ ALIASES: dict[str, str] = {
     "micro": "policy.micro_steps_per_execution",
     "micro_steps_per_execution": "policy.micro_steps_per_execution",
     "rho_min": "policy.rho_min",
+    "retention": "policy.core_retention",
+    "core_retention": "policy.core_retention",
     "tau": "policy.hold_tau",
     "hold_tau": "policy.hold_tau",
     "hold_tau_h": "policy.hold_tau",
