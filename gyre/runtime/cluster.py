@@ -88,8 +88,8 @@ class Cluster:
     ):
         self.cfg, self.rundir = cfg, rundir
         self.K = cfg.policy.cells
-        if resume_from and cfg.run.cell.devices > 1:  # sharded optimizer state is not reloaded
-            raise RuntimeSetupError("--resume: a run with run.cell.devices > 1 cannot resume yet")
+        if resume_from and (why := ranks.resume_mismatch(resume_from, cfg.run.cell.devices)):
+            raise RuntimeSetupError(why)
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K

@@ -17,13 +17,15 @@ nothing here runs.
 
 The gloo world has K*G ranks (global rank = cell * G + local) and fsdp.py's groups: one mesh
 per cell and one prefix group per (k, shard position). Its ranks keep those groups while the
-cell switches roles. Not supported with G > 1 (refused or stated): ``--resume``, and
-rebuilding the world after a lost cell (a fault restart).
+cell switches roles. A checkpoint resumes only with the G it was written with
+(:func:`resume_mismatch`). Not supported with G > 1: rebuilding the world after a lost cell (a
+fault restart).
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -86,6 +88,18 @@ class RankedCell:
         if name.startswith("_"):
             raise AttributeError(name)
         return _Method(self, name)
+
+
+def resume_mismatch(checkpoint: str, devices: int) -> str | None:
+    """Why a checkpoint cannot resume with ``devices`` ranks per cell (None: it can): the core's
+    optimizer state is saved as one file per core rank, so G must stay what it was."""
+    saved = 1 + sum(1 for _ in Path(checkpoint).glob("optimizer-rank*.pt"))
+    if saved == devices:
+        return None
+    return (
+        f"--resume: {checkpoint} holds the optimizer state of cells of {saved} rank(s), "
+        f"run.cell.devices is {devices}; resume with run.cell.devices={saved}"
+    )
 
 
 async def pids(handle: Any) -> list[int]:

@@ -18,8 +18,8 @@ runtime's :class:`~gyre.runtime.cell.Cell` drives either. Every rank of a cell g
   That copy is the memory price of publishing from rank 0.
 
 Checkpoints hold the whole weights, the trainer state and each core rank's optimizer shard
-(``optimizer.pt`` for rank 0, ``optimizer-rank<l>.pt`` for the others, local tensors); a run
-with G > 1 is not resumable yet (the runtime refuses ``--resume`` for it).
+(``optimizer.pt`` for rank 0, ``optimizer-rank<l>.pt`` for the others, local tensors); a resumed
+core rank loads its own file back into DTensors (same G only).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gyre.train import fsdp
-from gyre.train.checkpoint import TrainerState, save_checkpoint
+from gyre.train.checkpoint import TrainerState, load_state, save_checkpoint
 from gyre.train.config import TrainerConfig
 from gyre.train.objective import N_SUM
 from gyre.train.replica import ReplicaWorker
@@ -56,6 +56,29 @@ class _LocalOptimizer:
             for k, s in sd["state"].items()
         }
         return sd
+
+
+def load_sharded_optimizer(
+    path: Path, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+) -> None:
+    """This rank's optimizer shards (:class:`_LocalOptimizer`'s local tensors) back into
+    DTensors shaped like their parameters; needs the G the checkpoint was written with."""
+    from torch.distributed.tensor import DTensor
+
+    sd = torch.load(path, weights_only=True)
+    for i, st in sd["state"].items():
+        p = params[int(i)]
+        for name, t in st.items():
+            if (
+                isinstance(p, DTensor)
+                and isinstance(t, torch.Tensor)
+                and t.shape == p.to_local().shape
+                and t.dim()
+            ):
+                st[name] = DTensor.from_local(
+                    t, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
+                )
+    optimizer.load_state_dict(sd)
 
 
 class ShardedCellTrainer:
@@ -93,23 +116,31 @@ class ShardedCellTrainer:
 
     # ---------------------------------------------------------------- into and out of training
     def load(self, version: int, snapshot_dir: str, resume_from: str | None = None) -> None:
-        if resume_from:
-            raise RuntimeError("resuming a run with run.cell.devices > 1 is not supported")
         if self.is_core:
             if self.worker is None:
-                torch.manual_seed(self.cfg.seed)
-                self.worker = self._sharded_worker(self.cfg.model_dir)
-                self.optimizer = build_optimizer(self.worker.params, self.cfg.optim)
-                self.state = TrainerState(model_source=self.cfg.model_dir)
-                if self.local == 0:
-                    self.shell = ReplicaWorker(self.cfg)
-                    self.shell.start(self.cfg.model_dir)
-                self.version = self.state.policy_version
+                self._start_core(resume_from)
             self.snapshot(snapshot_dir)
         else:
             self.worker = self._sharded_worker(self.cfg.model_dir)
             self.version = -1
             self._pull(version, snapshot_dir)
+
+    def _start_core(self, resume_from: str | None) -> None:
+        """The core's rank: its shards of the weights (from a checkpoint on resume), its shards
+        of the optimizer state (that checkpoint's file of this rank), the trainer state."""
+        torch.manual_seed(self.cfg.seed)
+        source = resume_from or self.cfg.model_dir
+        worker = self.worker = self._sharded_worker(source)
+        self.optimizer = build_optimizer(worker.params, self.cfg.optim)
+        self.state = TrainerState(model_source=self.cfg.model_dir)
+        if resume_from:
+            name = f"optimizer-rank{self.local}.pt" if self.local else "optimizer.pt"
+            load_sharded_optimizer(Path(resume_from) / name, self.optimizer, worker.params)
+            self.state = load_state(Path(resume_from))
+        if self.local == 0:
+            self.shell = ReplicaWorker(self.cfg)
+            self.shell.start(source)
+        self.version = self.state.policy_version
 
     def _pull(self, version: int, snapshot_dir: str) -> None:
         """Load the core's published snapshot of ``version`` into this rank's shards. The
