@@ -320,18 +320,20 @@ class ShardedCellTrainer:
         return self._gather()
 
     def _checkpoint(self, root: str, optimizer: torch.optim.Optimizer, state: TrainerState) -> None:
+        """Every core rank: the other ranks stage their optimizer shard in ``root``, then rank 0
+        writes the checkpoint with them inside, so ``latest`` never names one without them."""
         intra = self.groups.mesh.get_group()
-        model = self._gather()
-        if model is not None:
-            local = cast(torch.optim.Optimizer, _LocalOptimizer(optimizer))  # its state_dict only
-            final = save_checkpoint(root, model, local, state, keep=self.cfg.checkpoint.keep)
-            path = [str(final)]
-        else:
-            path = [""]
-        dist.broadcast_object_list(path, src=self.groups.layout.cell_ranks(0)[0], group=intra)
+        G = self.groups.layout.per_cell
+        staged = {
+            f"optimizer-rank{r}.pt": Path(root) / f".stage-step-{state.step}-rank{r}.pt"
+            for r in range(1, G)
+        }
+        local = _LocalOptimizer(optimizer)
         if self.local:
-            torch.save(
-                _LocalOptimizer(optimizer).state_dict(),
-                Path(path[0]) / f"optimizer-rank{self.local}.pt",
-            )
+            Path(root).mkdir(parents=True, exist_ok=True)
+            torch.save(local.state_dict(), staged[f"optimizer-rank{self.local}.pt"])
+        model = self._gather()  # collective: after it every rank's shard file is written
+        if model is not None:
+            opt = cast(torch.optim.Optimizer, local)  # its state_dict only
+            save_checkpoint(root, model, opt, state, keep=self.cfg.checkpoint.keep, extra=staged)
         dist.barrier(group=intra)
