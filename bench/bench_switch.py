@@ -1,7 +1,7 @@
 """Switch times of a cell with one rank (G=1, the baseline) and with G ranks (FSDP2 inside the
 cell, ``run.cell.devices``), measured in the same run of this script on the same machine.
 
-    python bench/bench_switch.py                 # G=1 then G=2, 10 steps each: ~4 min on 2 cores
+    python bench/bench_switch.py                 # G=1 then G=2, 10 steps each: ~8 min on 2 busy cores
     python bench/bench_switch.py --steps 6 --devices 2 4
 
 Each G is one real ``gyre run`` of examples/quickstart.toml with 2 elastic cells (K=2, no
