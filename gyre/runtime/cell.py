@@ -35,6 +35,7 @@ from gyre.runtime.cpulimit import confine
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
 from gyre.runtime.nodeaddr import gloo_env, ipv4_interfaces, node_ip
 from gyre.runtime.publication import MemoryPublisher
+from gyre.runtime.ranks import leave_world, sharded_setup
 from gyre.runtime.seeds import SEED_STRIDE
 from gyre.train.cell import TrainCell
 from gyre.train.config import TrainerConfig
@@ -42,7 +43,6 @@ from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
     from gyre.train.tasks import MicroStepTask
-    from gyre.train.trainer import CellTrainer
 
 log = logging.getLogger("gyre.runtime.cell")
 
@@ -58,6 +58,8 @@ class Cell:
         cpu_quota: float | None = None,
         engine_key: str | None = None,
         log_spec: LogSpec | None = None,
+        local: int = 0,
+        devices: int = 1,
     ):
         (log_spec or LogSpec()).apply()  # an actor's process starts with no logging of Gyre's
         use_api_key(engine_key)  # the run's engine key: its engines want it, its clients send it
@@ -73,8 +75,11 @@ class Cell:
 
         torch.set_num_threads(torch_threads)
         self.index, self.world = index, world
+        self.local, self.devices = local, devices  # rank in the cell; G (run.cell.devices)
         self.ecfg, self.torch_threads = engine_cfg, torch_threads
-        self.trainer: CellTrainer = CellTrainer(index, trainer_cfg)
+        self.tcfg = trainer_cfg
+        # G > 1: a ShardedCellTrainer, built by setup() over the cell's process groups
+        self.trainer: Any = CellTrainer(index, trainer_cfg) if devices == 1 else None
         self.cell: TrainCell | None = None  # process group + prefix communicators
         self.engine: EngineService | None = None  # while in rollout (a vLLM one: for life)
         self.parked = False  # the engine is kept, paused, while the cell trains (vLLM)
@@ -82,6 +87,8 @@ class Cell:
         self._leaving: float | None = None  # when this cell began to leave its role
 
     def _comm(self):
+        if self.devices > 1:  # the sharded trainer holds its own groups
+            return None
         if self.cell is None:
             raise RuntimeError(f"cell {self.index} is not set up (call setup() first)")
         return self.cell.comm
@@ -116,6 +123,9 @@ class Cell:
         every prefix communicator (collective: all cells at once). On a non-loopback node the
         cell's own gloo sockets bind the interface holding its node IP (see nodeaddr)."""
         os.environ.update(gloo_env(node_ip(), dict(os.environ), ipv4_interfaces()))
+        if self.devices > 1:  # K cells x G ranks, fsdp.py's groups (gyre.runtime.ranks)
+            self.trainer = sharded_setup(self, dist_port, host)
+            return
         if self.cell is not None:  # a rebuild (a cell was restarted): leave the old world
             self.cell.teardown()
         cell = self.cell = TrainCell(
@@ -125,6 +135,8 @@ class Cell:
 
     def teardown(self) -> None:
         self.stop_engine()
+        if self.devices > 1:
+            leave_world()
         if self.cell is not None:
             self.cell.teardown()
             self.cell = None
@@ -195,6 +207,9 @@ class Cell:
         """The cell holds ``role`` at ``version``: one ``switch`` record, timed from when it began
         to leave its last role (from ``t0`` for its first one)."""
         seconds = time.perf_counter() - (self._leaving if self._leaving is not None else t0)
+        if self.local:  # a multi-rank cell's switch is its leader's record
+            self.role, self._leaving = role, None
+            return
         log.info(
             "cell %d: %s -> %s in %.2f s (v%d)",
             self.index,
@@ -231,6 +246,8 @@ class Cell:
             return ray.get(tasks[0])
 
         where = {"cell": self.index, "step": step, "version": version, "group": group}
+        if self.devices > 1:
+            where["rank"] = self.local
         n = len(indices)
         log.info(
             "cell %d: claimed %d micro-steps of g%d (step %d)",
@@ -282,6 +299,8 @@ class Cell:
         seconds = time.perf_counter() - t0
         tokens = int(m.get("actor/target_tokens", 0))
         signal = bool(n_scored and tokens)  # without: the weights stay, the version advances
+        if self.local:  # the core's step is its leader's record (the metrics are rank 0's)
+            return m
         log.info(
             "cell %d: optimizer step -> v%d over %d cells%s in %.2f s",
             self.index,
@@ -310,17 +329,25 @@ class Cell:
     def save_hf(self, out_dir: str) -> dict[str, float]:
         """Core: the current weights as a Hugging Face directory (what engines reload from disk);
         returns their fingerprints, which every engine must report back (runtime.publication)."""
-        self.trainer.save_hf(out_dir)
-        return fingerprints(self.trainer.replica().live_model)
+        from gyre.train.trainer import write_published  # lazy: it loads torch
+
+        model = self.trainer.whole_model()  # G > 1: collective, the whole weights on rank 0
+        if model is None:  # not the cell's rank 0: its part was the gather
+            return {}
+        write_published(model, self.tcfg.model_dir, out_dir)
+        return fingerprints(model)
 
     def publish_in_memory(self, version: int, urls: list[str]) -> dict:
         """Core, ``run.publication = "distributed"``: the current weights into the engines at
         ``urls`` over a weight group (runtime.publication.MemoryPublisher.publish's answer)."""
         from gyre.train.weights import named_params  # lazy, as torch above: it loads torch
 
+        model = self.trainer.whole_model()  # G > 1: collective, the whole weights on rank 0
+        if model is None:
+            return {}
         if getattr(self, "_publisher", None) is None:
             self._publisher = MemoryPublisher(node_ip())
-        params = named_params(self.trainer.replica().live_model)
+        params = named_params(model)
         return self._publisher.publish(version, params, urls)
 
 

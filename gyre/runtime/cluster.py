@@ -35,6 +35,7 @@ from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.heartbeat import EngineEvent
 from gyre.proxy.runner import ProxyServer
+from gyre.runtime import ranks
 from gyre.runtime.cell import Cell, StandaloneEngine
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
@@ -87,6 +88,8 @@ class Cluster:
     ):
         self.cfg, self.rundir = cfg, rundir
         self.K = cfg.policy.cells
+        if resume_from and (why := ranks.resume_mismatch(resume_from, cfg.run.cell.devices)):
+            raise RuntimeSetupError(why)
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
@@ -147,38 +150,49 @@ class Cluster:
         pids = await asyncio.gather(*[c.pid.remote() for c in self.cells])
         nodes = await asyncio.gather(*[c.node.remote() for c in self.cells])
         groups = await asyncio.gather(*[c.group.remote() for c in self.cells])
+        every = await asyncio.gather(*[ranks.pids(c) for c in self.cells])
         self.placement = [
             {"cell": i, "pid": p, "node": n, "node_ip": ip, "resources": asks[i], "gloo": gloo}
             | ({"cgroup": g, "cpu_quota": res.cpu_quota} if g else {})
+            | ({"rank_pids": every[i]} if res.devices > 1 else {})
             for i, (p, n, ip, g) in enumerate(zip(pids, nodes, ips, groups))
         ]
 
     def cell_actor(self, i: int) -> Any:
-        """A new actor for cell ``i`` (at start, and when a lost cell is restarted). Its ``ping``
-        runs in a concurrency group of its own, so a cell busy training still answers it."""
+        """A new handle for cell ``i`` (at start, and when a lost cell is restarted): one actor,
+        or with ``run.cell.devices`` > 1 its G rank actors as one (:mod:`gyre.runtime.ranks`).
+        Its ``ping`` runs in a concurrency group of its own, so a cell busy training answers."""
         res = self.cfg.run.cell
         tcfg, ecfg = self.cfg.trainer, self.cfg.engine  # pydantic models cross into the actors
         remote: Any = ray.remote  # Ray's stubs lack the class form's concurrency_groups
-        return (
-            remote(concurrency_groups={"health": 1})(Cell)
-            .options(
-                num_cpus=res.num_cpus,
-                num_gpus=res.num_gpus,
-                resources=self._asks[i] or None,
-                max_concurrency=1,
-                runtime_env=self._runtime_env,
+
+        def make(local: int, node: str | None) -> Any:
+            name = f"cell-{i}" if local == 0 else f"cell-{i}-rank{local}"
+            return (
+                remote(concurrency_groups={"health": 1})(Cell)
+                .options(
+                    num_cpus=res.num_cpus,
+                    num_gpus=res.num_gpus,
+                    resources=(self._asks[i] or None) if local == 0 else None,
+                    max_concurrency=1,
+                    runtime_env=self._runtime_env,
+                    **ranks.rank_options(node),
+                )
+                .remote(
+                    i,
+                    self.K,
+                    tcfg,
+                    ecfg,
+                    res.torch_threads,
+                    res.cpu_quota,
+                    self.engine_key,
+                    self.log_spec(name),
+                    local,
+                    res.devices,
+                )
             )
-            .remote(
-                i,
-                self.K,
-                tcfg,
-                ecfg,
-                res.torch_threads,
-                res.cpu_quota,
-                self.engine_key,
-                self.log_spec(f"cell-{i}"),
-            )
-        )
+
+        return ranks.new_cell(make, res.devices)
 
     async def build_world(self) -> str:
         """Every cell (re)joins a fresh gloo world served by the core at its node IP, on ports
@@ -297,7 +311,7 @@ class Cluster:
         if self.cells:
             await _settle([c.teardown.remote() for c in self.cells])
             for c in self.cells:
-                ray.kill(c)
+                ranks.kill(c)
             self.cells = []
             if self.cfg.run.cell.cpu_quota is not None:  # this node's emptied cell groups
                 await asyncio.to_thread(_sweep_cgroups)

@@ -29,6 +29,13 @@ class CellResources(BaseModel):
         "CPU make Ray tasks hang",
     )
     num_gpus: float = Field(0.0, ge=0)
+    devices: int = Field(
+        1,
+        ge=1,
+        description="G: ranks (processes, a device each) per cell; > 1 shards each cell's "
+        "training replica with FSDP2 over its ranks (rank 0 also runs the engine; "
+        "docs/runtime.md); each rank asks num_cpus and num_gpus",
+    )
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources (e.g. a node tag)"
     )

@@ -63,9 +63,12 @@ def save_checkpoint(
     state: TrainerState,
     *,
     keep: int,
+    extra: dict[str, Path] | None = None,
 ) -> Path:
     """Write ``state.step``'s checkpoint and prune to the newest ``keep`` (the caller passes
-    ``trainer.checkpoint.keep``, whose default is the one retention default)."""
+    ``trainer.checkpoint.keep``, whose default is the one retention default). ``extra``: files
+    written by others (a sharded core's other ranks) moved in under these names before the
+    checkpoint becomes ``latest``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{state.step}"
@@ -74,6 +77,8 @@ def save_checkpoint(
     write_hf(model, state.model_source, tmp)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
+    for name, path in (extra or {}).items():
+        os.replace(path, tmp / name)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     latest_tmp = root / f".latest.{os.getpid()}"

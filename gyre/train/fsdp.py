@@ -29,8 +29,9 @@ Tested on CPU only (gloo, float64, 2 cells x 2 ranks, tests/integration/test_tra
 the step is the same as one process's for every split of the micro-steps, a cell rejoins
 after missing a step, and a full snapshot loads into a sharded cell. UNTESTED: CUDA/NCCL
 (``init_sharded_process`` with ``device_index``), mixed-precision policies (``mp_policy``),
-and the flex-attention packed forward under FSDP2. Not written: reducing the objective
-counters (``ObjectiveStats``) over a sharded cell's ranks, and wiring into ``gyre run``.
+and the flex-attention packed forward under FSDP2. ``gyre run`` wires it in with ``run.cell.devices = G``
+(:mod:`gyre.train.sharded_trainer`, :mod:`gyre.runtime.ranks`): each rank computes every G-th
+of its cell's micro-steps between :func:`begin_accumulation` and :func:`sync_cell_grads`.
 """
 
 from __future__ import annotations
@@ -174,7 +175,45 @@ def shard_model(
     fully_shard(model, **kw)
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)
+        # a plain SUM: for float32 FSDP2 would fold the factor into PREMUL_SUM, which gloo lacks
+        m.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def begin_accumulation(model: torch.nn.Module) -> None:
+    """Unshard every FSDP module once (collective within the cell) and keep it unsharded, with
+    gradient sync off, until :func:`sync_cell_grads`.
+
+    Why: ``gyre run`` splits a cell's micro-steps over its ranks (rank ``l`` takes every G-th),
+    and a micro-step is one forward per packed row plus the pre-pass's no-grad forwards, so the
+    ranks of a cell run different numbers of forwards and backwards. With the parameters
+    already unsharded and no reduce-scatter per backward, those passes issue no collective at
+    all; the cell's one reduce-scatter happens in :func:`sync_cell_grads`, on every rank alike.
+    Gradients accumulate locally on the unsharded parameters meanwhile (FSDP2's own gradient
+    accumulation path).
+    """
+    mods = fsdp_modules(model)
+    for m in mods:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.set_reshard_after_backward(False, recurse=False)
+        m.set_requires_gradient_sync(False, recurse=False)
+    for m in mods:
+        m.unshard()
+
+
+def sync_cell_grads(model: torch.nn.Module, device: str | torch.device) -> None:
+    """Sum the cell's ranks' accumulated gradients into each rank's shard (the FSDP2
+    reduce-scatter, divide factor 1), then reshard: one zero-loss forward/backward of one token
+    with gradient sync on, run by every rank of the cell (a rank that computed nothing adds
+    zeros). Parameters are sharded again afterwards, as the optimizer and the cross-cell
+    reduce want them."""
+    mods = fsdp_modules(model)
+    for m in mods:
+        m.set_requires_gradient_sync(True, recurse=False)
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    (model(input_ids=ids).logits.sum() * 0.0).backward()
+    for m in mods:
+        m.reshard()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

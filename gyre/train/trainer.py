@@ -195,12 +195,20 @@ class CellTrainer:
         )
         return self.version
 
+    def whole_model(self) -> torch.nn.Module:
+        """Core: the model holding the whole current weights (what publication reads; a
+        sharded cell's twin gathers them first)."""
+        return self.replica().live_model
+
     def save_hf(self, out_dir: str) -> None:
-        """Core: the current weights as a Hugging Face directory (what engines reload from disk),
-        written aside and renamed into place."""
-        model = self.replica().live_model
-        tmp = Path(out_dir + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        write_hf(model, self.cfg.model_dir, tmp)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        os.replace(tmp, out_dir)
+        """Core: the current weights as a Hugging Face directory (what engines reload from disk)."""
+        write_published(self.replica().live_model, self.cfg.model_dir, out_dir)
+
+
+def write_published(model: torch.nn.Module, model_source: str, out_dir: str) -> None:
+    """``model`` as a Hugging Face directory, written aside and renamed into place."""
+    tmp = Path(out_dir + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_hf(model, model_source, tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
