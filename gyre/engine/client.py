@@ -28,7 +28,7 @@ import json
 import os
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import ValidationError
@@ -375,6 +375,13 @@ class EngineClient:
                 return UpdateWeightsResponse.model_validate(data)
         _raise_for_status(resp.status_code, resp.text, url)
         return UpdateWeightsResponse.model_validate(self._json(resp))
+
+    async def weight_update_session(self, step: Literal["begin", "end"]) -> None:
+        """SGLang's ``/begin_weight_update`` or ``/end_weight_update``: since 0.5.2x a real SGLang
+        refuses ``update_weights_from_distributed`` outside such a session (it unpacks in-place
+        quantized weights at the start and finalizes them at the end). Gyre engines have no
+        session and do not serve these routes."""
+        await self._request("POST", f"/{step}_weight_update", {})
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
         await self._request("POST", "/destroy_weights_update_group", {"group_name": group_name})

