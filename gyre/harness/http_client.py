@@ -59,9 +59,9 @@ class _Completions:
                 if e.code < 500 and e.code != 429:
                     break
             except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+                # a refused connection is retried too, as the SDKs do: a proxy restarting on
+                # its address refuses for a moment (a dead port costs the backoff, 1.5 s)
                 last = f"{type(e).__name__}: {e}"
-                if isinstance(getattr(e, "reason", e), ConnectionRefusedError):
-                    break  # nothing listens there: retrying only delays the verdict
             time.sleep(0.5 * 2**attempt)
         raise APIError(last)
 

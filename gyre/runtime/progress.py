@@ -42,6 +42,8 @@ _TOOL_LABEL = {
 _FAULT_LABEL = {
     "engines_lost": "engines lost",
     "cells_lost": "cells lost",
+    "proxy_restarts": "proxy restarts",
+    "chaos_kills": "chaos kills",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",
