@@ -222,6 +222,7 @@ class Progress:
             "queued": st.get("queued"),
             "rerouted": int(feed.counters.get("rerouted", 0)),
             "faults": f,
+            "last_fault": last_fault(rec.faults),
             "missing": _missing(rows),
             "tools": {k: last[k] for k in TOOL_KEYS if last.get(k) is not None},
         }
@@ -252,6 +253,19 @@ def _faults(s: dict[str, Any]) -> str:
     f = s["faults"]
     parts = [f"{_FAULT_LABEL[k]} {v}" for k, v in f.items() if v]
     return f"faults {sum(f.values())}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def last_fault(faults: list[dict[str, Any]]) -> str | None:
+    """What died last, when, what was done and what it cost (None: nothing died)."""
+    if not faults:
+        return None
+    f = faults[-1]
+    who = "proxy" if f["kind"] == "proxy" else f"cell {f['cell']} {f['kind']}"
+    if f.get("cost_s") is not None:
+        after = f"back after {f['cost_s']:.1f}s"
+    else:
+        after = "not back yet" if f["action"] == "restart" else ""
+    return f"last fault: {who} at {f['time']:.1f}s ({f['detected_by']}), {f['action']} {after}"
 
 
 def _missing_text(s: dict[str, Any]) -> str:
@@ -290,6 +304,8 @@ def line(s: dict[str, Any]) -> str:
         f"waterlevel {s['waterlevel']}/{s['capacity']} running {s['running']} queued {s['queued']}",
         f"rerouted {s['rerouted']}  {_faults(s)}  {_missing_text(s)}",
     ]
+    if s.get("last_fault"):
+        parts.append(s["last_fault"])
     if s["tools"]:
         parts.append(_tools_text(s))
     parts.append(f"elapsed {duration(s['elapsed_s'])} eta {duration(s['eta_s'])}")
@@ -329,6 +345,8 @@ def panel(s: dict[str, Any]) -> RenderableType:
         )
     counters = f"rerouted {s['rerouted']}   {_faults(s)}   {_missing_text(s)}"
     parts: list[RenderableType] = [head, scores, cells, counters]
+    if s.get("last_fault"):
+        parts.append(s["last_fault"])
     if s["tools"]:
         parts.append(_tools_text(s))
     return Group(*parts)
