@@ -322,8 +322,11 @@ class Cluster:
         url = self.urls[cell]
         if url is not None:
             proxy = await self.serving_proxy()
-            moved = await asyncio.to_thread(proxy.drain, url)
-            await asyncio.to_thread(proxy.remove_engine, url)
+            try:
+                moved = await asyncio.to_thread(proxy.drain, url)
+                await asyncio.to_thread(proxy.remove_engine, url)
+            except KeyError:  # the cell was found lost meanwhile: its fault handler removed it
+                pass  # (the calls below then fail as the dead actor's, or it is killed)
             self.urls[cell] = None
             await self.cells[cell].park_engine.remote()  # vLLM: paused and kept, not stopped
         await self.cells[cell].load_replica.remote(

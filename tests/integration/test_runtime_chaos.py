@@ -73,6 +73,9 @@ eval_interval = 0
 [run.fault]
 heartbeat_s = 2.0
 
+"""
+
+EVERY_KIND = """
 [run.chaos]
 seed = 1
 kills = 5
@@ -82,26 +85,42 @@ window_s = [2.0, 20.0]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_a_run_survives_the_nemesis(tmp_path: Path, tiny_model_dir) -> None:
+def _run(tmp_path: Path, model: Path, chaos: str, steps: int = STEPS) -> dict:
     cfg = tmp_path / "run.toml"
-    cfg.write_text(f'model_dir = "{tiny_model_dir}"\n' + CONFIG)
-    rd = tmp_path / "runs" / "chaos"
+    cfg.write_text(f'model_dir = "{model}"\n' + CONFIG + chaos)
     argv = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]
     argv += ["--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "run.name=chaos"]
+    argv += ["--set", f"policy.total_steps={steps}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
-    a = audit(rd, N)
+    a = audit(tmp_path / "runs" / "chaos", N)
     print({k: v for k, v in a.items() if k not in ("chaos", "faults")})
     for k in a["chaos"]:
         print(k)
-    assert a["steps"] == STEPS
-    assert set(a["kills"]) == {"rollout_cell", "satellite", "engine", "proxy", "harness"}, a
+    assert a["steps"] == steps
     assert a["handled"] == sum(a["kills"].values()), a["chaos"]
     assert a["interrupted_other"] == 0, a
     assert a["relaunched"] == 0 and a["finished_lost"] == 0
     assert a["trained_twice"] == 0 and a["incomplete_groups"] == 0
     assert a["answered_missing"] == 0 and a["answered_counter_gap"] == 0, a
+    return a
+
+
+def test_the_proxy_killed_mid_run_is_restarted_and_no_answered_call_is_lost(
+    tmp_path: Path, tiny_model_dir
+) -> None:
+    chaos = '\n[run.chaos]\nseed = 2\nkills = 3\nkinds = ["proxy"]\nwindow_s = [2.0, 12.0]\n'
+    a = _run(tmp_path, tiny_model_dir, chaos, steps=10)
+    assert a["kills"] == {"proxy": 3} and a["proxy_restarts"] == 3, a["chaos"]
+    for f in a["faults"]:
+        assert f["kind"] == "proxy" and f["action"] == "restart" and f["back"] is not None
+
+
+def test_a_run_survives_the_nemesis(tmp_path: Path, tiny_model_dir) -> None:
+    rd = tmp_path / "runs" / "chaos"
+    a = _run(tmp_path, tiny_model_dir, EVERY_KIND)
+    assert set(a["kills"]) == {"rollout_cell", "satellite", "engine", "proxy", "harness"}, a
     (pf,) = [f for f in a["faults"] if f["kind"] == "proxy"]
     assert pf["action"] == "restart" and pf["back"] is not None, pf
     s = json.loads((rd / "summary.json").read_text())
