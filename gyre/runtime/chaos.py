@@ -19,7 +19,8 @@ engine_hang     SIGSTOP a standalone engine (found by the proxy's engine heartbe
 
 One fault at a time: a kill waits until the previous one is handled (no cell lost and not
 back, the proxy serving), and a proxy kill until no engine switch is using it. A kind with no
-target yet (no satellite, say) waits up to ``patience_s``, then is recorded as skipped. Each
+target yet (no satellite, say) waits up to ``patience_s`` from then, then is recorded as
+skipped. Each
 kill is a record in ``summary.json`` ``chaos`` (kind, run time, target), completed as the run
 handles it: after how long it was found, by what, what was done, when it served again.
 """
@@ -83,10 +84,14 @@ class Nemesis:
     async def _one(self, kind: str) -> dict[str, Any]:
         w = self.world
         t_asked = w.now()
-        end = time.monotonic() + self.cfg.patience_s
+        end = None  # patience runs from the first moment the run is quiet
         while True:
             if self._quiet(kind):
-                hit = await self._kill(kind)
+                end = end or time.monotonic() + self.cfg.patience_s
+                try:
+                    hit = await self._kill(kind)
+                except ProcessLookupError:  # it died meanwhile (a restart): pick again
+                    hit = None
                 if hit is not None:
                     now = w.now()
                     return {
@@ -96,7 +101,7 @@ class Nemesis:
                         "waited_s": round(now - t_asked, 3),
                         "target": hit,
                     }
-            if time.monotonic() > end:
+            if end is not None and time.monotonic() > end:
                 return {"kind": kind, "time": round(w.now(), 3), "skipped": "no target"}
             await asyncio.sleep(0.05)
 
