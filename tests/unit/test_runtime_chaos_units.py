@@ -93,3 +93,18 @@ def test_watchdog_leaves_a_live_proxy_alone(alive):
     w = _world(proxy)
     asyncio.run(ProxyWatchdog(w).ensure("watchdog"))  # type: ignore[arg-type]
     assert w.restarted == [] and w.records.faults == []
+
+
+def test_the_live_view_says_what_died_last_and_what_it_cost():
+    from gyre.runtime.progress import last_fault
+
+    assert last_fault([]) is None
+    cell = {"cell": 2, "kind": "hung", "time": 12.1, "detected_by": "heartbeat"}
+    assert last_fault([{**cell, "action": "restart"}]) == (
+        "last fault: cell 2 hung at 12.1s (heartbeat), restart not back yet"
+    )
+    proxy = {"cell": None, "kind": "proxy", "time": 40.0, "detected_by": "watchdog"}
+    text = last_fault(
+        [{**cell, "action": "restart"}, {**proxy, "action": "restart", "cost_s": 0.06}]
+    )
+    assert text == "last fault: proxy at 40.0s (watchdog), restart back after 0.1s"
