@@ -82,6 +82,7 @@ taskset = "quickstart"
 profile = "reference"
 harness_args = ["--max-turns", "2", "--max-tokens", "48", "--no-delegate", "--client", "stdlib"]
 eval_interval = 0
+standalone_engines = 2  # one for the engine kill, one for the engine hang
 out_dir = "{out}"
 
 [run.fault]
