@@ -113,8 +113,9 @@ def test_the_proxy_killed_mid_run_is_restarted_and_no_answered_call_is_lost(
     chaos = '\n[run.chaos]\nseed = 2\nkills = 3\nkinds = ["proxy"]\nwindow_s = [2.0, 12.0]\n'
     a = _run(tmp_path, tiny_model_dir, chaos, steps=10)
     assert a["kills"] == {"proxy": 3} and a["proxy_restarts"] == 3, a["chaos"]
-    for f in a["faults"]:
-        assert f["kind"] == "proxy" and f["action"] == "restart" and f["back"] is not None
+    # (a loaded machine may add a cell whose ping timed out: the nemesis did not do that)
+    for f in [f for f in a["faults"] if f["kind"] == "proxy"]:
+        assert f["action"] == "restart" and f["back"] is not None, f
 
 
 def test_a_run_survives_the_nemesis(tmp_path: Path, tiny_model_dir) -> None:
