@@ -113,7 +113,8 @@ class Nemesis:
             return False
         if any("target" in k and "handled" not in k for k in w.records.chaos):
             return False  # the last kill is not found and dealt with yet
-        if any(f.get("back") is None and f.get("action") == "restart" for f in w.records.faults):
+        last = {f["cell"]: f for f in w.records.faults}  # a cell's newest loss supersedes
+        if any(f.get("back") is None and f.get("action") == "restart" for f in last.values()):
             return False
         return kind != "proxy" or not any(r in _SWITCHING for r in w.roles)
 
@@ -215,8 +216,9 @@ class Nemesis:
                 return False
             rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
             rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
-            if f.get("back") is not None:
-                rec.update(back_s=round(f["back"] - rec["time"], 3), handled=True)
+            back = _back(w.records.faults, f)
+            if back is not None:
+                rec.update(back_s=round(back - rec["time"], 3), handled=True)
             if f["action"] != "restart":  # e.g. the core: the run stops
                 rec["handled"] = True
             return bool(rec.get("handled"))
@@ -254,6 +256,15 @@ class Nemesis:
             except ProcessLookupError:
                 pass
         return True
+
+
+def _back(faults: list[dict[str, Any]], f: dict[str, Any]) -> float | None:
+    """When the cell of fault ``f`` served again: its own ``back``, or, when it was lost again
+    while restarting (its new actor hung, say), the ``back`` of its newest loss."""
+    if f.get("back") is not None or f["cell"] is None:
+        return f.get("back")
+    later = [g for g in faults if g["cell"] == f["cell"] and g["time"] > f["time"]]
+    return later[-1].get("back") if later else None
 
 
 def harness_pids(workspaces: Path) -> dict[str, list[int]]:

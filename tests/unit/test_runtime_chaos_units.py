@@ -108,3 +108,14 @@ def test_the_live_view_says_what_died_last_and_what_it_cost():
         [{**cell, "action": "restart"}, {**proxy, "action": "restart", "cost_s": 0.06}]
     )
     assert text == "last fault: proxy at 40.0s (watchdog), restart back after 0.1s"
+
+
+def test_a_cell_lost_again_while_restarting_is_back_when_its_newest_loss_is():
+    from gyre.runtime.chaos import _back
+
+    first = {"cell": 2, "time": 6.0, "back": None}
+    again = {"cell": 2, "time": 36.9, "back": 68.9}
+    other = {"cell": 1, "time": 50.0, "back": None}
+    assert _back([first, again, other], first) == 68.9
+    assert _back([first], first) is None
+    assert _back([first, again], again) == 68.9
