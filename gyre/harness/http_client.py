@@ -16,6 +16,9 @@ import urllib.request
 from types import SimpleNamespace
 from typing import Any
 
+CONNECT_RETRY_S = 7.0
+"""How long a refused or cut connection is retried (backoff 0.5, 1, 2, 4 s)."""
+
 
 class APIError(RuntimeError):
     """The endpoint answered an error or could not be reached after the retries."""
@@ -37,7 +40,8 @@ class _Completions:
         o = self._o
         data = json.dumps(body).encode()
         last = ""
-        for attempt in range(o.max_retries + 1):
+        attempt, waited = 0, 0.0
+        while True:
             req = urllib.request.Request(
                 f"{o.base_url}/chat/completions",
                 data=data,
@@ -47,6 +51,7 @@ class _Completions:
                     "authorization": f"Bearer {o.api_key}",
                 },
             )
+            cut = False  # no answer came: refused, reset, closed (not a timeout)
             try:
                 with urllib.request.urlopen(req, timeout=o.timeout) as r:
                     out = json.loads(r.read())
@@ -58,11 +63,20 @@ class _Completions:
                 last = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
                 if e.code < 500 and e.code != 429:
                     break
-            except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+            except (urllib.error.URLError, OSError) as e:
                 last = f"{type(e).__name__}: {e}"
-                if isinstance(getattr(e, "reason", e), ConnectionRefusedError):
-                    break  # nothing listens there: retrying only delays the verdict
-            time.sleep(0.5 * 2**attempt)
+                cut = not isinstance(getattr(e, "reason", e), TimeoutError)
+            except (ValueError, KeyError) as e:
+                last = f"{type(e).__name__}: {e}"
+            attempt += 1
+            # a connection refused or cut is retried for CONNECT_RETRY_S, as the SDKs retry
+            # it: a proxy restarting on its address is gone for a moment (a dead port costs
+            # that long before the verdict)
+            if attempt > o.max_retries and not (cut and waited < CONNECT_RETRY_S):
+                break
+            delay = 0.5 * 2 ** min(attempt - 1, 3)
+            time.sleep(delay)
+            waited += delay
         raise APIError(last)
 
 

@@ -114,6 +114,14 @@ class Cluster:
         self._runtime_env: dict[str, Any] = {}
         # called with (cell, cause, where) when a cell's engine is found dead (the world's)
         self.on_cell_lost: Any = None
+        # awaited before a switch uses the proxy: restarts it if it died (the world's watchdog)
+        self.proxy_ready: Any = None
+
+    async def serving_proxy(self) -> ProxyServer:
+        """The proxy, restarted first by the watchdog if it died (a switch must not fail on it)."""
+        if self.proxy_ready is not None:
+            await self.proxy_ready()
+        return self.live_proxy
 
     @property
     def live_proxy(self) -> ProxyServer:
@@ -327,9 +335,12 @@ class Cluster:
         moved = 0
         url = self.urls[cell]
         if url is not None:
-            proxy = self.live_proxy
-            moved = await asyncio.to_thread(proxy.drain, url)
-            await asyncio.to_thread(proxy.remove_engine, url)
+            proxy = await self.serving_proxy()
+            try:
+                moved = await asyncio.to_thread(proxy.drain, url)
+                await asyncio.to_thread(proxy.remove_engine, url)
+            except KeyError:  # the cell was found lost meanwhile: its fault handler removed it
+                pass  # (the calls below then fail as the dead actor's, or it is killed)
             self.urls[cell] = None
             await self.cells[cell].park_engine.remote()  # vLLM: paused and kept, not stopped
         await self.cells[cell].load_replica.remote(
@@ -353,7 +364,7 @@ class Cluster:
             self.engines_checked += check_served(
                 name, self.weights_version, info, self.weights_sums
             )
-        await asyncio.to_thread(self.live_proxy.add_engine, url)
+        await asyncio.to_thread((await self.serving_proxy()).add_engine, url)
         self._serving(cell, url)
 
     async def _start_newest(self, cell: int) -> str:

@@ -87,6 +87,37 @@ class FaultConfig(BaseModel):
     )
 
 
+ChaosKind = Literal[
+    "rollout_cell", "satellite", "core", "engine", "proxy", "harness", "cell_hang", "engine_hang"
+]
+DEFAULT_CHAOS_KINDS: list[ChaosKind] = ["rollout_cell", "satellite", "engine", "proxy", "harness"]
+
+
+class ChaosConfig(BaseModel):
+    """The ``[run.chaos]`` section: a test and benchmark facility (Jepsen's nemesis), never for
+    training runs. It kills real parts of the running run at seeded random moments
+    (:mod:`gyre.runtime.chaos`); off unless ``kills`` > 0."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    seed: int = Field(0, description="seeds the kill times and the order of kinds")
+    kills: int = Field(0, ge=0, description="how many kills (0: the nemesis is off)")
+    kinds: list[ChaosKind] = Field(
+        default_factory=lambda: list(DEFAULT_CHAOS_KINDS),
+        min_length=1,
+        description="what it may kill, taken in a seeded shuffled cycle (so kills >= len(kinds) "
+        "hits each): a rollout cell, a satellite (a training cell other than the core), the "
+        "core (cell 0: on this branch its loss stops the run), a standalone engine, the proxy, "
+        "a harness process (all SIGKILL or ProxyServer.kill), a hung cell or engine (SIGSTOP)",
+    )
+    window_s: tuple[float, float] = Field(
+        (5.0, 60.0), description="kill times are drawn uniformly in this span of run time"
+    )
+    patience_s: float = Field(
+        30.0, gt=0, description="a kill with no target yet (e.g. no satellite) waits this long"
+    )
+
+
 class RunConfig(BaseModel):
     """The ``[run]`` section."""
 
@@ -139,6 +170,7 @@ class RunConfig(BaseModel):
     )
     ray: RayConfig = Field(default_factory=RayConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
+    chaos: ChaosConfig = Field(default_factory=ChaosConfig)
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="W&B / MLflow sinks (docs/runtime.md)"
     )

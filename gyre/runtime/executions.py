@@ -23,6 +23,7 @@ from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.roles import role_profile
 from gyre.runtime.longtail import LongTail
+from gyre.runtime.proxy_watchdog import ProxyWatchdog, admin_call
 from gyre.runtime.restore import Restored
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -56,6 +57,7 @@ class Executions:
         self.missing = 0
         self.missing_reasons: dict[str, int] = {}  # reason -> executions (run summary)
         self.running = 0
+        self.watchdog: ProxyWatchdog | None = None  # admin calls wait for a restarting proxy
         self._last_eval = -1
         self.eval_tasks: set[asyncio.Task] = set()
         lt = cfg.run.longtail
@@ -94,17 +96,17 @@ class Executions:
 
     async def _register(self, execution_id: str, label: str) -> str:
         _, admin, _ = self._started()
-        return await asyncio.to_thread(admin.register, execution_id, label)
+        return await admin_call(admin.register, execution_id, label, watchdog=self.watchdog)
 
     async def _revoke(self, execution_id: str) -> None:
         """The key dies with the harness (before scoring: no survivor lands in the trace)."""
         _, admin, _ = self._started()
-        await asyncio.to_thread(admin.revoke, execution_id)
+        await admin_call(admin.revoke, execution_id, watchdog=self.watchdog)
 
     async def _calls(self, execution_id: str) -> Any:
         """The proxy's count of this execution's model calls (did the policy act at all?)."""
         _, admin, _ = self._started()
-        d = await asyncio.to_thread(admin.calls, execution_id)
+        d = await admin_call(admin.calls, execution_id, watchdog=self.watchdog)
         return ModelCalls(
             attempted=int(d["attempted"]),
             answered=int(d["answered"]),
@@ -129,7 +131,7 @@ class Executions:
         )
         res = await executor.run(spec)
         try:  # the proxy closes the execution's trace file and forgets its key
-            await asyncio.to_thread(admin.revoke, execution_id)
+            await admin_call(admin.revoke, execution_id, watchdog=self.watchdog)
         except Exception:
             pass
         return res

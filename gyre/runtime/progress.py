@@ -43,6 +43,8 @@ _FAULT_LABEL = {
     "engines_lost": "engines lost",
     "cells_lost": "cells lost",
     "core_restarts": "core restarts",
+    "proxy_restarts": "proxy restarts",
+    "chaos_kills": "chaos kills",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",
@@ -222,6 +224,7 @@ class Progress:
             "queued": st.get("queued"),
             "rerouted": int(feed.counters.get("rerouted", 0)),
             "faults": f,
+            "last_fault": last_fault(rec.faults),
             "missing": _missing(rows),
             "tools": {k: last[k] for k in TOOL_KEYS if last.get(k) is not None},
         }
@@ -251,8 +254,22 @@ class Progress:
 def _faults(s: dict[str, Any]) -> str:
     f = s["faults"]
     parts = [f"{_FAULT_LABEL[k]} {v}" for k, v in f.items() if v]
-    n = sum(v for k, v in f.items() if k != "core_restarts")  # a restart answers a cell lost
+    # a core restart answers a cell lost, a chaos kill causes one: neither is a fault of its own
+    n = sum(v for k, v in f.items() if k not in ("core_restarts", "chaos_kills"))
     return f"faults {n}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def last_fault(faults: list[dict[str, Any]]) -> str | None:
+    """What died last, when, what was done and what it cost (None: nothing died)."""
+    if not faults:
+        return None
+    f = faults[-1]
+    who = "proxy" if f["kind"] == "proxy" else f"cell {f['cell']} {f['kind']}"
+    if f.get("cost_s") is not None:
+        after = f"back after {f['cost_s']:.1f}s"
+    else:
+        after = "not back yet" if f["action"] == "restart" else ""
+    return f"last fault: {who} at {f['time']:.1f}s ({f['detected_by']}), {f['action']} {after}"
 
 
 def _missing_text(s: dict[str, Any]) -> str:
@@ -291,6 +308,8 @@ def line(s: dict[str, Any]) -> str:
         f"waterlevel {s['waterlevel']}/{s['capacity']} running {s['running']} queued {s['queued']}",
         f"rerouted {s['rerouted']}  {_faults(s)}  {_missing_text(s)}",
     ]
+    if s.get("last_fault"):
+        parts.append(s["last_fault"])
     if s["tools"]:
         parts.append(_tools_text(s))
     parts.append(f"elapsed {duration(s['elapsed_s'])} eta {duration(s['eta_s'])}")
@@ -330,6 +349,8 @@ def panel(s: dict[str, Any]) -> RenderableType:
         )
     counters = f"rerouted {s['rerouted']}   {_faults(s)}   {_missing_text(s)}"
     parts: list[RenderableType] = [head, scores, cells, counters]
+    if s.get("last_fault"):
+        parts.append(s["last_fault"])
     if s["tools"]:
         parts.append(_tools_text(s))
     return Group(*parts)

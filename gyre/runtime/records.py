@@ -68,6 +68,8 @@ class Records:
     # every cell lost: {"cell", "kind": died|hung, "role", "time", "detected_by", "cause",
     # "action", "back" (time it served again, None if not), "moved_calls", "requeued"}
     faults: list[dict[str, Any]] = field(default_factory=list)
+    # what the chaos nemesis killed (gyre.runtime.chaos): {"kind", "time", "target", ...}
+    chaos: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         K = self.cells

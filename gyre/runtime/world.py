@@ -37,11 +37,13 @@ from gyre.policy import (
     WakeAt,
     WeightsPublished,
 )
+from gyre.runtime.chaos import Nemesis
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
 from gyre.runtime.faults import CellFaults, actor_died
 from gyre.runtime.progress import Feed
+from gyre.runtime.proxy_watchdog import ProxyWatchdog
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
@@ -81,6 +83,12 @@ class RealWorld:
         self.sched_status: Callable[[], dict[str, Any]] = lambda: {}
         self.faults = CellFaults(self)  # a cell that dies or hangs (gyre.runtime.faults)
         self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
+        self.proxy_watch = ProxyWatchdog(
+            self
+        )  # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
+        self.cluster.proxy_ready = lambda: self.proxy_watch.ensure("switch")
+        self.execs.watchdog = self.proxy_watch
+        self.nemesis = Nemesis(self)  # [run.chaos]: a test facility, off by default
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -143,6 +151,9 @@ class RealWorld:
         self.records.restart_clock()
         self._last_event = 0.0
         self._spawn(self.faults.heartbeat())
+        self._spawn(self.proxy_watch.run())
+        if self.nemesis.enabled:
+            self._spawn(self.nemesis.run())
 
     async def stop(self) -> None:
         for t in list(self._bg):
@@ -170,7 +181,9 @@ class RealWorld:
                 "engine_errors": load.get("engine_errors", 0),
                 "errors_5xx": load.get("errors_5xx", 0),
                 "engines_lost": len(self.cluster.dead_engines),
-                "cells_lost": len(self.records.faults),
+                "cells_lost": sum(1 for f in self.records.faults if f["kind"] != "proxy"),
+                "proxy_restarts": self.proxy_watch.restarts,
+                "chaos_kills": sum(1 for k in self.records.chaos if "target" in k),
                 "harness_failed": self.execs.failed,
             },
         )

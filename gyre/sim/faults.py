@@ -101,3 +101,32 @@ def fault_cost(cfg: SimConfig, placement: str, faults: list[Fault]) -> dict[str,
         "events": hit.faults.log,
         "protocol_errors": hit.protocol_errors,
     }
+
+
+def replay_fault_cost(src: object, faults: list[Fault], placement: str | None = None) -> dict:
+    """A real run's predicted fault cost: its realised workload (``workload.json``, one draw:
+    every execution keeps its own measured duration) replayed without and with ``faults``.
+
+    Replay the run *without* faults for both sides: a faulted run's own file has other
+    executions (a different count of groups reshapes the draw that fills unrealised slots), so
+    the pair would not hold the per-execution draws fixed."""
+    from gyre.sim.replay import load_workload, replay_draw, sim_config
+
+    wf = load_workload(src)  # type: ignore[arg-type]
+    name = placement or wf.placement.value
+    cfg = sim_config(wf, [name])
+    draw, _ = replay_draw(wf, cfg)
+    base = World(cfg, name, draw, record=False).run()
+    row: dict[str, object] = {"placement": name, "makespan_s": _s(base.makespan)}
+    try:
+        hit = World(cfg, name, draw, record=False, faults=tuple(f.as_tuple() for f in faults)).run()
+    except PolicyError as e:
+        return row | {"survived": False, "why": str(e)}
+    cost = None
+    if hit.makespan is not None and base.makespan is not None:
+        cost = (hit.makespan - base.makespan) * 3600.0
+    return row | {"survived": True, "makespan_faults_s": _s(hit.makespan), "cost_s": cost}
+
+
+def _s(h: float | None) -> float | None:
+    return None if h is None else h * 3600.0

@@ -1,0 +1,233 @@
+"""Chaos benchmark: small real `gyre run`s under the nemesis, against the same seed without it.
+
+For each seed: one run without faults (the baseline, measured in the same session) and one
+with ``[run.chaos]`` killing every kind (rollout cell, satellite, standalone engine, proxy,
+harness; a hung cell and a hung engine by SIGSTOP). From the runs' own files
+(:func:`gyre.runtime.chaos_audit.audit`) it prints kills by kind, how many were survived,
+executions relaunched, finished executions lost (goal 0), groups trained twice (goal 0),
+detection times of the hung cell and engine, and the extra makespan per fault against the
+simulator's prediction: the baseline's realised workload replayed without and with the
+chaos run's cell faults (:func:`gyre.sim.faults.replay_fault_cost`: one draw, every execution
+its own measured duration, so the pair differs by the faults alone). The simulator models
+cell faults only; the proxy (back in well under a second), engine and harness kills are not
+in its prediction.
+
+    python bench/bench_chaos.py --seeds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gyre.runtime.chaos_audit import audit  # noqa: E402
+from gyre.sim.faults import Fault, replay_fault_cost  # noqa: E402
+
+N = 4
+# a cell's ping bound: 2 s finds a hang fast, but at load 50 on 2 cores a busy core missed it
+# (a fault no nemesis caused, ending a baseline run): $GYRE_CHAOS_HEARTBEAT_S raises it
+HEARTBEAT_S = float(os.environ.get("GYRE_CHAOS_HEARTBEAT_S", "2.0"))
+KINDS = ["rollout_cell", "satellite", "engine", "proxy", "harness", "cell_hang", "engine_hang"]
+
+CONFIG = """
+model_dir = "{model}"
+seed = {seed}
+
+[policy]
+placement = "elastic"
+cells = 3
+cell_capacity = 4
+standalone_capacity = 4
+group_size = 4
+batch_groups = 2
+phi = 0.5
+mu = 3
+streaming = true
+rho_min = 0.25
+hold_tau = 0.0
+total_steps = {steps}
+
+[engine]
+max_batch = 16
+
+[trainer]
+j_max = 5
+
+[trainer.optim]
+lr = 0.003
+grad_clip = 1.0
+
+[trainer.objective]
+clip_low = 0.8
+clip_high = 1.25
+
+[trainer.stream]
+token_budget = 4096
+
+[executor]
+max_concurrency = 64
+
+[proxy]
+engine_heartbeat_s = 1.0
+engine_lost_after_s = 4.0
+
+[run]
+taskset = "quickstart"
+profile = "reference"
+harness_args = ["--max-turns", "2", "--max-tokens", "48", "--no-delegate", "--client", "stdlib"]
+eval_interval = 0
+standalone_engines = 2  # one for the engine kill, one for the engine hang
+out_dir = "{out}"
+
+[run.fault]
+heartbeat_s = {heartbeat}
+
+[run.chaos]
+seed = {seed}
+kills = {kills}
+kinds = {kinds}
+window_s = [2.0, {window}]
+"""
+
+
+def _run(out: Path, model: Path, seed: int, steps: int, kills: int, window: float) -> Path:
+    name = f"s{seed}-{'chaos' if kills else 'base'}"
+    cfg = out / f"{name}.toml"
+    kinds = json.dumps(KINDS)
+    cfg.write_text(
+        CONFIG.format(
+            model=model,
+            seed=seed,
+            steps=steps,
+            out=out,
+            kills=kills,
+            kinds=kinds,
+            window=window,
+            heartbeat=HEARTBEAT_S,
+        )
+    )
+    argv = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]
+    argv += ["--set", f"run.name={name}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    with open(out / f"{name}.log", "w") as log:
+        rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    if rc != 0:
+        print(f"{name}: gyre run exited {rc} (see {out / name}.log)")
+    return out / name
+
+
+def _cell_faults(a: dict) -> list[Fault]:
+    """The chaos run's cell faults as the simulator's schedule (seconds -> hours)."""
+    out = []
+    for f in a["faults"]:
+        if f["kind"] == "proxy" or f["cell"] is None:
+            continue
+        back = f.get("back")
+        restart = None if back is None else (back - f["time"]) / 3600.0
+        out.append(Fault(int(f["cell"]), f["time"] / 3600.0, restart))
+    return out
+
+
+def _seed(out: Path, model: Path, seed: int, steps: int, kills: int, window: float) -> dict:
+    base = _run(out, model, seed, steps, 0, window)
+    hit = _run(out, model, seed, steps, kills, window)
+    try:
+        b = json.loads((base / "summary.json").read_text())
+    except OSError:  # the baseline did not finish (its log says why)
+        b = {"makespan_s": float("nan")}
+    try:
+        a = audit(hit, N)
+    except (OSError, ValueError, KeyError):  # the run did not finish: no summary
+        a = {"steps": 0, "kills": {}, "handled": 0, "relaunched": 0, "finished_lost": 0}
+        a |= {"trained_twice": 0, "interrupted_other": 0, "answered_missing": 0}
+        a |= {"answered_counter_gap": 0, "makespan_s": float("nan"), "faults": [], "chaos": []}
+    faults = _cell_faults(a)
+    pred: dict = {"cost_s": 0.0}
+    if faults and (base / "workload.json").exists():
+        pred = replay_fault_cost(base / "workload.json", faults)
+    n = sum(a["kills"].values())
+    det = {k["kind"]: k.get("detected_s") for k in a["chaos"] if k["kind"].endswith("_hang")}
+    return {
+        "seed": seed,
+        "audit": a,
+        "base_makespan_s": b["makespan_s"],
+        "extra_s": a["makespan_s"] - b["makespan_s"],
+        "kills": n,
+        "predicted_s": pred.get("cost_s"),
+        "cell_faults": len(faults),
+        "hung_cell_s": det.get("cell_hang"),
+        "hung_engine_s": det.get("engine_hang"),
+    }
+
+
+def _f(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _table(rows: list[dict]) -> None:
+    print(
+        "| seed | kills by kind | survived | relaunched | finished lost | trained twice | "
+        "interrupted (other) | answered missing | hung cell found (s) | hung engine found (s) | "
+        "makespan base (s) | extra (s) | per fault (s) | sim, cell faults (s) |"
+    )
+    print("|" + " --- |" * 14)
+    for r in rows:
+        a = r["audit"]
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(a["kills"].items()))
+        print(
+            f"| {r['seed']} | {kinds} | {a['handled']}/{r['kills']}"
+            f"{'' if a['steps'] else ' (run failed)'} | {a['relaunched']} | "
+            f"{a['finished_lost']} | {a['trained_twice']} | {a['interrupted_other']} | "
+            f"{a['answered_missing'] + max(0, a['answered_counter_gap'])} | "
+            f"{_f(r['hung_cell_s'], '.2f')} | {_f(r['hung_engine_s'], '.2f')} | "
+            f"{_f(r['base_makespan_s'])} | {_f(r['extra_s'])} | "
+            f"{_f(r['extra_s'] / max(1, r['kills']))} | "
+            f"{_f(r['predicted_s'])} ({r['cell_faults']}) |"
+        )
+    extra = [r["extra_s"] for r in rows]
+    pred = [r["predicted_s"] for r in rows if r["predicted_s"] is not None]
+    print(
+        f"\nmean extra makespan {statistics.fmean(extra):.1f} s measured, "
+        f"{statistics.fmean(pred) if pred else float('nan'):.1f} s predicted for the cell faults"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--kills", type=int, default=len(KINDS))
+    ap.add_argument("--window", type=float, default=30.0, help="kills drawn in [2, WINDOW] s")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench-chaos"))
+    ap.add_argument("--model", type=Path, default=None, help="default: a tiny model built here")
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if model is None:
+        from gyre.models.tiny import build_tiny_model
+
+        model = out / "tiny-model"
+        if not (model / "config.json").exists():
+            build_tiny_model(model)
+    rows = []
+    t0 = time.monotonic()
+    for s in range(args.first_seed, args.first_seed + args.seeds):
+        rows.append(_seed(out, model.resolve(), s, args.steps, args.kills, args.window))
+        print(f"seed {s} done ({time.monotonic() - t0:.0f} s)", flush=True)
+        (out / "rows.json").write_text(json.dumps(rows, default=str, indent=1))
+    _table(rows)
+
+
+if __name__ == "__main__":
+    main()

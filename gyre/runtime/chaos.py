@@ -1,0 +1,289 @@
+"""The chaos nemesis: kills real parts of a running ``gyre run`` at seeded random moments.
+
+A test and benchmark facility, like Jepsen's nemesis; never meant for a training run. Off
+unless ``[run.chaos] kills`` > 0. At ``kills`` times drawn uniformly in ``window_s`` (seeded by
+``seed``), it takes the next kind of a seeded shuffled cycle of ``kinds`` and kills one target
+of that kind for real:
+
+=============== ===================================================================
+rollout_cell    SIGKILL a cell serving rollouts (its pid from the cluster's placement)
+satellite       SIGKILL a training cell other than the core, outside a reduce
+core            SIGKILL cell 0 (until the runtime restarts the core, this stops the run)
+engine          SIGKILL a standalone engine's process
+proxy           :meth:`ProxyServer.kill` (stops the way a crash does)
+harness         SIGKILL one running harness's processes (found in /proc by its workspace)
+cell_hang       SIGSTOP a rollout cell (found by the heartbeat's timeout)
+engine_hang     SIGSTOP a standalone engine (found by the proxy's engine heartbeat; then
+                SIGKILLed, so no stopped process outlives the run)
+=============== ===================================================================
+
+One fault at a time: a kill waits until the previous one is handled (no cell lost and not
+back, the proxy serving), and a proxy kill until no engine switch is using it. A kind with no
+target yet (no satellite, say) waits up to ``patience_s`` from then, then is recorded as
+skipped. Each
+kill is a record in ``summary.json`` ``chaos`` (kind, run time, target), completed as the run
+handles it: after how long it was found, by what, what was done, when it served again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gyre.policy import CellRole
+
+if TYPE_CHECKING:
+    from gyre.runtime.world import RealWorld
+
+FOLLOW_S = 180.0  # how long a kill's record is completed from what the run does about it
+_EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
+_SWITCHING = (CellRole.TO_TRAINING, CellRole.TO_ROLLOUT)
+
+
+def schedule(seed: int, kills: int, kinds: list[str], window: tuple[float, float]) -> list:
+    """``[(run time, kind)]`` in time order: the same for the same seed, each kind in turn."""
+    rng = random.Random(seed)
+    lo, hi = window
+    times = sorted(rng.uniform(lo, hi) for _ in range(kills))
+    order: list[str] = []
+    while len(order) < kills:
+        cycle = list(kinds)
+        rng.shuffle(cycle)
+        order += cycle
+    return list(zip(times, order[:kills]))
+
+
+class Nemesis:
+    """Carries out the schedule on ``world``; its records go to ``world.records.chaos``."""
+
+    def __init__(self, world: RealWorld) -> None:
+        self.world = world
+        self.cfg = world.cfg.run.chaos
+        c = self.cfg
+        self.plan = schedule(c.seed, c.kills, list(c.kinds), c.window_s)
+        self.rng = random.Random(c.seed + 1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.kills > 0
+
+    async def run(self) -> None:
+        for at, kind in self.plan:
+            await asyncio.sleep(max(0.0, at - self.world.now()))
+            rec = await self._one(kind)
+            self.world.records.chaos.append(rec)
+            if "target" in rec:
+                self.world._spawn(self._follow(rec))
+
+    async def _one(self, kind: str) -> dict[str, Any]:
+        w = self.world
+        t_asked = w.now()
+        end = None  # patience runs from the first moment the run is quiet
+        while True:
+            if self._quiet(kind):
+                end = end or time.monotonic() + self.cfg.patience_s
+                try:
+                    hit = await self._kill(kind)
+                except ProcessLookupError:  # it died meanwhile (a restart): pick again
+                    hit = None
+                if hit is not None:
+                    now = w.now()
+                    return {
+                        "kind": kind,
+                        "time": round(now, 3),
+                        "unix_time": round(time.time(), 3),
+                        "waited_s": round(now - t_asked, 3),
+                        "target": hit,
+                    }
+            if end is not None and time.monotonic() > end:
+                return {"kind": kind, "time": round(w.now(), 3), "skipped": "no target"}
+            await asyncio.sleep(0.05)
+
+    def _quiet(self, kind: str) -> bool:
+        """The previous fault is handled (and, for the proxy, no switch is using it)."""
+        w = self.world
+        proxy = w.cluster.proxy
+        if w.faults.down or proxy is None or not proxy.alive:
+            return False
+        if any("target" in k and "handled" not in k for k in w.records.chaos):
+            return False  # the last kill is not found and dealt with yet
+        last = {f["cell"]: f for f in w.records.faults}  # a cell's newest loss supersedes
+        if any(f.get("back") is None and f.get("action") == "restart" for f in last.values()):
+            return False
+        return kind != "proxy" or not any(r in _SWITCHING for r in w.roles)
+
+    # ------------------------------------------------------------------ the kills
+    async def _kill(self, kind: str) -> dict[str, Any] | None:
+        match kind:
+            case "rollout_cell" | "cell_hang":
+                sig = signal.SIGSTOP if kind == "cell_hang" else signal.SIGKILL
+                return self._cell([c for c in self._cells(CellRole.ROLLOUT) if c != 0], sig)
+            case "satellite":
+                busy = {a.get("what") for a in self.world.records.activity.values()}
+                if busy & {"reduce", "optimizer_step"}:
+                    return None  # a loss in the reduce stops the run: not a satellite's fault
+                return self._cell([c for c in self._cells(CellRole.TRAINING) if c != 0])
+            case "core":
+                return self._cell([0])
+            case "engine" | "engine_hang":
+                sig = signal.SIGSTOP if kind == "engine_hang" else signal.SIGKILL
+                return self._engine(sig)
+            case "proxy":
+                return await self._proxy()
+            case "harness":
+                return self._harness()
+        raise ValueError(f"unknown chaos kind {kind!r}")
+
+    def _cells(self, role: CellRole) -> list[int]:
+        w = self.world
+        return [c for c in range(w.K) if w.roles[c] is role and c not in w.faults.down]
+
+    def _cell(self, cells: list[int], sig: int = signal.SIGKILL) -> dict[str, Any] | None:
+        if not cells:
+            return None
+        cell = self.rng.choice(cells)
+        pid = int(self.world.cluster.placement[cell]["pid"])
+        os.kill(pid, sig)
+        return {"cell": cell, "pid": pid, "signal": signal.Signals(sig).name}
+
+    def _engine(self, sig: int) -> dict[str, Any] | None:
+        cl = self.world.cluster
+        live = {u for _, u in cl.standalone if u and u not in cl.dead_engines}
+        rows = [p for p in cl.placement if "standalone" in p and p.get("url") in live]
+        if not rows:
+            return None
+        row = self.rng.choice(rows)
+        os.kill(int(row["pid"]), sig)
+        return {
+            "engine": row["standalone"],
+            "url": row["url"],
+            "pid": row["pid"],
+            "signal": signal.Signals(sig).name,
+        }
+
+    async def _proxy(self) -> dict[str, Any] | None:
+        proxy = self.world.cluster.proxy
+        if proxy is None or not proxy.alive:
+            return None
+        answered = int(proxy.service.counters.answered)
+        await asyncio.to_thread(proxy.kill)
+        return {"proxy": proxy.port, "answered_before": answered}
+
+    def _harness(self) -> dict[str, Any] | None:
+        found = harness_pids(self.world.rundir.workspaces)
+        if not found:
+            return None
+        eid = self.rng.choice(sorted(found))
+        for pid in found[eid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return {"execution": eid, "pids": found[eid]}
+
+    # ------------------------------------------------------------------ what came of it
+    async def _follow(self, rec: dict[str, Any]) -> None:
+        """Complete ``rec`` with what the run did: found when and by what, done what, back when."""
+        end = time.monotonic() + FOLLOW_S
+        while time.monotonic() < end:
+            if self._handled(rec):
+                return
+            await asyncio.sleep(0.2)
+        rec.setdefault("handled", False)
+
+    def _handled(self, rec: dict[str, Any]) -> bool:
+        w, t = self.world, rec["target"]
+        if "cell" in t or "proxy" in t:
+            want = t.get("cell")
+            kind = "proxy" if "proxy" in t else None
+            f = next(
+                (
+                    f
+                    for f in w.records.faults
+                    if f["cell"] == want
+                    and (kind is None or f["kind"] == kind)
+                    and f["unix_time"] >= rec["unix_time"] - 0.05
+                ),
+                None,
+            )
+            if f is None:
+                return False
+            rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
+            rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
+            back = _back(w.records.faults, f)
+            if back is not None:
+                rec.update(back_s=round(back - rec["time"], 3), handled=True)
+            if f["action"] != "restart":  # e.g. the core: the run stops
+                rec["handled"] = True
+            return bool(rec.get("handled"))
+        if "engine" in t:
+            return self._engine_handled(rec, t)
+        m = _EID.match(t["execution"])
+        if m and (int(m[1]), int(m[2])) in w.execs.results:
+            rec.update(action="execution recorded as failed", handled=True)
+            rec["detected_s"] = round(time.time() - rec["unix_time"], 3)
+            return True
+        return False
+
+    def _engine_handled(self, rec: dict[str, Any], t: dict[str, Any]) -> bool:
+        cl = self.world.cluster
+        ev = next(
+            (
+                e
+                for e in cl.engine_events
+                if e.kind == "lost" and e.url == t["url"] and e.at >= rec["unix_time"] - 0.05
+            ),
+            None,
+        )
+        if ev is None and t["url"] not in cl.dead_engines:
+            return False
+        at = ev.at if ev is not None else time.time()
+        rec.update(
+            detected_s=round(at - rec["unix_time"], 3),
+            detected_by="engine heartbeat" if ev is not None else "publication",
+            action="taken out of the pool, its calls moved",
+            handled=True,
+        )
+        if t["signal"] == "SIGSTOP":  # found: no stopped process outlives the run
+            try:
+                os.kill(int(t["pid"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return True
+
+
+def _back(faults: list[dict[str, Any]], f: dict[str, Any]) -> float | None:
+    """When the cell of fault ``f`` served again: its own ``back``, or, when it was lost again
+    while restarting (its new actor hung, say), the ``back`` of its newest loss."""
+    if f.get("back") is not None or f["cell"] is None:
+        return f.get("back")
+    later = [g for g in faults if g["cell"] == f["cell"] and g["time"] > f["time"]]
+    return later[-1].get("back") if later else None
+
+
+def harness_pids(workspaces: Path) -> dict[str, list[int]]:
+    """Running harness processes of this run, by execution id (the first part of their
+    workspace path under ``workspaces``, which their command line or working directory names)."""
+    root = str(workspaces.resolve()) + os.sep
+    out: dict[str, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        hits = [a for a in [*args, cwd] if root in a]
+        if not hits:
+            continue
+        eid = hits[0].split(root, 1)[1].split(os.sep, 1)[0]
+        if _EID.match(eid):
+            out.setdefault(eid, []).append(int(proc.name))
+    return out

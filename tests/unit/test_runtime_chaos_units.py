@@ -1,0 +1,121 @@
+"""The chaos nemesis's schedule and target finding, and the proxy watchdog, without a run."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import types
+from pathlib import Path
+
+import pytest
+
+from gyre.runtime.chaos import harness_pids, schedule
+from gyre.runtime.config import RunConfig
+from gyre.runtime.proxy_watchdog import ProxyWatchdog
+from gyre.runtime.records import Records
+
+KINDS = ["rollout_cell", "satellite", "engine", "proxy", "harness"]
+
+
+def test_chaos_is_off_by_default():
+    assert RunConfig().chaos.kills == 0
+
+
+def test_schedule_is_seeded_in_the_window_and_hits_every_kind():
+    a = schedule(3, 10, KINDS, (5.0, 60.0))
+    assert a == schedule(3, 10, KINDS, (5.0, 60.0))
+    assert a != schedule(4, 10, KINDS, (5.0, 60.0))
+    times = [t for t, _ in a]
+    assert times == sorted(times) and all(5.0 <= t <= 60.0 for t in times)
+    assert sorted(k for _, k in a[:5]) == sorted(KINDS)  # one full cycle first
+    assert sorted(k for _, k in a[5:]) == sorted(KINDS)
+
+
+def test_harness_pids_finds_a_process_by_its_workspace(tmp_path: Path):
+    ws = tmp_path / "workspaces" / "r0-g00007-a02" / "workspace"
+    ws.mkdir(parents=True)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    p = subprocess.Popen(["sleep", "30"], cwd=ws)
+    q = subprocess.Popen(["sleep", "30"], cwd=other)
+    try:
+        found = harness_pids(tmp_path / "workspaces")
+        assert found == {"r0-g00007-a02": [p.pid]}
+    finally:
+        p.kill()
+        q.kill()
+        p.wait()
+        q.wait()
+
+
+class _Proxy:
+    def __init__(self) -> None:
+        self.alive, self.port, self._error = False, 1234, None
+        self.service = types.SimpleNamespace(counters=types.SimpleNamespace(answered=7))
+
+
+def _world(proxy: _Proxy) -> types.SimpleNamespace:
+    records = Records(cells=1)
+    restarted: list[int] = []
+
+    async def restart_proxy() -> None:
+        restarted.append(1)
+        proxy.alive = True
+
+    cluster = types.SimpleNamespace(proxy=proxy, live_proxy=proxy, restart_proxy=restart_proxy)
+    cfg = types.SimpleNamespace(run=RunConfig())
+    return types.SimpleNamespace(
+        cfg=cfg, cluster=cluster, records=records, now=records.now, restarted=restarted
+    )
+
+
+def test_watchdog_restarts_a_dead_proxy_once_and_records_it():
+    proxy = _Proxy()
+    w = _world(proxy)
+    dog = ProxyWatchdog(w)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        await asyncio.gather(dog.ensure("watchdog"), dog.ensure("switch"))
+        await dog.ensure("watchdog")  # alive now: nothing to do
+
+    asyncio.run(go())
+    assert w.restarted == [1] and dog.restarts == 1
+    (f,) = w.records.faults
+    assert f["kind"] == "proxy" and f["cell"] is None and f["action"] == "restart"
+    assert f["detected_by"] == "watchdog" and f["answered_before"] == 7
+    assert f["back"] is not None and f["restart_s"] >= 0
+
+
+@pytest.mark.parametrize("alive", [True])
+def test_watchdog_leaves_a_live_proxy_alone(alive):
+    proxy = _Proxy()
+    proxy.alive = alive
+    w = _world(proxy)
+    asyncio.run(ProxyWatchdog(w).ensure("watchdog"))  # type: ignore[arg-type]
+    assert w.restarted == [] and w.records.faults == []
+
+
+def test_the_live_view_says_what_died_last_and_what_it_cost():
+    from gyre.runtime.progress import last_fault
+
+    assert last_fault([]) is None
+    cell = {"cell": 2, "kind": "hung", "time": 12.1, "detected_by": "heartbeat"}
+    assert last_fault([{**cell, "action": "restart"}]) == (
+        "last fault: cell 2 hung at 12.1s (heartbeat), restart not back yet"
+    )
+    proxy = {"cell": None, "kind": "proxy", "time": 40.0, "detected_by": "watchdog"}
+    text = last_fault(
+        [{**cell, "action": "restart"}, {**proxy, "action": "restart", "cost_s": 0.06}]
+    )
+    assert text == "last fault: proxy at 40.0s (watchdog), restart back after 0.1s"
+
+
+def test_a_cell_lost_again_while_restarting_is_back_when_its_newest_loss_is():
+    from gyre.runtime.chaos import _back
+
+    first = {"cell": 2, "time": 6.0, "back": None}
+    again = {"cell": 2, "time": 36.9, "back": 68.9}
+    other = {"cell": 1, "time": 50.0, "back": None}
+    assert _back([first, again, other], first) == 68.9
+    assert _back([first], first) is None
+    assert _back([first, again], again) == 68.9
