@@ -36,7 +36,16 @@ N = 4
 # a cell's ping bound: 2 s finds a hang fast, but at load 50 on 2 cores a busy core missed it
 # (a fault no nemesis caused, ending a baseline run): $GYRE_CHAOS_HEARTBEAT_S raises it
 HEARTBEAT_S = float(os.environ.get("GYRE_CHAOS_HEARTBEAT_S", "2.0"))
-KINDS = ["rollout_cell", "satellite", "engine", "proxy", "harness", "cell_hang", "engine_hang"]
+KINDS = [
+    "rollout_cell",
+    "satellite",
+    "core",
+    "engine",
+    "proxy",
+    "harness",
+    "cell_hang",
+    "engine_hang",
+]
 
 CONFIG = """
 model_dir = "{model}"
@@ -99,7 +108,11 @@ window_s = [2.0, {window}]
 """
 
 
-def _run(out: Path, model: Path, seed: int, steps: int, kills: int, window: float) -> Path:
+def _run(
+    out: Path, model: Path, seed: int, steps: int, kills: int, window: float
+) -> tuple[Path, float]:
+    """The run's directory and its wall time: a core restart starts a new segment, whose
+    ``makespan_s`` is that segment's alone, so the extra time is taken from outside."""
     name = f"s{seed}-{'chaos' if kills else 'base'}"
     cfg = out / f"{name}.toml"
     kinds = json.dumps(KINDS)
@@ -118,19 +131,21 @@ def _run(out: Path, model: Path, seed: int, steps: int, kills: int, window: floa
     argv = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]
     argv += ["--set", f"run.name={name}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    t0 = time.monotonic()
     with open(out / f"{name}.log", "w") as log:
         rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    wall = time.monotonic() - t0
     if rc != 0:
         print(f"{name}: gyre run exited {rc} (see {out / name}.log)")
-    return out / name
+    return out / name, wall
 
 
 def _cell_faults(a: dict) -> list[Fault]:
     """The chaos run's cell faults as the simulator's schedule (seconds -> hours)."""
     out = []
     for f in a["faults"]:
-        if f["kind"] == "proxy" or f["cell"] is None:
-            continue
+        if f["kind"] == "proxy" or f["cell"] is None or f.get("core_restart"):
+            continue  # the simulator models cell losses only, not a restart from a checkpoint
         back = f.get("back")
         restart = None if back is None else (back - f["time"]) / 3600.0
         out.append(Fault(int(f["cell"]), f["time"] / 3600.0, restart))
@@ -138,8 +153,8 @@ def _cell_faults(a: dict) -> list[Fault]:
 
 
 def _seed(out: Path, model: Path, seed: int, steps: int, kills: int, window: float) -> dict:
-    base = _run(out, model, seed, steps, 0, window)
-    hit = _run(out, model, seed, steps, kills, window)
+    base, base_wall = _run(out, model, seed, steps, 0, window)
+    hit, hit_wall = _run(out, model, seed, steps, kills, window)
     try:
         b = json.loads((base / "summary.json").read_text())
     except OSError:  # the baseline did not finish (its log says why)
@@ -149,6 +164,7 @@ def _seed(out: Path, model: Path, seed: int, steps: int, kills: int, window: flo
     except (OSError, ValueError, KeyError):  # the run did not finish: no summary
         a = {"steps": 0, "kills": {}, "handled": 0, "relaunched": 0, "finished_lost": 0}
         a |= {"trained_twice": 0, "interrupted_other": 0, "answered_missing": 0}
+        a |= {"cut_by_core_restart": 0}
         a |= {"answered_counter_gap": 0, "makespan_s": float("nan"), "faults": [], "chaos": []}
     faults = _cell_faults(a)
     pred: dict = {"cost_s": 0.0}
@@ -160,7 +176,7 @@ def _seed(out: Path, model: Path, seed: int, steps: int, kills: int, window: flo
         "seed": seed,
         "audit": a,
         "base_makespan_s": b["makespan_s"],
-        "extra_s": a["makespan_s"] - b["makespan_s"],
+        "extra_s": hit_wall - base_wall if a["steps"] else float("nan"),
         "kills": n,
         "predicted_s": pred.get("cost_s"),
         "cell_faults": len(faults),
@@ -176,10 +192,11 @@ def _f(x: float | None, fmt: str = ".1f") -> str:
 def _table(rows: list[dict]) -> None:
     print(
         "| seed | kills by kind | survived | relaunched | finished lost | trained twice | "
-        "interrupted (other) | answered missing | hung cell found (s) | hung engine found (s) | "
-        "makespan base (s) | extra (s) | per fault (s) | sim, cell faults (s) |"
+        "interrupted (other) | cut by core restart | answered missing | hung cell found (s) | "
+        "hung engine found (s) | makespan base (s) | extra wall (s) | per fault (s) | "
+        "sim, cell faults (s) |"
     )
-    print("|" + " --- |" * 14)
+    print("|" + " --- |" * 15)
     for r in rows:
         a = r["audit"]
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(a["kills"].items()))
@@ -187,6 +204,7 @@ def _table(rows: list[dict]) -> None:
             f"| {r['seed']} | {kinds} | {a['handled']}/{r['kills']}"
             f"{'' if a['steps'] else ' (run failed)'} | {a['relaunched']} | "
             f"{a['finished_lost']} | {a['trained_twice']} | {a['interrupted_other']} | "
+            f"{a['cut_by_core_restart']} | "
             f"{a['answered_missing'] + max(0, a['answered_counter_gap'])} | "
             f"{_f(r['hung_cell_s'], '.2f')} | {_f(r['hung_engine_s'], '.2f')} | "
             f"{_f(r['base_makespan_s'])} | {_f(r['extra_s'])} | "

@@ -8,7 +8,8 @@ of that kind for real:
 =============== ===================================================================
 rollout_cell    SIGKILL a cell serving rollouts (its pid from the cluster's placement)
 satellite       SIGKILL a training cell other than the core, outside a reduce
-core            SIGKILL cell 0 (until the runtime restarts the core, this stops the run)
+core            SIGKILL cell 0 (the segment stops; the supervisor restarts the run from its
+                last checkpoint, and the next segment's nemesis goes on with the kills left)
 engine          SIGKILL a standalone engine's process
 proxy           :meth:`ProxyServer.kill` (stops the way a crash does)
 harness         SIGKILL one running harness's processes (found in /proc by its workspace)
@@ -68,6 +69,14 @@ class Nemesis:
         c = self.cfg
         self.plan = schedule(c.seed, c.kills, list(c.kinds), c.window_s)
         self.rng = random.Random(c.seed + 1)
+        # a segment after a core restart: the kills done before it are carried (chaos.jsonl);
+        # go on with the rest, spaced as drawn, and judge only this segment's faults
+        self.carried_faults = len(world.records.faults)
+        done = carry(world.records.chaos, world.records.faults)
+        if done:
+            base = self.plan[done - 1][0]
+            self.plan = [(at - base, kind) for at, kind in self.plan[done:]]
+            self.rng = random.Random(c.seed + 1 + done)
 
     @property
     def enabled(self) -> bool:
@@ -113,7 +122,8 @@ class Nemesis:
             return False
         if any("target" in k and "handled" not in k for k in w.records.chaos):
             return False  # the last kill is not found and dealt with yet
-        last = {f["cell"]: f for f in w.records.faults}  # a cell's newest loss supersedes
+        mine = w.records.faults[self.carried_faults :]  # earlier segments' are closed
+        last = {f["cell"]: f for f in mine}  # a cell's newest loss supersedes
         if any(f.get("back") is None and f.get("action") == "restart" for f in last.values()):
             return False
         return kind != "proxy" or not any(r in _SWITCHING for r in w.roles)
@@ -287,3 +297,27 @@ def harness_pids(workspaces: Path) -> dict[str, list[int]]:
         if _EID.match(eid):
             out.setdefault(eid, []).append(int(proc.name))
     return out
+
+
+def carry(chaos: list[dict[str, Any]], faults: list[dict[str, Any]]) -> int:
+    """Close the kills an earlier segment left open (the core's: its segment stopped before it
+    could follow it) from the carried fault records; return how many kills were done."""
+    for rec in chaos:
+        cell = rec.get("target", {}).get("cell")
+        if cell is None or (rec.get("handled") and cell != 0):
+            continue
+        f = next(
+            (
+                f
+                for f in faults
+                if f.get("cell") == cell and f["unix_time"] >= rec["unix_time"] - 0.05
+            ),
+            None,
+        )
+        if f is None:
+            rec["handled"] = False  # its segment ended before anything found it
+            continue
+        rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
+        rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
+        rec["handled"] = True
+    return len(chaos)

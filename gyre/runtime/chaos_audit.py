@@ -69,6 +69,10 @@ def audit(rd: Path, group_size: int) -> dict[str, Any]:
         "killed_harnesses": len(killed),
         "interrupted_other": failed_other + int(s["proxy"].get("errors_5xx", 0)),
         "relaunched": sum(n - 1 for n in runs.values() if n > 1),
+        # executions running when a core restart ended their segment (cut; no row of theirs)
+        "cut_by_core_restart": sum(
+            f.get("executions_cut", 0) for f in s["faults"] if f.get("core_restart")
+        ),
         "finished_lost": lost,
         "trained_twice": len(trained) - len(set(trained)),
         "incomplete_groups": sum(1 for g in set(trained) if by_group[g] < group_size),

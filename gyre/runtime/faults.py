@@ -41,12 +41,20 @@ class FatalFault(RuntimeError):
 class CoreLost(FatalFault):
     """The core, or a cell inside the step's reduce, was lost: what the core applied since its
     last checkpoint died with it. ``record`` is the fault's entry in ``faults`` (the supervisor
-    says there what it did); ``faults`` is the segment's whole list, kept for the next one."""
+    says there what it did); ``faults`` is the segment's whole list, kept for the next one, and
+    ``chaos`` what the nemesis did in it (``[run.chaos]``), kept alike."""
 
-    def __init__(self, message: str, record: dict[str, Any], faults: list[dict[str, Any]]):
+    def __init__(
+        self,
+        message: str,
+        record: dict[str, Any],
+        faults: list[dict[str, Any]],
+        chaos: list[dict[str, Any]] | None = None,
+    ):
         super().__init__(message)
         self.record = record
         self.faults = faults
+        self.chaos = chaos if chaos is not None else []
 
 
 def actor_died(e: BaseException) -> bool:
@@ -137,7 +145,7 @@ class CellFaults:
                 f"cell {cell} was lost ({kind}: {first}) during the step's reduce: the step "
                 "cannot complete (`gyre run --resume` continues from the last checkpoint)"
             )
-            w.errors.append(CoreLost(msg, rec, w.records.faults))
+            w.errors.append(self.core_lost(msg, rec))
             return
         if cell == 0:
             rec["action"] = "run stopped"
@@ -145,7 +153,7 @@ class CellFaults:
                 f"cell 0 (the core) was lost ({kind}: {first}); its optimizer state went "
                 "with it: `gyre run --resume` continues from the last checkpoint"
             )
-            w.errors.append(CoreLost(msg, rec, w.records.faults))
+            w.errors.append(self.core_lost(msg, rec))
             return
         self._open[cell] = rec
         w.forget_cell_work(cell)
@@ -176,7 +184,15 @@ class CellFaults:
             f"{who} died during the reduce of step {step}: the step cannot complete "
             "(`gyre run --resume` continues from the last checkpoint)"
         )
-        return CoreLost(msg, rec, w.records.faults)
+        return self.core_lost(msg, rec)
+
+    def core_lost(self, msg: str, rec: dict[str, Any]) -> CoreLost:
+        """The segment's end: its executions still running are cut (the supervisor's new segment
+        relaunches those it keeps a finished sibling of, and dispatches fresh groups for the
+        rest), so the record counts them: the work a core restart throws away."""
+        w = self.world
+        rec["executions_cut"] = w.execs.running
+        return CoreLost(msg, rec, w.records.faults, w.records.chaos)
 
     def cell_of(self, e: BaseException, cells: range) -> int | None:
         """Which of ``cells`` the dead actor behind ``e`` (or its cause) was, if Ray says."""

@@ -70,6 +70,7 @@ class RealWorld:
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         self.records.faults.extend(r.get("faults", []))  # earlier segments' (faults.jsonl)
+        self.records.chaos.extend(r.get("chaos", []))  # and the nemesis's kills (chaos.jsonl)
         self.step_rec: StepRecord | None = None
         # a resume's groups in flight take the policy's first group ids (docs/runtime.md, "Resume")
         self.restore: RestorePlan = r.get("restore") or RestorePlan()

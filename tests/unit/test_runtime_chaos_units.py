@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.runtime.chaos import harness_pids, schedule
+from gyre.runtime.chaos import carry, harness_pids, schedule
 from gyre.runtime.config import RunConfig
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
 from gyre.runtime.records import Records
@@ -119,3 +119,29 @@ def test_a_cell_lost_again_while_restarting_is_back_when_its_newest_loss_is():
     assert _back([first, again, other], first) == 68.9
     assert _back([first], first) is None
     assert _back([first, again], again) == 68.9
+
+
+def test_a_core_kill_carried_into_the_next_segment_is_closed_and_counted():
+    """The core's kill ends its segment before the nemesis can follow it: the next segment
+    closes it from the carried fault (the supervisor's action) and goes on with the rest."""
+    chaos = [
+        {"kind": "proxy", "time": 3.0, "unix_time": 100.0, "target": {"proxy": 1}, "handled": True},
+        {"kind": "core", "time": 9.0, "unix_time": 106.0, "target": {"cell": 0, "pid": 7}},
+        {"kind": "harness", "time": 5.0, "skipped": "no target"},
+    ]
+    faults = [
+        {
+            "cell": 0,
+            "kind": "died",
+            "unix_time": 106.02,
+            "detected_by": "heartbeat",
+            "action": "restart from checkpoint step 4",
+            "core_restart": 1,
+        },
+    ]
+    assert carry(chaos, faults) == 3
+    core = chaos[1]
+    assert core["handled"] is True and core["action"] == "restart from checkpoint step 4"
+    assert core["detected_s"] == 0.02 and core["detected_by"] == "heartbeat"
+    lone = [{"kind": "core", "time": 1.0, "unix_time": 50.0, "target": {"cell": 0, "pid": 7}}]
+    assert carry(lone, []) == 1 and lone[0]["handled"] is False  # nothing found it

@@ -169,6 +169,7 @@ def _world(core_alive: bool = True):
         K=3,
         cluster=SimpleNamespace(cells=[_Actor("c0", core_alive), _Actor("c1"), _Actor("c2")]),
         errors=[],
+        execs=SimpleNamespace(running=5),
         records=records,
         roles=records.roles,
         now=records.now,
@@ -190,6 +191,8 @@ def test_the_cores_death_found_by_any_call_is_core_lost():
     (e,) = w.errors
     assert isinstance(e, CoreLost) and e.record["detected_by"] == "call"
     assert w.records.faults == [e.record]
+    assert e.record["executions_cut"] == 5  # the work the restart throws away, counted
+    assert e.chaos is w.records.chaos  # the nemesis's kills go to the next segment with it
 
 
 def test_an_error_while_the_core_is_dead_is_the_cores_loss_and_others_stay_as_they_are():
