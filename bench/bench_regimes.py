@@ -2,7 +2,7 @@
 training share, measured (``gyre run``) beside the simulator's prediction.
 
     python bench/bench_regimes.py [--steps 12] [--seeds 0 1 2] [--regimes light paper heavy short-tail]
-        [--out runs/regimes] [--png docs/img/regimes.png]
+        [--out runs/regimes] [--png OUT/regimes.png]
 
 A placement comparison holds in its regime: how much of the cells' time training takes
 (model size, micro-step cost at the cell's CPU share) and how long the rollout tail is. Each
@@ -51,7 +51,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     ap.add_argument("--out", default="runs/regimes")
-    ap.add_argument("--png", default="docs/img/regimes.png")
+    ap.add_argument("--png", default=None, help="default: OUT/regimes.png")
     ap.add_argument("--report-only", action="store_true", help="table and plot from --out")
     a = ap.parse_args()
     out = Path(a.out)
@@ -67,8 +67,9 @@ def main() -> int:
     (out / "curve.json").write_text(json.dumps(curve, indent=1))
     print_tables(rows, a)
     if rows:
-        plot(rows, curve, Path(a.png), a)
-        print(f"\nplot: {a.png}; runs: {out}")
+        png = Path(a.png or out / "regimes.png")
+        plot(rows, curve, png, a)
+        print(f"\nplot: {png}; runs: {out}")
     return 0
 
 
@@ -294,7 +295,7 @@ def plot(rows: list[dict], curve: list[dict], png: Path, a) -> None:
     axes[0].set_ylabel("ratio")
     axes[1].legend(fontsize=7, loc="best")
     fig.suptitle(
-        f"{a.config}, {a.steps} steps, cells at 0.4 CPU: measured (mean, bars min-max over "
+        f"{a.config}, {a.steps} steps, cells at 0.4 CPU: measured (mean, bars min-max over\n"
         f"seeds {sorted({r['seed'] for r in rows})}), each run replayed on its own durations "
         f"(hollow), and the scheduling-only prediction (line); 1-min load "
         f"{min(r['load'] or 0 for r in rows):.0f}-{max(r['load'] or 0 for r in rows):.0f}",
