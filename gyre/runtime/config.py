@@ -49,6 +49,13 @@ class CellResources(BaseModel):
         "a cell is a fixed compute partition like a GPU (Linux, root; docs/runtime.md); None: "
         "cells share the machine's cores",
     )
+    calibrate_s: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="seconds of fixed compute timed at the start, at cpu_quota when set, for "
+        "summary.json's regime (gyre/runtime/calibrate.py); 0: skip",
+    )
 
 
 class RayConfig(BaseModel):

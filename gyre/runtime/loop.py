@@ -21,6 +21,7 @@ from typing import Any
 from gyre.config import GyreConfig
 from gyre.policy import CellRole, SchedulingPolicy
 from gyre.runtime import workload
+from gyre.runtime.calibrate import calibrate
 from gyre.runtime.progress import Progress, closing_lines
 from gyre.runtime.report import summarize, write_timeline
 from gyre.runtime.rundir import RunDir
@@ -41,6 +42,7 @@ async def train(
     policy = SchedulingPolicy(
         cfg.policy.model_copy(update={"total_steps": max(left, 1)})  # left 0: never started
     )
+    calibration = await _calibrate(cfg, progress)
     world = RealWorld(cfg, rundir, tasks, resume=resume)
     world.sched_status = policy.status
     progress.message(
@@ -69,7 +71,7 @@ async def train(
         records = world.records
         records.close_segments()
         summary = summarize(
-            records, world.cluster, world.execs, rundir, policy if left > 0 else None
+            records, world.cluster, world.execs, rundir, policy if left > 0 else None, calibration
         )
         rundir.write_summary(summary)
         write_timeline(records, rundir, summary)
@@ -78,6 +80,21 @@ async def train(
         workload.save(world.records, world.cluster, world.execs, rundir, progress)
         await world.stop()
         rundir.close()
+
+
+async def _calibrate(cfg: GyreConfig, progress: Progress) -> dict[str, Any] | None:
+    """This machine's speed at a cell's CPU share, before the cells start (nothing of the run
+    competes with it); on a Ray cluster the cells' nodes may differ, so no quota is applied."""
+    cell = cfg.run.cell
+    if cell.calibrate_s <= 0:
+        return None
+    quota = cell.cpu_quota if not cfg.run.ray.address else None
+    cal = await asyncio.to_thread(calibrate, cell.calibrate_s, quota)
+    progress.message(
+        f"calibration: {cal.get('gflops')} GFLOP/s at {quota or 'no'} CPU quota "
+        f"({cal.get('cpu_model')}, load {cal.get('load_before')})"
+    )
+    return cal
 
 
 def _show(progress: Progress, world: RealWorld, policy, *, force: bool = False) -> None:

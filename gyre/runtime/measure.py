@@ -149,3 +149,35 @@ def serving_staleness(trained_version: int, executions: Iterable[Sequence[Call]]
 def steady_from(phi: float, mu: int) -> int:
     """Steps before the steady state: the first dispatches start at version 0 for everyone."""
     return math.ceil(phi) + mu
+
+
+def training_share(
+    segments: Sequence[Sequence[tuple[float, float, str]]], end: float
+) -> float | None:
+    """The cells' mean share of ``[0, end]`` in the training role or switching into it (the
+    simulator's ``mean_training_share``; the paper's regime is about 23 % for Elastic)."""
+    if end <= 0 or not segments:
+        return None
+    per_cell = [
+        sum(max(0.0, min(e, end) - s) for s, e, r in segs if r in ("training", "to_training"))
+        for segs in segments
+    ]
+    return statistics.fmean(per_cell) / end
+
+
+def compute_share(busy: Sequence[Sequence[tuple[float, float]]], end: float) -> float | None:
+    """The cells' mean share of ``[0, end]`` spent computing training (micro-steps, optimizer)."""
+    if end <= 0 or not busy:
+        return None
+    return statistics.fmean(sum(max(0.0, min(e, end) - s) for s, e in iv) for iv in busy) / end
+
+
+def tokens_per_s(calls: Iterable[tuple[int, float]]) -> float | None:
+    """Output tokens per second of model calls, token-weighted: total tokens over the calls'
+    total time (``(tokens, seconds)`` pairs), queueing at a busy engine included."""
+    n = t = 0.0
+    for k, dt in calls:
+        if dt > 0:
+            n += k
+            t += dt
+    return n / t if t > 0 else None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gyre.runtime import measure
 from gyre.sim.plot import plot_gantt
 from gyre.trace.store import read_trace
 
@@ -22,15 +23,37 @@ if TYPE_CHECKING:
     from gyre.runtime.rundir import RunDir
 
 
-def trace_reroutes(trace_dir: Path) -> dict[str, int]:
-    """Calls whose output was sampled on more than one engine (moved mid-generation, partial output kept)."""
+def trace_reroutes(trace_dir: Path) -> dict[str, Any]:
+    """Calls whose output was sampled on more than one engine (moved mid-generation, partial
+    output kept); ``engine_tokens_per_s`` over every call (see :func:`measure.tokens_per_s`)."""
     records = multi = 0
+    calls: list[tuple[int, float]] = []
     for p in Path(trace_dir).rglob("*.jsonl"):
         for r in read_trace(p).records:
             records += 1
+            calls.append((len(r.output_ids), r.t_end - r.t_start))
             if len({s.engine_id for s in r.segments}) > 1:
                 multi += 1
-    return {"records": records, "resumed_with_partial_output": multi}
+    return {
+        "records": records,
+        "resumed_with_partial_output": multi,
+        "engine_tokens_per_s": measure.tokens_per_s(calls),
+    }
+
+
+def regime(records: Records, engine_tokens_per_s: float | None, calibration: dict | None) -> dict:
+    """What fixes a placement comparison's outcome (docs/measurements.md, "Regimes"): how much
+    of the cells' time training takes, what a micro-step and an optimizer step cost, how fast
+    the engines answer, and how fast this machine was at a cell's CPU share when the run began."""
+    end = records.makespan if records.makespan is not None else records.now()
+    return {
+        "training_share": measure.training_share(records.role_segments(end), end),
+        "compute_share": measure.compute_share(records.busy, end),
+        "microstep_s": measure.microstep_s(records.micros),
+        "optim_s": measure.median(e - s for s, e in records.optims),
+        "engine_tokens_per_s": engine_tokens_per_s,
+        "calibration": calibration,
+    }
 
 
 def _in_memory(sent: list[dict]) -> dict[str, int]:
@@ -85,11 +108,17 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(
-    records: Records, cluster: Cluster, execs: Executions, rundir: RunDir, policy
+    records: Records,
+    cluster: Cluster,
+    execs: Executions,
+    rundir: RunDir,
+    policy,
+    calibration: dict | None = None,
 ) -> dict[str, Any]:
     """``policy``: this segment's scheduling policy; None for a segment that only finished a
     run whose steps were all done before it was killed. ``cluster`` and ``execs`` give their
-    live counters (proxy, engines, executions of this segment)."""
+    live counters (proxy, engines, executions of this segment); ``calibration`` is
+    :func:`gyre.runtime.calibrate.calibrate`'s record from this segment's start."""
     stats = cluster.proxy_stats()
     counters = stats.get("counters", {})
     pool = stats.get("pool", {}).get("counters", {})
@@ -100,6 +129,8 @@ def summarize(
     ex = execs
     pubs = records.publications
     every = execution_counts(rundir.read_jsonl("executions.jsonl"))
+    reroutes = trace_reroutes(rundir.traces)
+    tok_s = reroutes.pop("engine_tokens_per_s")
     return {
         "placement": cluster.cfg.policy.placement.value,
         "makespan_s": records.makespan,
@@ -127,7 +158,7 @@ def summarize(
             "errors_5xx": counters.get("errors_5xx", 0),
             "moved_calls": pool.get("moved", 0),
             "engine_errors": pool.get("engine_errors", 0),
-            **trace_reroutes(rundir.traces),
+            **reroutes,
         },
         "switches": {
             d: {
@@ -148,6 +179,7 @@ def summarize(
             "in_memory": _in_memory([p["memory"] for p in pubs if "memory" in p]),
         },
         "role_shares": records.role_shares(),
+        "regime": regime(records, tok_s, calibration),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": cluster.placement,
         "engine_urls": cluster.engine_urls,  # per cell, every URL its engines served at

@@ -253,6 +253,14 @@ def test_run_exits_0_and_summary(done):
     for share in s["role_shares"]:
         assert sum(share.values()) == pytest.approx(1.0, abs=1e-3)
     assert s["policy"]["steps_done"] == STEPS and s["policy"]["done"] is True
+    # the regime the run measured: training took part of the cells' time, steps cost time,
+    # the engines answered, and the start-up calibration timed its fixed compute
+    r = s["regime"]
+    assert 0 < r["compute_share"] < r["training_share"] < 1, r
+    assert r["microstep_s"] > 0 and r["optim_s"] > 0 and r["engine_tokens_per_s"] > 0, r
+    cal = r["calibration"]
+    assert cal["iterations"] > 0 and cal["gflops"] > 0 and "error" not in cal, cal
+    assert cal["cpus"] == os.cpu_count() and cal["load_before"] >= 0, cal
     # the final progress line counts every step
     assert f"step {STEPS}/{STEPS}" in done["log"]
     # the live view (plain lines): every cell's activity, counters, rounded scores; no Ray notice
