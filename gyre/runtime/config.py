@@ -114,7 +114,7 @@ class ChaosConfig(BaseModel):
         min_length=1,
         description="what it may kill, taken in a seeded shuffled cycle (so kills >= len(kinds) "
         "hits each): a rollout cell, a satellite (a training cell other than the core), the "
-        "core (cell 0: on this branch its loss stops the run), a standalone engine, the proxy, "
+        "core (cell 0: the run restarts from its last checkpoint), a standalone engine, the proxy, "
         "a harness process (all SIGKILL or ProxyServer.kill), a hung cell or engine (SIGSTOP)",
     )
     window_s: tuple[float, float] = Field(
