@@ -110,7 +110,9 @@ class Cluster:
         self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
         self._asks: list[dict[str, float]] = []
-        self._loading: set[int] = set()  # versions an engine is starting on: not pruned
+        # versions engines are starting on, counted (a cell killed mid-start and its restarted
+        # actor may load the same one at once): not pruned while any load holds them
+        self._loading: Counter[int] = Counter()
         self._runtime_env: dict[str, Any] = {}
         # called with (cell, cause, where) when a cell's engine is found dead (the world's)
         self.on_cell_lost: Any = None
@@ -373,21 +375,21 @@ class Cluster:
         engine starts, so the version it loads is kept from pruning, and it catches up (reloads)
         until it serves the newest."""
         version = self.weights_version
-        self._loading.add(version)
+        self._loading[version] += 1
         try:
             url = await self.cells[cell].start_engine.remote(self.weights_dir, version)
             while version != self.weights_version or self._publishing is not None:
                 if self._publishing is not None:
                     await self._publishing.wait()
                     continue
-                self._loading.discard(version)
+                self._loading -= Counter({version: 1})  # drops it at 0
                 version = self.weights_version
-                self._loading.add(version)
+                self._loading[version] += 1
                 async with EngineClient(url, api_key=self.engine_key) as c:
                     await c.update_weights_from_disk(self.weights_dir, weight_version=version)
             return url
         finally:
-            self._loading.discard(version)
+            self._loading -= Counter({version: 1})
 
     def _serving(self, cell: int, url: str) -> None:
         """Cell ``cell``'s engine serves at ``url``; every URL a cell served at is kept

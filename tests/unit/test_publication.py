@@ -86,3 +86,53 @@ def test_check_served():
     wrong_version = UpdateWeightsResponse(success=True, weight_version=2, weights_checksum=1.5)
     with pytest.raises(PublicationError, match="reports weights version 2"):
         check_served("cell 2's engine", 3, wrong_version, sums)
+
+
+def test_two_starts_on_one_version_keep_it_from_pruning_until_both_end(tmp_path):
+    """A cell killed while its engine starts and its restarted actor both load the newest
+    version: the first start's end (it failed with its actor) must not let a publication prune
+    the directory the second is still loading (seen in bench_chaos: "failed to start ... v3")."""
+    import asyncio
+    import types
+    from collections import Counter
+
+    from gyre.runtime.cluster import Cluster
+    from gyre.runtime.publication import _prune_weights
+
+    for v in (3, 4, 5, 6):
+        (tmp_path / f"v{v}").mkdir()
+    gates = [asyncio.Event(), asyncio.Event()]
+    calls: list[int] = []
+
+    async def start_engine(weights_dir, version):
+        i = len(calls)
+        calls.append(version)
+        await gates[i].wait()
+        if i == 0:
+            raise RuntimeError("the actor died")
+        return "http://127.0.0.1:1"
+
+    cl = Cluster.__new__(Cluster)
+    cl.weights_version, cl.weights_dir, cl._publishing = 3, str(tmp_path / "v3"), None
+    cl._loading = Counter()
+    actor = types.SimpleNamespace(start_engine=types.SimpleNamespace(remote=start_engine))
+    cl.cells = [None, actor]
+    cl.rundir = types.SimpleNamespace(weights=tmp_path)
+
+    async def scenario():
+        first = asyncio.create_task(cl._start_newest(1))
+        second = asyncio.create_task(cl._start_newest(1))
+        await asyncio.sleep(0)
+        gates[0].set()
+        with pytest.raises(RuntimeError):
+            await first
+        _prune_weights(cl, 6, keep=2)  # a publication of v6 while the second still loads v3
+        assert (tmp_path / "v3").is_dir()
+        cl.weights_version = 3  # nothing newer was published meanwhile: no catch-up reload
+        gates[1].set()
+        assert await second == "http://127.0.0.1:1"
+        assert not cl._loading
+        _prune_weights(cl, 6, keep=2)
+        assert not (tmp_path / "v3").exists()
+
+    asyncio.run(scenario())
