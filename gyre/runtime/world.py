@@ -317,6 +317,8 @@ class RealWorld:
                 raise
             self.faults.lost(cell, e, "switch")  # no CellSwitched: the policy hears CellLost
             return
+        if cell in self.faults.down:  # lost (a heartbeat) while its switch ended: CellLost stands
+            return
         if role is CellRole.ROLLOUT:
             self.faults.back(cell)
         t1 = self.now()
