@@ -213,6 +213,9 @@ class Attempts:
         finally:
             if not fut.done():
                 fut.cancel()
+            elif not fut.cancelled():  # it ended as the engine was declared lost: its answer or
+                fut.exception()  # error lost the race; retrieved, so asyncio never logs it
+                # ("Task exception was never retrieved" with a traceback, seen when a core died)
 
     async def _read_some(self, engine: EngineHandle, resp: Any, limit_at: float | None) -> bytes:
         """The next bytes of a stream (b"" at its end), with the same limits as :meth:`_await`;
