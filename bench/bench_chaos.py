@@ -185,6 +185,11 @@ def _seed(out: Path, model: Path, seed: int, steps: int, kills: int, window: flo
     }
 
 
+def _pending(a: dict) -> str:
+    n = a.get("restarting_at_end", 0)
+    return f" (+{n} restarting at end)" if n else ""
+
+
 def _f(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -202,6 +207,7 @@ def _table(rows: list[dict]) -> None:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(a["kills"].items()))
         print(
             f"| {r['seed']} | {kinds} | {a['handled']}/{r['kills']}"
+            f"{_pending(a)}"
             f"{'' if a['steps'] else ' (run failed)'} | {a['relaunched']} | "
             f"{a['finished_lost']} | {a['trained_twice']} | {a['interrupted_other']} | "
             f"{a['cut_by_core_restart']} | "

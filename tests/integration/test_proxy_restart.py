@@ -142,3 +142,53 @@ def test_restart_after_a_clean_stop_keeps_the_pool_as_it_was(
             assert r.status_code == 200
         finally:
             px.stop()
+
+
+def test_a_crash_while_the_trace_record_is_written_keeps_one_record(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    """The crash lands between the answer's generation and the end of its trace write (fsync
+    under way in a thread): the record reaches the disk, so the counters and the retry window
+    must know of it; the SDK's retry is a replay, and the trace holds the call once."""
+    traces = tmp_path / "traces"
+    with running_engine("null", str(tiny_model_dir), engine_id="N") as eng:
+        px = ProxyServer(
+            ProxyConfig(model_dir=str(tiny_model_dir), engines=[eng.url], trace_dir=str(traces)),
+            tiny_tokenizer,
+        ).start()
+        try:
+            writing = threading.Event()
+            real = px.service.writer.append
+
+            def slow_append(rec):  # the crash comes while this thread writes
+                writing.set()
+                time.sleep(0.8)
+                real(rec)
+
+            px.service.writer.append = slow_append
+            client = openai.OpenAI(base_url=px.url + "/v1", api_key="k", max_retries=6)
+            got: dict = {}
+
+            def call() -> None:
+                try:
+                    got["r"] = client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8
+                    )
+                except BaseException as e:
+                    got["e"] = e
+
+            t = threading.Thread(target=call, daemon=True)
+            t.start()
+            assert writing.wait(30), "the call never reached its trace write"
+            px.kill()
+            px.restart()
+            t.join(60)
+            assert "e" not in got, got.get("e")
+            assert px.service.counters.retries_replayed == 1
+            assert px.service.counters.answered == 1
+        finally:
+            px.stop()
+    (path,) = traces.glob("*.jsonl")
+    recs = read_trace(path).records
+    assert [x.finish_reason for x in recs] == ["length"], [(x.seq, x.finish_reason) for x in recs]
+    assert recs[0].request_id in got["r"].id
