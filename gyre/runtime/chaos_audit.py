@@ -30,14 +30,21 @@ def _jsonl(p: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
 
 
-def answered_records(traces: Path) -> Counter:
-    """Answered trace records per execution (``abort`` records left out)."""
+def answered_records(traces: Path, since: float = 0.0) -> Counter:
+    """Answered trace records per execution (``abort`` records left out), of calls that
+    ended at Unix time ``since`` or later."""
     out: Counter = Counter()
     for p in traces.rglob("*.jsonl"):
         for r in _jsonl(p):
-            if r.get("finish_reason") != "abort":
+            if r.get("finish_reason") != "abort" and r.get("t_end", 0.0) >= since:
                 out[r["execution_id"]] += 1
     return out
+
+
+def segment_start(faults: list[dict[str, Any]]) -> float:
+    """When the last segment began (its core restart), as Unix time; 0 with one segment. Its
+    proxy is new, so its ``answered`` counter counts the calls answered since then."""
+    return max([f["restart_unix_time"] for f in faults if f.get("restart_unix_time")] + [0.0])
 
 
 def audit(rd: Path, group_size: int) -> dict[str, Any]:
@@ -85,8 +92,10 @@ def audit(rd: Path, group_size: int) -> dict[str, Any]:
         "trained_twice": len(trained) - len(set(trained)),
         "incomplete_groups": sum(1 for g in set(trained) if by_group[g] < group_size),
         "answered_missing": calls_missing,
-        # the proxy's counter (this segment's, carried across its restarts) vs the traces
-        "answered_counter_gap": int(s["proxy"]["answered"]) - sum(rec.values()),
+        # the proxy's counter (this segment's, carried across its restarts) vs the segment's
+        # trace records (a segment's calls all end before the next segment starts)
+        "answered_counter_gap": int(s["proxy"]["answered"])
+        - sum(answered_records(rd / "traces", segment_start(s["faults"])).values()),
         "proxy_restarts": sum(1 for f in s["faults"] if f["kind"] == "proxy"),
         "makespan_s": s["makespan_s"],
         "chaos": s.get("chaos", []),

@@ -162,6 +162,7 @@ def _run_with(tiny_model_dir, tmp_path, name: str, killer_args, steps: int = 5, 
     return s, fault, killer
 
 
+@pytest.mark.extended  # the nemesis run (test_runtime_chaos) kills a rollout cell too
 def test_rollout_cell_killed_mid_run_is_restarted_and_the_run_finishes(tiny_model_dir, tmp_path):
     # cell 2 joins training last: at the first finished execution it serves rollouts
     s, fault, _ = _run_with(

@@ -20,77 +20,18 @@ import pytest
 
 from gyre.runtime.chaos_audit import audit
 
-N = 4
-STEPS = 32  # long enough on a 2-core CI machine for 5 serialized kills (~50 s of handling)
-
-CONFIG = f"""
-seed = 0
-
-[policy]
-placement = "elastic"
-cells = 3
-cell_capacity = 4
-standalone_capacity = 4
-group_size = {N}
-batch_groups = 2
-phi = 0.5
-mu = 3
-streaming = true
-rho_min = 0.25
-hold_tau = 0.0
-total_steps = {STEPS}
-
-[engine]
-max_batch = 16
-
-[trainer]
-j_max = 5
-
-[trainer.optim]
-lr = 0.003
-grad_clip = 1.0
-
-[trainer.objective]
-clip_low = 0.8
-clip_high = 1.25
-
-[trainer.stream]
-token_budget = 4096
-
-[executor]
-max_concurrency = 64
-
-[proxy]
-engine_heartbeat_s = 1.0
-engine_lost_after_s = 4.0
-
-[run]
-taskset = "quickstart"
-profile = "reference"
-harness_args = ["--max-turns", "2", "--max-tokens", "48", "--no-delegate", "--client", "stdlib"]
-eval_interval = 0
-
-[run.fault]
-heartbeat_s = 2.0
-
-"""
-
-EVERY_KIND = """
-[run.chaos]
-seed = 1
-kills = 5
-window_s = [2.0, 20.0]
-"""
+N = 4  # examples/chaos.toml's group size
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "chaos.toml"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _run(tmp_path: Path, model: Path, chaos: str, steps: int = STEPS) -> dict:
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(f'model_dir = "{model}"\n' + CONFIG + chaos)
-    argv = [sys.executable, "-m", "gyre.cli", "run", str(cfg), "--log-format", "plain"]
-    argv += ["--set", f"run.out_dir={tmp_path / 'runs'}", "--set", "run.name=chaos"]
-    argv += ["--set", f"policy.total_steps={steps}"]
+def _run(tmp_path: Path, model: Path, chaos: list[str], steps: int | None = None) -> dict:
+    argv = [sys.executable, "-m", "gyre.cli", "run", str(CONFIG)]
+    sets = [f"model_dir={model}", f"run.out_dir={tmp_path / 'runs'}", "run.standalone_engines=1"]
+    sets += chaos + ([f"policy.total_steps={steps}"] if steps else [])
+    for x in sets:
+        argv += ["--set", x]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
@@ -98,7 +39,7 @@ def _run(tmp_path: Path, model: Path, chaos: str, steps: int = STEPS) -> dict:
     print({k: v for k, v in a.items() if k not in ("chaos", "faults")})
     for k in a["chaos"]:
         print(k)
-    assert a["steps"] == steps
+    assert a["steps"] == (steps or 32)
     assert a["handled"] + a["restarting_at_end"] == sum(a["kills"].values()), a["chaos"]
     kills = [k for k in a["chaos"] if "target" in k]
     open_ = [i for i, k in enumerate(kills) if not k.get("handled")]
@@ -110,11 +51,12 @@ def _run(tmp_path: Path, model: Path, chaos: str, steps: int = STEPS) -> dict:
     return a
 
 
+@pytest.mark.extended  # the nemesis run kills the proxy once; test_proxy_restart covers each crash point
 def test_the_proxy_killed_mid_run_is_restarted_and_no_answered_call_is_lost(
     tmp_path: Path, tiny_model_dir
 ) -> None:
-    chaos = '\n[run.chaos]\nseed = 2\nkills = 3\nkinds = ["proxy"]\nwindow_s = [2.0, 12.0]\n'
-    a = _run(tmp_path, tiny_model_dir, chaos, steps=10)
+    chaos = ["run.chaos.seed=2", "run.chaos.kills=3", 'run.chaos.kinds=["proxy"]']
+    a = _run(tmp_path, tiny_model_dir, chaos + ["run.chaos.window_s=[2.0, 12.0]"], steps=10)
     assert a["kills"] == {"proxy": 3} and a["proxy_restarts"] == 3, a["chaos"]
     # (a loaded machine may add a cell whose ping timed out: the nemesis did not do that)
     for f in [f for f in a["faults"] if f["kind"] == "proxy"]:
@@ -123,7 +65,7 @@ def test_the_proxy_killed_mid_run_is_restarted_and_no_answered_call_is_lost(
 
 def test_a_run_survives_the_nemesis(tmp_path: Path, tiny_model_dir) -> None:
     rd = tmp_path / "runs" / "chaos"
-    a = _run(tmp_path, tiny_model_dir, EVERY_KIND)
+    a = _run(tmp_path, tiny_model_dir, [])  # the file's nemesis: 5 kills, one of each kind
     assert set(a["kills"]) == {"rollout_cell", "satellite", "engine", "proxy", "harness"}, a
     (pf,) = [f for f in a["faults"] if f["kind"] == "proxy"]
     assert pf["action"] == "restart" and pf["back"] is not None, pf

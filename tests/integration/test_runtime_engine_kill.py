@@ -52,6 +52,7 @@ harness_args = ["--max-turns", "1", "--max-tokens", "400", "--no-delegate", "--c
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
+@pytest.mark.extended  # the nemesis run (test_runtime_chaos) kills a standalone engine too
 def test_killed_standalone_engine_costs_no_execution(tmp_path: Path, tiny_model_dir) -> None:
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'model_dir = "{tiny_model_dir}"\n' + CONFIG)

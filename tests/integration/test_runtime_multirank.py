@@ -168,6 +168,7 @@ def _same_step(done, tmp_path, s: int) -> None:
     assert diff <= 1e-5, (s, diff)  # measured 1.2e-6 at step 0 (lr 3e-3)
 
 
+@pytest.mark.extended  # the sharded checkpoint is checked against a local retrain above
 def test_resume_loads_the_sharded_optimizer(done, tmp_path):
     """A copy of the run resumed for 2 more steps: each core rank loads its optimizer shard
     back, so the first resumed step, retrained by one process from that checkpoint with the
