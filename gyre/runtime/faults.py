@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from gyre.policy import CellBack, CellLost, CellRole
+from gyre.runtime import ranks
 
 if TYPE_CHECKING:
     from gyre.runtime.world import RealWorld
@@ -155,6 +156,17 @@ class CellFaults:
             )
             w.errors.append(self.core_lost(msg, rec))
             return
+        if w.cfg.run.cell.devices > 1 and self.cfg.restart:
+            # the survivors' sharded replicas live on meshes of the world the lost ranks were
+            # in: a multi-rank cell cannot join a rebuilt one, so the run restarts from its
+            # checkpoint as for the core (the supervisor; ranks.py)
+            rec["action"] = "run stopped"
+            msg = (
+                f"cell {cell} ({w.cfg.run.cell.devices} ranks) was lost ({kind}: {first}); "
+                "a multi-rank cell is restarted with the run, from the last checkpoint"
+            )
+            w.errors.append(self.core_lost(msg, rec))
+            return
         self._open[cell] = rec
         w.forget_cell_work(cell)
         w.records.set_role(cell, CellRole.LOST, now)
@@ -199,7 +211,8 @@ class CellFaults:
         ids = {}
         for c in cells:
             if c < len(self.world.cluster.cells):
-                ids[self.world.cluster.cells[c]._actor_id.hex()] = c
+                for a in ranks.actors(self.world.cluster.cells[c]):  # every rank of the cell
+                    ids[a._actor_id.hex()] = c
         x: BaseException | None = e
         for _ in range(5):  # the error, or what it was raised from
             if x is None:

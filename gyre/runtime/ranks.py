@@ -18,8 +18,9 @@ nothing here runs.
 The gloo world has K*G ranks (global rank = cell * G + local) and fsdp.py's groups: one mesh
 per cell and one prefix group per (k, shard position). Its ranks keep those groups while the
 cell switches roles. A checkpoint resumes only with the G it was written with
-(:func:`resume_mismatch`). Not supported with G > 1: rebuilding the world after a lost cell (a
-fault restart).
+(:func:`resume_mismatch`). Not supported with G > 1: rebuilding the world after a lost cell
+(the survivors' sharded replicas live on meshes of the old world), so a lost multi-rank cell
+restarts the run from its last checkpoint, as a lost core does (:mod:`gyre.runtime.supervise`).
 """
 
 from __future__ import annotations
@@ -102,15 +103,19 @@ def resume_mismatch(checkpoint: str, devices: int) -> str | None:
     )
 
 
+def actors(handle: Any) -> list[Any]:
+    """A cell's actor handles, leader first (the handle itself for a one-rank cell)."""
+    return list(handle.actors) if isinstance(handle, RankedCell) else [handle]
+
+
 async def pids(handle: Any) -> list[int]:
     """The pid of every rank of a cell (one for a one-rank cell), leader first."""
-    actors = handle.actors if isinstance(handle, RankedCell) else [handle]
-    return list(await asyncio.gather(*[a.pid.remote() for a in actors]))
+    return list(await asyncio.gather(*[a.pid.remote() for a in actors(handle)]))
 
 
 def kill(handle: Any, **kwargs: Any) -> None:
     """``ray.kill`` of a cell: every rank of a multi-rank one."""
-    for a in handle.actors if isinstance(handle, RankedCell) else [handle]:
+    for a in actors(handle):
         ray.kill(a, **kwargs)
 
 

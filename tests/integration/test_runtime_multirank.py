@@ -195,3 +195,29 @@ def test_resume_loads_the_sharded_optimizer(done, tmp_path):
     if not m["batch/executions_trained"]:
         pytest.skip("the first resumed step carried no signal")
     _same_step(resumed, tmp_path, STEPS)
+
+
+def test_a_lost_satellite_of_two_ranks_restarts_the_run_from_its_checkpoint(
+    tiny_model_dir, tmp_path
+):
+    """The nemesis SIGKILLs a training satellite's leader. A multi-rank cell cannot join a
+    rebuilt world (ranks.py), so its loss restarts the run from the last checkpoint, as the
+    core's does: the run completes every step once, on cells of two new processes each."""
+    extra = ("policy.cells=2", "run.cell.devices=2", "run.chaos.kills=1", "run.chaos.seed=0")
+    extra += ('run.chaos.kinds=["satellite"]', "run.chaos.window_s=[1.0, 3.0]")
+    extra += ("trainer.checkpoint.every_steps=2",)
+    r = _gyre(_args(tiny_model_dir, tmp_path, "g2-chaos", 8, *extra), tmp_path / "g2-chaos.log")
+    assert r.returncode == 0, r.stdout[-6000:]
+    rd = tmp_path / "g2-chaos"
+    s = json.loads((rd / "summary.json").read_text())
+    (kill,) = s["chaos"]
+    assert "skipped" not in kill and kill.get("handled"), kill
+    (f,) = [f for f in s["faults"] if f.get("core_restart")]
+    assert f["cell"] == kill["target"]["cell"] == 1 and f["core_restart"] == 1, f
+    m = _jsonl(rd / "metrics.jsonl")
+    assert [x["step"] for x in m] == list(range(8))  # none lost, none applied twice
+    trained = [g for x in m for g in x["groups"]]
+    assert len(trained) == len(set(trained))
+    placed = json.loads((rd / "cells.json").read_text())
+    assert all(len(set(c["rank_pids"])) == 2 for c in placed if "cell" in c)
+    assert kill["target"]["pid"] not in {p for c in placed if "cell" in c for p in c["rank_pids"]}
