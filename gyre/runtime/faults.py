@@ -140,37 +140,38 @@ class CellFaults:
             "segment": w.records.segment,
         }
         w.records.faults.append(rec)
-        if w.records.activity.get(cell, {}).get("what") == "reduce":
+        stops = self._stops_segment(cell, f"{kind}: {first}")
+        if stops is not None:
             rec["action"] = "run stopped"
-            msg = (
-                f"cell {cell} was lost ({kind}: {first}) during the step's reduce: the step "
-                "cannot complete (`gyre run --resume` continues from the last checkpoint)"
-            )
-            w.errors.append(self.core_lost(msg, rec))
-            return
-        if cell == 0:
-            rec["action"] = "run stopped"
-            msg = (
-                f"cell 0 (the core) was lost ({kind}: {first}); its optimizer state went "
-                "with it: `gyre run --resume` continues from the last checkpoint"
-            )
-            w.errors.append(self.core_lost(msg, rec))
-            return
-        if w.cfg.run.cell.devices > 1 and self.cfg.restart:
-            # the survivors' sharded replicas live on meshes of the world the lost ranks were
-            # in: a multi-rank cell cannot join a rebuilt one, so the run restarts from its
-            # checkpoint as for the core (the supervisor; ranks.py)
-            rec["action"] = "run stopped"
-            msg = (
-                f"cell {cell} ({w.cfg.run.cell.devices} ranks) was lost ({kind}: {first}); "
-                "a multi-rank cell is restarted with the run, from the last checkpoint"
-            )
-            w.errors.append(self.core_lost(msg, rec))
+            w.errors.append(self.core_lost(stops, rec))
             return
         self._open[cell] = rec
         w.forget_cell_work(cell)
         w.records.set_role(cell, CellRole.LOST, now)
         w._spawn(self._replace(cell, rec))
+
+    def _stops_segment(self, cell: int, why: str) -> str | None:
+        """Why losing ``cell`` ends the segment (the supervisor restarts the run from its
+        checkpoint), or None when the cell is replaced in place."""
+        w = self.world
+        if w.records.activity.get(cell, {}).get("what") == "reduce":
+            return (
+                f"cell {cell} was lost ({why}) during the step's reduce: the step cannot "
+                "complete (`gyre run --resume` continues from the last checkpoint)"
+            )
+        if cell == 0:
+            return (
+                f"cell 0 (the core) was lost ({why}); its optimizer state went with it: "
+                "`gyre run --resume` continues from the last checkpoint"
+            )
+        if w.cfg.run.cell.devices > 1 and self.cfg.restart:
+            # the survivors' sharded replicas live on meshes of the world the lost ranks were
+            # in: a multi-rank cell cannot join a rebuilt one (ranks.py)
+            return (
+                f"cell {cell} ({w.cfg.run.cell.devices} ranks) was lost ({why}); a multi-rank "
+                "cell is restarted with the run, from the last checkpoint"
+            )
+        return None
 
     def reduce_lost(self, step: int, k: int, cause: BaseException) -> CoreLost:
         """A participant died inside the reduce of ``step`` (cells ``0..k-1``): recorded like any
