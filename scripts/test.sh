@@ -2,8 +2,9 @@
 # The test command: set up (idempotent) and run the CPU suite.
 #   bash scripts/test.sh            # the whole CPU suite (what CI runs)
 #   bash scripts/test.sh unit       # the unit tier: tests/unit without `slow` (under a minute)
-#   bash scripts/test.sh extended   # long runs whose ground CI tests also cover (~3 min; not in CI)
-#   bash scripts/test.sh ARGS...    # anything else is passed to pytest
+#   bash scripts/test.sh extended [PATHS]  # long runs whose ground CI tests also cover (~3 min;
+#                                          # not in CI)
+#   bash scripts/test.sh ARGS...    # anything else is passed to pytest (extended tests left out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,6 +18,6 @@ fi
 bash scripts/get-smollm2.sh
 if [ "${1:-}" = "extended" ]; then
   shift
-  exec python -m pytest -q -m "extended and not gpu" --durations=10 tests "$@"
+  exec python -m pytest -q -m "extended and not gpu" --durations=10 "${@:-tests}"
 fi
 exec python -m pytest -q -m "not gpu and not extended" --durations=30 "$@"
