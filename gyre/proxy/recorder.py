@@ -20,6 +20,7 @@ from gyre.proxy.calltally import CallTallies
 from gyre.proxy.counters import ProxyCounters
 from gyre.proxy.errors import ApiError
 from gyre.proxy.pool import GenResult
+from gyre.proxy.retries import RetryEntry
 from gyre.proxy.session import CallNode, ExecutionState, Plan
 from gyre.proxy.types import AssistantTurn, Message, ParsedCall
 from gyre.trace.record import OutputSegment, TraceRecord
@@ -148,13 +149,15 @@ class Recorder:
         turn: AssistantTurn,
         headers: Any,
         t0: float,
-    ) -> bool:
-        """Record an answered call durably, then add it to the state later calls bridge from.
+        entry: RetryEntry | None = None,
+    ) -> None:
+        """Record an answered call durably, add it to the state later calls bridge from, and
+        make it ``entry``'s answer (an SDK retry of the same body replays it).
 
-        True when the caller was cancelled while the record was being written (a proxy killed
-        mid-call): the write and everything after it still happened, so the record, the
-        counters and the tally agree; the caller settles the retry window before it re-raises,
-        and the SDK's retry replays the recorded answer instead of sampling a second one."""
+        A caller cancelled while the record was being written (a proxy killed mid-call) is
+        cancelled only after all of that: the record, the counters, the tally and the retry
+        entry agree, so the SDK's retry replays the recorded answer instead of sampling a
+        second one."""
         rec = self.trace_record(
             st,
             call,
@@ -192,7 +195,10 @@ class Recorder:
         self.counters.answered += 1
         self.calls.answer(st.execution_id)
         self.counters.note(plan.mode, b.forked)
-        return cut
+        if entry is not None:
+            entry.settle(turn)
+        if cut:
+            raise asyncio.CancelledError
 
     async def _append(self, st: ExecutionState, rec: TraceRecord) -> bool:
         """Write ``rec``; True when the caller was cancelled meanwhile (see :meth:`answered`)."""

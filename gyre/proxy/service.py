@@ -37,7 +37,7 @@ from gyre.proxy.promptsize import PromptBound
 from gyre.proxy.recorder import Recorder
 from gyre.proxy.render import Renderer, RenderError
 from gyre.proxy.retries import RetryEntry, retry_count
-from gyre.proxy.session import ExecutionState, Plan
+from gyre.proxy.session import Plan
 from gyre.proxy.types import (
     AssistantTurn,
     Finished,
@@ -361,7 +361,7 @@ class ProxyService:
             tail = [] if call.stream else note(parser.feed(detok.add(result.output_ids)))
             tail += note(parser.feed(detok.flush()) + parser.finish())
             turn = _assistant_turn(texts, reasoning, calls, result, plan, parser.n_unparsed)
-            await self._answered(st, call, plan, result, turn, entry, (headers, t0))
+            await self.recorder.answered(st, call, plan, result, turn, headers, t0, entry)
             for ev in tail:
                 yield ev
             yield Finished(turn)
@@ -376,24 +376,6 @@ class ProxyService:
         finally:
             ex.active -= 1
             ex.last_used = time.monotonic()
-
-    async def _answered(
-        self,
-        st: ExecutionState,
-        call: ParsedCall,
-        plan: Plan,
-        result: GenResult,
-        turn: AssistantTurn,
-        entry: RetryEntry | None,
-        ctx: tuple[Any, float],
-    ) -> None:
-        """Record the answer; then its retry entry holds it, even when a crash cut the client
-        while the record was written (its SDK's retry replays it: one record per call)."""
-        cut = await self.recorder.answered(st, call, plan, result, turn, *ctx)
-        if entry is not None:
-            entry.settle(turn)
-        if cut:
-            raise asyncio.CancelledError
 
     # -- other routes ----------------------------------------------------------------------------
     async def count_tokens(self, request: Request) -> Response:
