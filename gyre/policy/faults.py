@@ -5,16 +5,20 @@ state machine: these functions are :class:`~gyre.policy.scheduling.SchedulingPol
 handlers for them, kept apart from the placements' rules. A lost rollout cell takes its
 capacity with it; a lost training cell's micro-steps of the open step (done and in flight)
 go back to the front of the queue, and every training cell past it leaves the participant
-prefix. The core (cell 0) is never lost while it holds training state: the world ends the
-run instead. A cell back goes to rollout, or (async) straight back to its fixed training
-role when the prefix before it is whole.
+prefix. The core (cell 0) is lost like any cell (its new process starts from the checkpoint
+of the last step it finished, which the world makes sure exists): every training cell is
+past it, so the open step's micro-steps all go back to the queue, and a publication it had
+in flight is void. A cell back goes to rollout, or (async) straight back to its fixed
+training role when the prefix before it is whole; the core goes straight back to training
+when it left an open step or a publication (its new process publishes that version again),
+since no other cell can finish either.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gyre.policy.actions import Action, SwitchCell
+from gyre.policy.actions import Action, PublishWeights, SwitchCell
 from gyre.policy.cell_roles import CORE, CellRole
 from gyre.policy.config import Placement
 from gyre.policy.events import CellBack, CellLost, PolicyError
@@ -29,9 +33,12 @@ def on_lost(p: SchedulingPolicy, ev: CellLost, acts: list[Action]) -> None:
     cur = p.roles[cell]
     if cur is CellRole.LOST:
         raise PolicyError(f"cell {cell} lost twice")
-    trains = cur in (CellRole.TRAINING, CellRole.TO_TRAINING)
-    if cell == CORE and (trains or p._busy[CORE]):
-        raise PolicyError("the core was lost while it held training state")
+    if cell == CORE and p._boundary and p._busy[CORE]:
+        # its publication is void: the new process publishes the same version (on_back)
+        p._busy[CORE] = False
+        p._republish = True
+        if p.placement is Placement.COLOCATE:
+            p._core_stays = False  # the gang left with it: the core alone does not stay
     if p._finishing and cur is CellRole.TRAINING:
         # the world reports a participant lost during FinishStep only before the reduce
         # began (it stops the run otherwise): that FinishStep is void, the step goes on
@@ -71,6 +78,12 @@ def on_back(p: SchedulingPolicy, ev: CellBack, acts: list[Action]) -> None:
     """A new process for a lost cell is up: rollout, or async back to its fixed role."""
     if p.roles[ev.cell] is not CellRole.LOST:
         raise PolicyError(f"cell {ev.cell} came back while {p.roles[ev.cell].value}")
+    if ev.cell == CORE and (p._republish or p._step_active):
+        # only the core can finish the open step or publish: it goes back now; its capacity
+        # left rollout when it first did, so the waterlevel rule still holds
+        p.roles[CORE] = CellRole.TO_TRAINING
+        acts.append(SwitchCell(cell=CORE, role=CellRole.TRAINING))
+        return
     if p.placement is Placement.ASYNC and ev.cell < p.config.train_cells:
         if all(r is CellRole.TRAINING for r in p.roles[: ev.cell]):
             p.roles[ev.cell] = CellRole.TO_TRAINING  # async: back to its fixed role
@@ -78,6 +91,15 @@ def on_back(p: SchedulingPolicy, ev: CellBack, acts: list[Action]) -> None:
             return
     p.roles[ev.cell] = CellRole.TO_ROLLOUT
     acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
+
+
+def republish(p: SchedulingPolicy, acts: list[Action]) -> None:
+    """The core is in training again after it was lost during a publication: it publishes
+    the version its checkpoint holds (the boundary's, the one the lost process was writing)."""
+    if p._republish:
+        p._republish = False
+        p._busy[CORE] = True
+        acts.append(PublishWeights(version=p.steps_done, cell=CORE))
 
 
 def async_refill(p: SchedulingPolicy, acts: list[Action]) -> None:

@@ -113,6 +113,7 @@ class SchedulingPolicy:
         self.lost = 0  # CellLost events handled
         # burst boundary
         self._boundary = False
+        self._republish = False  # the core was lost during its publication: it publishes again
         self._core_stays = False
         self._left_at = [0] * c.cells  # the version each cell last left rollout at
         self.core_clock = retention.CoreClock()  # the core's measured rollout stint and switches
@@ -297,6 +298,11 @@ class SchedulingPolicy:
         self._boundary = False
         self._busy[CORE] = False
         self._dispatch(acts)
+        if self.roles[CORE] is not CellRole.TRAINING:
+            # the core died after it wrote the weights (the engines took them): that is the
+            # publication; its new process (lost, or on its way back) stays where it goes
+            self._republish = False
+            return
         if not self._core_stays:
             self.core_clock.left_training(ev.time)
             self.roles[CORE] = CellRole.TO_ROLLOUT
@@ -312,6 +318,7 @@ class SchedulingPolicy:
             self.roles[ev.cell] = CellRole.TRAINING
             if ev.cell == CORE:
                 self.core_clock.in_training(ev.time)
+                faults.republish(self, acts)
         elif ev.role is CellRole.ROLLOUT and cur is CellRole.TO_ROLLOUT:
             self.roles[ev.cell] = CellRole.ROLLOUT
             if ev.cell == CORE:

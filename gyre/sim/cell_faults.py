@@ -4,8 +4,10 @@ The virtual-time twin of :mod:`gyre.runtime.faults` (which finds a dead or hung 
 it and restarts it): here a fault is scheduled (``Lost`` at its time, as
 :mod:`gyre.sim.faults` parses the schedule), and handled the same way: what the cell had
 scheduled is void, its capacity leaves (its executions' calls move, as the proxy's drain
-does), the policy gets ``CellLost``, and ``restart_h`` later ``CellBack``. As in the runtime,
-a participant lost during the step's reduce stops the run.
+does), the policy gets ``CellLost``, and ``restart_h`` later ``CellBack``. The core is lost
+like any cell: a publication it had in flight is void too (the policy publishes again when
+it is back), and ``restart_h`` stands for its new process loading the last checkpoint. As in
+the runtime, a participant lost during the step's reduce stops the run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gyre.policy import CellBack, CellLost, CellRole, PolicyError
-from gyre.sim.scheduled import Back, Lost, MicroDone, Scheduled, Switched
+from gyre.sim.scheduled import Back, Lost, MicroDone, Published, Scheduled, Switched
 
 if TYPE_CHECKING:
     from gyre.sim.world import World
@@ -40,7 +42,7 @@ class CellFaults:
         if seq in self._void:
             self._void.discard(seq)
             return False
-        if isinstance(what, MicroDone | Switched):
+        if isinstance(what, MicroDone | Switched | Published):
             self._pending[what.cell].discard(seq)
         return True
 

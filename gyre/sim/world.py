@@ -360,7 +360,8 @@ class World:
         if self._stall_h > 0:  # every engine pauses, reloads, resumes
             self._account()
             self._stall_until = max(self._stall_until, self.now + self._stall_h)
-        self._push(self.now + self.cfg.costs.publish_h, Published(cell=a.cell, version=a.version))
+        done = Published(cell=a.cell, version=a.version)
+        self.faults.track(a.cell, self._push(self.now + self.cfg.costs.publish_h, done))
 
     def _arrive(self, t: float, what: Scheduled) -> Event:
         """A scheduled completion is due: update the world, and return the policy's event."""
