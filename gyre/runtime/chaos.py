@@ -8,8 +8,9 @@ of that kind for real:
 =============== ===================================================================
 rollout_cell    SIGKILL a cell serving rollouts (its pid from the cluster's placement)
 satellite       SIGKILL a training cell other than the core, outside a reduce
-core            SIGKILL cell 0 (the segment stops; the supervisor restarts the run from its
-                last checkpoint, and the next segment's nemesis goes on with the kills left)
+core            SIGKILL cell 0, outside the step's reduce (restarted in place from the checkpoint
+                of its last step; a loss in the reduce is the supervisor's, which restarts
+                the run's segment: ``tests/integration/test_runtime_core_restart.py``)
 engine          SIGKILL a standalone engine's process
 proxy           :meth:`ProxyServer.kill` (stops the way a crash does)
 harness         SIGKILL one running harness's processes (found in /proc by its workspace)
@@ -134,13 +135,13 @@ class Nemesis:
             case "rollout_cell" | "cell_hang":
                 sig = signal.SIGSTOP if kind == "cell_hang" else signal.SIGKILL
                 return self._cell([c for c in self._cells(CellRole.ROLLOUT) if c != 0], sig)
-            case "satellite":
+            case "satellite" | "core":
                 busy = {a.get("what") for a in self.world.records.activity.values()}
                 if busy & {"reduce", "optimizer_step"}:
-                    return None  # a loss in the reduce stops the run: not a satellite's fault
+                    return None  # a loss in the reduce restarts the segment: another fault
+                if kind == "core":
+                    return self._cell([0] if 0 not in self.world.faults.down else [])
                 return self._cell([c for c in self._cells(CellRole.TRAINING) if c != 0])
-            case "core":
-                return self._cell([0])
             case "engine" | "engine_hang":
                 sig = signal.SIGSTOP if kind == "engine_hang" else signal.SIGKILL
                 return self._engine(sig)
@@ -229,7 +230,7 @@ class Nemesis:
             back = _back(w.records.faults, f)
             if back is not None:
                 rec.update(back_s=round(back - rec["time"], 3), handled=True)
-            if f["action"] != "restart":  # e.g. the core: the run stops
+            if f["action"] != "restart":  # e.g. a loss in the reduce: the segment stops
                 rec["handled"] = True
             return bool(rec.get("handled"))
         if "engine" in t:

@@ -97,7 +97,9 @@ class FaultConfig(BaseModel):
 ChaosKind = Literal[
     "rollout_cell", "satellite", "core", "engine", "proxy", "harness", "cell_hang", "engine_hang"
 ]
-DEFAULT_CHAOS_KINDS: list[ChaosKind] = ["rollout_cell", "satellite", "engine", "proxy", "harness"]
+DEFAULT_CHAOS_KINDS: list[ChaosKind] = [
+    "rollout_cell", "satellite", "core", "engine", "proxy", "harness"
+]  # fmt: skip
 
 
 class ChaosConfig(BaseModel):

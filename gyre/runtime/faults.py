@@ -14,15 +14,27 @@ own, so a training cell answers it too) does not answer within ``run.fault.heart
    prefix communicators of the new membership), and the policy gets ``CellBack``: it sends the
    cell to rollout, whose switch starts an engine on the newest published weights.
 
-The core (cell 0) is not restarted in place: its optimizer state lives in its process. Its
-loss, or any cell's loss inside the step's reduce, raises :class:`CoreLost` out of the run's
-segment; :mod:`gyre.runtime.supervise` restarts the whole segment from the last checkpoint
-(``run.fault.core_restarts`` times) or stops with one line.
+The core (cell 0) is restarted in place too: its optimizer state died with its process, but
+the checkpoint of the last step it finished (``trainer.checkpoint``, every step by default:
+the driver's ``trainer_version``) holds it exactly, so the new actor's first switch into
+training loads that checkpoint (``Cluster.resume_from`` points at it) while the rollout
+cells, the proxy and every harness go on. No optimizer step is applied twice: a step the dead
+core was applying when it died never reached the driver, and its checkpoint (if the core wrote
+one) is not the one loaded. The policy requeues the open step and voids a publication in
+flight (``gyre.policy.faults``).
+
+What cannot be repaired in place raises :class:`CoreLost` out of the run's segment, and
+:mod:`gyre.runtime.supervise` restarts the whole segment from the last checkpoint
+(``run.fault.core_restarts`` times) or stops with one line: any cell lost inside the step's
+reduce or the core's optimizer step (the core's gradients or weights may be half changed), a
+core whose last finished step has no checkpoint (``trainer.checkpoint.every_steps`` > 1), a
+multi-rank cell, or ``run.fault.restart = false``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +83,7 @@ class CellFaults:
         self.cfg = world.cfg.run.fault
         self.down: set[int] = set()  # lost, not back yet
         self._open: dict[int, dict[str, Any]] = {}  # cell -> its fault record until it is back
+        self._dead_cores: set[str] = set()  # actor ids of the core's lost processes
 
     # ------------------------------------------------------------------ detection
     async def heartbeat(self) -> None:
@@ -135,7 +148,7 @@ class CellFaults:
             "unix_time": round(time.time(), 3),  # to compare with when a test killed it
             "detected_by": where,
             "cause": first,
-            "action": "restart" if self.cfg.restart and cell != 0 else "none",
+            "action": "restart" if self.cfg.restart else "none",
             "back": None,
             "segment": w.records.segment,
         }
@@ -148,21 +161,29 @@ class CellFaults:
         self._open[cell] = rec
         w.forget_cell_work(cell)
         w.records.set_role(cell, CellRole.LOST, now)
+        if cell == 0:
+            self._dead_cores.update(a._actor_id.hex() for a in ranks.actors(w.cluster.cells[0]))
         w._spawn(self._replace(cell, rec))
 
     def _stops_segment(self, cell: int, why: str) -> str | None:
         """Why losing ``cell`` ends the segment (the supervisor restarts the run from its
         checkpoint), or None when the cell is replaced in place."""
         w = self.world
-        if w.records.activity.get(cell, {}).get("what") == "reduce":
+        if w.records.activity.get(cell, {}).get("what") in ("reduce", "optimizer_step"):
             return (
                 f"cell {cell} was lost ({why}) during the step's reduce: the step cannot "
                 "complete (`gyre run --resume` continues from the last checkpoint)"
             )
-        if cell == 0:
+        if cell == 0 and (not self.cfg.restart or self.core_checkpoint() is False):
+            every = w.cfg.trainer.checkpoint.every_steps
             return (
-                f"cell 0 (the core) was lost ({why}); its optimizer state went with it: "
-                "`gyre run --resume` continues from the last checkpoint"
+                f"cell 0 (the core) was lost ({why}); its optimizer state went with it and "
+                + (
+                    "run.fault.restart is off"
+                    if not self.cfg.restart
+                    else f"step {w.cluster.trainer_version} has no checkpoint (every_steps = {every})"
+                )
+                + ": `gyre run --resume` continues from the last checkpoint"
             )
         if w.cfg.run.cell.devices > 1 and self.cfg.restart:
             # the survivors' sharded replicas live on meshes of the world the lost ranks were
@@ -172,6 +193,22 @@ class CellFaults:
                 "cell is restarted with the run, from the last checkpoint"
             )
         return None
+
+    def core_checkpoint(self) -> str | None | bool:
+        """Where a new core starts: the checkpoint of the last step the driver saw finish (the
+        dead core's checkpoint of a step it had not returned is newer, and is not taken); the
+        segment's own start (None: the initial weights) when it finished none; False when that
+        step has no checkpoint."""
+        w = self.world
+        v = w.cluster.trainer_version
+        if v == w.base_step:
+            return w.cluster.resume_from
+        path = w.rundir.checkpoints / f"step-{v}"
+        try:
+            state = json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return str(path) if state.get("policy_version") == v else False
 
     def reduce_lost(self, step: int, k: int, cause: BaseException) -> CoreLost:
         """A participant died inside the reduce of ``step`` (cells ``0..k-1``): recorded like any
@@ -225,21 +262,36 @@ class CellFaults:
 
     async def surfaced(self, e: BaseException) -> None:
         """A background task of the world raised ``e``. If the core is dead (the error says so,
-        or it does not answer a ping) its loss is what stops the segment, as :class:`CoreLost`,
-        whatever call found it (a publication's save, a satellite's reduce whose peer went);
+        or it does not answer a ping) its loss is handled as any cell's (in place, or
+        :class:`CoreLost` when it cannot be), whatever call found it (a publication's save, a
+        satellite's reduce whose peer went), and an error that only said so is not the run's;
         anything else stops the run as it is."""
         w = self.world
-        if not isinstance(e, CoreLost) and w.cluster.cells and 0 not in self.down:
-            dead = self.cell_of(e, range(1)) == 0
-            if not dead:
-                try:
-                    await self._ping(0, self.cfg.heartbeat_s)
-                except Exception:
-                    dead = True
-            if dead:
-                self.lost(0, e, "call")
+        if not isinstance(e, CoreLost) and w.cluster.cells:
+            if 0 not in self.down:
+                dead = self.cell_of(e, range(1)) == 0
+                if not dead:
+                    try:
+                        await self._ping(0, self.cfg.heartbeat_s)
+                    except Exception:
+                        dead = True
+                if dead:
+                    self.lost(0, e, "call")
+            if 0 in self._open and self._of_dead_core(e):
+                return  # restarted in place: the error was a symptom of the core's loss
         if e not in w.errors and not any(isinstance(x, CoreLost) and x is not e for x in w.errors):
             w.errors.append(e)
+
+    def _of_dead_core(self, e: BaseException) -> bool:
+        """Whether ``e`` (or what it was raised from) is a call to a core process that died."""
+        x: BaseException | None = e
+        for _ in range(5):
+            if x is None:
+                return False
+            if actor_died(x) and getattr(x, "actor_id", None) in self._dead_cores:
+                return True
+            x = x.__cause__ or x.__context__
+        return False
 
     async def in_reduce(self, step: int, k: int, e: BaseException) -> BaseException:
         """What to raise when the reduce of ``step`` over cells ``0..k-1`` raised ``e``: a
@@ -274,6 +326,10 @@ class CellFaults:
         if not self.cfg.restart:
             return
         t0 = time.perf_counter()
+        if cell == 0:  # its first switch into training loads the last finished step's checkpoint
+            start = self.core_checkpoint()
+            cl.resume_from = start if isinstance(start, str) else None
+            rec["checkpoint_step"] = cl.trainer_version
         cl.cells[cell] = cl.cell_actor(cell)
         await cl.build_world()  # the survivors and the new actor: the new membership's world
         rec["restart_s"] = round(time.perf_counter() - t0, 3)

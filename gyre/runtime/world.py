@@ -319,8 +319,7 @@ class RealWorld:
             return
         if cell in self.faults.down:  # lost (a heartbeat) while its switch ended: CellLost stands
             return
-        if role is CellRole.ROLLOUT:
-            self.faults.back(cell)
+        self.faults.back(cell)  # a restarted cell serves again (the core may go to training)
         t1 = self.now()
         self.records.switches.append(
             {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}

@@ -1,8 +1,11 @@
-"""The core (cell 0) SIGKILLed mid-run: ``gyre run`` restarts from its last checkpoint by itself.
+"""The core (cell 0) SIGKILLed where it cannot restart in place: the run restarts from its
+last checkpoint by itself.
 
 A short ``gyre run`` (test_runtime.py's config, K=3, checkpoints every 2 steps) whose core is
 killed by its pid from ``cells.json`` once step 3's metrics line is written: the step after
-the checkpoint of step 2 is applied by the dead core and lost with it. The run must finish
+the checkpoint of step 2 is applied by the dead core and lost with it, and it has no
+checkpoint of its own, so the new core cannot start from it in place (test_runtime_core_inplace
+covers that case, a checkpoint every step). The run must finish
 rc 0 with all steps, and its own records must show that no optimizer step was applied twice in
 the final lineage: metrics versions 1..N once each, every group trained once, the final
 checkpoint at step N, no finished execution run again, and one core restart in ``faults``.
@@ -94,7 +97,8 @@ def test_core_restarts_0_stops_with_one_line(tiny_model_dir, tmp_path):
         tmp_path,
         "nocore",
         "run.fault.core_restarts=0",
-        ready=lambda rd: _lines(rd / "executions.jsonl") >= 1,
+        # step 1 has no checkpoint (every 2 steps): the core cannot restart in place
+        ready=lambda rd: _lines(rd / "metrics.jsonl") == 1,
     )
     assert r.returncode == 1, r.stdout[-4000:]
     errs = [x for x in r.stdout.splitlines() if x.startswith("gyre run: ")]
