@@ -405,8 +405,14 @@ class SchedulingPolicy:
         roles = self.roles
         if self.placement is Placement.COLOCATE:  # the gang: every cell before a lost one
             hole = roles.index(CellRole.LOST) if CellRole.LOST in roles else self._K
-            leaving = list(range(hole))
-            if not leaving or any(roles[i] is not CellRole.ROLLOUT for i in leaving):
+            # those of it in rollout; the rest must be training (a fault sent them back while
+            # the core went on: they rejoin it, as the gang would have stayed)
+            leaving = [i for i in range(hole) if roles[i] is CellRole.ROLLOUT]
+            if not leaving or any(
+                roles[i] not in (CellRole.ROLLOUT, CellRole.TRAINING) for i in range(hole)
+            ):
+                return
+            if roles[CORE] is not CellRole.ROLLOUT and not self._step_active:
                 return
         else:
             nxt = 0

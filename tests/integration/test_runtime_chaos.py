@@ -1,5 +1,5 @@
-"""`gyre run` under the chaos nemesis: a rollout cell, a satellite, a standalone engine, the
-proxy and a harness are killed for real at seeded random moments of one small run.
+"""`gyre run` under the chaos nemesis: a rollout cell, a satellite, the core, a standalone
+engine, the proxy and a harness are killed for real at seeded random moments of one small run.
 
 Checked from the run's own records (:func:`gyre.runtime.chaos_audit.audit`): the run finishes
 every step; every kill was found and dealt with; no execution was interrupted but the one
@@ -63,10 +63,16 @@ def test_the_proxy_killed_mid_run_is_restarted_and_no_answered_call_is_lost(
         assert f["action"] == "restart" and f["back"] is not None, f
 
 
+def s_segment(rd: Path) -> int:
+    return int(json.loads((rd / "summary.json").read_text())["segment"])
+
+
 def test_a_run_survives_the_nemesis(tmp_path: Path, tiny_model_dir) -> None:
     rd = tmp_path / "runs" / "chaos"
-    a = _run(tmp_path, tiny_model_dir, [])  # the file's nemesis: 5 kills, one of each kind
-    assert set(a["kills"]) == {"rollout_cell", "satellite", "engine", "proxy", "harness"}, a
+    a = _run(tmp_path, tiny_model_dir, [])  # the file's nemesis: 6 kills, one of each kind
+    kinds = {"rollout_cell", "satellite", "core", "engine", "proxy", "harness"}
+    assert set(a["kills"]) == kinds, a
+    assert s_segment(rd) == 0  # the core was restarted in place: the run's segment went on
     (pf,) = [f for f in a["faults"] if f["kind"] == "proxy"]
     assert pf["action"] == "restart" and pf["back"] is not None, pf
     s = json.loads((rd / "summary.json").read_text())

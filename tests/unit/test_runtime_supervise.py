@@ -161,18 +161,33 @@ class _Actor:
         return 0
 
 
-def _world(core_alive: bool = True):
+def _world(core_alive: bool = True, tmp: Path | None = None, checkpointed: bool = False):
+    """A world whose driver saw 3 steps finish; ``checkpointed``: step 3's checkpoint exists
+    (in ``tmp``), so the core can restart in place."""
     records = Records(cells=3)
     records.roles[:] = [CellRole.TRAINING, CellRole.TRAINING, CellRole.ROLLOUT]
+    rd = SimpleNamespace(checkpoints=(tmp or Path("/nonexistent")) / "checkpoints")
+    if checkpointed:
+        _checkpoint(tmp, 3, ["g0", "g1", "g2"])
+    spawned: list = []
     w = SimpleNamespace(
         cfg=_cfg(),
         K=3,
-        cluster=SimpleNamespace(cells=[_Actor("c0", core_alive), _Actor("c1"), _Actor("c2")]),
+        base_step=0,
+        rundir=rd,
+        cluster=SimpleNamespace(
+            cells=[_Actor("c0", core_alive), _Actor("c1"), _Actor("c2")],
+            trainer_version=3,
+            resume_from=None,
+        ),
         errors=[],
         execs=SimpleNamespace(running=5),
         records=records,
         roles=records.roles,
         now=records.now,
+        forget_cell_work=lambda cell: None,
+        _spawn=lambda coro: (spawned.append(coro), coro.close()),
+        spawned=spawned,
     )
     return w, CellFaults(w)
 
@@ -190,9 +205,37 @@ def test_the_cores_death_found_by_any_call_is_core_lost():
     asyncio.run(faults.surfaced(err))
     (e,) = w.errors
     assert isinstance(e, CoreLost) and e.record["detected_by"] == "call"
+    assert "step 3 has no checkpoint" in str(e)  # so not in place: the segment restarts
     assert w.records.faults == [e.record]
     assert e.record["executions_cut"] == 5  # the work the restart throws away, counted
     assert e.chaos is w.records.chaos  # the nemesis's kills go to the next segment with it
+
+
+def test_the_cores_death_with_its_last_steps_checkpoint_is_restarted_in_place(tmp_path):
+    w, faults = _world(tmp=tmp_path, checkpointed=True)
+    err = RuntimeError("the core's save failed")
+    err.__cause__ = _died("c0")
+    asyncio.run(faults.surfaced(err))
+    assert w.errors == []  # the error only said the core died: not the run's
+    (rec,) = w.records.faults
+    assert rec["cell"] == 0 and rec["action"] == "restart" and "executions_cut" not in rec
+    assert 0 in faults.down and len(w.spawned) == 1  # its replacement is under way
+    assert faults.core_checkpoint() == str(tmp_path / "checkpoints" / "step-3")
+    # a later symptom of the same dead process is not the run's either; another error is
+    asyncio.run(faults.surfaced(_died("c0")))
+    assert w.errors == []
+    asyncio.run(faults.surfaced(ValueError("a bug")))
+    assert len(w.errors) == 1
+
+
+def test_a_checkpoint_of_another_step_is_not_taken(tmp_path):
+    """The dead core may have written the checkpoint of a step it never returned (step 4):
+    the new one starts from the driver's step (3), or not in place when that one is gone."""
+    w, faults = _world(tmp=tmp_path)
+    _checkpoint(tmp_path, 4, ["g0", "g1", "g2", "g3"])
+    assert faults.core_checkpoint() is False
+    w.cluster.trainer_version = 0  # nothing finished in this segment: its own start
+    assert faults.core_checkpoint() is None
 
 
 def test_an_error_while_the_core_is_dead_is_the_cores_loss_and_others_stay_as_they_are():
