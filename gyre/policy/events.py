@@ -82,6 +82,21 @@ class CellBack(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class EngineLost(Event):
+    """A standalone engine serving ``capacity`` executions died or hung: its capacity leaves
+    the rollout side (its calls resume on the other engines, as a lost cell's do)."""
+
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBack(Event):
+    """A new standalone engine serving ``capacity`` executions is in the pool again."""
+
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
 class MicroStepDone(Event):
     """Cell ``cell`` finished the forward/backward of one claimed micro-step."""
 

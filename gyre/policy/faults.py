@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from gyre.policy.actions import Action, PublishWeights, SwitchCell
 from gyre.policy.cell_roles import CORE, CellRole
 from gyre.policy.config import Placement
-from gyre.policy.events import CellBack, CellLost, PolicyError
+from gyre.policy.events import CellBack, CellLost, EngineBack, EngineLost, PolicyError
 
 if TYPE_CHECKING:
     from gyre.policy.scheduling import SchedulingPolicy
@@ -91,6 +91,29 @@ def on_back(p: SchedulingPolicy, ev: CellBack, acts: list[Action]) -> None:
             return
     p.roles[ev.cell] = CellRole.TO_ROLLOUT
     acts.append(SwitchCell(cell=ev.cell, role=CellRole.ROLLOUT))
+
+
+def on_engine_lost(p: SchedulingPolicy, ev: EngineLost) -> None:
+    """A standalone engine is gone: its slots leave the rollout side (``capacity`` and the
+    standalone pool the boundary's retention test counts on)."""
+    if not 0 < ev.capacity <= p.standalone_live:
+        raise PolicyError(
+            f"a standalone engine of {ev.capacity} slots lost; {p.standalone_live} are live"
+        )
+    p.standalone_live -= ev.capacity
+    p.capacity -= ev.capacity
+    p.lost += 1
+
+
+def on_engine_back(p: SchedulingPolicy, ev: EngineBack) -> None:
+    """A new standalone engine serves: its slots are back."""
+    if not 0 < ev.capacity <= p.config.standalone_capacity - p.standalone_live:
+        raise PolicyError(
+            f"a standalone engine of {ev.capacity} slots back; {p.standalone_live} of "
+            f"{p.config.standalone_capacity} are live"
+        )
+    p.standalone_live += ev.capacity
+    p.capacity += ev.capacity
 
 
 def republish(p: SchedulingPolicy, acts: list[Action]) -> None:

@@ -82,4 +82,4 @@ def _serving_after(p: SchedulingPolicy) -> int:
     training (it goes back once there) or lost serves nothing yet."""
     out = (CellRole.LOST, CellRole.TO_TRAINING)
     serving = sum(p.roles[i] not in out for i in range(1, p._K))
-    return p.config.standalone_capacity + p._Ce * serving
+    return p.standalone_live + p._Ce * serving

@@ -45,6 +45,8 @@ from gyre.policy.events import (
     CellBack,
     CellLost,
     CellSwitched,
+    EngineBack,
+    EngineLost,
     Event,
     ExecutionFinished,
     ExecutionId,
@@ -84,6 +86,7 @@ class SchedulingPolicy:
         if c.placement is Placement.ASYNC:
             for i in range(c.train_cells):
                 self.roles[i] = CellRole.TRAINING
+        self.standalone_live = c.standalone_capacity  # less a lost standalone engine's slots
         self.capacity = c.standalone_capacity + c.cell_capacity * self.roles.count(CellRole.ROLLOUT)
         # counters (executions)
         self.dispatched = 0
@@ -156,6 +159,7 @@ class SchedulingPolicy:
             "placement": self.placement.value,
             "roles": [r.value for r in self.roles],
             "capacity": self.capacity,
+            "standalone_live": self.standalone_live,
             "waterlevel": self.waterlevel,
             "dispatched": self.dispatched,
             "launched": self.launched,
@@ -212,6 +216,10 @@ class SchedulingPolicy:
             faults.on_lost(self, event, acts)
         elif type(event) is CellBack:
             faults.on_back(self, event, acts)
+        elif type(event) is EngineLost:
+            faults.on_engine_lost(self, event)
+        elif type(event) is EngineBack:
+            faults.on_engine_back(self, event)
         elif type(event) is Tick:
             pass
         else:
@@ -278,10 +286,10 @@ class SchedulingPolicy:
         else:
             satellites = [i for i in range(1, self._K) if self.roles[i] is CellRole.TRAINING]
             if self.placement is Placement.COLOCATE:
-                cap_without_core = c.standalone_capacity  # the pool moves as one gang
+                cap_without_core = self.standalone_live  # the pool moves as one gang
             else:
                 alive = sum(r is not CellRole.LOST for r in self.roles[1:])
-                cap_without_core = c.standalone_capacity + self._Ce * alive
+                cap_without_core = self.standalone_live + self._Ce * alive
             self._core_stays = retention.core_stays(self, cap_without_core, next_dispatch)
             # colocate moves as one gang: if the pool stays, every cell stays
             if not (self.placement is Placement.COLOCATE and self._core_stays):

@@ -36,7 +36,7 @@ from gyre.proxy.config import ProxyConfig
 from gyre.proxy.heartbeat import EngineEvent
 from gyre.proxy.runner import ProxyServer
 from gyre.runtime import ranks
-from gyre.runtime.cell import Cell, StandaloneEngine
+from gyre.runtime.cell import Cell
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
 from gyre.runtime.publication import check_served, publish
@@ -48,7 +48,7 @@ from gyre.runtime.ray_setup import (
     init_ray,
 )
 from gyre.runtime.rundir import RunDir
-from gyre.runtime.seeds import SEED_STRIDE
+from gyre.runtime.standalone import start_pool
 from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
@@ -116,6 +116,8 @@ class Cluster:
         self._runtime_env: dict[str, Any] = {}
         # called with (cell, cause, where) when a cell's engine is found dead (the world's)
         self.on_cell_lost: Any = None
+        # called with (url, cause) when a standalone engine left the pool (the world's)
+        self.on_engine_lost: Any = None
         # awaited before a switch uses the proxy: restarts it if it died (the world's watchdog)
         self.proxy_ready: Any = None
 
@@ -141,11 +143,11 @@ class Cluster:
         asks = [cell_resources(self.cfg, i) for i in range(self.K)]
         standalone = self.cfg.run.standalone_engines if self.cfg.policy.standalone_capacity else 0
         check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
-        runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
+        runtime_env = self._runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
         await self._start_cells(asks, runtime_env)
         await self._take_roles(roles)
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
-            await self._start_standalone(runtime_env)
+            await start_pool(self, RuntimeSetupError)
         self.rundir.write_cells(self.placement)
         await self._start_proxy()
 
@@ -245,42 +247,6 @@ class Cluster:
             if roles[i] is CellRole.ROLLOUT:
                 self._serving(i, next(it))
                 self.placement[i]["url"] = self.urls[i]
-
-    async def _start_standalone(self, runtime_env: dict) -> None:
-        """The standalone rollout pool: engines that never train, one actor each."""
-        res = self.cfg.run.cell
-        ecfg = self.cfg.engine
-        svc = ray.remote(StandaloneEngine).options(
-            num_cpus=0, resources=res.resources or None, runtime_env=runtime_env
-        )
-        for j in range(self.cfg.run.standalone_engines):
-            ecfg_j = ecfg.model_copy(
-                update={
-                    "model_dir": self.weights_dir,
-                    "engine_id": f"standalone-{j}",
-                    "weight_version": self.weights_version,
-                    "seed": ecfg.seed * SEED_STRIDE + 104729 + j,
-                }
-            )
-            a: Any = svc.remote(  # methods: .remote
-                ecfg_j, res.torch_threads, self.engine_key, self.log_spec(f"standalone-{j}")
-            )
-            try:
-                self.standalone.append((a, await a.start.remote()))
-            except Exception as e:
-                self.standalone.append((a, ""))  # stopped with the rest
-                await self.stop()
-                raise RuntimeSetupError(
-                    f"standalone engine {j} did not start: {engine_start_error(e)}"
-                ) from None
-            self.placement.append(
-                {
-                    "standalone": j,
-                    "pid": await a.pid.remote(),
-                    "node": await a.node.remote(),
-                    "url": self.standalone[-1][1],
-                }
-            )
 
     async def _start_proxy(self) -> None:
         """The managed proxy in front of every engine, with this run's engine key."""
@@ -465,6 +431,11 @@ class Cluster:
             return
         if url not in [u for _, u in self.standalone]:
             raise RuntimeError(f"rollout engine {url} failed to reload weights: {why}") from why
+        for a, _ in [x for x in self.standalone if x[1] == url]:
+            try:  # a hung process holds its sockets: killed, as a lost cell's is
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
         self.standalone = [(a, u) for a, u in self.standalone if u != url]
         self.dead_engines.append(url)
         try:
@@ -472,6 +443,8 @@ class Cluster:
             await asyncio.to_thread(proxy.remove_engine, url, 30)
         except Exception:
             pass
+        if self.on_engine_lost is not None:
+            self.on_engine_lost(url, why)
 
     def engine_load(self) -> dict[str, Any]:
         """Per engine URL ``(executions it holds, calls in flight)``, and the proxy's counters

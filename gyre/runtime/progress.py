@@ -264,7 +264,12 @@ def last_fault(faults: list[dict[str, Any]]) -> str | None:
     if not faults:
         return None
     f = faults[-1]
-    who = "proxy" if f["kind"] == "proxy" else f"cell {f['cell']} {f['kind']}"
+    if f["kind"] == "proxy":
+        who = "proxy"
+    elif f["kind"] == "engine":
+        who = f"standalone engine {f.get('engine')}"
+    else:
+        who = f"cell {f['cell']} {f['kind']}"
     if f.get("cost_s") is not None:
         after = f"back after {f['cost_s']:.1f}s"
     else:

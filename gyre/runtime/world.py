@@ -47,6 +47,7 @@ from gyre.runtime.proxy_watchdog import ProxyWatchdog
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
+from gyre.runtime.standalone import EngineFaults
 from gyre.runtime.tasks import TaskStream
 from gyre.train.stats import ObjectiveStats
 
@@ -84,6 +85,8 @@ class RealWorld:
         self.sched_status: Callable[[], dict[str, Any]] = lambda: {}
         self.faults = CellFaults(self)  # a cell that dies or hangs (gyre.runtime.faults)
         self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
+        self.engine_faults = EngineFaults(self)  # a standalone engine (gyre.runtime.standalone)
+        self.cluster.on_engine_lost = lambda url, e: self.engine_faults.lost(url, e, _found_by(e))
         self.proxy_watch = ProxyWatchdog(
             self
         )  # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
@@ -182,7 +185,9 @@ class RealWorld:
                 "engine_errors": load.get("engine_errors", 0),
                 "errors_5xx": load.get("errors_5xx", 0),
                 "engines_lost": len(self.cluster.dead_engines),
-                "cells_lost": sum(1 for f in self.records.faults if f["kind"] != "proxy"),
+                "cells_lost": sum(
+                    1 for f in self.records.faults if f["kind"] not in ("proxy", "engine")
+                ),
                 "proxy_restarts": self.proxy_watch.restarts,
                 "chaos_kills": sum(1 for k in self.records.chaos if "target" in k),
                 "harness_failed": self.execs.failed,
@@ -431,3 +436,8 @@ class RealWorld:
         self.records.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
         self.execs.maybe_evaluate(gv)
         self._emit(WeightsPublished(time=t1, version=version))
+
+
+def _found_by(e: BaseException) -> str:
+    """What found a standalone engine dead: the proxy's heartbeat, or a failed reload."""
+    return "engine_heartbeat" if str(e).startswith("heartbeat:") else "publication"

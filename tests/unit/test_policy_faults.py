@@ -16,6 +16,8 @@ from gyre.policy import (
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
+    EngineBack,
+    EngineLost,
     ExecutionFinished,
     FinishStep,
     LaunchExecutions,
@@ -276,3 +278,37 @@ def test_sim_core_fault_at_any_moment_is_survived_without_a_protocol_error(place
         r = fault_cost(preset("seed-toy"), placement, parse_faults(f"cell=0@{at}h,restart=0.05h"))
         assert r["survived"] or "reduce" in r["why"], (at, r.get("why"))
         assert r["protocol_errors"] == [] and r["interrupted"] == 0, at
+
+
+def test_a_lost_standalone_engine_takes_its_slots_and_back_returns_them():
+    p = SchedulingPolicy(cfg(cell_capacity=2, standalone_capacity=4))
+    acts = p.start(0.0)
+    assert p.capacity == 12 and len(of(acts, LaunchExecutions)[0].executions) == 10
+    p.handle(EngineLost(1.0, capacity=3))
+    assert p.capacity == 9 and p.standalone_live == 1 and p.lost == 1
+    with pytest.raises(PolicyError, match="slots lost"):
+        p.handle(EngineLost(1.5, capacity=2))  # only 1 slot is live
+    with pytest.raises(PolicyError, match="slots back"):
+        p.handle(EngineBack(1.5, capacity=4))  # more than was lost
+    p.handle(EngineBack(2.0, capacity=3))
+    assert p.capacity == 12 and p.standalone_live == 4 and p.status()["standalone_live"] == 4
+
+
+def test_the_waterlevel_rule_counts_only_live_standalone_engines():
+    """A cell leaves rollout only while what stays covers every running execution: the same
+    loss of cell 1 lets the core train with the standalone pool serving, not without it."""
+    base = dict(cells=2, cell_capacity=2, standalone_capacity=4, group_size=2, batch_groups=1)
+
+    def core_leaves(*faults) -> bool:
+        p = SchedulingPolicy(cfg(mu=1, phi=1.0, **base))
+        p.start(0.0)  # 2 groups dispatched: 4 executions running, capacity 8
+        for ev in faults:
+            p.handle(ev)
+        p.handle(ExecutionFinished(1.0, (0, 0), 1.0))
+        acts = p.handle(ExecutionFinished(1.0, (0, 1), 1.0))  # group 0 scored; w = 2
+        return SwitchCell(cell=0, role=CellRole.TRAINING) in acts
+
+    assert core_leaves()  # 8 - 2 >= 2
+    assert core_leaves(CellLost(0.5, cell=1))  # 6 - 2 >= 2
+    assert core_leaves(EngineLost(0.5, capacity=4))  # 4 - 2 >= 2
+    assert not core_leaves(CellLost(0.5, cell=1), EngineLost(0.6, capacity=4))  # 2 - 2 < 2
