@@ -7,10 +7,9 @@ harness; a hung cell and a hung engine by SIGSTOP). From the runs' own files
 executions relaunched, finished executions lost (goal 0), groups trained twice (goal 0),
 detection times of the hung cell and engine, and the extra makespan per fault against the
 simulator's prediction: the baseline's realised workload replayed without and with the
-chaos run's cell faults (:func:`gyre.sim.faults.replay_fault_cost`: one draw, every execution
-its own measured duration, so the pair differs by the faults alone). The simulator models
-cell faults only; the proxy (back in well under a second), engine and harness kills are not
-in its prediction.
+chaos run's cell and standalone-engine faults (:func:`gyre.sim.faults.replay_fault_cost`: one
+draw, every execution its own measured duration, so the pair differs by the faults alone).
+The proxy (back in well under a second) and harness kills are not in its prediction.
 
     python bench/bench_chaos.py --seeds 5
 """
@@ -74,14 +73,18 @@ def _run(
 
 
 def _cell_faults(a: dict) -> list[Fault]:
-    """The chaos run's cell faults as the simulator's schedule (seconds -> hours)."""
+    """The chaos run's cell and standalone-engine faults as the simulator's schedule (seconds
+    -> hours); the proxy, a harness and a segment restart from a checkpoint are not modelled."""
     out = []
     for f in a["faults"]:
-        if f["kind"] == "proxy" or f["cell"] is None or f.get("core_restart"):
-            continue  # the simulator models cell losses only, not a restart from a checkpoint
+        if f.get("core_restart") or f["kind"] not in ("died", "hung", "engine"):
+            continue
         back = f.get("back")
         restart = None if back is None else (back - f["time"]) / 3600.0
-        out.append(Fault(int(f["cell"]), f["time"] / 3600.0, restart))
+        if f["kind"] == "engine":
+            out.append(Fault(-1, f["time"] / 3600.0, restart, int(f["capacity"])))
+        else:
+            out.append(Fault(int(f["cell"]), f["time"] / 3600.0, restart))
     return out
 
 

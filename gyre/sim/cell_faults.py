@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gyre.policy import CellBack, CellLost, CellRole, PolicyError
+from gyre.policy import CellBack, CellLost, CellRole, EngineBack, EngineLost, PolicyError
 from gyre.sim.scheduled import Back, Lost, MicroDone, Published, Scheduled, Switched
 
 if TYPE_CHECKING:
@@ -25,13 +25,15 @@ class CellFaults:
     """Which scheduled completions belong to which cell (void once it dies), and what died
     when (``log``: one row per loss and per return, for the fault report)."""
 
-    def __init__(self, world: World, faults: tuple[tuple[int, float, float | None], ...]) -> None:
+    def __init__(
+        self, world: World, faults: tuple[tuple[int, float, float | None, int], ...]
+    ) -> None:
         self.world = world
         self._pending: list[set[int]] = [set() for _ in range(world.K)]
         self._void: set[int] = set()
         self.log: list[dict[str, float | int | str]] = []
-        for cell, at_h, restart_h in faults:
-            world._push(at_h, Lost(cell, restart_h))
+        for cell, at_h, restart_h, slots in faults:
+            world._push(at_h, Lost(cell, restart_h, slots))
 
     def track(self, cell: int, seq: int) -> None:
         """``seq`` is ``cell``'s work: void if the cell dies before it is due."""
@@ -46,11 +48,20 @@ class CellFaults:
             self._pending[what.cell].discard(seq)
         return True
 
-    def lose(self, t: float, what: Lost) -> CellLost:
+    def lose(self, t: float, what: Lost) -> CellLost | EngineLost:
         """A cell's process dies: what it had scheduled is void, its capacity leaves, and it
-        comes back ``restart_h`` later."""
+        comes back ``restart_h`` later. A standalone engine's slots leave alike (its calls
+        move to the other engines: no execution is cut)."""
         w = self.world
         cell = what.cell
+        if cell < 0:
+            w._account()
+            w.capacity -= what.slots
+            w._rerate()
+            self.log.append({"engine": 0, "lost_h": t, "slots": what.slots})
+            if what.restart_h is not None:
+                w._push(t + what.restart_h, Back(cell, what.slots))
+            return EngineLost(time=t, capacity=what.slots)
         if w._reducing and w.roles[cell] is CellRole.TRAINING:
             # as the runtime: a participant lost in the reduce stops the run
             raise PolicyError(f"cell {cell} was lost during the step's reduce: the run stops")
@@ -68,6 +79,12 @@ class CellFaults:
             w._push(t + what.restart_h, Back(cell))
         return CellLost(time=t, cell=cell)
 
-    def back(self, t: float, what: Back) -> CellBack:
+    def back(self, t: float, what: Back) -> CellBack | EngineBack:
+        if what.cell < 0:
+            self.world._account()
+            self.world.capacity += what.slots
+            self.world._rerate()
+            self.log.append({"engine": 0, "back_h": t})
+            return EngineBack(time=t, capacity=what.slots)
         self.log.append({"cell": what.cell, "back_h": t})
         return CellBack(time=t, cell=what.cell)

@@ -254,7 +254,7 @@ def _fault_table(cfg, names: list[str], spec: str, as_json: bool) -> None:
     from gyre.sim.faults import fault_cost, parse_faults
 
     try:
-        schedule = parse_faults(spec, cfg.policy.cells)
+        schedule = parse_faults(spec, cfg.policy.cells, cfg.policy.standalone_capacity)
     except ValueError as e:
         _fail(f"--faults: {e}")
     rows = [fault_cost(cfg, n, schedule) for n in names]

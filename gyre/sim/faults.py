@@ -2,7 +2,9 @@
 
 ``gyre sim --faults SPEC`` takes one or more faults separated by ``;``, each
 ``cell=I@T[,restart=D]``: cell ``I``'s process dies at run time ``T`` and a new one is up
-``D`` later (``restart=never``: it stays lost; default ``0s``). Times take ``s``, ``m`` or
+``D`` later (``restart=never``: it stays lost; default ``0s``); or ``engine@T[,slots=S]
+[,restart=D]``: a standalone engine serving ``S`` of the pool's slots (default: the whole
+pool) dies at ``T``, the policy's ``EngineLost``, and a new one serves ``D`` later. Times take ``s``, ``m`` or
 ``h`` (bare numbers are hours, the simulator's unit), e.g. ``cell=1@300s,restart=60s``.
 The world turns each fault into the policy's ``CellLost`` and ``CellBack`` events, exactly
 as the runtime does when a cell actor dies and is restarted; :func:`fault_cost` runs the
@@ -23,12 +25,13 @@ _UNIT_H = {"s": 1 / 3600, "m": 1 / 60, "h": 1.0}
 
 @dataclass(frozen=True)
 class Fault:
-    cell: int
+    cell: int  # -1: a standalone engine
     at_h: float
     restart_h: float | None  # None: never back
+    slots: int = 0  # a standalone engine's share of the pool (0: a cell)
 
-    def as_tuple(self) -> tuple[int, float, float | None]:
-        return (self.cell, self.at_h, self.restart_h)
+    def as_tuple(self) -> tuple[int, float, float | None, int]:
+        return (self.cell, self.at_h, self.restart_h, self.slots)
 
 
 def _hours(text: str, what: str) -> float:
@@ -44,31 +47,45 @@ def _hours(text: str, what: str) -> float:
     return v
 
 
-def parse_faults(spec: str, cells: int | None = None) -> list[Fault]:
-    """``cell=1@300s,restart=60s;cell=2@1h`` -> faults, in time order. ``ValueError`` with one
-    line saying what is wrong."""
+def parse_faults(spec: str, cells: int | None = None, standalone: int | None = None) -> list[Fault]:
+    """``cell=1@300s,restart=60s;engine@1h,slots=4`` -> faults, in time order (``standalone``:
+    the pool's slots, an engine's default). ``ValueError`` with one line saying what is wrong."""
     out: list[Fault] = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         fields = [f.strip() for f in part.split(",")]
         head = fields[0]
-        if not head.startswith("cell=") or "@" not in head:
-            raise ValueError(f"fault {part!r}: expected cell=I@T[,restart=D]")
-        cell_s, at_s = head[5:].split("@", 1)
-        try:
-            cell = int(cell_s)
-        except ValueError:
-            raise ValueError(f"fault {part!r}: cell {cell_s!r} is not an integer") from None
-        if cell < 0 or (cells is not None and cell >= cells):
-            raise ValueError(f"fault {part!r}: cells are 0..{(cells or 1) - 1}")
+        if head.startswith("engine@"):
+            cell, at_s = -1, head[len("engine@") :]
+            slots = standalone if standalone is not None else 0
+        elif head.startswith("cell=") and "@" in head:
+            cell_s, at_s = head[5:].split("@", 1)
+            slots = 0
+            try:
+                cell = int(cell_s)
+            except ValueError:
+                raise ValueError(f"fault {part!r}: cell {cell_s!r} is not an integer") from None
+            if cell < 0 or (cells is not None and cell >= cells):
+                raise ValueError(f"fault {part!r}: cells are 0..{(cells or 1) - 1}")
+        else:
+            raise ValueError(f"fault {part!r}: expected cell=I@T[,restart=D] or engine@T[,slots=S]")
         restart: float | None = 0.0
         for f in fields[1:]:
             key, _, val = f.partition("=")
-            if key != "restart":
-                raise ValueError(f"fault {part!r}: unknown field {key!r} (only restart=D)")
-            restart = None if val.strip() == "never" else _hours(val, "restart")
-        out.append(Fault(cell, _hours(at_s, "fault time"), restart))
+            if key == "slots" and cell < 0:
+                try:
+                    slots = int(val)
+                except ValueError:
+                    raise ValueError(f"fault {part!r}: slots {val!r} is not an integer") from None
+            elif key == "restart":
+                restart = None if val.strip() == "never" else _hours(val, "restart")
+            else:
+                allowed = "restart=D, slots=S" if cell < 0 else "only restart=D"
+                raise ValueError(f"fault {part!r}: unknown field {key!r} ({allowed})")
+        if cell < 0 and slots <= 0:
+            raise ValueError(f"fault {part!r}: an engine needs slots=S > 0 (no standalone pool?)")
+        out.append(Fault(cell, _hours(at_s, "fault time"), restart, slots))
     if not out:
-        raise ValueError("--faults is empty: give cell=I@T[,restart=D]")
+        raise ValueError("--faults is empty: give cell=I@T[,restart=D] or engine@T[,slots=S]")
     return sorted(out, key=lambda f: f.at_h)
 
 

@@ -43,12 +43,14 @@ class Wake(NamedTuple):
 
 
 class Lost(NamedTuple):
-    cell: int
+    cell: int  # -1: a standalone engine of ``slots``
     restart_h: float | None  # None: it never comes back
+    slots: int = 0
 
 
 class Back(NamedTuple):
     cell: int
+    slots: int = 0
 
 
 Scheduled = Launched | MicroDone | Switched | OptimDone | Published | Wake | Lost | Back

@@ -83,10 +83,11 @@ class World:
         *,
         record: bool = True,
         drain: bool = False,
-        faults: tuple[tuple[int, float, float | None], ...] = (),
+        faults: tuple[tuple[int, float, float | None, int], ...] = (),
     ) -> None:
-        """``faults``: ``(cell, at_h, restart_h)`` each: the cell's process dies at ``at_h`` and
-        is back ``restart_h`` later (None: never), as :mod:`gyre.sim.faults` parses them."""
+        """``faults``: ``(cell, at_h, restart_h, slots)`` each: the cell's process (cell -1: a
+        standalone engine of ``slots``) dies at ``at_h`` and is back ``restart_h`` later (None:
+        never), as :mod:`gyre.sim.faults` parses them."""
         self.cfg = cfg
         self.name = placement
         self.pcfg = cfg.policy_config(placement)

@@ -2,8 +2,10 @@
 
 The engine is a separate Ray actor process (the standalone pool, C_s). Killing it with
 SIGKILL while long replies are being generated must cost no execution: the proxy resumes
-its calls on the cells' engines (with the tokens generated so far), the run finishes, and
-the next publication takes the dead engine out of the pool.
+its calls on the cells' engines (with the tokens generated so far), the run finishes, the
+dead engine leaves the pool (found by the proxy's engine heartbeat or the next publication),
+the policy hears ``EngineLost`` (its slots leave the capacity), and a new engine takes its
+place (``EngineBack``).
 """
 
 from __future__ import annotations
@@ -104,3 +106,10 @@ def test_killed_standalone_engine_costs_no_execution(tmp_path: Path, tiny_model_
     assert s["dead_engines"], "the dead engine was never taken out of the pool"
     rows = [json.loads(x) for x in (run_dir / "executions.jsonl").read_text().splitlines()]
     assert rows and all(not r["failed"] for r in rows)
+    (f,) = [f for f in s["faults"] if f["kind"] == "engine"]
+    assert f["engine"] == 0 and f["capacity"] == 4 and f["action"] == "restart", f
+    assert f["detected_by"] in ("engine_heartbeat", "publication"), f
+    assert f["back"] is not None and f["cost_s"] > 0, f  # a new engine served
+    (row,) = [c for c in json.loads(cells.read_text()) if "standalone" in c]
+    assert row["pid"] != pid and row["restarts"] == 1
+    print(f"standalone engine: {f}")

@@ -312,3 +312,29 @@ def test_the_waterlevel_rule_counts_only_live_standalone_engines():
     assert core_leaves(CellLost(0.5, cell=1))  # 6 - 2 >= 2
     assert core_leaves(EngineLost(0.5, capacity=4))  # 4 - 2 >= 2
     assert not core_leaves(CellLost(0.5, cell=1), EngineLost(0.6, capacity=4))  # 2 - 2 < 2
+
+
+def test_engine_fault_spec_takes_the_pool_or_its_slots_and_refuses_nonsense():
+    (f,) = parse_faults("engine@300s,restart=60s", cells=4, standalone=16)
+    assert (f.cell, f.at_h, f.restart_h, f.slots) == (-1, 300 / 3600, 60 / 3600, 16)
+    (g,) = parse_faults("engine@1h,slots=4", standalone=16)
+    assert g.slots == 4 and g.as_tuple() == (-1, 1.0, 0.0, 4)
+    for bad in ["engine@1h", "engine@1h,slots=x", "engine@1h,slots=0", "engine@1h,wait=1s"]:
+        with pytest.raises(ValueError):
+            parse_faults(bad, standalone=0 if bad == "engine@1h" else 16)
+
+
+@pytest.mark.parametrize("placement", ["elastic", "colocate", "async"])
+def test_sim_standalone_engine_fault_is_survived_and_never_back_costs_most(placement):
+    from gyre.sim.config import apply_overrides
+
+    cfg_ = apply_overrides(preset("seed-toy"), ["C_s=16"])
+    back = fault_cost(cfg_, placement, parse_faults("engine@2h,slots=8,restart=1h", standalone=16))
+    never = fault_cost(cfg_, placement, parse_faults("engine@2h,restart=never", standalone=16))
+    for r in (back, never):
+        assert r["survived"] and r["protocol_errors"] == [] and r["interrupted"] == 0
+    assert never["makespan_faults_h"] >= back["makespan_faults_h"] - 1e-9
+    assert back["events"][0] == {"engine": 0, "lost_h": 2.0, "slots": 8}
+    # more than the pool holds is the policy's error, reported as not survived
+    over = fault_cost(cfg_, placement, parse_faults("engine@2h,slots=32", standalone=16))
+    assert over["survived"] is False and "slots" in over["why"]
