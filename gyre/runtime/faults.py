@@ -277,7 +277,7 @@ class CellFaults:
                         dead = True
                 if dead:
                     self.lost(0, e, "call")
-            if 0 in self._open and self._of_dead_core(e):
+            if self._of_dead_core(e):
                 return  # restarted in place: the error was a symptom of the core's loss
         if e not in w.errors and not any(isinstance(x, CoreLost) and x is not e for x in w.errors):
             w.errors.append(e)

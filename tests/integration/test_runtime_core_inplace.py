@@ -79,6 +79,7 @@ def test_core_killed_mid_step_is_restarted_in_place_and_its_step_is_exact(tiny_m
     assert compared is not None, "no step from the fault on carried gradient signal"
 
 
+@pytest.mark.extended  # the nemesis run (test_runtime_chaos) kills the core too, in any role
 def test_core_killed_at_start_is_restarted_from_the_initial_weights(tiny_model_dir, tmp_path):
     _, fault = _core_run(
         tiny_model_dir, tmp_path, "core_start", lambda rd: _lines(rd / "executions.jsonl") >= 1
