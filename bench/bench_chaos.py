@@ -135,7 +135,7 @@ def _table(rows: list[dict]) -> None:
         "| seed | kills by kind | survived | relaunched | finished lost | trained twice | "
         "interrupted (other) | cut by core restart | answered missing | hung cell found (s) | "
         "hung engine found (s) | makespan base (s) | extra wall (s) | per fault (s) | "
-        "sim, cell faults (s) |"
+        "sim, cell + engine faults (s) |"
     )
     print("|" + " --- |" * 15)
     for r in rows:
@@ -157,7 +157,7 @@ def _table(rows: list[dict]) -> None:
     pred = [r["predicted_s"] for r in rows if r["predicted_s"] is not None]
     print(
         f"\nmean extra makespan {statistics.fmean(extra):.1f} s measured, "
-        f"{statistics.fmean(pred) if pred else float('nan'):.1f} s predicted for the cell faults"
+        f"{statistics.fmean(pred) if pred else float('nan'):.1f} s predicted for the cell and engine faults"
     )
 
 
