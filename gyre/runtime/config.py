@@ -87,7 +87,8 @@ class FaultConfig(BaseModel):
     core_restarts: int = Field(
         2,
         ge=0,
-        description="when the core (cell 0) is lost, or any cell inside the step's reduce, restart "
+        description="when a loss cannot be repaired in place (any cell inside the step's reduce, "
+        "or the core when its last step has no checkpoint), restart "
         "the run from its last checkpoint in the same `gyre run`, at most this many times "
         "(0: stop with one line, `gyre run --resume` continues); steps the core finished after "
         "that checkpoint are trained again, none applied twice",
@@ -116,7 +117,8 @@ class ChaosConfig(BaseModel):
         min_length=1,
         description="what it may kill, taken in a seeded shuffled cycle (so kills >= len(kinds) "
         "hits each): a rollout cell, a satellite (a training cell other than the core), the "
-        "core (cell 0: the run restarts from its last checkpoint), a standalone engine, the proxy, "
+        "core (cell 0, restarted in place from its last step's checkpoint), a standalone engine, "
+        "the proxy, "
         "a harness process (all SIGKILL or ProxyServer.kill), a hung cell or engine (SIGSTOP)",
     )
     window_s: tuple[float, float] = Field(
