@@ -6,13 +6,18 @@ import time
 
 from gyre.config import GyreConfig
 from gyre.proxy.heartbeat import EngineEvent
+import gyre.runtime.cluster as cluster_mod
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.rundir import RunDir
 
 
-async def test_lost_standalone_engine_leaves_at_once_cell_engine_stays(tmp_path):
+async def test_lost_standalone_engine_leaves_at_once_cell_engine_stays(tmp_path, monkeypatch):
+    killed: list[object] = []
+    # the lost engine's actor is killed; a real ray.kill would start a Ray instance here
+    monkeypatch.setattr(cluster_mod.ray, "kill", lambda a, **_: killed.append(a))
     cluster = Cluster(GyreConfig(model_dir="/nonexistent"), RunDir(tmp_path / "run"))
-    cluster.standalone = [(object(), "http://s0"), (object(), "http://s1")]
+    s0, s1 = object(), object()
+    cluster.standalone = [(s0, "http://s0"), (s1, "http://s1")]
     cluster.urls = ["http://c0"]
 
     def event(kind: str, url: str) -> EngineEvent:
@@ -24,6 +29,7 @@ async def test_lost_standalone_engine_leaves_at_once_cell_engine_stays(tmp_path)
         await asyncio.sleep(0)
     assert [u for _, u in cluster.standalone] == ["http://s0"]
     assert cluster.dead_engines == ["http://s1"]
+    assert killed == [s1]
     assert [(e.kind, e.url) for e in cluster.engine_events] == [
         ("lost", "http://c0"),
         ("lost", "http://s1"),

@@ -19,7 +19,7 @@ from gyre.sim.presets import preset
 from gyre.sim.run import make_draw
 from gyre.sim.world import World
 
-FAULT = ((1, 0.5, 1 / 60),)  # cell 1 (training in async) lost at 0.5 h, back 60 s later
+FAULT = ((1, 0.5, 1 / 60, 0),)  # cell 1 (training in async) lost at 0.5 h, back 60 s later
 
 
 def _timed(cfg, draw, faults) -> tuple[World, dict]:
