@@ -4,9 +4,9 @@ the pool at once and counts as dead; a cell's engine is left to the policy."""
 import asyncio
 import time
 
+import gyre.runtime.cluster as cluster_mod
 from gyre.config import GyreConfig
 from gyre.proxy.heartbeat import EngineEvent
-import gyre.runtime.cluster as cluster_mod
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.rundir import RunDir
 
