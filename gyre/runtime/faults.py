@@ -169,10 +169,11 @@ class CellFaults:
         """Why losing ``cell`` ends the segment (the supervisor restarts the run from its
         checkpoint), or None when the cell is replaced in place."""
         w = self.world
-        if w.records.activity.get(cell, {}).get("what") in ("reduce", "optimizer_step"):
+        what = w.records.activity.get(cell, {}).get("what")
+        if what in ("reduce", "optimizer_step"):
             return (
-                f"cell {cell} was lost ({why}) during the step's reduce: the step cannot "
-                "complete (`gyre run --resume` continues from the last checkpoint)"
+                f"cell {cell} was lost ({why}) during the step's {what.replace('_', ' ')}: "
+                "the step cannot complete (`gyre run --resume` continues from the last checkpoint)"
             )
         if cell == 0 and (not self.cfg.restart or self.core_checkpoint() is False):
             every = w.cfg.trainer.checkpoint.every_steps
