@@ -1,14 +1,15 @@
-"""Fault schedules for the simulator: which cell dies when, and how long until it is back.
+"""Fault schedules for the simulator: which cell or engine dies when, and how long until it is back.
 
 ``gyre sim --faults SPEC`` takes one or more faults separated by ``;``, each
 ``cell=I@T[,restart=D]``: cell ``I``'s process dies at run time ``T`` and a new one is up
-``D`` later (``restart=never``: it stays lost; default ``0s``); or ``engine@T[,slots=S]
-[,restart=D]``: a standalone engine serving ``S`` of the pool's slots (default: the whole
-pool) dies at ``T``, the policy's ``EngineLost``, and a new one serves ``D`` later. Times take ``s``, ``m`` or
-``h`` (bare numbers are hours, the simulator's unit), e.g. ``cell=1@300s,restart=60s``.
-The world turns each fault into the policy's ``CellLost`` and ``CellBack`` events, exactly
-as the runtime does when a cell actor dies and is restarted; :func:`fault_cost` runs the
-same seed with and without the schedule, so the difference is what the faults cost.
+``D`` later (``restart=never``: it stays lost; default ``0s``); or
+``engine@T[,slots=S][,restart=D]``: a standalone engine serving ``S`` of the pool's slots
+(default: the whole pool) dies at ``T`` and a new one serves ``D`` later. Times take ``s``,
+``m`` or ``h`` (bare numbers are hours, the simulator's unit), e.g.
+``cell=1@300s,restart=60s``. The world turns each fault into the policy's ``CellLost`` /
+``CellBack`` (``EngineLost`` / ``EngineBack``) events, exactly as the runtime does when a
+cell actor or standalone engine dies and is restarted; :func:`fault_cost` runs the same seed
+with and without the schedule, so the difference is what the faults cost.
 """
 
 from __future__ import annotations
