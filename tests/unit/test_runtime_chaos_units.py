@@ -145,3 +145,38 @@ def test_a_core_kill_carried_into_the_next_segment_is_closed_and_counted():
     assert core["detected_s"] == 0.02 and core["detected_by"] == "heartbeat"
     lone = [{"kind": "core", "time": 1.0, "unix_time": 50.0, "target": {"cell": 0, "pid": 7}}]
     assert carry(lone, []) == 1 and lone[0]["handled"] is False  # nothing found it
+
+
+def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
+    """A cell or engine restart takes 12-15 s on 2 cores: the machinery's kinds wait for it
+    (one fault at a time), a harness kill only for the last kill to be found (CI's 56 s drill
+    ended while its harness kill waited for a standalone engine's restart)."""
+    from gyre.policy import CellRole
+    from gyre.runtime.chaos import Nemesis
+
+    records = Records(cells=3)
+    proxy = types.SimpleNamespace(alive=True)
+    world = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(run=RunConfig()),
+        records=records,
+        cluster=types.SimpleNamespace(proxy=proxy),
+        faults=types.SimpleNamespace(down=set()),
+        roles=[CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT],
+    )
+    n = Nemesis.__new__(Nemesis)
+    n.world, n.carried_faults = world, 0  # type: ignore[assignment]
+    engine = {"cell": None, "kind": "engine", "action": "restart", "back": None}
+    records.faults.append(engine)
+    records.chaos.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
+    assert not n._quiet("rollout_cell") and not n._quiet("proxy")
+    assert n._quiet("harness")
+    world.faults.down.add(1)  # a cell lost, not back: still no wait for a harness kill
+    assert n._quiet("harness") and not n._quiet("satellite")
+    records.chaos.append({"kind": "rollout_cell", "target": {"cell": 1}})  # not found yet
+    assert not n._quiet("harness")
+    records.chaos[-1]["handled"] = True
+    proxy.alive = False  # a dead proxy: nothing is killed until it serves again
+    assert not n._quiet("harness")
+    engine["back"], proxy.alive = 30.0, True
+    world.faults.down.clear()
+    assert n._quiet("rollout_cell") and n._quiet("harness")
