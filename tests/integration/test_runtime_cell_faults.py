@@ -126,20 +126,23 @@ def _gyre_fast(argv: list[str], log: Path, killer: _Killer, timeout: float = 900
     return subprocess.CompletedProcess(argv, rc, log.read_text(), "")
 
 
-def _run_with(tiny_model_dir, tmp_path, name: str, killer_args, steps: int = 5, mu: int = 2):
+def _kill_during_run(
+    tiny_model_dir, tmp_path, name: str, steps: int, killer_args, *extra: str, timeout=900
+):
+    """A ``gyre run`` of ``steps`` (heartbeat 2 s, no evals) whose cell ``killer_args[0]`` gets
+    signal ``killer_args[1]`` once ``killer_args[2](rd)`` holds; ``(rd, result, killer)``."""
     rd = tmp_path / name
-    argv = _args(
-        tiny_model_dir,
-        tmp_path,
-        name,
-        steps,
-        "run.eval_interval=0",
-        "run.fault.heartbeat_s=2",
-        f"policy.mu={mu}",
-    )
+    sets = ("run.eval_interval=0", "run.fault.heartbeat_s=2", *extra)
+    argv = _args(tiny_model_dir, tmp_path, name, steps, *sets)
     killer = _Killer(rd, *killer_args)
-    r = _gyre_fast(argv, tmp_path / f"{name}.log", killer)
-    assert killer.at is not None, "the cell was never hit"
+    r = _gyre_fast(argv, tmp_path / f"{name}.log", killer, timeout=timeout)
+    assert killer.at is not None, f"cell {killer_args[0]} was never hit"
+    return rd, r, killer
+
+
+def _run_with(tiny_model_dir, tmp_path, name: str, killer_args, steps: int = 5, mu: int = 2):
+    args = (tiny_model_dir, tmp_path, name, steps, killer_args, f"policy.mu={mu}")
+    rd, r, killer = _kill_during_run(*args)
     if killer_args[1] == signal.SIGSTOP and killer.pid is not None:
         try:  # the restarted run killed it; a leftover stopped process must not stay stopped
             os.kill(killer.pid, signal.SIGCONT)

@@ -15,12 +15,11 @@ import json
 import signal
 
 import pytest
-from test_runtime import _args, _jsonl
+from test_runtime import _jsonl
 from test_runtime_cell_faults import (
     _BetweenSteps,
     _check_run,
-    _gyre_fast,
-    _Killer,
+    _kill_during_run,
     _lines,
     _same_as_local_core,
     _step_at,
@@ -34,19 +33,9 @@ STEPS = 5
 
 
 def _core_run(tiny_model_dir, tmp_path, name: str, ready, mu: int = 3):
-    rd = tmp_path / name
-    argv = _args(
-        tiny_model_dir,
-        tmp_path,
-        name,
-        STEPS,
-        "run.eval_interval=0",
-        "run.fault.heartbeat_s=2",
-        f"policy.mu={mu}",
-    )
-    killer = _Killer(rd, 0, signal.SIGKILL, ready)
-    r = _gyre_fast(argv, tmp_path / f"{name}.log", killer, timeout=800)
-    assert killer.at is not None, "the core was never hit"
+    killer_args = (0, signal.SIGKILL, ready)
+    args = (tiny_model_dir, tmp_path, name, STEPS, killer_args, f"policy.mu={mu}")
+    rd, r, killer = _kill_during_run(*args, timeout=800)
     assert r.returncode == 0, r.stdout[-6000:]
     s = _check_run(rd, r.stdout, STEPS)
     assert s["segment"] == 0, "the run's segment was restarted"  # in place: one segment

@@ -18,8 +18,8 @@ import json
 import signal
 
 import pytest
-from test_runtime import B, N, _args, _jsonl
-from test_runtime_cell_faults import _gyre_fast, _Killer, _lines
+from test_runtime import B, N, _jsonl
+from test_runtime_cell_faults import _kill_during_run, _lines
 
 from gyre.runtime.restore import _kept
 
@@ -29,21 +29,9 @@ STEPS = 4
 
 
 def _core_run(tiny_model_dir, tmp_path, name: str, *extra: str, ready):
-    rd = tmp_path / name
-    argv = _args(
-        tiny_model_dir,
-        tmp_path,
-        name,
-        STEPS,
-        "run.eval_interval=0",
-        "run.fault.heartbeat_s=2",
-        "trainer.checkpoint.every_steps=2",
-        *extra,
-    )
-    killer = _Killer(rd, 0, signal.SIGKILL, ready)
-    r = _gyre_fast(argv, tmp_path / f"{name}.log", killer, timeout=800)
-    assert killer.at is not None, "the core was never hit"
-    return rd, r, killer
+    sets = ("trainer.checkpoint.every_steps=2", *extra)
+    killer_args = (0, signal.SIGKILL, ready)
+    return _kill_during_run(tiny_model_dir, tmp_path, name, STEPS, killer_args, *sets, timeout=800)
 
 
 def test_core_killed_mid_run_restarts_from_checkpoint_and_applies_no_step_twice(
