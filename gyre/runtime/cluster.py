@@ -429,6 +429,10 @@ class Cluster:
             return
         if url in self.dead_engines:  # the heartbeat took it out already
             return
+        if any(url in us for us in self.engine_urls):
+            # a cell's engine that no longer serves as one: the cell was lost (its fault
+            # handler took the engine out and restarts it) or left rollout meanwhile
+            return
         if url not in [u for _, u in self.standalone]:
             raise RuntimeError(f"rollout engine {url} failed to reload weights: {why}") from why
         for a, _ in [x for x in self.standalone if x[1] == url]:

@@ -37,3 +37,25 @@ async def test_lost_standalone_engine_leaves_at_once_cell_engine_stays(tmp_path,
     # the next publication failing to reload it does not end the run: it is gone already
     await cluster._engine_lost("http://s1", RuntimeError("connection refused"))
     assert cluster.dead_engines == ["http://s1"]
+
+
+async def test_a_reload_failing_on_a_replaced_cells_engine_is_not_the_runs_error(tmp_path):
+    """A publication that began while cell 2 served at c2 fails to reload it after the
+    heartbeat found the cell hung and killed it (CI: ReadError on /pause_generation ended the
+    run): that engine's loss is the cell's fault, handled already. An engine no cell or
+    standalone pool ever had still stops the run."""
+    cluster = Cluster(GyreConfig(model_dir="/nonexistent"), RunDir(tmp_path / "run"))
+    lost: list[int] = []
+    cluster.on_cell_lost = lambda c, e, where: lost.append(c)
+    cluster.urls = ["http://c0", "http://c1", None]  # cell 2 lost: its engine left the pool
+    cluster.engine_urls = [["http://c0"], ["http://c1"], ["http://c2"]]
+    await cluster._engine_lost("http://c2", RuntimeError("ReadError"))
+    assert lost == [] and cluster.dead_engines == []
+    await cluster._engine_lost("http://c1", RuntimeError("ReadError"))  # still cell 1's
+    assert lost == [1]
+    try:
+        await cluster._engine_lost("http://elsewhere", RuntimeError("ReadError"))
+    except RuntimeError as e:
+        assert "failed to reload weights" in str(e)
+    else:
+        raise AssertionError("an unknown engine's failure passed")
