@@ -7,14 +7,23 @@ scheduled is void, its capacity leaves (its executions' calls move, as the proxy
 does), the policy gets ``CellLost``, and ``restart_h`` later ``CellBack``. The core is lost
 like any cell: a publication it had in flight is void too (the policy publishes again when
 it is back), and ``restart_h`` stands for its new process loading the last checkpoint. As in
-the runtime, a participant lost during the step's reduce stops the run.
+the runtime, a participant lost during the step's reduce stops the run, unless the faults are
+the chaos nemesis's (``World(kills_wait_reduce=True)``): its kill waits for the reduce to end.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gyre.policy import CellBack, CellLost, CellRole, EngineBack, EngineLost, PolicyError
+from gyre.policy import (
+    CellBack,
+    CellLost,
+    CellRole,
+    EngineBack,
+    EngineLost,
+    PolicyError,
+    Tick,
+)
 from gyre.sim.scheduled import Back, Lost, MicroDone, Published, Scheduled, Switched
 
 if TYPE_CHECKING:
@@ -48,7 +57,7 @@ class CellFaults:
             self._pending[what.cell].discard(seq)
         return True
 
-    def lose(self, t: float, what: Lost) -> CellLost | EngineLost:
+    def lose(self, t: float, what: Lost) -> CellLost | EngineLost | Tick:
         """A cell's process dies: what it had scheduled is void, its capacity leaves, and it
         comes back ``restart_h`` later. A standalone engine's slots leave alike (its calls
         move to the other engines: no execution is cut)."""
@@ -63,6 +72,9 @@ class CellFaults:
                 w._push(t + what.restart_h, Back(cell, what.slots))
             return EngineLost(time=t, capacity=what.slots)
         if w._reducing and w.roles[cell] is CellRole.TRAINING:
+            if w.kills_wait_reduce:  # the nemesis's kill waits for the step's end (its OptimDone
+                w._push(w._reduce_end, what)  # was pushed first, so it pops first)
+                return Tick(time=t)
             # as the runtime: a participant lost in the reduce stops the run
             raise PolicyError(f"cell {cell} was lost during the step's reduce: the run stops")
         w._account()

@@ -84,10 +84,13 @@ class World:
         record: bool = True,
         drain: bool = False,
         faults: tuple[tuple[int, float, float | None, int], ...] = (),
+        kills_wait_reduce: bool = False,
     ) -> None:
         """``faults``: ``(cell, at_h, restart_h, slots)`` each: the cell's process (cell -1: a
         standalone engine of ``slots``) dies at ``at_h`` and is back ``restart_h`` later (None:
-        never), as :mod:`gyre.sim.faults` parses them."""
+        never), as :mod:`gyre.sim.faults` parses them. ``kills_wait_reduce``: the faults are
+        the chaos nemesis's, which never kills a training cell in the step's reduce (it waits
+        for the step to end); otherwise such a loss stops the run."""
         self.cfg = cfg
         self.name = placement
         self.pcfg = cfg.policy_config(placement)
@@ -121,6 +124,8 @@ class World:
         if self._reroute_h > 0:
             self.routing = Routing(K, self.Ce, self.pcfg.standalone_capacity)
         self._reducing = False  # in the step's reduce: a participant lost there stops the run
+        self._reduce_end = 0.0  # when the reduce under way ends
+        self.kills_wait_reduce = kills_wait_reduce
         self.faults = CellFaults(self, faults)  # a cell that dies (gyre.sim.cell_faults)
 
     def _init_costs(self, cfg: SimConfig) -> None:
@@ -351,9 +356,10 @@ class World:
 
     def _finish_step(self, a: FinishStep) -> None:
         self._reducing = True  # the reduce is part of the optimizer step's cost here
+        self._reduce_end = self.now + self.cfg.costs.optim_h
         self.trace.optimizer_cells.add(a.cell)
         self._busy_start(a.cell)
-        self._push(self.now + self.cfg.costs.optim_h, OptimDone(cell=a.cell, step=a.step))
+        self._push(self._reduce_end, OptimDone(cell=a.cell, step=a.step))
 
     def _publish(self, a: PublishWeights) -> None:
         self.trace.optimizer_cells.add(a.cell)

@@ -93,3 +93,33 @@ def test_a_real_runs_fault_cost_replays_its_own_draw_without_and_with_the_faults
     assert r["survived"] and r["makespan_s"] == base
     assert r["cost_s"] == pytest.approx(r["makespan_faults_s"] - base)  # type: ignore[operator]
     assert replay_fault_cost(fixture, parse_faults("cell=0@3s"))["survived"] in (True, False)
+
+
+def test_a_nemesis_kill_that_lands_in_a_reduce_waits_for_its_end():
+    """The chaos nemesis never kills a training cell in the step's reduce (it waits): its
+    replay does the same, where a fault of ``gyre sim --faults`` there stops the run. (The
+    bench's seed 0 of 2026-12-06 got no prediction: its core kill landed in a simulated reduce.)"""
+    from gyre.policy import PolicyError
+    from gyre.sim.config import apply_overrides
+
+    cfg = apply_overrides(preset("seed-toy"), ["costs.optim_h=0.1"])  # a reduce of 6 minutes
+    draw = make_draw(cfg)
+    w = World(cfg, "elastic", draw, record=False)
+    reduces: list[tuple[float, float]] = []
+    finish = w._finish_step
+
+    def on_finish(a):
+        finish(a)
+        reduces.append((w.now, w._reduce_end))
+
+    w._finish_step = on_finish  # type: ignore[method-assign]
+    w.run()
+    start, end = reduces[1]
+    kill = ((0, (start + end) / 2, 1 / 60, 0),)  # the core, mid-reduce of the second step
+    with pytest.raises(PolicyError, match="during the step's reduce"):
+        World(cfg, "elastic", draw, record=False, faults=kill).run()
+    hit = World(cfg, "elastic", draw, record=False, faults=kill, kills_wait_reduce=True)
+    assert hit.run().makespan is not None
+    (lost, back) = hit.faults.log
+    assert lost["cell"] == 0 and abs(lost["lost_h"] - end) < 1e-12, lost
+    assert abs(back["back_h"] - (end + 1 / 60)) < 1e-12
