@@ -65,7 +65,7 @@ class PoolCounters:
     heartbeats: int = 0
     heartbeats_failed: int = 0
     heartbeat_stalls: int = 0  # ticks far later than due (the proxy's loop was blocked)
-    engines_lost: int = 0  # declared lost by the heartbeat
+    engines_lost: int = 0  # declared lost by the heartbeat, or removed as lost (a lost cell)
     engines_back: int = 0  # lost ones that answered again
 
     def as_dict(self) -> dict[str, Any]:

@@ -160,7 +160,15 @@ class EnginePool:
         self.engines[url.rstrip("/")].state = "active"
         self._notify()
 
-    async def remove(self, url: str) -> None:
+    async def remove(self, url: str, lost: str | None = None) -> None:
+        """Out of the pool for good. ``lost``: why the caller knows the engine is dead or hung
+        (a cell's heartbeat): its calls move now, as the engine heartbeat's loss moves them,
+        instead of after aborts it cannot answer (a stopped process holds them until its kill
+        lands: ~5 s for Ray's kill of a SIGSTOPped actor)."""
+        e = self.engines.get(url.rstrip("/"))
+        if lost is not None and e is not None and e.state != "lost":
+            self.counters.moved += len(e.inflight)
+            self.lose(e, lost)
         await self.drain(url)
         e = self.engines.pop(url.rstrip("/"), None)
         if e is not None:

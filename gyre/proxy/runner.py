@@ -216,10 +216,13 @@ class ProxyServer:
     def add_engine(self, engine_url: str) -> None:
         self.call(self.service.pool.add(engine_url))
 
-    def remove_engine(self, engine_url: str, timeout: float | None = None) -> None:
+    def remove_engine(
+        self, engine_url: str, timeout: float | None = None, lost: str | None = None
+    ) -> None:
         """Take an engine out of the pool (drained first: the calls it holds move elsewhere); no
-        call is routed there again."""
-        self.call(self.service.pool.remove(engine_url), timeout)
+        call is routed there again. ``lost``: why it is known dead or hung (its calls move at
+        once, :meth:`gyre.proxy.pool.EnginePool.remove`)."""
+        self.call(self.service.pool.remove(engine_url, lost), timeout)
 
     def __enter__(self) -> ProxyServer:
         return self.start()

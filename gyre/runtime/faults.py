@@ -318,7 +318,8 @@ class CellFaults:
             t0 = time.perf_counter()
             moved0 = cl.proxy.service.pool.counters.moved
             try:
-                await asyncio.to_thread(cl.proxy.remove_engine, url, 30)
+                why = f"cell {cell} {rec['kind']} ({rec['detected_by']})"
+                await asyncio.to_thread(cl.proxy.remove_engine, url, 30, why)
             except Exception:
                 pass
             rec["moved_calls"] = cl.proxy.service.pool.counters.moved - moved0

@@ -178,11 +178,13 @@ def test_rollout_cell_killed_mid_run_is_restarted_and_the_run_finishes(tiny_mode
 
 
 def test_rollout_cell_hung_is_found_by_the_heartbeat(tiny_model_dir, tmp_path):
+    # 8 steps: a 5-step run here (12.5 s) once ended before the hung cell's new actor was up
     s, fault, killer = _run_with(
         tiny_model_dir,
         tmp_path,
         "stop2",
         (2, signal.SIGSTOP, lambda rd: _lines(rd / "executions.jsonl") >= 1),
+        steps=8,
     )
     assert fault["kind"] == "hung" and fault["detected_by"] == "heartbeat"
     assert fault["unix_time"] - killer.at < 2 * 2 + 3  # within 2 x heartbeat_s (+ load)

@@ -164,3 +164,50 @@ async def test_heartbeat_judges_silence_but_not_its_own_loop_stalling():
     for t in (133.0, 134.0):
         hb.tick(t)
     assert pool.counters.engines_lost == 1
+
+
+async def test_removing_an_engine_known_lost_moves_its_calls_without_waiting_on_aborts():
+    """The runtime found a cell hung (SIGSTOP): aborts to its engine are never answered until
+    the kill lands (~5 s for Ray's kill of a stopped actor). Removed as ``lost``, its calls
+    break off at once and count as moved; a plain remove waits on the aborts."""
+    import asyncio
+    import types
+
+    from gyre.proxy.attempts import InFlight
+
+    class _Hung:
+        aborts = 0
+
+        async def abort(self, rid: str) -> None:
+            _Hung.aborts += 1
+            await asyncio.sleep(3600)  # a stopped process: no answer
+
+        async def aclose(self) -> None:
+            pass
+
+    async def close() -> None:
+        pass
+
+    def pool_with_calls() -> tuple[EnginePool, EngineHandle, list]:
+        pool = EnginePool([])
+        seen: list = []
+        pool.listeners.append(seen.append)
+        e = EngineHandle("u1", types.SimpleNamespace(close=close), _Hung(), "e1")  # type: ignore[arg-type]
+        e.inflight = {InFlight(f"r{i}", f"x{i}", e) for i in range(3)}
+        pool.engines = {"u1": e}
+        pool.affinity = {"x0": "u1"}
+        return pool, e, seen
+
+    pool, e, seen = pool_with_calls()
+    await asyncio.wait_for(pool.remove("u1", lost="cell 2 hung (heartbeat)"), 1)
+    assert "u1" not in pool.engines and e.state == "lost" and not pool.affinity
+    assert pool.counters.moved == 3 and _Hung.aborts == 0
+    assert [(ev.kind, ev.why) for ev in seen] == [("lost", "cell 2 hung (heartbeat)")]
+    plain, _, _ = pool_with_calls()
+    try:
+        await asyncio.wait_for(plain.remove("u1"), 0.5)
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("a plain remove did not wait on the hung engine's aborts")
+    assert _Hung.aborts >= 1
