@@ -112,6 +112,8 @@ def doing(
             return f"optimizer step over {(activity or {}).get('cells', 1)} cells"
         if what == "reduce":
             return "reducing gradients with the core"
+        if what == "reduce_check":
+            return "checking the step's cells are alive before the reduce"
         idle = "done" if done else "waiting for a micro-step"
         return idle + (" (engine parked)" if parks_engine else "")
     if publishing is not None:

@@ -393,10 +393,19 @@ class RealWorld:
         k = 0
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
-        if not await self.faults.alive(list(range(k))):
+        records = self.records
+        check = {"what": "reduce_check", "cells": k}  # the ping before the reduce
+        for c in range(k):
+            records.activity[c] = check
+        try:
+            ok = await self.faults.alive(list(range(k)))
+        finally:
+            for c in range(k):
+                if records.activity.get(c) is check:
+                    del records.activity[c]
+        if not ok:
             return  # a participant is lost: the policy voids this FinishStep and goes on
         t0 = self.now()
-        records = self.records
         for c in range(k):
             records.activity[c] = {"what": "optimizer_step" if c == 0 else "reduce", "cells": k}
         try:

@@ -180,3 +180,40 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
     engine["back"], proxy.alive = 30.0, True
     world.faults.down.clear()
     assert n._quiet("rollout_cell") and n._quiet("harness")
+
+
+def test_no_training_cell_is_killed_at_a_steps_end():
+    """A satellite killed after it answered the ping before the reduce is lost in the reduce,
+    which restarts the run's segment (CI: killed 63 ms before the reduce found it): the nemesis
+    leaves training cells alone from that ping to the optimizer step's end."""
+    import random
+
+    from gyre.policy import CellRole
+    from gyre.runtime.chaos import Nemesis
+
+    stand_in = subprocess.Popen(["sleep", "30"])  # what a wrong kill would hit
+    records = Records(cells=3)
+    world = types.SimpleNamespace(
+        K=3,
+        records=records,
+        roles=[CellRole.TRAINING, CellRole.TRAINING, CellRole.ROLLOUT],
+        faults=types.SimpleNamespace(down=set()),
+        cluster=types.SimpleNamespace(placement=[{"pid": stand_in.pid}] * 3),
+    )
+    n = Nemesis.__new__(Nemesis)
+    n.world, n.rng = world, random.Random(0)  # type: ignore[assignment]
+    try:
+        for what in ("reduce_check", "reduce", "optimizer_step"):
+            records.activity = {0: {"what": what}, 1: {"what": what}}
+            for kind in ("satellite", "core"):
+                assert asyncio.run(n._kill(kind)) is None, (what, kind)
+        records.activity = {0: {"what": "micro_step"}}  # mid-step: fair game
+        assert asyncio.run(n._kill("satellite")) == {
+            "cell": 1,
+            "pid": stand_in.pid,
+            "signal": "SIGKILL",
+        }
+        assert stand_in.wait(5) == -9
+    finally:
+        stand_in.kill()
+        stand_in.wait()
