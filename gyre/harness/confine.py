@@ -17,6 +17,9 @@ only, so it starts fast and needs nothing but the interpreter.
   counts processes per (namespace, user): it bounds this sandbox alone, not
   every sandbox of the same host uid. Hard limit too, so it cannot be raised.
 - ``--fsize``: RLIMIT_FSIZE, the largest file the harness can write.
+- ``--env-fd N``: the program's environment, ``KEY=VALUE\\0`` entries in an inherited fd
+  (:func:`gyre.harness.sandbox.env_memfd`), read here, inside the sandbox; the host-side
+  ``bwrap`` never had it in its own environment, so nothing in it steered a host process.
 - every inherited file descriptor above 2 is closed (the namespace fd bwrap was
   given must not reach the harness), and no_new_privs is set, so no setuid
   program can give anything back.
@@ -51,12 +54,26 @@ def drop_to(uid: int, gid: int, own: list[str]) -> None:
     os.setresuid(uid, uid, uid)
 
 
+def read_env(fd: int) -> dict[str, str]:
+    """The environment written by ``env_memfd`` into ``fd``."""
+    chunks = []
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    env = {}
+    for entry in b"".join(chunks).split(b"\0"):
+        k, sep, v = entry.partition(b"=")
+        if sep:
+            env[os.fsdecode(k)] = os.fsdecode(v)
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args:
         print(
             "usage: confine.py [--uid N --gid N] [--own PATH]... "
-            "[--nproc N] [--fsize BYTES] -- CMD...",
+            "[--nproc N] [--fsize BYTES] [--env-fd N] -- CMD...",
             file=sys.stderr,
         )
         return 2
@@ -69,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             own.append(v)
         else:
             o[k] = v
+    env = read_env(int(o["--env-fd"])) if "--env-fd" in o else dict(os.environ)
     os.closerange(3, 1 << 16)
     if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         print("confine: cannot set no_new_privs", file=sys.stderr)
@@ -84,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         return 0
     try:
-        os.execvp(cmd[0], cmd)
+        os.execvpe(cmd[0], cmd, env)
     except OSError as e:
         print(f"confine: cannot start {cmd[0]!r}: {e}", file=sys.stderr)
         return 127

@@ -360,7 +360,7 @@ class HarnessExecutor:
                 max_log_bytes=cfg.max_log_bytes,
                 kill_grace_s=cfg.kill_grace_s,
                 on_start=started,
-                pass_fds=() if launch.userns_fd is None else (launch.userns_fd,),
+                pass_fds=tuple(fd for fd in (launch.userns_fd, launch.env_fd) if fd is not None),
                 abort=launch.watcher,
             )
         except OSError as e:

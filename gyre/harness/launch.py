@@ -25,7 +25,7 @@ from .execution import ExecutionSpec, HarnessRun, HarnessStop, Timings
 from .forwarder import UnixForwarder
 from .hostguard import GYRE_ROOT, strip_modes, task_paths
 from .quota import watch_tree
-from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv
+from .sandbox import SANDBOX_HOME, Confinement, bwrap_argv, bwrap_env, env_memfd
 from .userns import chown_tree, make_userns
 
 
@@ -75,6 +75,7 @@ class Launch:
     forwarder: UnixForwarder | None = None
     sock_dir: Path | None = None
     userns_fd: int | None = None
+    env_fd: int | None = None  # the harness's environment, read inside (sandbox.env_memfd)
     watcher: asyncio.Task | None = None
 
 
@@ -108,6 +109,20 @@ async def sandbox(
         argv = _bridged(cfg, launch, argv)
         assert launch.sock_dir is not None
         ro_binds.append(launch.sock_dir)  # connect() needs no write access to the mount
+    env = launch.env
+    env["HOME"] = SANDBOX_HOME
+    # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
+    # inside must import that one (`python -m gyre.harness.reference_agent`), not the
+    # one a venv's editable install names (which the sandbox does not show).
+    env.setdefault("PYTHONPATH", GYRE_ROOT)
+    # The harness's environment reaches only the sandbox (confine.py reads it), never the
+    # host-side bwrap process (gyre.harness.sandbox, "Environment").
+    try:
+        launch.env_fd = env_memfd(env)
+    except OSError as e:
+        _close_setup(launch)
+        raise Abort(MissingReason.infra_error, f"sandbox setup failed: {e}") from None
+    launch.env = bwrap_env()
     # Off the loop: resolving the mounts stats hundreds of paths (~25 ms per call).
     try:
         launch.argv = await asyncio.to_thread(
@@ -126,24 +141,26 @@ async def sandbox(
             unshare_net=launch.bridge is not None,
             confine=confine,
             userns_fd=launch.userns_fd,
+            env_fd=launch.env_fd,
         )
     except BaseException:  # cancelled or failed before the harness step owns these
-        if launch.userns_fd is not None:
-            os.close(launch.userns_fd)
-        if launch.sock_dir is not None:
-            shutil.rmtree(launch.sock_dir, ignore_errors=True)
+        _close_setup(launch)
         raise
-    env = launch.env
-    env["HOME"] = SANDBOX_HOME
-    # The sandbox binds this process's own gyre package (sandbox.tool_paths); a Python
-    # inside must import that one (`python -m gyre.harness.reference_agent`), not the
-    # one a venv's editable install names (which the sandbox does not show).
-    env.setdefault("PYTHONPATH", GYRE_ROOT)
     if sb.max_workspace_bytes or sb.max_workspace_files:
         limit = sb.max_workspace_bytes or 1 << 62
         launch.watcher = asyncio.ensure_future(
             watch_tree(x.ws, limit, sb.disk_check_s, sb.max_workspace_files)
         )
+
+
+def _close_setup(launch: Launch) -> None:
+    """What :func:`sandbox` opened, when it fails before the harness step owns it."""
+    for fd in (launch.userns_fd, launch.env_fd):
+        if fd is not None:
+            os.close(fd)
+    launch.userns_fd = launch.env_fd = None
+    if launch.sock_dir is not None:
+        shutil.rmtree(launch.sock_dir, ignore_errors=True)
 
 
 def _bridged(cfg: ExecutorConfig, launch: Launch, argv: list[str]) -> list[str]:
@@ -176,8 +193,10 @@ async def undo_sandbox(x: Exec, launch: Launch) -> None:
     """Once the harness stopped: the watcher, user namespace, bridge, and modes it left."""
     if launch.watcher is not None:
         launch.watcher.cancel()
-    if launch.userns_fd is not None:
-        os.close(launch.userns_fd)
+    for fd in (launch.userns_fd, launch.env_fd):
+        if fd is not None:
+            os.close(fd)
+    launch.userns_fd = launch.env_fd = None
     if launch.forwarder is not None:
         await launch.forwarder.stop()
     if launch.sock_dir is not None:

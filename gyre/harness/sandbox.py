@@ -33,6 +33,12 @@ sized tmpfs for ``/tmp``, ``$HOME`` and ``/dev/shm``; the workspace's total
 size and entry count are watched by the executor (``SandboxConfig.max_workspace_bytes``,
 ``max_workspace_files``, :mod:`gyre.harness.quota`).
 
+Environment: the program's environment never reaches the host-side ``bwrap`` process, which
+runs before any namespace exists (a task's ``LD_PRELOAD`` would load its own code there, on the
+host). It is written to a memfd (:func:`env_memfd`) that ``confine.py`` reads inside the sandbox
+and hands to the program (``--env-fd``); bwrap itself runs with :func:`bwrap_env` alone. Not in
+bwrap's argv either: another local user can read a command line, not an environment.
+
 Network: private pid, ipc, uts and cgroup namespaces always; with
 ``unshare_net`` its own network namespace too (only its own loopback: no host
 port, no abstract unix socket) -- the executor bridges the proxy in
@@ -65,6 +71,27 @@ class Confinement:
     max_file_bytes: int = 2 << 30  # RLIMIT_FSIZE
     tmpfs_bytes: int = 1 << 30  # size of the /tmp and $HOME tmpfs, each
     python: str = sys.executable  # runs gyre.harness.confine inside
+
+
+def bwrap_env() -> dict[str, str]:
+    """The whole environment of the host-side ``bwrap`` process: the launcher's ``PATH``."""
+    return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
+
+
+def env_memfd(env: dict[str, str]) -> int:
+    """A memfd holding ``env`` as ``KEY=VALUE\\0`` entries, for ``confine.py --env-fd``.
+
+    Close-on-exec: only a child given it in ``pass_fds`` inherits it; the caller closes it."""
+    fd = os.memfd_create("gyre-env", os.MFD_CLOEXEC)
+    data = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def bwrap_available(bwrap: str = "bwrap") -> str | None:
@@ -260,10 +287,16 @@ def _namespaces(confine: Confinement, userns_fd: int | None, unshare_net: bool) 
 
 
 def _confined(
-    command: list[str], confine: Confinement, userns_fd: int | None, home: str
+    command: list[str],
+    confine: Confinement,
+    userns_fd: int | None,
+    home: str,
+    env_fd: int | None,
 ) -> list[str]:
     # By file, isolated and without site: confine is stdlib only and starts before every harness.
     argv = [confine.python, "-S", "-I", str(Path(__file__).with_name("confine.py"))]
+    if env_fd is not None:
+        argv += ["--env-fd", str(env_fd)]
     if userns_fd is not None:
         argv += ["--uid", str(confine.uid), "--gid", str(confine.gid)]
         argv += ["--own", "/tmp", "--own", home]
@@ -282,6 +315,7 @@ def _sandbox(
     confine: Confinement,
     userns_fd: int | None,
     bwrap: str,
+    env_fd: int | None,
 ) -> list[str]:
     size = ["--size", str(confine.tmpfs_bytes)]
     argv = [bwrap, *_namespaces(confine, userns_fd, unshare_net), *_system_root()]
@@ -294,7 +328,7 @@ def _sandbox(
     mounts += binds
     argv += _mount_dirs(mounts) + mounts
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", chdir, "--"]
-    return argv + _confined(command, confine, userns_fd, home)
+    return argv + _confined(command, confine, userns_fd, home, env_fd)
 
 
 def bwrap_argv(
@@ -309,12 +343,15 @@ def bwrap_argv(
     bwrap: str = "bwrap",
     confine: Confinement | None = None,
     userns_fd: int | None = None,
+    env_fd: int | None = None,
 ) -> list[str]:
     """The bwrap argv that runs ``command`` with ``workspace`` as its writable cwd.
 
     ``userns_fd`` (root only, from :func:`gyre.harness.userns.make_userns`)
     must be passed to the child (``pass_fds``); without it bwrap makes the user
-    namespace itself, which as root maps the sandbox onto host uid 0.
+    namespace itself, which as root maps the sandbox onto host uid 0. ``env_fd``
+    (:func:`env_memfd`, passed likewise): the program's environment, while bwrap
+    itself runs with :func:`bwrap_env`.
     """
     ws = Path(workspace).resolve()
     binds: list[str] = []
@@ -335,6 +372,7 @@ def bwrap_argv(
         confine=confine or Confinement(),
         userns_fd=userns_fd,
         bwrap=bwrap,
+        env_fd=env_fd,
     )
 
 
@@ -352,6 +390,7 @@ def harbor_verifier_argv(
     bwrap: str = "bwrap",
     confine: Confinement | None = None,
     userns_fd: int | None = None,
+    env_fd: int | None = None,
 ) -> list[str]:
     """bwrap argv for a verifier with Harbor's paths: the workspace copy at ``/app``, the
     tests at ``/tests``, the result folder at ``/logs/verifier``; no network.
@@ -380,4 +419,5 @@ def harbor_verifier_argv(
         confine=confine or Confinement(),
         userns_fd=userns_fd,
         bwrap=bwrap,
+        env_fd=env_fd,
     )

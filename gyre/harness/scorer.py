@@ -56,7 +56,15 @@ from .process import run_process
 from .results import RESULT_FILES, ResultError, read_result
 from .safe_read import open_dir, printable
 from .safecopy import CopyLimits, WorkspaceRefused, copy_workspace, remove_tree
-from .sandbox import HARBOR_APP, HARBOR_LOGS, HARBOR_TESTS, Confinement, harbor_verifier_argv
+from .sandbox import (
+    HARBOR_APP,
+    HARBOR_LOGS,
+    HARBOR_TESTS,
+    Confinement,
+    bwrap_env,
+    env_memfd,
+    harbor_verifier_argv,
+)
 from .task import Task
 from .userns import chown_tree, make_userns
 
@@ -218,6 +226,7 @@ class Scorer:
         }
         argv = ["bash", str(tests / "test.sh")]
         userns_fd: int | None = None
+        env_fd: int | None = None
         sandboxed = bool(self._bwrap and self.config.sandbox)
         if not sandboxed:
             # Unsandboxed, /app, /tests and /logs are the host's own: a Harbor verifier would
@@ -242,6 +251,20 @@ class Scorer:
                     )
             # Harbor's paths too: /app (workspace copy), /tests, /logs/verifier; no network.
             assert self._bwrap  # sandboxed
+            env.update(
+                GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS
+            )
+            # The verifier's environment (the task's [verifier.env] among it) reaches only the
+            # sandbox, never the host-side bwrap process (gyre.harness.sandbox, "Environment").
+            try:
+                env_fd = env_memfd(env)
+            except OSError as e:
+                if userns_fd is not None:
+                    os.close(userns_fd)
+                return Missing(
+                    reason=MissingReason.infra_error, detail=f"sandbox setup failed: {e}"
+                )
+            env = bwrap_env()
             # Off the loop: resolving the mounts stats hundreds of paths (~25 ms per call).
             try:
                 argv = await asyncio.to_thread(
@@ -255,25 +278,22 @@ class Scorer:
                     bwrap=self._bwrap,
                     confine=self._confine,
                     userns_fd=userns_fd,
+                    env_fd=env_fd,
                 )
             except BaseException:  # cancelled or failed before the try below owns these
-                if userns_fd is not None:
-                    os.close(userns_fd)
+                _close(userns_fd, env_fd)
                 raise
-            env.update(
-                GYRE_WORKSPACE=HARBOR_APP, GYRE_TESTS_DIR=HARBOR_TESTS, GYRE_REWARD_DIR=HARBOR_LOGS
-            )
         # The reward folder as it is now: whatever the verifier does to its path, the result
         # is read from this folder, by name, without following a link (gyre.harness.safe_read).
         try:
             reward_fd = open_dir(reward_dir)
         except OSError as e:
-            if userns_fd is not None:
-                os.close(userns_fd)
+            _close(userns_fd, env_fd)
             return Missing(reason=MissingReason.infra_error, detail=f"reward folder: {e}")
         try:
+            fds = tuple(fd for fd in (userns_fd, env_fd) if fd is not None)
             return await self._verify(
-                task, argv, ws, env, scratch, budget, cut, userns_fd, reward_fd, prepared
+                task, argv, ws, env, scratch, budget, cut, fds, reward_fd, prepared
             )
         finally:
             os.close(reward_fd)
@@ -287,11 +307,12 @@ class Scorer:
         scratch: Path,
         budget: float,
         cut: bool,
-        userns_fd: int | None,
+        fds: tuple[int, ...],
         reward_fd: int,
         note: str,
     ) -> Scored | Missing:
-        """Run the verifier; its result file, checked, becomes the assessment."""
+        """Run the verifier; its result file, checked, becomes the assessment. ``fds``: the
+        sandbox's user namespace and environment, passed to it and closed here."""
         logs = (
             scratch.parent / f"{scratch.name}.verifier.stdout",
             scratch.parent / (f"{scratch.name}.verifier.stderr"),
@@ -305,15 +326,14 @@ class Scorer:
                 stderr_path=logs[1],
                 timeout_s=budget,
                 max_log_bytes=self.config.max_log_bytes,
-                pass_fds=() if userns_fd is None else (userns_fd,),
+                pass_fds=fds,
             )
         except OSError as e:
             return Missing(
                 reason=MissingReason.evaluator_error, detail=f"could not start the verifier: {e}"
             )
         finally:
-            if userns_fd is not None:
-                os.close(userns_fd)
+            _close(*fds)
         if res.stop == "timeout" and cut:  # the caller's budget, shorter than the verifier's own
             return Missing(
                 reason=MissingReason.overall_timeout,
@@ -349,6 +369,12 @@ class Scorer:
             total=found.total,
             detail=f"from {found.source}; verifier exit status {res.exit_code}{note}",
         )
+
+
+def _close(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def _present(dir_fd: int, but: str) -> list[str]:

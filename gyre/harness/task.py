@@ -73,6 +73,64 @@ def _positive(value: Any, where: str) -> float:
     return v
 
 
+# Variables that steer the dynamic loader, a shell or an interpreter before the verifier's own
+# code runs: a task set is not trusted to set them (docs/harness.md, "What Gyre trusts").
+_ENV_REFUSED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "PERL", "RUBY", "NODE_", "GLIBC_", "MALLOC_")
+_ENV_REFUSED = frozenset(
+    {
+        "PATH",
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "IFS",
+        "PS4",
+        "CDPATH",
+        "GLOBIGNORE",
+        "GCONV_PATH",
+        "LOCPATH",
+        "NLSPATH",
+        "HOSTALIASES",
+        "RESOLV_HOST_CONF",
+        "TMPDIR",
+        "HOME",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+    }
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_name_refused(name: str) -> str | None:
+    """Why ``name`` may not be set by a task (None: it may); pure."""
+    if not _ENV_NAME.match(name):
+        return "is not a variable name (letters, digits and _, not starting with a digit)"
+    up = name.upper()
+    if up in _ENV_REFUSED or up.startswith(_ENV_REFUSED_PREFIXES) or up.startswith("GYRE_"):
+        return "steers the loader, the shell or an interpreter (or Gyre's own contract)"
+    return None
+
+
+def _verifier_env(root: Path, env: Any) -> dict[str, str]:
+    """``[verifier].env``, checked: plain names, scalar values without NUL, nothing that steers
+    the loader or an interpreter (``LD_PRELOAD`` would load the task's code on the host)."""
+    if not isinstance(env, dict):
+        raise TaskError(f"task {root.name}: [verifier].env must be a table of strings")
+    out: dict[str, str] = {}
+    for k, v in env.items():
+        where = f"task {root.name}: [verifier].env key {k!r}"
+        why = env_name_refused(k)
+        if why is not None:
+            raise TaskError(f"{where} {why}; refused")
+        if not isinstance(v, (str, int, float)):  # a table, an array or a date
+            raise TaskError(f"{where} must be a string or number, got {type(v).__name__}")
+        if "\0" in str(v):
+            raise TaskError(f"{where}: its value holds a NUL byte")
+        out[k] = str(v)
+    return out
+
+
 # The parts of a task that are read or copied; none may link out of the task folder.
 _TASK_PARTS = (
     "instruction.md",
@@ -122,9 +180,7 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
             raise TaskError(f"task {root.name}: [{name}] in task.toml must be a table")
     harness_timeout, verifier_timeout, overall_timeout = _timeouts(root, agent, verifier, gyre)
     rule, result = _scoring(root, gyre)
-    env = verifier.get("env", {}) or {}
-    if not isinstance(env, dict):
-        raise TaskError(f"task {root.name}: [verifier].env must be a table of strings")
+    env = _verifier_env(root, verifier.get("env", {}) or {})
     repo, skip = _repository(root, gyre)
     tests = root / "tests"
     if not (tests / "test.sh").is_file():
@@ -142,7 +198,7 @@ def load_task(path: str | Path, hidden_root: Path | None = None) -> Task:
         harness_timeout_s=harness_timeout,
         verifier_timeout_s=verifier_timeout,
         overall_timeout_s=overall_timeout,
-        verifier_env={str(k): str(v) for k, v in env.items()},
+        verifier_env=env,
         hidden_root=hidden_root,
         metadata=dict(conf.get("metadata", {}) or {}),
         skip_files=skip,

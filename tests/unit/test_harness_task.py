@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -170,3 +171,43 @@ def test_builtin_tasksets_load():
         assert not any(p.name.endswith("_hidden.py") for p in t.repository.iterdir())
     quick = load_taskset("quickstart")
     assert len(quick) >= 4 and all(t.reward_rule == "fraction" for t in quick)
+
+
+def _with_verifier(tmp_path: Path, verifier: str) -> Path:
+    return write_task(tmp_path, f'version = "1.0"\n[verifier]\ntimeout_sec = 5.0\n{verifier}\n')
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ('LD_PRELOAD = "../tests/probe.so"', "'LD_PRELOAD' steers the loader"),
+        ('LD_LIBRARY_PATH = "."', "'LD_LIBRARY_PATH' steers the loader"),
+        ('PYTHONPATH = "."', "'PYTHONPATH' steers"),
+        ('PYTHONSTARTUP = "x.py"', "'PYTHONSTARTUP' steers"),
+        ('PYTHONHOME = "/x"', "'PYTHONHOME' steers"),
+        ('BASH_ENV = "x.sh"', "'BASH_ENV' steers"),
+        ('ENV = "x.sh"', "'ENV' steers"),
+        ('PATH = "."', "'PATH' steers"),
+        ('GCONV_PATH = "."', "'GCONV_PATH' steers"),
+        ('PERL5OPT = "-Mx"', "'PERL5OPT' steers"),
+        ('NODE_OPTIONS = "--require x"', "'NODE_OPTIONS' steers"),
+        ('GYRE_REWARD_DIR = "/tmp"', "'GYRE_REWARD_DIR' steers"),
+        ('"A=B" = "c"', "'A=B' is not a variable name"),
+        ('"" = "c"', "'' is not a variable name"),
+        ('"A\\u0000B" = "c"', "is not a variable name"),
+        ('FOO = "a\\u0000b"', "'FOO': its value holds a NUL byte"),
+        ("FOO = { x = 1 }", "'FOO' must be a string or number, got dict"),
+        ("FOO = [1, 2]", "'FOO' must be a string or number, got list"),
+    ],
+)
+def test_verifier_env_that_steers_the_host_or_cannot_be_set_is_refused(tmp_path, env, message):
+    """Refused at load, one line naming the key (issue 37: 1 and 8), not at every execution."""
+    d = _with_verifier(tmp_path, f"[verifier.env]\n{env}")
+    with pytest.raises(TaskError, match=re.escape(message)) as e:
+        load_task(d)
+    assert "\n" not in str(e.value) and str(e.value).startswith("task task: [verifier].env key")
+
+
+def test_plain_verifier_env_loads(tmp_path):
+    d = _with_verifier(tmp_path, '[verifier.env]\nFOO = "bar"\nN = 3\nLEVEL_2 = "x=y"')
+    assert load_task(d).verifier_env == {"FOO": "bar", "N": "3", "LEVEL_2": "x=y"}
