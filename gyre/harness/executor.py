@@ -44,7 +44,7 @@ from .hostguard import (
     private_dir,
     working_bwrap,
 )
-from .launch import Abort, Exec, Launch, sandbox, undo_sandbox
+from .launch import Abort, Exec, Launch, open_bridge, sandbox, undo_sandbox
 from .model_calls import CALLS_FILE_NAME, CallsVerdict, ModelCalls, decide, read_calls_file
 from .process import ProcessResult, run_process
 from .profiles import ProfileError
@@ -348,8 +348,7 @@ class HarnessExecutor:
             if launch.forwarder is not None:
                 await launch.forwarder.start()
                 if os.geteuid() == 0 and launch.sock_dir is not None:
-                    for p in (launch.sock_dir, launch.sock_dir / "p.sock"):
-                        os.chown(p, sb.uid, sb.gid)
+                    open_bridge(launch.sock_dir, sb.gid)
             pres = await run_process(
                 launch.argv,
                 cwd=x.ws,

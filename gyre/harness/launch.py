@@ -189,6 +189,21 @@ def _bridged(cfg: ExecutorConfig, launch: Launch, argv: list[str]) -> list[str]:
     ]
 
 
+def open_bridge(sock_dir: Path, gid: int) -> None:
+    """Let the sandbox user connect to the bridge socket, and nothing more (root launcher).
+
+    The folder stays the launcher's, mode 0711: the sandbox uid may pass through it but not
+    list, rename, unlink or create in it, so no host process of that uid (another sandbox's,
+    a ``nobody`` daemon's) can move the socket aside and listen in its place, reading the
+    execution's bearer key and forging its model's answers. The socket is the launcher's
+    too, group ``gid``, mode 0660: connect() needs write access to it, nothing else does.
+    The folder is opened last (mkdtemp made it 0700): no one reaches the socket before."""
+    sock = sock_dir / "p.sock"
+    os.chown(sock, os.geteuid(), gid)
+    os.chmod(sock, 0o660)
+    os.chmod(sock_dir, 0o711)
+
+
 async def undo_sandbox(x: Exec, launch: Launch) -> None:
     """Once the harness stopped: the watcher, user namespace, bridge, and modes it left."""
     if launch.watcher is not None:
