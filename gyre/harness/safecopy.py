@@ -11,6 +11,8 @@ verifier's budget), set-id files (copied with their mode bits, as root).
 - **skips** FIFOs, sockets and device nodes (they are not content; the report
   lists them);
 - drops set-uid, set-gid and sticky bits (mode ``& 0o777``);
+- keeps a file's holes as holes (``SEEK_DATA``/``SEEK_HOLE``), so the copy takes no more
+  disk than the workspace did under its quota (which counts allocated blocks);
 - stops at ``max_files`` entries, ``max_bytes`` of file data or ``max_depth``
   levels with :class:`WorkspaceRefused`, as it does for an entry it cannot
   read: the workspace's own doing, which the scorer turns into a zero.
@@ -132,25 +134,50 @@ def _copy_file(src: Path, dst: Path, st: os.stat_result, root: Path) -> None:
             dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         try:
-            left = st.st_size  # never more than the size counted against the limit
-            while left > 0:
-                try:
-                    n = os.sendfile(fo, fi, None, min(left, 1 << 30))
-                except OSError as e:
-                    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # the host's disk
-                        raise
-                    raise WorkspaceRefused(
-                        f"{_rel(src, root)}: cannot be read ({e.strerror})"
-                    ) from None
-                if n == 0:
-                    break
-                left -= n
+            try:
+                _copy_data(fi, fo, st.st_size)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # the host's disk
+                    raise
+                raise WorkspaceRefused(
+                    f"{_rel(src, root)}: cannot be read ({e.strerror})"
+                ) from None
             os.fchmod(fo, stat.S_IMODE(st.st_mode) & 0o777)
             os.utime(fo, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fo)
     finally:
         os.close(fi)
+
+
+def _copy_data(fi: int, fo: int, size: int) -> None:
+    """The first ``size`` bytes of ``fi`` into the new file ``fo``, holes kept as holes.
+
+    Only the data segments (``SEEK_DATA``/``SEEK_HOLE``) are written; the size is set at
+    the end. Written densely, a workspace of 2 x 64 MiB of holes (0 bytes under the
+    workspace quota, which counts allocated blocks) took 128 MiB of the host's disk in
+    its scoring copy. ``size`` (counted against the copy's limit) bounds what is read."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fi, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # only a hole from here on
+                break
+            raise
+        if start >= size:
+            break
+        end = min(os.lseek(fi, start, os.SEEK_HOLE), size)
+        os.lseek(fo, start, os.SEEK_SET)
+        while start < end:
+            n = os.sendfile(fo, fi, start, min(end - start, 1 << 30))
+            if n == 0:  # the file shrank under us
+                break
+            start += n
+        if start < end:
+            break
+        pos = end
+    os.ftruncate(fo, size)
 
 
 def remove_tree(path: str | Path) -> int:

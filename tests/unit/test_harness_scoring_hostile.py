@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -185,6 +186,49 @@ def test_copy_skips_specials_strips_setid_and_keeps_links(tmp_path):
     assert rep.skipped == ["fifo"] and rep.files == 4
     assert os.stat(tmp_path / "dst" / "sub" / "tool").st_mode & 0o7777 == 0o755
     assert os.readlink(tmp_path / "dst" / "shadow") == "/etc/shadow"  # a link, not its target
+
+
+def _blocks(root: Path) -> int:
+    return sum(os.lstat(p).st_blocks * 512 for p in root.rglob("*"))
+
+
+def test_copy_keeps_holes_as_holes(tmp_path):
+    """Issue 37, finding 6: 2 x 64 MiB of holes take nothing under the workspace quota (which
+    counts allocated blocks); the scoring copy wrote them out, 128 MiB of the host's disk."""
+    src = tmp_path / "src"
+    src.mkdir()
+    mib = 1 << 20
+    for name in ("a", "b"):
+        with open(src / name, "wb") as f:
+            f.truncate(64 * mib)
+    with open(src / "b", "r+b") as f:  # data between holes, and at the very end
+        f.seek(10 * mib)
+        f.write(b"middle")
+        f.seek(64 * mib - 3)
+        f.write(b"end")
+    if _blocks(src) > mib:
+        pytest.skip("this filesystem does not keep holes")
+    copy_workspace(src, tmp_path / "dst")
+    dst = tmp_path / "dst"
+    assert _blocks(dst) <= mib, f"{_blocks(dst)} bytes on disk for {_blocks(src)} in the workspace"
+    for name in ("a", "b"):
+        assert os.path.getsize(dst / name) == 64 * mib
+        with open(src / name, "rb") as f, open(dst / name, "rb") as g:
+            while chunk := f.read(4 * mib):
+                assert g.read(4 * mib) == chunk
+            assert g.read(1) == b""
+        assert os.stat(dst / name).st_mode & 0o777 == os.stat(src / name).st_mode & 0o777
+
+
+def test_copy_of_a_dense_file_and_an_empty_one(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(3 << 20)
+    (src / "dense").write_bytes(data)
+    (src / "empty").write_bytes(b"")
+    copy_workspace(src, tmp_path / "dst")
+    assert (tmp_path / "dst" / "dense").read_bytes() == data
+    assert (tmp_path / "dst" / "empty").read_bytes() == b""
 
 
 @pytest.mark.parametrize(
