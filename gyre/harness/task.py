@@ -63,13 +63,22 @@ class Task:
         return self.hidden_root or self.root
 
 
+# The longest timeout a task may ask for: a week. Past it (1e308) a deadline is no deadline,
+# and ``time.monotonic() + t`` stops being a time at all.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 def _positive(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise TaskError(f"{where} must be a number of seconds, got {value!r}")
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TaskError(f"{where} must be a number, got {value!r}") from None
     if not (v > 0 and math.isfinite(v)):
         raise TaskError(f"{where} must be > 0 and finite, got {v}")
+    if v > MAX_TIMEOUT_S:
+        raise TaskError(f"{where} must be at most {MAX_TIMEOUT_S:.0f} s (7 days), got {v:g}")
     return v
 
 

@@ -211,3 +211,15 @@ def test_verifier_env_that_steers_the_host_or_cannot_be_set_is_refused(tmp_path,
 def test_plain_verifier_env_loads(tmp_path):
     d = _with_verifier(tmp_path, '[verifier.env]\nFOO = "bar"\nN = 3\nLEVEL_2 = "x=y"')
     assert load_task(d).verifier_env == {"FOO": "bar", "N": "3", "LEVEL_2": "x=y"}
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan", "604801", "0", "-1", "true"])
+def test_timeouts_past_a_week_or_not_finite_are_refused(tmp_path, value):
+    d = write_task(tmp_path, f'version = "1.0"\n[agent]\ntimeout_sec = {value}\n')
+    with pytest.raises(TaskError, match=r"\[agent\]\.timeout_sec must be"):
+        load_task(d)
+
+
+def test_a_week_is_the_longest_timeout(tmp_path):
+    d = write_task(tmp_path, 'version = "1.0"\n[verifier]\ntimeout_sec = 604800\n')
+    assert load_task(d).verifier_timeout_s == 604800.0
