@@ -19,6 +19,7 @@ from gyre.cli_errors import (
     require_http_url,
     user_errors,
 )
+from gyre.textsafe import printable
 
 if TYPE_CHECKING:
     from .config import ExecutorConfig
@@ -97,9 +98,9 @@ def run(
         task = load_task(task_dir)
         prof = load_profile(profile)
     except (TaskError, ProfileError) as e:
-        fail("harness run", error_line(e))
+        fail("harness run", printable(error_line(e)))
     except OSError as e:
-        fail("harness run", f"{e.filename or task_dir}: {e.strerror or e}")
+        fail("harness run", printable(f"{e.filename or task_dir}: {e.strerror or e}"))
     with user_errors("harness run"):
         require_http_url(base_url, "--base-url")
         if workspace_root is not None:
@@ -190,16 +191,20 @@ def tasks(
     try:
         loaded = load_taskset(taskset)
     except TaskError as e:  # one line per bad task: show the first, count the rest
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        lines = [printable(ln.strip()) for ln in str(e).splitlines() if ln.strip()]
         more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
         fail("harness tasks", " ".join(lines[:2]) + more)
     except OSError as e:
-        fail("harness tasks", f"{e.filename or taskset}: {e.strerror or e}")
-    width = max([len("task"), *(len(t.name) for t in loaded)])
+        fail("harness tasks", printable(f"{e.filename or taskset}: {e.strerror or e}"))
+    # Folder names are the task set's, printed as visible escapes: an OSC "set title" or a
+    # cursor move in a name must not reach the terminal (gyre.textsafe).
+    names = [printable(t.name) for t in loaded]
+    width = max([len("task"), *(len(n) for n in names)])
     typer.echo(f"{'task':{width}s}  {'reward':8s}  {'harness timeout':>15s}  folder")
-    for t in loaded:
+    for t, name in zip(loaded, names):
         typer.echo(
-            f"{t.name:{width}s}  {t.reward_rule:8s}  {t.harness_timeout_s:>14.0f}s  {t.root}"
+            f"{name:{width}s}  {t.reward_rule:8s}  {t.harness_timeout_s:>14.0f}s  "
+            f"{printable(str(t.root))}"
         )
 
 

@@ -88,3 +88,25 @@ def test_tasks_and_profiles_listing():
     assert r.exit_code == 0 and len(r.output.strip().splitlines()) >= 10
     r = runner.invoke(app, ["profiles"])
     assert r.exit_code == 0 and "claude-code" in r.output and "mini-swe-agent" in r.output
+
+
+TITLE = "\x1b]0;pwned\x07"  # OSC "set window title"
+
+
+def test_tasks_prints_hostile_folder_names_as_visible_escapes(tmp_path):
+    """Issue 37, finding 8: a task set's folder names reached the terminal raw."""
+    import shutil
+
+    src = builtin_tasksets_dir() / "pyfix"
+    first = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    shutil.copytree(first[0], tmp_path / "set" / f"ok{TITLE}\x1b[2J")
+    r = runner.invoke(app, ["tasks", str(tmp_path / "set")])
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output
+    assert "ok\\x1b]0;pwned\\x07\\x1b[2J" in r.output
+    # A bad task's name in the one-line error, likewise.
+    bad = tmp_path / "set" / f"bad{TITLE}"
+    bad.mkdir()
+    r = runner.invoke(app, ["tasks", str(tmp_path / "set")])
+    assert r.exit_code != 0 and "bad\\x1b]0;pwned\\x07" in r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output
