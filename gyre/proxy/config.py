@@ -143,6 +143,12 @@ class ProxyConfig(PoolConfig):
         "images included), so no real request comes near it, while one refused body costs the "
         "proxy a few times its size at most.",
     )
+    max_tools: int = Field(
+        512,
+        ge=1,
+        description="Most tools one request may define (400 above): every tool is rendered into "
+        "the prompt; agents offer tens.",
+    )
     fsync: bool = Field(
         True, description="fsync each trace record before answering (no call lost on a crash)."
     )

@@ -104,6 +104,10 @@ class Renderer:
         ) as e:  # jinja TemplateError, raise_exception(), type errors in the template
             raise RenderError(f"chat template failed: {type(e).__name__}: {e}") from e
 
+    def text_for_probe(self, messages: list[Message], tools: list[dict] | None) -> str:
+        """What :func:`gyre.proxy.rendered.probe` renders with: a prompt as sent to the model."""
+        return self.text(messages, tools, add_generation_prompt=True)
+
     def encode(self, text: str) -> list[int]:
         # Chat-template output carries its own special tokens: never add BOS/EOS again.
         return self.tok.encode(text, add_special_tokens=False)
