@@ -171,6 +171,15 @@ class ProxyConfig(PoolConfig):
         description="Execution states (bridge cache, recent bodies) kept in memory; the least "
         "recently used idle one is dropped above this (its next call is rendered in full).",
     )
+    max_held_body_bytes: int = Field(
+        512 << 20,
+        ge=0,
+        description="Request bodies and raw messages the execution states keep in all, to parse "
+        "the next body incrementally and compare histories cheaply (continuation itself needs "
+        "only token ids); past it the least recently used executions drop theirs (same tokens, "
+        "more CPU for their next call). 512 MiB: the newest body of ~128 executions at 500K "
+        "tokens of context.",
+    )
     execution_idle_s: float = Field(
         600.0, description="An execution unused this long has its state dropped, trace closed."
     )

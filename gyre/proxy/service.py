@@ -159,6 +159,9 @@ class ProxyService:
         except ApiError:
             ex.bodies.discard(body)
             raise
+        finally:
+            self.executions.account(ex)  # the parser may keep this body: within the budget
+        call.body_bytes = len(body)
         return ex, body, call
 
     def _check_tool_count(self, data: Any) -> None:
@@ -392,6 +395,7 @@ class ProxyService:
         finally:
             ex.active -= 1
             ex.last_used = time.monotonic()
+            self.executions.account(ex)  # its call's raw messages and retry entry are kept
 
     # -- other routes ----------------------------------------------------------------------------
     async def count_tokens(self, request: Request) -> Response:
@@ -423,6 +427,7 @@ class ProxyService:
             "counters": self.counters.as_dict(),
             "pool": {"counters": self.pool.counters.as_dict(), "engines": self.pool.status()},
             "executions": len(self.executions),
+            "held_body_bytes": self.executions.held_bytes,
             "open_trace_files": self.writer.open_files,
         }
 
