@@ -143,6 +143,13 @@ class ProxyConfig(PoolConfig):
         "images included), so no real request comes near it, while one refused body costs the "
         "proxy a few times its size at most.",
     )
+    template_time_limit_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="Longest one chat-template render may take (a model folder's template is a "
+        "program: a loop bomb in it is cut off here). Past it: a 400 for the request; at start "
+        "`gyre proxy` refuses the model.",
+    )
     max_tools: int = Field(
         512,
         ge=1,

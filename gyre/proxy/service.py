@@ -67,7 +67,7 @@ class ProxyService:
 
             tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
         self.tokenizer = tokenizer
-        self.renderer = Renderer(tokenizer)
+        self.renderer = Renderer(tokenizer, time_limit_s=config.template_time_limit_s)
         self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
         self.prompt_bound = PromptBound(
             tokenizer, self.max_context, shape=probe(self.renderer.text_for_probe)
