@@ -200,7 +200,8 @@ class ProxyConfig(PoolConfig):
     client_read_timeout_s: float = Field(
         60.0,
         description="A client that leaves a request incomplete (headers or body) this long "
-        "without sending a byte is disconnected.",
+        "without sending a byte is disconnected, and one whose request headers are not complete "
+        "this long after their first byte (a slowloris, trickling header lines).",
     )
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig,
