@@ -8,6 +8,10 @@ per MB of body. A watchdog kills the proxy above ``--rss-cap-gb`` (the old proxy
 
     python bench/bench_proxy_limits.py                  # 1, 20, 50 MB, default limits
     python bench/bench_proxy_limits.py --sizes 1 20 --max-context 4000000
+    python bench/bench_proxy_limits.py --sizes 5 --where tool-desc reasoning think many-tools
+
+``--where`` puts the text elsewhere than a user message (issue 37, finding 4): a tool's
+description, an earlier turn's reasoning or ``<think>`` text, or 20,000 small tools.
 """
 
 from __future__ import annotations
@@ -38,17 +42,48 @@ def _kb(pid: int, field: str) -> int:
     return 0
 
 
-def body_of(mb: float, dialect: str) -> bytes:
+WHERE = ("user", "tool-desc", "reasoning", "think", "thinking", "many-tools")
+"""Where the text goes: one user message; one tool's description; an earlier assistant turn's
+reasoning (OpenAI ``reasoning_content``, Anthropic ``thinking`` block); its ``<think>`` text; or
+20,000 small tools (``mb`` ignored)."""
+
+
+def body_of(mb: float, dialect: str, where: str = "user") -> bytes:
     words = ("alpha beta gamma delta file path read write test error value return " * 1).split()
     unit = " ".join(words) + " "
     text = unit * int(mb * (1 << 20) / len(unit))
-    msgs = [{"role": "user", "content": text}]
-    if dialect == "anthropic":
-        return json.dumps({"model": "m", "max_tokens": 16, "messages": msgs}).encode()
-    return json.dumps({"model": "m", "max_tokens": 16, "messages": msgs}).encode()
+    an = dialect == "anthropic"
+    body: dict = {"model": "m", "max_tokens": 16}
+    msgs: list[dict] = [{"role": "user", "content": text if where == "user" else "hi"}]
+    if where in ("reasoning", "think", "thinking"):
+        if where == "think":
+            turn: dict = {"role": "assistant", "content": f"<think>{text}</think>ok"}
+        elif an:
+            thinking = {"type": "thinking", "thinking": text, "signature": "s"}
+            turn = {"role": "assistant", "content": [thinking, {"type": "text", "text": "ok"}]}
+        else:
+            turn = {"role": "assistant", "content": "ok", "reasoning_content": text}
+        msgs += [turn, {"role": "user", "content": "again"}]
+    if where in ("tool-desc", "many-tools"):
+        n = 20000 if where == "many-tools" else 1
+        desc = text if where == "tool-desc" else "Run a command"
+        schema = {"type": "object", "properties": {"command": {"type": "string"}}}
+        body["tools"] = [
+            {"name": f"t{i}", "description": desc, "input_schema": schema}
+            if an
+            else {
+                "type": "function",
+                "function": {"name": f"t{i}", "description": desc, "parameters": schema},
+            }
+            for i in range(n)
+        ]
+    body["messages"] = msgs
+    return json.dumps(body).encode()
 
 
-def one(model_dir: str, mb: float, dialect: str, args: argparse.Namespace) -> dict:
+def one(
+    model_dir: str, mb: float, dialect: str, args: argparse.Namespace, where: str = "user"
+) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     work = tempfile.mkdtemp(prefix="gyre-limits-")
     eport, pport = free_ports(2)
@@ -69,7 +104,7 @@ def one(model_dir: str, mb: float, dialect: str, args: argparse.Namespace) -> di
     try:
         wait_http(f"http://127.0.0.1:{eport}/health")
         wait_http(f"http://127.0.0.1:{pport}/health")
-        body = body_of(mb, dialect)
+        body = body_of(mb, dialect, where)
         rss0 = _kb(proxy.pid, "VmRSS")
 
         def watch() -> None:
@@ -103,6 +138,7 @@ def one(model_dir: str, mb: float, dialect: str, args: argparse.Namespace) -> di
         return {
             "body_mb": round(body_mb, 1),
             "dialect": dialect,
+            "where": where,
             "status": status,
             "seconds": round(dt, 2),
             "rss_before_mb": round(rss0 / 1024),
@@ -125,6 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[1, 20, 50])
     ap.add_argument("--dialect", choices=["openai", "anthropic"], default="openai")
+    ap.add_argument("--where", choices=WHERE, nargs="+", default=["user"])
     ap.add_argument("--max-context", type=int, default=None)
     ap.add_argument("--max-body-mb", type=int, default=None)
     ap.add_argument("--rss-cap-gb", type=float, default=6.0)
@@ -135,8 +172,9 @@ def main() -> None:
         from gyre.models.tiny import build_tiny_model
 
         model_dir = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="gyre-tiny-"))))
-    for mb in args.sizes:
-        print(json.dumps(one(model_dir, mb, args.dialect, args)), flush=True)
+    for where in args.where:
+        for mb in args.sizes if where != "many-tools" else args.sizes[:1]:
+            print(json.dumps(one(model_dir, mb, args.dialect, args, where)), flush=True)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,17 @@ class BodyParser:
         self.reused_messages = 0
         self.full_compares = 0  # memcmp's against kept bodies (one per call as a rule; see parse)
 
+    def bodies(self) -> list[bytes]:
+        """The bodies kept (each also holds its parsed messages, about as large)."""
+        return [p.body for p in self.recent]
+
+    def trim(self, keep: int) -> None:
+        """Keep only the newest ``keep`` bodies (the proxy's budget for held bodies, see
+        :meth:`gyre.proxy.executions.Executions.account`); a later body that extended a dropped
+        one is parsed in full, nothing else changes."""
+        while len(self.recent) > keep:
+            self.recent.popleft()
+
     def discard(self, body: bytes) -> None:
         """Forget a body that was refused after parsing (a huge one must not stay alive here)."""
         for p in [p for p in self.recent if p.body is body]:

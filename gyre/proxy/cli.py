@@ -198,10 +198,14 @@ def _serve(cfg: ProxyConfig, sock: socket.socket, admin_token_file: str | None) 
     from gyre.cli_errors import fail, first_line, user_errors
     from gyre.proxy.app import build_admin_app, build_app
     from gyre.proxy.listeners import Listeners, bind_admin_socket, remove_admin_socket
+    from gyre.proxy.render import TemplateRejected
     from gyre.proxy.runner import KEEP_ALIVE_S
 
     try:
         app = build_app(cfg)
+    except TemplateRejected as e:
+        sock.close()
+        fail("proxy", f"--model {cfg.model_dir}: its chat template is refused: {first_line(e)}")
     except (OSError, ValueError) as e:  # the tokenizer or chat template of --model
         sock.close()
         fail("proxy", f"--model {cfg.model_dir}: cannot load its tokenizer ({first_line(e)})")

@@ -143,6 +143,19 @@ class ProxyConfig(PoolConfig):
         "images included), so no real request comes near it, while one refused body costs the "
         "proxy a few times its size at most.",
     )
+    template_time_limit_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="Longest one chat-template render may take (a model folder's template is a "
+        "program: a loop bomb in it is cut off here). Past it: a 400 for the request; at start "
+        "`gyre proxy` refuses the model.",
+    )
+    max_tools: int = Field(
+        512,
+        ge=1,
+        description="Most tools one request may define (400 above): every tool is rendered into "
+        "the prompt; agents offer tens.",
+    )
     fsync: bool = Field(
         True, description="fsync each trace record before answering (no call lost on a crash)."
     )
@@ -165,6 +178,15 @@ class ProxyConfig(PoolConfig):
         description="Execution states (bridge cache, recent bodies) kept in memory; the least "
         "recently used idle one is dropped above this (its next call is rendered in full).",
     )
+    max_held_body_bytes: int = Field(
+        512 << 20,
+        ge=0,
+        description="Request bodies and raw messages the execution states keep in all, to parse "
+        "the next body incrementally and compare histories cheaply (continuation itself needs "
+        "only token ids); past it the least recently used executions drop theirs (same tokens, "
+        "more CPU for their next call). 512 MiB: the newest body of ~128 executions at 500K "
+        "tokens of context.",
+    )
     execution_idle_s: float = Field(
         600.0, description="An execution unused this long has its state dropped, trace closed."
     )
@@ -178,7 +200,8 @@ class ProxyConfig(PoolConfig):
     client_read_timeout_s: float = Field(
         60.0,
         description="A client that leaves a request incomplete (headers or body) this long "
-        "without sending a byte is disconnected.",
+        "without sending a byte is disconnected, and one whose request headers are not complete "
+        "this long after their first byte (a slowloris, trickling header lines).",
     )
     sampling: SamplingConfig = Field(
         default_factory=SamplingConfig,

@@ -43,6 +43,7 @@ class ProxyCounters(BridgeCounts):
     errors_5xx: int = 0
     record_failures: int = 0
     evicted_executions: int = 0
+    shed_bodies: int = 0  # executions that dropped kept bodies for max_held_body_bytes
     sampling_overridden: int = 0  # calls whose harness sampling params the run's replaced
 
     def error(self, status: int) -> None:

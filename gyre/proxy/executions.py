@@ -5,6 +5,15 @@ file a restarted proxy finds) and kept in least-recently-used order. Why bounded
 mode nothing else ends an execution, and a managed run that forgets to revoke must not
 grow the proxy without bound, so idle states are swept and the oldest idle ones make room
 past ``max_executions``. Forgetting a state keeps its key valid and its trace file on disk.
+
+What the states hold of the requests themselves is bounded too (:meth:`Executions.account`).
+Continuation needs token ids and the tool-call payloads by call id, which are small; the raw
+bodies (for incremental parsing and SDK-retry matching) and each recent call's raw messages
+(for the C-level history compare) only make it cheap, and they are as large as the requests:
+10 keys x 4 answered calls with a 20 MB unknown content part held 1.6 GB after their answers.
+Past ``max_held_body_bytes`` in all, the least recently used executions first keep only their
+newest body and newest call's messages, then none: their next call is parsed in full and its
+history compared on normalised messages, with the same tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +39,22 @@ class Execution:
     bodies: BodyParser
     last_used: float = 0.0  # time.monotonic() of its last request
     active: int = 0  # generations in flight: an execution is never evicted while > 0
+    held: int = 0  # bytes of request bodies and raw messages it held when last counted
+
+    def count_held(self) -> int:
+        """Bytes of request data this execution holds: its kept bodies (the parser's and the
+        retry window's, each counted once) and its recent calls' raw messages (about their
+        body's size again: parsed, they take at least as much)."""
+        bodies = {id(b): len(b) for b in self.bodies.bodies()}
+        bodies.update((id(e.body), len(e.body)) for e in self.retries.entries)
+        return sum(bodies.values()) + self.state.held_raw_bytes()
+
+    def shed(self, level: int) -> None:
+        """Level 1: keep only the newest body and call's raw messages; 2: none of them."""
+        keep = 1 if level == 1 else 0
+        self.bodies.trim(keep)
+        self.retries.trim(keep)
+        self.state.trim_raw(keep)
 
 
 class Executions:
@@ -47,6 +72,7 @@ class Executions:
         self.writer = writer
         self.counters = counters
         self._live: dict[str, Execution] = {}
+        self.held_bytes = 0  # sum of the executions' ``held`` (see account)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -57,6 +83,10 @@ class Executions:
     def adopt(self, live: dict[str, Execution]) -> None:
         """Take over a restarted proxy's states (:mod:`gyre.proxy.restart`), in their LRU order."""
         self._live = dict(live)
+        self.held_bytes = 0
+        for ex in self._live.values():
+            ex.held = ex.count_held()
+            self.held_bytes += ex.held
 
     def get(self, ident: Identity) -> Execution:
         """The execution's state (made on its first request), marked most recently used."""
@@ -82,6 +112,29 @@ class Executions:
         ex.last_used = time.monotonic()
         return ex
 
+    def account(self, ex: Execution) -> None:
+        """Count what ``ex`` holds now (after a call parsed or ended), and keep the total under
+        ``max_held_body_bytes``: least recently used executions other than ``ex`` shed what
+        makes their next call cheap, first all but the newest, then everything (see module)."""
+        if self._live.get(ex.ident.execution_id) is not ex:
+            return  # dropped meanwhile (revoked, evicted): holds nothing the proxy keeps
+        self._recount(ex)
+        budget = self.config.max_held_body_bytes
+        for level in (1, 2):
+            for other in list(self._live.values()):
+                if self.held_bytes <= budget:
+                    return
+                if other is not ex and other.held > 0:
+                    before = other.held
+                    other.shed(level)
+                    self._recount(other)
+                    self.counters.shed_bodies += int(other.held < before)
+
+    def _recount(self, ex: Execution) -> None:
+        held = ex.count_held()
+        self.held_bytes += held - ex.held
+        ex.held = held
+
     def sweep(self, now: float | None = None) -> int:
         """Drop executions idle for ``execution_idle_s`` (state and trace handle); returns how many."""
         now = time.monotonic() if now is None else now
@@ -102,7 +155,9 @@ class Executions:
 
     def drop(self, execution_id: str) -> None:
         """Forget the state, the pool's placement and the open trace handle of one execution."""
-        self._live.pop(execution_id, None)
+        ex = self._live.pop(execution_id, None)
+        if ex is not None:
+            self.held_bytes -= ex.held
         self.pool.forget(execution_id)
         self.writer.close_execution(execution_id)
 

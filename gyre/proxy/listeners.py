@@ -11,7 +11,13 @@ loop, so admin handlers touch the service without locks.
 Both also close client connections that stall mid-request (headers or body not
 completed within ``read_timeout_s`` of silence): uvicorn only times out idle
 keep-alive connections, so a client sending half a request held its socket
-(and, for a body, a task) forever.
+(and, for a body, a task) forever. Silence is not enough for the headers: a
+slowloris client sends one header line now and then and is never silent, and
+200 such connections stayed open for as long as they liked. So a request's
+headers must also be complete within ``read_timeout_s`` of its first byte, and
+within ``MAX_HEADER_BYTES`` (httptools has no limit of its own; h11's is 16 KiB).
+A body is only held to the silence bound: an upload of tens of MB may take a
+while, and once the headers are in it is a request the app reads.
 
 File descriptors: one harness holding 1100 idle connections exhausts a proxy at
 the common soft limit of 1024 -- every accept fails (every other client times
@@ -46,6 +52,11 @@ ADMIN_SOCKET_NAME = "admin.sock"
 
 
 FD_RESERVE = 256  # descriptors kept for trace files, engine connections, the admin socket
+MAX_HEADER_BYTES = 64 << 10  # a request's line and headers (431 above); real ones are < 8 KiB
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+    b"connection: close\r\n\r\n"
+)
 _REFUSAL_LOG_EVERY_S = 60.0
 
 
@@ -75,6 +86,8 @@ class _ReadTimeout:
     read_timeout_s: float = 60.0
     max_connections: int = 1 << 30
     _read_timer: asyncio.TimerHandle | None = None
+    _header_timer: asyncio.TimerHandle | None = None  # armed from a request's first byte
+    _header_bytes = 0  # of the request whose headers are incomplete
     _last_refusal_log: float = -1e9  # class-wide: one log line a minute for every refusal
     # set by the uvicorn protocol this is mixed into
     loop: asyncio.AbstractEventLoop
@@ -112,6 +125,42 @@ class _ReadTimeout:
             self._read_timer.cancel()
             self._read_timer = None
 
+    def _arm_headers(self) -> None:
+        """A request began: its headers must be complete within ``read_timeout_s``, however
+        the bytes trickle in (idempotent while armed)."""
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.read_timeout_s, self._headers_late)
+
+    def _disarm_headers(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _in_headers(self) -> bool:
+        """Has a request begun whose headers are not complete yet?"""
+        raise NotImplementedError
+
+    def _count_header_bytes(self, n: int) -> bool:
+        """Count ``n`` bytes received while headers are incomplete; past ``MAX_HEADER_BYTES``
+        answer 431 and close (True)."""
+        if not self._in_headers():
+            return False
+        self._header_bytes += n
+        if self._header_bytes <= MAX_HEADER_BYTES:
+            return False
+        self.transport.write(_TOO_LARGE)
+        self.transport.close()
+        return True
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing() and self._in_headers():
+            log.warning(
+                "closing a client connection whose request headers took over %.0fs",
+                self.read_timeout_s,
+            )
+            self.transport.close()
+
     def _read_timed_out(self) -> None:
         self._read_timer = None
         transport, flow = self.transport, self.flow
@@ -137,16 +186,25 @@ class _H11ReadTimeout(_ReadTimeout, H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._disarm()
-        if not self.transport.is_closing() and self._owes_bytes():
+        if self.transport.is_closing():
+            return
+        if self._in_headers():  # h11 refuses headers past h11_max_incomplete_event_size itself
+            self._arm_headers()
+        else:
+            self._disarm_headers()
+        if self._owes_bytes():
             self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_headers()
         super().connection_lost(exc)
 
+    def _in_headers(self) -> bool:
+        return self.conn.their_state is h11.IDLE and bool(self.conn.trailing_data[0])
+
     def _owes_bytes(self) -> bool:
-        st = self.conn.their_state
-        return st is h11.SEND_BODY or (st is h11.IDLE and bool(self.conn.trailing_data[0]))
+        return self.conn.their_state is h11.SEND_BODY or self._in_headers()
 
     def _mid_request(self) -> bool:
         st = self.conn.their_state
@@ -173,6 +231,7 @@ def read_timeout_protocol(read_timeout_s: float, max_connections: int = 1 << 30)
     class ReadTimeoutHttpToolsProtocol(_ReadTimeout, HttpToolsProtocol):
         _in_message = False
         _got_bytes = False
+        _headers_pending = False  # a request began, its headers are not complete
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -183,12 +242,24 @@ def read_timeout_protocol(read_timeout_s: float, max_connections: int = 1 << 30)
             self._got_bytes = True
             super().data_received(data)
             self._disarm()
-            if not self.transport.is_closing() and self._owes_bytes():
+            if self.transport.is_closing():
+                return
+            if self._count_header_bytes(len(data)):
+                return
+            if self._owes_bytes():
                 self._arm()
 
         def on_message_begin(self) -> None:
             self._in_message = True
+            self._headers_pending = True
+            self._header_bytes = 0
+            self._arm_headers()
             super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._headers_pending = False
+            self._disarm_headers()
+            super().on_headers_complete()
 
         def on_message_complete(self) -> None:
             self._in_message = False
@@ -196,7 +267,11 @@ def read_timeout_protocol(read_timeout_s: float, max_connections: int = 1 << 30)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._disarm_headers()
             super().connection_lost(exc)
+
+        def _in_headers(self) -> bool:
+            return self._headers_pending
 
         def _owes_bytes(self) -> bool:
             return self._in_message  # a request begun (first byte parsed) and not complete

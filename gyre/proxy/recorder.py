@@ -190,7 +190,7 @@ class Recorder:
             suffix=plan.suffix,
             output=list(result.output_ids),
         )
-        st.add_node(node, [], call.raw_items, plan.input_parts)
+        st.add_node(node, [], call.raw_items, plan.input_parts, call.body_bytes)
         st.counters.note(plan.mode, b.forked)
         self.counters.answered += 1
         self.calls.answer(st.execution_id)

@@ -23,13 +23,25 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gyre.proxy.timebound import RenderTimedOut, within
 from gyre.proxy.types import Message
 
 _SENTINEL = "GYRE_SENTINEL_7f3a"
 
 
 class RenderError(Exception):
-    """The chat template refused the conversation (e.g. raise_exception in the template)."""
+    """The chat template refused the conversation (e.g. raise_exception in the template), or
+    took longer than the renderer's time limit."""
+
+
+class TemplateRejected(ValueError):
+    """The model's chat template fails, or passes the time limit, on the proxy's start-up
+    renders (a plain one-turn conversation): it cannot serve any request."""
+
+
+TIME_LIMIT_S = 10.0
+"""Default bound on one render (ProxyConfig.template_time_limit_s): a 500K-token conversation
+renders in well under a second."""
 
 
 @dataclass
@@ -67,7 +79,12 @@ def _for_template(messages: list[Message], args_as_dict: bool) -> list[Message]:
 
 class Renderer:
     def __init__(
-        self, tokenizer: Any, *, stop_token_ids: list[int] | None = None, args_as_dict: bool = True
+        self,
+        tokenizer: Any,
+        *,
+        stop_token_ids: list[int] | None = None,
+        args_as_dict: bool = True,
+        time_limit_s: float | None = TIME_LIMIT_S,
     ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -75,13 +92,17 @@ class Renderer:
             )
         self.tok = tokenizer
         self.args_as_dict = args_as_dict
+        self.time_limit_s = time_limit_s
         eos = tokenizer.eos_token_id
         ids = set(stop_token_ids or [])
         if eos is not None:
             ids.add(int(eos))
         self.stop_token_ids = sorted(ids)
-        self.closing = self._find_closing()
-        gen = self.text([{"role": "user", "content": "x"}], add_generation_prompt=True)
+        try:
+            self.closing = self._find_closing()
+            gen = self.text([{"role": "user", "content": "x"}], add_generation_prompt=True)
+        except RenderError as e:
+            raise TemplateRejected(str(e)) from None
         self.generation_opens_reasoning = gen.rstrip().endswith("<think>")
 
     # -- primitives -------------------------------------------------------------------------
@@ -92,17 +113,27 @@ class Renderer:
         *,
         add_generation_prompt: bool = False,
     ) -> str:
+        msgs = _for_template(messages, self.args_as_dict)
         try:
-            return self.tok.apply_chat_template(
-                _for_template(messages, self.args_as_dict),
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
+            return within(
+                self.time_limit_s,
+                lambda: self.tok.apply_chat_template(
+                    msgs, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+                ),
             )
+        except RenderTimedOut:
+            raise RenderError(
+                f"chat template took longer than {self.time_limit_s:g} s to render; the limit is "
+                "proxy.template_time_limit_s"
+            ) from None
         except (
             Exception
         ) as e:  # jinja TemplateError, raise_exception(), type errors in the template
             raise RenderError(f"chat template failed: {type(e).__name__}: {e}") from e
+
+    def text_for_probe(self, messages: list[Message], tools: list[dict] | None) -> str:
+        """What :func:`gyre.proxy.rendered.probe` renders with: a prompt as sent to the model."""
+        return self.text(messages, tools, add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
         # Chat-template output carries its own special tokens: never add BOS/EOS again.
@@ -113,7 +144,7 @@ class Renderer:
         with_gen = self.text(head, add_generation_prompt=True)
         done = self.text(head + [{"role": "assistant", "content": _SENTINEL}])
         if not done.startswith(with_gen) or _SENTINEL not in done[len(with_gen) :]:
-            raise ValueError(
+            raise TemplateRejected(
                 "cannot derive the assistant turn's closing text from this chat template"
             )
         tail = done[len(with_gen) :]

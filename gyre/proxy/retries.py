@@ -38,6 +38,14 @@ class RetryWindow:
                 return e
         return None
 
+    def trim(self, keep: int) -> None:
+        """Drop the bodies of finished calls but the newest ``keep`` entries (a retry of a dropped
+        one is sampled afresh); a call still running keeps its entry, its retries coalesce."""
+        old = list(self.entries)
+        cut = max(len(old) - keep, 0)
+        self.entries.clear()
+        self.entries.extend(e for i, e in enumerate(old) if i >= cut or not e.result.done())
+
     def add(self, body: bytes) -> RetryEntry:
         e = RetryEntry(body)
         self.entries.append(e)

@@ -36,6 +36,7 @@ from gyre.proxy.pool import EnginePool, GenResult
 from gyre.proxy.promptsize import PromptBound
 from gyre.proxy.recorder import Recorder
 from gyre.proxy.render import Renderer, RenderError
+from gyre.proxy.rendered import probe
 from gyre.proxy.retries import RetryEntry, retry_count
 from gyre.proxy.session import Plan
 from gyre.proxy.types import (
@@ -66,9 +67,11 @@ class ProxyService:
 
             tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
         self.tokenizer = tokenizer
-        self.renderer = Renderer(tokenizer)
+        self.renderer = Renderer(tokenizer, time_limit_s=config.template_time_limit_s)
         self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
-        self.prompt_bound = PromptBound(tokenizer, self.max_context)
+        self.prompt_bound = PromptBound(
+            tokenizer, self.max_context, shape=probe(self.renderer.text_for_probe)
+        )
         self.served_model = config.served_model_name or Path(config.model_dir).name
         self.keys = KeyRegistry(config.mode)
         self.pool = EnginePool(config.engines, config)
@@ -148,13 +151,29 @@ class ProxyService:
             )  # re-uses the history objects of this execution's last bodies
         except jsonfast.JSONDecodeError:
             raise bad_request("request body is not valid JSON") from None
-        call = adapter.parse(data)
-        try:  # a prompt that cannot fit is refused before it is rendered (gyre.proxy.promptsize)
-            await self.prompt_bound.check(call.raw_items, adapter, len(body))
+        try:
+            self._check_tool_count(data)
+            call = adapter.parse(data)
+            # a prompt that cannot fit is refused before it is rendered (gyre.proxy.promptsize)
+            await self.prompt_bound.check(call.raw_items, adapter, len(body), call.tools)
         except ApiError:
             ex.bodies.discard(body)
             raise
+        finally:
+            self.executions.account(ex)  # the parser may keep this body: within the budget
+        call.body_bytes = len(body)
         return ex, body, call
+
+    def _check_tool_count(self, data: Any) -> None:
+        """At most ``max_tools`` tools: each is rendered into the prompt (20,000 small ones took
+        10.7 s and +306 MB to render and tokenize), and no agent offers a model that many."""
+        tools = data.get("tools") if isinstance(data, dict) else None
+        cap = self.config.max_tools
+        if isinstance(tools, list) and len(tools) > cap:
+            raise bad_request(
+                f"tools: {len(tools)} tools exceed this proxy's limit of {cap} per request",
+                param="tools",
+            )
 
     # -- the pipeline --------------------------------------------------------------------------
     async def handle(self, adapter: Adapter, request: Request) -> Response:
@@ -376,6 +395,7 @@ class ProxyService:
         finally:
             ex.active -= 1
             ex.last_used = time.monotonic()
+            self.executions.account(ex)  # its call's raw messages and retry entry are kept
 
     # -- other routes ----------------------------------------------------------------------------
     async def count_tokens(self, request: Request) -> Response:
@@ -388,8 +408,9 @@ class ProxyService:
                 raise bad_request("request body is not valid JSON") from None
             if isinstance(data, dict) and "max_tokens" not in data:
                 data = {**data, "max_tokens": 1}
+            self._check_tool_count(data)
             call = ANTHROPIC.parse(data)
-            await self.prompt_bound.check(call.raw_items, ANTHROPIC, len(body))
+            await self.prompt_bound.check(call.raw_items, ANTHROPIC, len(body), call.tools)
             norm = [
                 m for item in call.raw_items for m in call.normalize_item(item, lambda _id: None)
             ]
@@ -406,6 +427,7 @@ class ProxyService:
             "counters": self.counters.as_dict(),
             "pool": {"counters": self.pool.counters.as_dict(), "engines": self.pool.status()},
             "executions": len(self.executions),
+            "held_body_bytes": self.executions.held_bytes,
             "open_trace_files": self.writer.open_files,
         }
 

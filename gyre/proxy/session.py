@@ -23,7 +23,7 @@ re-serialising half a million integers.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +60,7 @@ class CallNode:
     # building the next engine request then costs one join, not re-serialising the ids
     json_parts: list[bytes] | None = None
     n_input_parts: int = 0  # json_parts[:n_input_parts] is the input
+    raw_bytes: int = 0  # size of the body raw_items came from (what holding them costs, about)
 
     @property
     def input_len(self) -> int:
@@ -163,6 +164,8 @@ class ExecutionState:
     tool_payloads: dict[str, tuple[str, str]] = field(default_factory=dict)
     hot: OrderedDict[int, CallNode] = field(default_factory=OrderedDict)
     counters: BridgeCounts = field(default_factory=BridgeCounts)
+    # leaves holding their raw items, oldest first: at most hot_nodes of them keep them
+    raw_leaves: deque[CallNode] = field(default_factory=deque)
 
     # -- payload cache -----------------------------------------------------------------------
     def restore(self, call_id: str) -> tuple[str, str] | None:
@@ -292,8 +295,10 @@ class ExecutionState:
         prefix: list[bytes] | bytes,
         call_raw: list[Any],
         input_parts: list[bytes] | None = None,
+        raw_bytes: int = 0,
     ) -> None:
-        """Record an answered call; ``input_parts`` (prefix + suffix ids as JSON pieces) saves rebuilding them."""
+        """Record an answered call; ``input_parts`` (prefix + suffix ids as JSON pieces) saves
+        rebuilding them; ``raw_bytes``: the size of the body ``call_raw`` was parsed from."""
         if input_parts is None:
             prefix_list = [prefix] if isinstance(prefix, bytes) else list(prefix)
             input_parts = [
@@ -306,12 +311,21 @@ class ExecutionState:
         node.n_input_parts = len(input_parts)
         node.json_parts = input_parts + ([jsonfast.ids_json(node.output)] if node.output else [])
         node.raw_items = call_raw
+        node.raw_bytes = raw_bytes
         if (
             node.base is not None
             and node.base.raw_items is not None
             and node.base_len == node.base.full_len
         ):
             node.base.raw_items = None  # superseded by the extension: one raw copy per leaf
+        self.raw_leaves.append(node)
+        self.trim_raw(max(self.hot_nodes, 1))
+        # the tools a conversation re-sends each call are one object, not one copy per call
+        last = self.nodes[-1] if self.nodes else None
+        for prev in (node.base, last):
+            if prev is not None and prev.tools_raw == node.tools_raw:
+                node.tools_raw, node.tools = prev.tools_raw, prev.tools
+                break
         self.nodes.append(node)
         self.echo_index[(node.n_raw, echo_key(node.assistant))] = node
         for tc in node.assistant.get("tool_calls") or ():
@@ -320,6 +334,18 @@ class ExecutionState:
         while len(self.hot) > self.hot_nodes:
             _, old = self.hot.popitem(last=False)
             old.json_parts = None
+
+    def held_raw_bytes(self) -> int:
+        """About what the raw items kept for the fast history compare hold."""
+        return sum(n.raw_bytes for n in self.raw_leaves if n.raw_items is not None)
+
+    def trim_raw(self, keep: int) -> None:
+        """Keep the raw items of the newest ``keep`` leaves only. A request extending an older
+        call is matched on its normalised messages instead: the same tokens, more CPU."""
+        leaves = [n for n in self.raw_leaves if n.raw_items is not None]
+        for n in leaves[: max(len(leaves) - keep, 0)]:
+            n.raw_items = None
+        self.raw_leaves = deque(leaves[-keep:] if keep > 0 else [])
 
 
 def _same_turn(a: list[Message], b: list[Message]) -> bool:

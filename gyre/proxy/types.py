@@ -64,6 +64,7 @@ class ParsedCall:
     want_logprobs: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # merged into the trace record's meta
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the answer repeats
+    body_bytes: int = 0  # size of the request body (what keeping raw_items costs, about)
 
     def tool_names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools or []]

@@ -4,10 +4,12 @@ abandoned client connections, and execution ids that never share a trace file.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -238,6 +240,59 @@ def test_keep_alive_connection_stalled_in_its_second_request_is_closed(make_prox
         t0 = time.monotonic()
         assert _closed_within(s, 10.0)
         assert time.monotonic() - t0 < 8.0  # the read timeout, not the 75 s keep-alive
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Has the peer closed ``sock`` (without waiting)? Sending counts a reset too."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if readable and sock.recv(65536) == b"":
+            return True
+        sock.sendall(b"X-Slow: 1\r\n")  # one more header line: the slowloris's next step
+        return False
+    except OSError:  # reset, broken pipe
+        return True
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_slowloris_connections_are_closed_after_the_read_timeout(make_proxy, monkeypatch, parser):
+    """Issue 37: 50 connections that send half their headers and then one header line every
+    0.2 s were never silent for the read timeout, and stayed open; 50 silent ones too."""
+    if parser == "h11":  # the protocol the proxy uses without uvicorn's [standard] extras
+        monkeypatch.setitem(sys.modules, "uvicorn.protocols.http.httptools_impl", None)
+    px = make_proxy(client_read_timeout_s=1.0)
+    trickling = [_connect(px) for _ in range(50)]
+    silent = [_connect(px) for _ in range(50)]
+    for s in trickling + silent:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+    try:
+        open_ = list(trickling)
+        deadline = time.monotonic() + 20.0
+        while open_ and time.monotonic() < deadline:
+            time.sleep(0.2)
+            open_ = [s for s in open_ if not _peer_closed(s)]
+        assert not open_, f"{len(open_)} of 50 trickling connections still open"
+        assert all(_closed_within(s, 10.0) for s in silent)
+    finally:
+        for s in trickling + silent:
+            s.close()
+
+
+def test_endless_request_headers_get_431(make_proxy):
+    px = make_proxy(client_read_timeout_s=30.0)
+    with _connect(px) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        got = b""
+        try:
+            for i in range(200):  # 200 x 1 KiB: past the 64 KiB limit
+                s.sendall(f"X-Pad-{i}: {'a' * 1000}\r\n".encode())
+        except OSError:
+            pass  # closed on us mid-way: the answer is already in the receive buffer
+        s.settimeout(10)
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                got += chunk
+    assert got.startswith(b"HTTP/1.1 431"), got[:200]
 
 
 def test_slow_but_alive_upload_is_served(make_proxy):

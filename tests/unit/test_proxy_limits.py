@@ -15,6 +15,7 @@ from gyre.proxy.enginefaults import Backoff, CallFaults, EngineBroke, EngineSile
 from gyre.proxy.errors import ApiError
 from gyre.proxy.promptsize import PromptBound, _slices, text_pieces
 from gyre.proxy.render import Renderer
+from gyre.proxy.rendered import RenderedShape, probe
 
 # -- prompt floors ------------------------------------------------------------------------------
 
@@ -193,6 +194,175 @@ async def test_huge_tool_call_arguments_are_refused_cheaply(tiny_tokenizer):
         await pb.check(items, OPENAI, body_bytes=len(big) + 200)
     assert e.value.code == "context_length_exceeded"
     assert time.monotonic() - t0 < 3.0
+
+
+# -- what the template renders beyond every template's text (issue 37, finding 4) ---------------
+
+# Qwen3's rule: reasoning is shown for the assistant turns after the last user message.
+SINCE_USER_TEMPLATE = (
+    "{%- set ns = namespace(last=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}"
+    "{%- set c = m.content or '' %}{%- set r = m.reasoning_content or '' %}"
+    "{%- if '</think>' in c %}{%- set r = c.split('</think>')[0].split('<think>')[-1].strip('\n') %}"
+    "{%- set c = c.split('</think>')[-1].lstrip('\n') %}{%- endif %}"
+    "{%- if loop.index0 > ns.last and r %}{{- '<think>\n' + r + '\n</think>\n\n' }}{%- endif %}"
+    "{{- c }}"
+    "{%- for tc in m.tool_calls or [] %}{{- '\n<tool_call>' + tc.function.name + '</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+PLAIN_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\n' + (m.content or '') + "
+    "'<|im_end|>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+DESCRIBED_TEMPLATE = (
+    "{%- for t in tools or [] %}{{- t.function.name + ': ' + t.function.description + '\n' }}"
+    "{%- endfor %}" + PLAIN_TEMPLATE
+)
+
+
+def _with_template(tiny_model_dir, template):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = template
+    return tok
+
+
+@pytest.mark.parametrize(
+    "template,want",
+    [
+        (None, RenderedShape(tools="json", reasoning="all", think="all")),
+        (SINCE_USER_TEMPLATE, RenderedShape(reasoning="since_user", think="since_user")),
+        (PLAIN_TEMPLATE, RenderedShape(think="all")),
+        (DESCRIBED_TEMPLATE, RenderedShape(tools="described", think="all")),
+    ],
+    ids=["tiny-qwen", "since-user", "plain", "described"],
+)
+def test_probe_sees_what_a_template_shows(tiny_model_dir, tiny_tokenizer, template, want):
+    tok = tiny_tokenizer if template is None else _with_template(tiny_model_dir, template)
+    assert probe(Renderer(tok).text_for_probe) == want
+
+
+def test_a_template_failing_the_probe_is_taken_to_show_nothing_more():
+    def render(messages, tools):
+        raise RuntimeError("this template takes no such conversation")
+
+    assert probe(render) == RenderedShape()
+
+
+reasoning_texts = st.lists(st.sampled_from(list("ab xyz\n.é") + ["hm ", "\n\n"]), max_size=60).map(
+    "".join
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    desc=texts,
+    r1=reasoning_texts,
+    r2=reasoning_texts,
+    think=reasoning_texts,
+    which=st.sampled_from(["tiny", "since_user", "plain", "described"]),
+)
+def test_floors_with_tools_and_reasoning_stay_below_the_render(
+    tiny_model_dir, tiny_tokenizer, desc, r1, r2, think, which
+):
+    """Whatever the template shows of tools and reasoning, the floors count no more of it."""
+    template = {
+        "tiny": None,
+        "since_user": SINCE_USER_TEMPLATE,
+        "plain": PLAIN_TEMPLATE,
+        "described": DESCRIBED_TEMPLATE,
+    }[which]
+    tok = (
+        tiny_tokenizer
+        if template is None
+        else _TOKS.setdefault(which, _with_template(tiny_model_dir, template))
+    )
+    renderer = Renderer(tok)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "run",
+                "description": desc,
+                "parameters": {"type": "object", "properties": {desc or "k": {"enum": [desc]}}},
+            },
+        }
+    ]
+    items = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": f"<think>{think}</think>a", "reasoning_content": r1},
+        {"role": "user", "content": "v"},
+        {"role": "assistant", "content": f"<think>{think}</think>b", "reasoning_content": r2},
+        {"role": "user", "content": "w"},
+        {"role": "assistant", "content": f"<think>{think}</think>c"},
+    ]
+    norm = [m for it in items for m in oa.normalize_item(it, lambda _i: None)]
+    real = len(renderer.full(norm, tools))
+    pb = PromptBound(tok, 10**9, slice_chars=17, shape=probe(renderer.text_for_probe))
+    assert pb.floor_from_chars(pb.chars(items, tools)) <= real
+    assert pb.floor_by_counting(items, tools) <= real
+
+
+_TOKS: dict = {}
+
+
+def test_reasoning_and_tools_are_counted_where_the_template_shows_them():
+    items = [
+        {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "<think>K1</think>A1", "reasoning_content": "R1"},
+        {"role": "user", "content": [{"type": "text", "text": "U2"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "R2", "signature": "s"},
+                {"type": "text", "text": "<think>K2</think>A2"},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "T"}]},
+        {
+            "role": "assistant",
+            "items": [
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "R3"}]},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "<think>K3</think>A3"}],
+                },
+            ],
+        },
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "n", "description": "D", "parameters": {"p": "P"}},
+        }
+    ]
+
+    def pieces(**shape):
+        return sorted(p for p in text_pieces(items, RenderedShape(**shape), tools) if p)
+
+    always = ["U1", "A1", "U2", "A2", "T", "A3"]
+    assert pieces() == sorted(always)
+    assert pieces(tools="names") == sorted(always + ["n"])
+    assert pieces(tools="described") == sorted(always + ["n", "D"])
+    assert pieces(tools="json") == sorted(
+        always + ["name", "n", "description", "D"] + ["parameters", "p", "P"]
+    )
+    # the tool_result-only user message does not end the turns "since the last user"
+    assert pieces(reasoning="since_user") == sorted(always + ["R2", "R3"])
+    assert pieces(reasoning="last") == sorted(always + ["R3"])
+    assert pieces(reasoning="all", think="all") == sorted(
+        always + ["R1", "R2", "R3", "K1", "K2", "K3"]
+    )
+    assert pieces(think="since_user") == sorted(always + ["K2", "K3"])
 
 
 # -- engine faults ------------------------------------------------------------------------------
