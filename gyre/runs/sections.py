@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from gyre.runs.files import Run
+from gyre.runs import safefs
+from gyre.runs.files import Run, read_jsonl
 from gyre.runs.page import table
 from gyre.runs.svg import Series, bar_rows, line_chart
 
@@ -126,19 +126,12 @@ def faults(run: Run, execs: list[dict[str, Any]]) -> str:
     return out
 
 
-def trace_versions(path: Path) -> list[int]:
+def trace_versions(path: Path, root: Path) -> list[int]:
     """The policy versions that served an execution's tokens (its trace's segments)."""
     vs: set[int] = set()
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        for seg in rec.get("segments") or []:
+    for rec in read_jsonl(path, root):
+        segs = rec.get("segments")
+        for seg in segs if isinstance(segs, list) else []:
             if isinstance(seg, dict) and isinstance(seg.get("weights_version"), int):
                 vs.add(seg["weights_version"])
     return sorted(vs)
@@ -158,12 +151,17 @@ def write_trees(run: Run, execs: list[dict[str, Any]], out: Path, limit: int) ->
         trace = run.path / "traces" / f"{eid}.jsonl"
         if len(made) >= limit or not re.fullmatch(r"[\w.-]+", eid) or not trace.is_file():
             continue
+        why = safefs.refusal(run.path, trace)
+        if why is not None:  # a link out of the run, or a FIFO: its tree is not drawn
+            safefs.warn(trace, why)
+            continue
         tree = load_tree(trace, default_profile(), None)
         if not tree.requests:
             continue
-        out.mkdir(parents=True, exist_ok=True)
+        if not made and not safefs.own_dir(out):
+            return made
         f = out / f"{eid}.html"
-        f.write_text(render_html(tree, admit(tree, None, 0), decode=decode), encoding="utf-8")
+        safefs.write_text(f, render_html(tree, admit(tree, None, 0), decode=decode))
         made[eid] = f
     return made
 
@@ -197,7 +195,7 @@ def executions(
         else:
             why = e.get("missing") or ("failed" if e.get("failed") else "-")
             outcome = f'<span class="missing">missing: {html.escape(str(why))}</span>'
-        vs = trace_versions(run.path / "traces" / f"{eid}.jsonl")
+        vs = trace_versions(run.path / "traces" / f"{eid}.jsonl", run.path)
         link = html.escape(eid)
         if eid in trees:
             rel = os.path.relpath(trees[eid], page_dir)
