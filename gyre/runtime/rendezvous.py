@@ -12,12 +12,15 @@ meet the new world. The folder goes with the cluster.
 
 A cell on another machine cannot see the folder (``Cell.sees``): then the world keeps the
 TCPStore on the core's node IP, which every host that reaches that address and every local user
-of that node can reach (docs/runtime.md, "Network exposure").
+of that node can reach (docs/runtime.md, "Network exposure"). ``GYRE_RENDEZVOUS=tcp`` in the
+driver's environment asks for that TCPStore on one machine too: the two-node test's cluster
+stands in for two machines on one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import tempfile
@@ -42,6 +45,8 @@ class Rendezvous:
     async def store_file(self, cells: list[Any]) -> str | None:
         """A fresh store file for the next world when every cell sees the folder, else None
         (the world then meets over TCP)."""
+        if os.environ.get("GYRE_RENDEZVOUS") == "tcp":
+            return None
         folder = self._folder()
         seen = await asyncio.gather(*[c.sees.remote(folder, self.token) for c in cells])
         self.generation += 1

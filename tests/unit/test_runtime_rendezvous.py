@@ -48,3 +48,10 @@ def test_a_cell_on_another_machine_keeps_the_tcp_rendezvous():
         assert Cell.sees(None, "/nonexistent", rdv.token) is False  # type: ignore[arg-type]
     finally:
         rdv.close()
+
+
+def test_the_tcp_rendezvous_can_be_asked_for(monkeypatch):
+    monkeypatch.setenv("GYRE_RENDEZVOUS", "tcp")
+    rdv = Rendezvous()
+    assert asyncio.run(rdv.store_file([_Cell(), _Cell()])) is None
+    rdv.close()
