@@ -172,18 +172,24 @@ def version() -> None:
 
 
 def main() -> None:
-    """Run the CLI; last resort for an OSError on a user's path that no command foresaw.
+    """Run the CLI; last resort for an OSError on a user's path that no command foresaw, and
+    for a model folder's pickle that torch refused to load.
 
     Commands check their own inputs and say how to fix them; this only keeps an
-    unforeseen ``[Errno ...]`` on a named path from becoming a traceback.
+    unforeseen ``[Errno ...]`` on a named path, or a refused pickle, from becoming a traceback.
     """
-    from gyre.cli_errors import USAGE, UserError, path_error_line
+    from pickle import UnpicklingError
+
+    from gyre.cli_errors import USAGE, WEIGHTS_REFUSED, UserError, path_error_line
 
     try:
         app()
     except UserError as e:
         typer.echo(f"gyre: {e}", err=True)
         raise SystemExit(USAGE) from None
+    except UnpicklingError:  # torch's weights_only refusal of a model folder's pickle
+        typer.echo(f"gyre: {WEIGHTS_REFUSED}", err=True)
+        raise SystemExit(1) from None
     except OSError as e:
         line = path_error_line(e)
         if line is None:

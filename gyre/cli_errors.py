@@ -165,6 +165,21 @@ def path_error_line(e: OSError) -> str | None:
     return f"{e.filename}: {os_reason(e)}"
 
 
+WEIGHTS_REFUSED = (
+    "refused the model's weights: a pickle (pytorch_model.bin, *.pt) that holds more than "
+    "tensors, which could run code when loaded; use safetensors weights from a source you trust"
+)
+
+
+def weights_refusal(text: str) -> str | None:
+    """:data:`WEIGHTS_REFUSED` when ``text`` (an error or its traceback) is torch's
+    ``weights_only`` refusal of a pickle, whose own message is a dozen lines of advice ending
+    in a link, and whose advice (load it with ``weights_only=False``) runs the pickle's code."""
+    if "UnpicklingError" in text or "Weights only load failed" in text:
+        return WEIGHTS_REFUSED
+    return None
+
+
 class _StartupFailureLine(logging.Filter):
     """Turns the traceback uvicorn logs when an app's startup fails into one line."""
 
@@ -180,6 +195,7 @@ class _StartupFailureLine(logging.Filter):
             return False  # the line below already said so
         if text.startswith("Traceback (most recent call last)"):
             last = [ln for ln in text.splitlines() if ln.strip()][-1].strip()
+            last = weights_refusal(text) or last
             sys.stderr.write(f"gyre {self.command}: startup failed: {last}\n")
             return False
         return True

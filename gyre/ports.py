@@ -1,6 +1,6 @@
 """Free TCP ports, picked by the process (on the node) that will listen on them.
 
-A leaf module (standard library only; torch only inside :func:`tcp_store`), so the engine, the trainer, the runtime, the tests and
+A leaf module (standard library only; torch only inside the store helpers), so the engine, the trainer, the runtime, the tests and
 the benchmarks share one helper. A port picked here is free *now*: the caller binds it soon
 after, and asks for all the ports it needs in one call so no two picks collide.
 """
@@ -70,3 +70,27 @@ def tcp_store(
         if fd is not None:
             socket.close(fd)
         raise
+
+
+def world_store(
+    host: str,
+    port: int,
+    world_size: int,
+    is_master: bool,
+    *,
+    timeout: datetime.timedelta,
+    store_file: str | None = None,
+) -> Any:
+    """The rendezvous store of a process group. With ``store_file`` a ``FileStore`` there: only
+    processes that can open the file reach it, and the caller puts it in a folder only the
+    run's user can enter (mode 0700), a fresh file per world (a killed rank never removes its
+    part of one). Otherwise :func:`tcp_store` on ``host:port``, which anyone who can reach that
+    port can read and write (torch's TCPStore has no authentication): any local user on
+    loopback, any host on the network. A FileStore is for processes of one machine only."""
+    if store_file is None:
+        return tcp_store(host, port, world_size, is_master, timeout=timeout, multi_tenant=True)
+    import torch.distributed as dist  # lazy: see tcp_store
+
+    store = dist.FileStore(store_file, world_size)
+    store.set_timeout(timeout)
+    return store

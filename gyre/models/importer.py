@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +74,9 @@ def _load(kind: str, path: Path):  # -> (model, tokenizer)
 
     if kind == "hf":
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        with warnings.catch_warnings():  # torch's note on a pickle's protocol, before refusing it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         return model, tok
     try:
         import gguf  # noqa: F401  (transformers reads GGUF through it)
@@ -115,6 +119,12 @@ def import_model(src: str, out_dir: str | Path, *, overwrite: bool = False) -> I
         model, tok = _load(kind, path)
     except ImportProblem:
         raise
+    except pickle.UnpicklingError:  # torch's weights_only load refused a pickle with code in it
+        raise ImportProblem(
+            f"{src}: refused its weights: a pickle (pytorch_model.bin, *.pt) that holds more "
+            "than tensors, which could run code when loaded; import safetensors weights from a "
+            "source you trust"
+        ) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ImportProblem(f"{src}: cannot be loaded as a causal LM ({first[:200]})") from None

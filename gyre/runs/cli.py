@@ -52,12 +52,13 @@ def show(
     """Write one self-contained HTML page about the run (nothing is fetched when opened)."""
     from gyre.cli_errors import fail
     from gyre.runs.files import load_run
+    from gyre.runs.safefs import write_text
     from gyre.runs.show import render
 
     run = load_run(_run_dir(run_dir, "show"))
     target = out or run_dir / "report.html"
-    try:
-        target.write_text(render(run, target.parent))
+    try:  # a new file renamed over the name: a planted link there is replaced, not followed
+        write_text(target, render(run, target.parent))
     except OSError as e:
         fail("runs show", f"cannot write {target}: {e.strerror or e}")
     typer.echo(str(target))
@@ -72,10 +73,11 @@ def compare(
     from gyre.cli_errors import fail
     from gyre.runs.compare import render_compare
     from gyre.runs.files import load_run
+    from gyre.runs.safefs import write_text
 
     runs = [load_run(_run_dir(p, "compare")) for p in run_dirs]
     try:
-        out.write_text(render_compare(runs))
+        write_text(out, render_compare(runs))
     except OSError as e:
         fail("runs compare", f"cannot write {out}: {e.strerror or e}")
     typer.echo(str(out))

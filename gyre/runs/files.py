@@ -3,36 +3,54 @@ executions.jsonl, config.json, checkpoints/, workload.json.
 
 ``gyre runs`` reads only these files (never a live world), so it works on a run that is
 still going, one that was killed, and one written by an older Gyre. Anything missing or
-torn reads as absent rather than failing.
+torn reads as absent rather than failing, and so does a number that is not finite
+(``Infinity``, ``NaN``, an integer past a float): a chart or a table has no place for one. A
+received run directory is untrusted input: its files are read through :mod:`gyre.runs.safefs`
+(regular files inside the run directory only).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gyre.runs import safefs
 
-def read_json(path: Path) -> Any | None:
+
+def finite(v: Any) -> float | None:
+    """``v`` as a float when it is a finite number (not a bool); None otherwise."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def read_json(path: Path, root: Path | None = None) -> Any | None:
+    """``root``: the run directory the file must lie in (default: the file's folder)."""
+    text = safefs.read_text(root or path.parent, path)
+    try:
+        return None if text is None else json.loads(text)
+    except (ValueError, RecursionError):
         return None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The file's rows; torn or non-object lines are skipped."""
-    try:
-        text = path.read_text()
-    except OSError:
+def read_jsonl(path: Path, root: Path | None = None) -> list[dict[str, Any]]:
+    """The file's rows; torn or non-object lines are skipped. ``root`` as for read_json."""
+    text = safefs.read_text(root or path.parent, path)
+    if text is None:
         return []
     rows = []
     for line in text.splitlines():
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(row, dict):
             rows.append(row)
@@ -73,13 +91,18 @@ class Run:
         return self.path.name
 
     @property
+    def policy(self) -> dict[str, Any]:
+        pol = self.config.get("policy")
+        return pol if isinstance(pol, dict) else {}
+
+    @property
     def placement(self) -> str:
-        pol = self.config.get("policy") or {}
+        pol = self.policy
         return str((self.summary or {}).get("placement") or pol.get("placement") or "?")
 
     @property
     def total_steps(self) -> int | None:
-        t = (self.config.get("policy") or {}).get("total_steps")
+        t = self.policy.get("total_steps")
         return t if isinstance(t, int) else None
 
     @property
@@ -90,16 +113,16 @@ class Run:
 
     @property
     def rewards(self) -> list[tuple[int, float]]:
-        return [
-            (r["step"], float(r["reward/mean"]))
-            for r in self.metrics
-            if isinstance(r.get("step"), int) and isinstance(r.get("reward/mean"), (int, float))
-        ]
+        out = []
+        for r in self.metrics:
+            v = finite(r.get("reward/mean"))
+            if isinstance(r.get("step"), int) and v is not None:
+                out.append((r["step"], v))
+        return out
 
     @property
     def makespan(self) -> float | None:
-        m = (self.summary or {}).get("makespan_s")
-        return float(m) if isinstance(m, (int, float)) else None
+        return finite((self.summary or {}).get("makespan_s"))
 
     @property
     def state(self) -> str:
@@ -111,10 +134,11 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
+    config, summary = read_json(path / "config.json"), read_json(path / "summary.json")
     return Run(
         path=path,
-        config=read_json(path / "config.json") or {},
-        summary=read_json(path / "summary.json"),
+        config=config if isinstance(config, dict) else {},
+        summary=summary if isinstance(summary, dict) else None,
         metrics=read_jsonl(path / "metrics.jsonl"),
         evals=read_jsonl(path / "evals.jsonl"),
         checkpoints=checkpoint_steps(path),

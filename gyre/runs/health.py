@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre.runs import safefs
 from gyre.runs.files import is_run_dir, read_json
+from gyre.textsafe import printable
 from gyre.trace.roles import RoleProfile, default_profile
 from gyre.trace.store import read_trace
 from gyre.trace.toolhealth import ToolHealth, execution_health
@@ -46,13 +48,20 @@ def source(path: Path, harness: str | None) -> Source:
         files = [path]
     elif path.is_dir():
         folder = path / "traces" if is_run_dir(path) else path
-        files = sorted(folder.glob("*.jsonl"))
+        files = []
+        for f in sorted(folder.glob("*.jsonl")):  # a FIFO or a link out of it: skipped
+            why = safefs.refusal(folder, f)
+            files += [f] if why is None else []
+            if why is not None:
+                safefs.warn(f, why)
     else:
         raise HealthError(f"{path}: no such file or directory")
     if not files:
         raise HealthError(f"{path}: no trace files (*.jsonl) in it")
     if harness is None and path.is_dir() and is_run_dir(path):
-        harness = ((read_json(path / "config.json") or {}).get("run") or {}).get("profile")
+        cfg = read_json(path / "config.json")
+        run = cfg.get("run") if isinstance(cfg, dict) else None
+        harness = run.get("profile") if isinstance(run, dict) else None
     if harness is None:
         return Source(files, "default", default_profile())
     name, roles = _harness(str(harness))
@@ -95,7 +104,7 @@ def table(groups: list[tuple[str, list[tuple[str, ToolHealth]]]]) -> str:
     totals: dict[str, ToolHealth] = {}
     for profile, items in groups:
         for eid, h in items:
-            lines.append([eid, profile, *_cells(h)])
+            lines.append([printable(str(eid)), printable(profile), *_cells(h)])
             totals[profile] = totals.get(profile, ToolHealth()) + h
     for profile, total in totals.items():
         label = f"total ({total.executions} exec, {total.turns_per_execution:.2f} turns/exec)"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from gyre.runs.files import Run
+from gyre.runs import safefs
+from gyre.runs.files import Run, finite, read_jsonl
 from gyre.runs.page import table
 from gyre.runs.svg import Series, bar_rows, line_chart
 
@@ -22,22 +22,22 @@ ROLE_COLORS = {
 }
 
 
+def _points(rows: list[dict[str, Any]], x: str, key: str) -> list[tuple[float, float]]:
+    """(x, value) of the rows where both are finite numbers (a non-finite value is missing)."""
+    out = []
+    for r in rows:
+        xv, yv = finite(r.get(x)), finite(r.get(key))
+        if isinstance(r.get(x), int) and xv is not None and yv is not None:
+            out.append((xv, yv))
+    return out
+
+
 def per_step(run: Run, key: str) -> list[tuple[float, float]]:
-    return [
-        (float(r["step"]), float(r[key]))
-        for r in run.metrics
-        if isinstance(r.get("step"), int)
-        and isinstance(r.get(key), (int, float))
-        and not isinstance(r.get(key), bool)
-    ]
+    return _points(run.metrics, "step", key)
 
 
 def held_out(run: Run, key: str) -> list[tuple[float, float]]:
-    return [
-        (float(e["version"]), float(e[key]))
-        for e in run.evals
-        if isinstance(e.get("version"), int) and isinstance(e.get(key), (int, float))
-    ]
+    return _points(run.evals, "version", key)
 
 
 def curves(run: Run) -> str:
@@ -63,11 +63,15 @@ def roles(run: Run) -> str:
         last = run.metrics[-1]
         by_cell: dict[int, dict[str, float]] = {}
         for k, v in last.items():
-            m = re.fullmatch(r"cells/(\d+)/(\w+)_share", k)
-            if m and isinstance(v, (int, float)):
+            m = re.fullmatch(r"cells/(\d{1,4})/(\w+)_share", k)
+            if m and finite(v) is not None:
                 by_cell.setdefault(int(m.group(1)), {})[m.group(2)] = float(v)
         shares = [by_cell[c] for c in sorted(by_cell)]
-    rows = [(f"cell {c}", s) for c, s in enumerate(shares or []) if isinstance(s, dict)]
+    rows = [
+        (f"cell {c}", {str(k): f for k, v in s.items() if (f := finite(v)) is not None})
+        for c, s in enumerate(shares or [])
+        if isinstance(s, dict)
+    ]
     return bar_rows("time share of each role, per cell", rows, ROLE_COLORS)
 
 
@@ -98,10 +102,13 @@ def faults(run: Run, execs: list[dict[str, Any]]) -> str:
     s = run.summary or {}
     proxy = s.get("proxy") or {}
     by_reason = (s.get("executions") or {}).get("missing_by_reason") or {}
+    if not isinstance(by_reason, dict):
+        by_reason = {}
     if not by_reason:
         for e in execs:
             if e.get("missing"):
-                by_reason[e["missing"]] = by_reason.get(e["missing"], 0) + 1
+                why = str(e["missing"])
+                by_reason[why] = by_reason.get(why, 0) + 1
     items = [
         ("calls moved to another engine (reroutes)", proxy.get("moved_calls")),
         ("calls resumed with partial output", proxy.get("resumed_with_partial_output")),
@@ -110,7 +117,7 @@ def faults(run: Run, execs: list[dict[str, Any]]) -> str:
         ("interrupted executions", s.get("interrupted_executions")),
         ("dead engines", ", ".join(map(str, s.get("dead_engines") or [])) or 0 if s else None),
         ("failed executions", sum(1 for e in execs if e.get("failed"))),
-        *((f"missing: {k}", v) for k, v in sorted(by_reason.items())),
+        *((f"missing: {k}", v) for k, v in sorted(by_reason.items(), key=str)),
     ]
     rows = [[html.escape(k), html.escape("-" if v is None else str(v))] for k, v in items]
     errors = [e for e in execs if e.get("error")][:20]
@@ -119,26 +126,19 @@ def faults(run: Run, execs: list[dict[str, Any]]) -> str:
         out += "<p>first errors:</p>" + table(
             ["execution", "error"],
             [
-                [html.escape(e.get("execution", "?")), html.escape(str(e["error"])[:300])]
+                [html.escape(str(e.get("execution", "?"))), html.escape(str(e["error"])[:300])]
                 for e in errors
             ],
         )
     return out
 
 
-def trace_versions(path: Path) -> list[int]:
+def trace_versions(path: Path, root: Path) -> list[int]:
     """The policy versions that served an execution's tokens (its trace's segments)."""
     vs: set[int] = set()
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        for seg in rec.get("segments") or []:
+    for rec in read_jsonl(path, root):
+        segs = rec.get("segments")
+        for seg in segs if isinstance(segs, list) else []:
             if isinstance(seg, dict) and isinstance(seg.get("weights_version"), int):
                 vs.add(seg["weights_version"])
     return sorted(vs)
@@ -158,12 +158,17 @@ def write_trees(run: Run, execs: list[dict[str, Any]], out: Path, limit: int) ->
         trace = run.path / "traces" / f"{eid}.jsonl"
         if len(made) >= limit or not re.fullmatch(r"[\w.-]+", eid) or not trace.is_file():
             continue
+        why = safefs.refusal(run.path, trace)
+        if why is not None:  # a link out of the run, or a FIFO: its tree is not drawn
+            safefs.warn(trace, why)
+            continue
         tree = load_tree(trace, default_profile(), None)
         if not tree.requests:
             continue
-        out.mkdir(parents=True, exist_ok=True)
+        if not made and not safefs.own_dir(out):
+            return made
         f = out / f"{eid}.html"
-        f.write_text(render_html(tree, admit(tree, None, 0), decode=decode), encoding="utf-8")
+        safefs.write_text(f, render_html(tree, admit(tree, None, 0), decode=decode))
         made[eid] = f
     return made
 
@@ -191,23 +196,23 @@ def executions(
     for e in execs:
         eid = str(e.get("execution", "?"))
         calls = e.get("model_calls") or {}
-        reward = e.get("reward")
-        if isinstance(reward, (int, float)):
+        reward = finite(e.get("reward"))
+        if reward is not None:
             outcome = f"{reward:.3f}"
         else:
             why = e.get("missing") or ("failed" if e.get("failed") else "-")
             outcome = f'<span class="missing">missing: {html.escape(str(why))}</span>'
-        vs = trace_versions(run.path / "traces" / f"{eid}.jsonl")
+        vs = trace_versions(run.path / "traces" / f"{eid}.jsonl", run.path)
         link = html.escape(eid)
         if eid in trees:
             rel = os.path.relpath(trees[eid], page_dir)
             link = f'<a href="{html.escape(rel)}">{link}</a>'
-        secs = e.get("seconds")
+        secs = finite(e.get("seconds"))
         rows.append(
             [
                 link,
                 html.escape(str(e.get("task", "?"))),
-                f'<span class="num">{secs:.1f}</span>' if isinstance(secs, (int, float)) else "-",
+                f'<span class="num">{secs:.1f}</span>' if secs is not None else "-",
                 html.escape(f"{calls.get('answered', '-')}/{calls.get('attempted', '-')}"),
                 outcome,
                 html.escape(", ".join(map(str, vs)) or "-"),

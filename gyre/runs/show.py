@@ -13,7 +13,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from gyre.runs import sections
+from gyre.runs import safefs, sections
 from gyre.runs.files import Run, read_jsonl
 from gyre.runs.listing import fmt
 from gyre.runs.page import page, table
@@ -21,9 +21,14 @@ from gyre.runs.page import page, table
 
 def _timeline(run: Run) -> str:
     png = run.path / "timeline.png"
-    if not png.is_file():
+    why = safefs.refusal(run.path, png)
+    if why is not None:
+        safefs.warn(png, why)
+        return f'<p class="none">timeline: skipped, timeline.png is {html.escape(why)}</p>'
+    raw = safefs.read_bytes(run.path, png)
+    if raw is None:
         return '<p class="none">timeline: not written (the run has not finished)</p>'
-    data = base64.b64encode(png.read_bytes()).decode()
+    data = base64.b64encode(raw).decode()
     return f'<img id="timeline" alt="timeline" src="data:image/png;base64,{data}">'
 
 

@@ -14,11 +14,14 @@ Series = tuple[str, list[tuple[float, float]]]
 def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if hi <= lo:
         return [lo]
-    step = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(step))
-    step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= step), default=step)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+    try:
+        step = (hi - lo) / n
+        mag = 10 ** math.floor(math.log10(step))
+        step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= step), default=step)
+        first = math.ceil(lo / step) * step
+        return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+    except (OverflowError, ValueError, ZeroDivisionError):  # a span past a float's range
+        return [lo, hi]
 
 
 def _num(v: float) -> str:
@@ -28,6 +31,9 @@ def _num(v: float) -> str:
 def line_chart(title: str, series: list[Series], x_label: str, y_label: str = "") -> str:
     """One chart: each series a polyline with dots, a legend on the right. Empty series are
     left out; no series at all gives a one-line note instead of an empty frame."""
+    series = [
+        (n, [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]) for n, pts in series
+    ]
     series = [(n, pts) for n, pts in series if pts]
     esc = html.escape
     if not series:

@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -118,18 +119,33 @@ class Cell:
         """``n`` ports free on this cell's node (the core's: where the gloo world listens)."""
         return free_ports(n, node_ip())
 
-    def setup(self, dist_port: int, store_port: int, host: str = "127.0.0.1") -> None:
-        """Join the cells' gloo world, served by the core at ``host`` (its node IP), and build
-        every prefix communicator (collective: all cells at once). On a non-loopback node the
-        cell's own gloo sockets bind the interface holding its node IP (see nodeaddr)."""
+    def sees(self, folder: str, token: str) -> bool:
+        """Whether this cell reads ``folder/token`` as ``token``: the driver's private folder is
+        on this cell's machine, so the gloo world's rendezvous can be a file there."""
+        try:
+            return (Path(folder) / "token").read_text() == token
+        except OSError:
+            return False
+
+    def setup(self, dist_port: int, host: str = "127.0.0.1", store_file: str | None = None) -> None:
+        """Join the cells' gloo world and build every prefix communicator (collective: all
+        cells at once). Its rendezvous is a FileStore at ``store_file`` when every cell is on
+        the driver's machine, else a TCPStore the core serves at ``host:dist_port`` (its node
+        IP). On a non-loopback node the cell's own gloo sockets bind the interface holding its
+        node IP (see nodeaddr)."""
         os.environ.update(gloo_env(node_ip(), dict(os.environ), ipv4_interfaces()))
         if self.devices > 1:  # K cells x G ranks, fsdp.py's groups (gyre.runtime.ranks)
-            self.trainer = sharded_setup(self, dist_port, host)
+            self.trainer = sharded_setup(self, dist_port, host, store_file)
             return
         if self.cell is not None:  # a rebuild (a cell was restarted): leave the old world
             self.cell.teardown()
         cell = self.cell = TrainCell(
-            self.index, self.world, dist_port=dist_port, store_port=store_port, host=host
+            self.index,
+            self.world,
+            dist_port=dist_port,
+            store_port=None,  # micro-steps go through Ray: no coordination store
+            host=host,
+            store_file=store_file,
         )
         cell.setup()
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from pydantic import ValidationError
 
 from gyre import log
 from gyre.cli_errors import UserError, error_line, first_line, make_dir
+from gyre.runtime import origin
 from gyre.runtime.cpulimit import CpuLimitError, check
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.supervise import resume_state, supervise
@@ -149,10 +151,23 @@ def _say(text: str) -> None:
     typer.echo(f"[gyre run] {text}", err=True)
 
 
-def _start_logging(cfg, run_dir: Path, log_format: str | None) -> None:
+def _resumed(resume: Path, set_: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The config and state a ``--resume`` goes on with; one line first when this user's gyre
+    run did not create the directory, whose config.json is taken as it is."""
+    if not (resume / "config.json").is_file():
+        raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.json)")
+    cfg = resume_config(resume, set_)
+    if not origin.created_here(resume):
+        typer.echo(origin.notice(resume), err=True)
+    return cfg, resume_state(resume, cfg.policy.group_size)
+
+
+def _start_logging(cfg, run_dir: Path, log_format: str | None, new: bool = False) -> None:
     """The driver's logs: stderr as ``gyre``'s options say (JSON lines when the progress is), and
     ``logs/driver.jsonl`` in the run directory at ``run.log_level``, beside the cells' own."""
     rd = RunDir(run_dir).create()  # 0700, before the log file would create it
+    if new:
+        origin.mark(run_dir)  # what a later --resume checks (gyre/runtime/origin.py)
     level, fmt = log.current()
     if (log_format or cfg.run.log_format) == "json":
         fmt = "json"
@@ -177,10 +192,7 @@ def run_command(
             raise ConfigProblem(f"--log-format: expected rich, plain or json, got {log_format!r}")
         state = None
         if resume is not None:
-            if not (resume / "config.json").is_file():
-                raise ConfigProblem(f"--resume: {resume} is not a run directory (no config.json)")
-            cfg = resume_config(resume, set_)
-            state = resume_state(resume, cfg.policy.group_size)
+            cfg, state = _resumed(resume, set_)
             run_dir = resume
         else:
             if config is None:
@@ -219,7 +231,7 @@ def run_command(
             f"gyre run: {run_dir} already finished its {cfg.policy.total_steps} steps", err=True
         )
         raise typer.Exit(0)
-    _start_logging(cfg, run_dir, log_format)
+    _start_logging(cfg, run_dir, log_format, new=state is None)
     # lazy, and only once the checks passed: Ray and the whole runtime take seconds to import
     from gyre.runtime.faults import FatalFault
     from gyre.runtime.publication import PublicationError

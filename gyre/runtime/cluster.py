@@ -47,6 +47,7 @@ from gyre.runtime.ray_setup import (
     engine_env,
     init_ray,
 )
+from gyre.runtime.rendezvous import Rendezvous
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.standalone import start_pool
 from gyre.train.stats import ObjectiveStats
@@ -109,6 +110,7 @@ class Cluster:
         self.dead_engines: list[str] = []
         self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
+        self.rendezvous = Rendezvous()  # the gloo worlds' store files (one machine)
         self._asks: list[dict[str, float]] = []
         # versions engines are starting on, counted (a cell killed mid-start and its restarted
         # actor may load the same one at once): not pruned while any load holds them
@@ -207,14 +209,17 @@ class Cluster:
         return ranks.new_cell(make, res.devices)
 
     async def build_world(self) -> str:
-        """Every cell (re)joins a fresh gloo world served by the core at its node IP, on ports
-        free there, and builds its prefix communicators (collective). Each actor runs it after
+        """Every cell (re)joins a fresh gloo world and builds its prefix communicators
+        (collective). Its rendezvous is a fresh file in the driver's private folder when every
+        cell is on the driver's machine, else a TCPStore the core serves at its node IP on a
+        port free there (:mod:`gyre.runtime.rendezvous`). Each actor runs it after
         the calls it already has (one at a time, in the driver's order), so a survivor's work in
         flight finishes first. Returns the world's address."""
         ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
-        dist_port, store_port = await self.cells[0].free_ports.remote(2)
-        await asyncio.gather(*[c.setup.remote(dist_port, store_port, ips[0]) for c in self.cells])
-        return f"{ips[0]}:{dist_port}"
+        store = await self.rendezvous.store_file(self.cells)  # one machine: a private file
+        (dist_port,) = [0] if store else await self.cells[0].free_ports.remote(1)
+        await asyncio.gather(*[c.setup.remote(dist_port, ips[0], store) for c in self.cells])
+        return f"{ips[0]}:{dist_port}"  # port 0: no TCP rendezvous (a FileStore)
 
     def log_spec(self, name: str) -> LogSpec:
         """How actor ``name`` logs: stderr (Ray's worker log) as the driver's, and JSON lines to
@@ -291,6 +296,7 @@ class Cluster:
             self.cells = []
             if self.cfg.run.cell.cpu_quota is not None:  # this node's emptied cell groups
                 await asyncio.to_thread(_sweep_cgroups)
+        self.rendezvous.close()
         if self.standalone:  # stop first: a vLLM server is a process of its own, not the actor's
             await _settle([a.stop.remote() for a, _ in self.standalone])
         for a, _ in self.standalone:

@@ -14,11 +14,13 @@ exists.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from gyre.cli_errors import WEIGHTS_REFUSED, weights_refusal
 from gyre.engine.config import EmbeddedEngineConfig, VllmEngineConfig, VllmLaunchConfig
 from gyre.engine.vllm_launch import vllm_python
 
@@ -79,6 +81,10 @@ def engine_start_error(e: BaseException) -> str:
     """One line for an engine that did not come up (a Ray task error wraps the cause with its
     traceback; the cause's own message, e.g. vLLM's log tail, is what the user needs)."""
     cause = getattr(e, "cause", None) or e
+    # torch's weights_only refusal, raised or named in the engine server's last words: its
+    # advice (load with weights_only=False) would run the pickle's code
+    if isinstance(cause, pickle.UnpicklingError) or weights_refusal(str(cause)):
+        return WEIGHTS_REFUSED
     text = str(cause).strip().splitlines() or [type(cause).__name__]
     return text[-1][:600] if text[0].startswith("ray::") else text[0][:600]
 

@@ -141,7 +141,7 @@ def rank_options(node: str | None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- inside a rank's process
-def sharded_setup(cell: Any, dist_port: int, host: str) -> Any:
+def sharded_setup(cell: Any, dist_port: int, host: str, store_file: str | None = None) -> Any:
     """Join the K*G-rank world as rank ``cell.index * G + cell.local`` and build the sharded
     trainer over fsdp.py's groups (once: the groups then live as long as the process)."""
     from gyre.train.fsdp import CellLayout, init_sharded_process
@@ -162,6 +162,7 @@ def sharded_setup(cell: Any, dist_port: int, host: str) -> Any:
         device_type="cuda" if cuda else "cpu",
         device_index=cell.local if cuda else None,  # UNTESTED: one GPU per rank on the node
         host=host,
+        store_file=store_file,
     )
     return ShardedCellTrainer(cell.index, cell.tcfg, groups)
 

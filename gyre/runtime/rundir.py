@@ -20,6 +20,7 @@ Layout::
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -67,6 +68,23 @@ def to_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
+def _finite(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON: a non-finite float (a diverged loss, a 0/0 ratio) is written as null.
+    ``json.dumps`` writes ``Infinity``/``NaN`` by default, which no other JSON reader takes
+    and which a reader must then treat as missing anyway."""
+    return json.dumps(_finite(obj), allow_nan=False, **kw)
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(
@@ -107,7 +125,7 @@ class RunDir:
 
     def _append(self, name: str, row: dict[str, Any], durable: bool = True) -> None:
         with open(self.path / name, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(dumps(row) + "\n")
             f.flush()
             if durable:
                 os.fsync(f.fileno())
@@ -201,7 +219,7 @@ class RunDir:
         (self.path / "cells.json").write_text(json.dumps(placement, indent=2))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.path / "summary.json").write_text(dumps(summary, indent=2))
 
     def close(self) -> None:
         if self._tb is not None:
@@ -231,6 +249,6 @@ class RunDir:
             if r["step"] not in seen:
                 seen.add(r["step"])
                 uniq.append(r)
-        (self.path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in uniq))
+        (self.path / "metrics.jsonl").write_text("".join(dumps(r) + "\n" for r in uniq))
         self.step_rows = uniq
         return len(rows) - len(uniq)

@@ -28,13 +28,15 @@ class TrainCell:
         world: int,
         *,
         dist_port: int,
-        store_port: int,
+        store_port: int | None,
         host: str = "127.0.0.1",
         backend: str = "gloo",
         timeout_s: float = 120.0,
+        store_file: str | None = None,
     ):
         self.rank, self.world, self.host, self.backend = rank, world, host, backend
         self.dist_port, self.store_port, self.timeout_s = dist_port, store_port, timeout_s
+        self.store_file = store_file
         self.comm: PrefixCommunicators | None = None
         self.store: TCPStore | None = None
 
@@ -43,8 +45,10 @@ class TrainCell:
         return self.rank == 0
 
     def setup(self) -> None:
-        """Join the cells' process group, build every prefix communicator, connect the store
-        (cell 0 serves it)."""
+        """Join the cells' process group (its rendezvous a FileStore at ``store_file`` when
+        given, else a TCPStore on ``dist_port``), build every prefix communicator, connect the
+        coordination store (cell 0 serves it; none without ``store_port``: ``gyre run`` sends
+        micro-steps through Ray and needs none)."""
         import datetime
 
         from gyre.ports import tcp_store
@@ -57,7 +61,10 @@ class TrainCell:
             backend=self.backend,
             host=self.host,
             timeout_s=self.timeout_s,
+            store_file=self.store_file,
         )
+        if self.store_port is None:
+            return
         self.store = tcp_store(
             self.host,
             self.store_port,

@@ -14,7 +14,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from gyre.ports import tcp_store
+from gyre.ports import world_store
 
 
 class PrefixCommunicators:
@@ -56,13 +56,15 @@ def init_cell_process(
     backend: str = "gloo",
     host: str = "127.0.0.1",
     timeout_s: float = 120.0,
+    store_file: str | None = None,
 ) -> PrefixCommunicators:
-    """Join the cells' process group over TCP on ``host:port`` and build the prefix groups.
+    """Join the cells' process group and build the prefix groups.
 
-    The rendezvous store is :func:`tcp_store` (what ``init_method="tcp://host:port"`` builds,
-    except that rank 0 listens on ``host`` only)."""
+    The rendezvous store is a FileStore at ``store_file`` (cells of one machine: see
+    :func:`gyre.ports.world_store`), else a TCPStore on ``host:port`` (what
+    ``init_method="tcp://host:port"`` builds, except that rank 0 listens on ``host`` only)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = tcp_store(host, port, world_size, rank == 0, timeout=timeout, multi_tenant=True)
+    store = world_store(host, port, world_size, rank == 0, timeout=timeout, store_file=store_file)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return PrefixCommunicators(world_size, rank)
 

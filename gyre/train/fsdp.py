@@ -133,17 +133,20 @@ def init_sharded_process(
     device_index: int | None = None,
     host: str = "127.0.0.1",
     timeout_s: float = 120.0,
+    store_file: str | None = None,
 ) -> ShardedGroups:
-    """Join the world of ``layout.world`` ranks over TCP on ``host:port`` and build the groups.
+    """Join the world of ``layout.world`` ranks and build the groups: the rendezvous is a
+    FileStore at ``store_file`` (one machine), else a TCPStore on ``host:port``
+    (:func:`gyre.ports.world_store`).
 
     On CUDA pass ``device_index`` (the rank's GPU on its node), set before any group exists.
     """
-    from gyre.ports import tcp_store
+    from gyre.ports import world_store
 
     if device_type == "cuda" and device_index is not None:
         torch.cuda.set_device(device_index)
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = tcp_store(host, port, layout.world, rank == 0, timeout=timeout, multi_tenant=True)
+    store = world_store(host, port, layout.world, rank == 0, timeout=timeout, store_file=store_file)
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=layout.world, timeout=timeout
     )

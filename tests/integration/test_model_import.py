@@ -70,3 +70,41 @@ def test_refusals_are_one_line(tmp_path: Path) -> None:
         import_model(str(hf), full)
     with pytest.raises(ImportProblem, match="cannot be loaded"):
         import_model(str(hf), tmp_path / "out2")
+
+
+def _pickle_with_code(tmp_path: Path) -> tuple[Path, Path]:
+    """A tiny model folder whose weights are a pickle that runs a command when loaded."""
+    import os
+    import pickle
+
+    from gyre.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "evil")
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (model / "model.safetensors").unlink()
+    (model / "pytorch_model.bin").write_bytes(pickle.dumps(Evil()))
+    return model, marker
+
+
+def test_a_pickle_with_code_is_refused_in_one_line(tmp_path: Path) -> None:
+    """torch's weights_only load refuses it; the user reads one line, not 64 (issue 37)."""
+    import subprocess
+    import sys
+
+    model, marker = _pickle_with_code(tmp_path)
+    gyre = [sys.executable, "-m", "gyre.cli"]
+    r = subprocess.run([*gyre, "model", "import", str(model), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode != 0 and not marker.exists()
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert "refused its weights: a pickle" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([*gyre, "engine", "--model", str(model), "--port", "0"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode != 0 and not marker.exists()
+    assert "startup failed: refused the model's weights: a pickle" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "pytorch.org" not in r.stderr

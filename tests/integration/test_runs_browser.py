@@ -47,3 +47,38 @@ def test_report_renders_in_chromium(tmp_path):
     dom = _chromium("--dump-dom", page, tmp=tmp_path).stdout
     for part in ('id="curves"', 'id="executions"', "<svg", "missing: model_unreachable"):
         assert part in dom
+
+
+def test_hostile_run_text_shows_only_as_text(tmp_path):
+    """A received run directory whose folder name, task names and errors carry HTML: in the
+    browser each is text on the page, no element of theirs exists and no script of theirs ran."""
+    import json
+
+    planted = '<img id="planted" src="x" onerror="document.body.dataset.pwned=1">'
+    rd = make_run(tmp_path, '<b id="planted-run">r', steps=3, total=3, finished=True, ckpt=True)
+    rows = [json.loads(x) for x in (rd / "executions.jsonl").read_text().splitlines()]
+    rows[0]["task"] = f"t\n{planted}"
+    rows[1]["error"] = f"</td></tr></table><script>document.body.dataset.pwned=2</script>{planted}"
+    rows[1]["missing"] = planted
+    (rd / "executions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = CliRunner().invoke(app, ["runs", "show", str(rd)])
+    assert r.exit_code == 0, r.output
+    dom = _chromium("--dump-dom", (rd / "report.html").as_uri(), tmp=tmp_path).stdout
+    assert 'id="executions"' in dom  # the page rendered
+    elements = _elements(dom)
+    assert "script" not in {tag for tag, _ in elements}
+    assert [a for _, a in elements if "planted" in a.get("id", "") or "data-pwned" in a] == []
+    assert dom.count('&lt;img id="planted"') >= 3 and '&lt;b id="planted-run"&gt;' in dom
+
+
+def _elements(dom: str) -> list[tuple[str, dict]]:
+    from html.parser import HTMLParser
+
+    found: list[tuple[str, dict]] = []
+
+    class P(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.append((tag, dict(attrs)))
+
+    P().feed(dom)
+    return found

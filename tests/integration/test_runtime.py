@@ -293,7 +293,8 @@ def test_nothing_of_gyre_listens_outside_loopback(done):
     urls = [u for per_cell in s["engine_urls"] for u in per_cell]
     hosts = {re.match(r"http://([^:/]+):", u).group(1) for u in urls}  # type: ignore[union-attr]
     assert hosts == {"127.0.0.1"}, urls
-    assert {c["gloo"].rsplit(":", 1)[0] for c in s["cells"]} == {"127.0.0.1"}
+    # the gloo world met in a file of the driver's private folder: no rendezvous port at all
+    assert {c["gloo"] for c in s["cells"]} == {"127.0.0.1:0"}, s["cells"]
     assert "proxy at http://127.0.0.1:" in done["log"]
 
 

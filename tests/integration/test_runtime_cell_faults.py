@@ -158,6 +158,8 @@ def _run_with(tiny_model_dir, tmp_path, name: str, killer_args, steps: int = 5, 
     assert fault["action"] == "restart", fault
     cells = json.loads((rd / "cells.json").read_text())
     assert cells[killer_args[0]]["pid"] != killer.pid  # a new actor serves as that cell
+    # one machine: the gloo worlds met in files of the driver's private folder, no TCP port
+    assert {c["gloo"] for c in cells} == {"127.0.0.1:0"}, cells
     # it served again: back in the policy's rollout (``back``), or, when the run ended first
     # (an engine start takes ~13 s on a loaded 2-core machine), its new engine came up
     log = (rd / "logs" / f"cell-{killer_args[0]}.jsonl").read_text()

@@ -177,6 +177,45 @@ def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_
     assert "already finished" in r.stderr
 
 
+def test_resume_says_so_when_this_user_did_not_create_the_run(base, model_dir, tmp_path):
+    """--resume takes a received run's config.json as it is (sandbox off, any harness command):
+    a directory this user's gyre run did not create gets one line saying so (issue 37)."""
+    import os
+    import shutil
+
+    from gyre.runtime import origin
+    from gyre.train.checkpoint import TrainerState
+
+    os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")  # this user's key, made on first use
+    try:
+        cfg = load_config(base, [f"model_dir={model_dir}", "policy.total_steps=2"])
+        rd = RunDir(tmp_path / "mine").create()
+        rd.write_config(cfg)
+        ck = rd.checkpoints / "step-2"
+        ck.mkdir()
+        (ck / "trainer_state.json").write_text(
+            json.dumps(TrainerState(2, 2, ["g0", "g1", "g2", "g3"], "m").__dict__)
+        )
+        (rd.checkpoints / "latest").write_text("step-2")
+        rd.write_summary({"steps": 2})
+        received = tmp_path / "received"
+        shutil.copytree(rd.path, received)
+        origin.mark(rd.path)  # what gyre run does when it creates a run directory
+        assert oct(os.stat(tmp_path / "state" / "gyre" / "origin.key").st_mode & 0o777) == "0o600"
+        r = _run(["--resume", str(rd.path)])
+        assert r.exit_code == 0 and "not created by this user" not in r.stderr, r.stderr
+        r = _run(["--resume", str(received)])  # no marker
+        lines = [ln for ln in r.stderr.splitlines() if "not created by this user" in ln]
+        assert r.exit_code == 0 and len(lines) == 1 and "config.json as it is" in lines[0]
+        shutil.copy(rd.path / origin.MARKER, received / origin.MARKER)  # a copied marker
+        assert "not created by this user" in _run(["--resume", str(received)]).stderr
+        (received / origin.MARKER).unlink()
+        os.mkfifo(received / origin.MARKER)  # a FIFO does not block the check
+        assert "not created by this user" in _run(["--resume", str(received)]).stderr
+    finally:
+        del os.environ["XDG_STATE_HOME"]
+
+
 # ---------------------------------------------------------------------------------- task stream
 def test_task_stream_is_deterministic_and_covers_each_task_once_per_epoch():
     a = TaskStream("quickstart", [], [], seed=3)

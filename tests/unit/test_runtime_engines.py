@@ -175,3 +175,20 @@ def test_an_engine_that_did_not_start_is_named_by_its_own_last_words():
         "server engine-cell-0 failed to start: VllmLaunchError: no venv"
     )
     assert engine_start_error(ValueError("one\ntwo")) == "one"
+
+
+def test_a_refused_weights_pickle_is_named_as_such():
+    """torch's weights_only refusal ends in advice to reload with weights_only=False, which
+    would run the pickle's code: the user reads what was refused instead (issue 37)."""
+    import pickle
+
+    from gyre.cli_errors import WEIGHTS_REFUSED
+    from gyre.runtime.engines import engine_start_error
+
+    class TaskError(Exception):
+        cause = pickle.UnpicklingError("Weights only load failed. ... weights_only=False ...")
+
+    assert engine_start_error(TaskError("ray::Cell.start_engine()\n  File x")) == WEIGHTS_REFUSED
+    named = RuntimeError("server engine-cell-0 failed to start: UnpicklingError: Weights only")
+    assert engine_start_error(named) == WEIGHTS_REFUSED  # the engine server's last words
+    assert "weights_only=False" not in WEIGHTS_REFUSED
