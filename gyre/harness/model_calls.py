@@ -38,16 +38,15 @@ acted; a harness timeout is scored the same way).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+# the harness's side, re-exported (harnesses import gyre.harness.calls_file itself)
+from .calls_file import CALLS_FILE_ENV as CALLS_FILE_ENV
+from .calls_file import CALLS_FILE_NAME as CALLS_FILE_NAME
+from .calls_file import write_calls_file as write_calls_file
 from .safe_read import UnsafeFile, printable, read_file  # stdlib only, like this module
-
-# The environment variable naming the file a Gyre-aware harness writes its counts to.
-CALLS_FILE_ENV = "GYRE_MODEL_CALLS_FILE"
-CALLS_FILE_NAME = "model_calls.json"  # under the execution's artifacts/ folder
 
 
 @dataclass(frozen=True)
@@ -126,23 +125,3 @@ def read_calls_file(path: str | Path) -> ModelCalls | None:
         )
     except (UnsafeFile, ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
-
-
-def write_calls_file(attempted: int, answered: int, last_error: str = "") -> None:
-    """Harness side: write the counts where ``$GYRE_MODEL_CALLS_FILE`` says (no-op if unset).
-
-    Written atomically (temp file + rename) so the executor never reads half a
-    file, and before each call as well as after it, so a harness killed mid-call
-    (harness timeout on a hanging endpoint) still leaves its attempt counted.
-    Never raises: a harness must not fail because its report could not be written.
-    """
-    target = os.environ.get(CALLS_FILE_ENV)
-    if not target:
-        return
-    body = {"attempted": attempted, "answered": answered, "last_error": last_error[:500]}
-    tmp = f"{target}.tmp"
-    try:
-        Path(tmp).write_text(json.dumps(body), encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError:
-        pass
