@@ -15,7 +15,10 @@ median and p90 of each phase of an execution outside its model call:
   endpoint receives the first request;
 - last call -> score: the endpoint's last answer until the harness exited; the teardown
   (group killed, logs flushed, sandbox undone); the model-call count and key revoke; the
-  scoring (copy, verifier start and run, result read); the result written.
+  scoring (copy, verifier start and run, result read); the result written;
+- the CPU of this process per execution (executor, endpoint thread): the launcher's own
+  cost, which moves less with the machine's load than the wall-clock phases. (The
+  sandboxed processes' CPU is not reaped by this process, so it is not shown.)
 
 Every mark is taken in this process (the endpoint runs on a thread here) from the result's
 ``Timings`` and the endpoint's clock, so the mode measures an older commit the same way.
@@ -262,6 +265,9 @@ PHASES = [
     ("scoring (copy, verifier, result read)", "scoring"),
     ("last answer -> scored", "after_last"),
     ("outside the model calls (total - calls)", "overhead"),
+    ("CPU of the launcher (executor, endpoint, this process)", "cpu_self"),
+    ("recorded: Timings.first_call_s (the agent's own clock)", "rec_first"),
+    ("recorded: Timings.after_last_call_s", "rec_after"),
 ]
 
 
@@ -292,6 +298,7 @@ async def phases_run(n: int, root: Path, sandbox: bool) -> dict[str, list[float]
         async with HarnessExecutor(cfg) as ex:
             for i in range(n):
                 key = f"key{i}"
+                c0 = cpu()
                 t_submit = time.monotonic()
                 r = await ex.run(
                     ExecutionSpec(
@@ -300,6 +307,7 @@ async def phases_run(n: int, root: Path, sandbox: bool) -> dict[str, list[float]
                 )
                 if r.reward is None or key not in ep.last:
                     raise SystemExit(f"execution {i} failed: {r.model_dump_json()[:800]}")
+                c1 = cpu()
                 t = r.timings
                 t_spawn = t_submit + t.launched_s
                 t_stop = t_submit + t.queued_s + t.setup_s + t.harness_s
@@ -315,7 +323,12 @@ async def phases_run(n: int, root: Path, sandbox: bool) -> dict[str, list[float]
                     "scoring": t.scoring_s,
                     "after_last": t_done - last,
                     "overhead": t.total_s - t.queued_s - (last - first),
+                    "cpu_self": c1[0] - c0[0],
                 }
+                # what result.json records (None before those fields existed)
+                for k, f in (("rec_first", "first_call_s"), ("rec_after", "after_last_call_s")):
+                    if getattr(t, f, None) is not None:
+                        vals[k] = getattr(t, f)
                 for k, v in vals.items():
                     out[k].append(v)
     finally:
@@ -333,6 +346,9 @@ def print_phases(n: int, res: dict[str, list[float]], sandbox: bool) -> None:
     print("|---|---|---|")
     for name, k in PHASES:
         xs = sorted(res[k])
+        if not xs:
+            print(f"| {name} | - | - |")
+            continue
         print(f"| {name} | {1000 * med(xs):.0f} | {1000 * xs[int(0.9 * (len(xs) - 1))]:.0f} |")
 
 
@@ -390,7 +406,7 @@ async def main() -> None:
         out = Path(__file__).parent / "results"
         out.mkdir(exist_ok=True)
         (out / "bench_executor_phases.json").write_text(
-            json.dumps({k: {"median": med(v), "values": v} for k, v in res.items()}, indent=1)
+            json.dumps({k: {"median": med(v), "values": v} for k, v in res.items() if v}, indent=1)
         )
         return
     names = ["bare subprocess (baseline: a floor, no workspace/scoring)", "executor"]

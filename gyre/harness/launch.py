@@ -61,6 +61,7 @@ class Exec:
     home: Path
     run: HarnessRun
     timings: Timings
+    call_times: tuple[float, float] | None = None  # the harness's first call, last answer
 
 
 @dataclass

@@ -112,16 +112,33 @@ def read_calls_file(path: str | Path) -> ModelCalls | None:
     The file is the harness's: read without following a link, without blocking on
     a FIFO, at most 64 KiB (gyre.harness.safe_read); anything else reads as None.
     """
+    return read_calls_report(path)[0]
+
+
+CallTimes = tuple[float, float]  # time.monotonic() of the first call sent, the last answer
+
+
+def _time(v: object) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e12:
+        return None
+    return float(v)
+
+
+def read_calls_report(path: str | Path) -> tuple[ModelCalls | None, CallTimes | None]:
+    """:func:`read_calls_file`, and the harness's first-call and last-answer times when it
+    wrote both (``write_calls_file``): the harness's word, used only for timings."""
     try:
         raw = read_file(path)
         if raw is None:
-            return None
+            return None, None
         data = json.loads(raw.decode("utf-8"))
-        return ModelCalls(
+        calls = ModelCalls(
             attempted=_count(data["attempted"]),
             answered=_count(data["answered"]),
             last_error=printable(str(data.get("last_error", ""))[:500]),
             source="harness",
         )
     except (UnsafeFile, ValueError, TypeError, KeyError, AttributeError, RecursionError):
-        return None
+        return None, None
+    first, last = _time(data.get("first_call_at")), _time(data.get("last_answer_at"))
+    return calls, (first, last) if first is not None and last is not None else None

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from gyre.harness.calls_file import write_calls_file
 
@@ -131,6 +132,8 @@ class RunStats:
         self.submitted = False
         self.final = ""
         self.errors: list[str] = []
+        self.first_call_at: float | None = None  # time.monotonic(): the first call sent
+        self.last_answer_at: float | None = None  # and the last answer received
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
@@ -193,9 +196,15 @@ class ReferenceAgent:
 
     # ---- model calls -----------------------------------------------------------
     def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
-        self.stats.requests += 1
+        st = self.stats
+        st.requests += 1
+        if st.first_call_at is None:
+            st.first_call_at = time.monotonic()
+        first = st.first_call_at
         # counted before and after the call, so a kill mid-call leaves the attempt on record
-        write_calls_file(self.stats.requests, self.stats.answered)
+        write_calls_file(
+            st.requests, st.answered, first_call_at=first, last_answer_at=st.last_answer_at
+        )
         kw: dict[str, Any] = {
             "model": self.cfg.model,
             "messages": messages,
@@ -208,10 +217,16 @@ class ReferenceAgent:
         try:
             msg = self.client.chat.completions.create(**kw).choices[0].message
         except Exception as e:
-            write_calls_file(self.stats.requests, self.stats.answered, f"{type(e).__name__}: {e}")
+            err = f"{type(e).__name__}: {e}"
+            write_calls_file(
+                st.requests, st.answered, err, first_call_at=first, last_answer_at=st.last_answer_at
+            )
             raise
-        self.stats.answered += 1
-        write_calls_file(self.stats.requests, self.stats.answered)
+        st.answered += 1
+        st.last_answer_at = time.monotonic()
+        write_calls_file(
+            st.requests, st.answered, first_call_at=first, last_answer_at=st.last_answer_at
+        )
         return msg
 
     def _compact(
