@@ -235,3 +235,31 @@ def test_the_agent_as_the_profile_starts_it_answers_with_either_client(tmp_path,
     )
     assert r.returncode == 0, r.stderr
     assert (ws / "answer.txt").read_text() == "Answer: 7"
+
+
+def test_https_goes_through_http_client(monkeypatch):
+    """https:// is the one path through http.client (TLS, certificate checks): same request."""
+    import http.client
+
+    seen = {}
+
+    class FakeConn:
+        def __init__(self, host, port, timeout):
+            seen["where"] = (host, port, timeout)
+
+        def request(self, method, path, body, headers):
+            seen["req"] = (method, path, json.loads(body), headers)
+
+        def getresponse(self):
+            return type("R", (), {"status": 200, "read": lambda self: json.dumps(REPLY).encode()})()
+
+        def close(self):
+            seen["closed"] = True
+
+    monkeypatch.setattr(http.client, "HTTPSConnection", FakeConn)
+    msg = client("https://api.example/v1").chat.completions.create(model="m", messages=[])
+    assert msg.choices[0].message.content == "Answer: 7"
+    assert seen["where"] == ("api.example", 443, 5.0) and seen["closed"]
+    method, path, body, headers = seen["req"]
+    assert (method, path, body) == ("POST", "/v1/chat/completions", {"model": "m", "messages": []})
+    assert headers["authorization"] == "Bearer sk-1" and headers["Connection"] == "close"
