@@ -20,8 +20,8 @@ execution's start on a loaded 2-core machine; no subprocess, and the C modules u
 socket, threading and signal rather than those). The sandbox runs
 it inside :mod:`gyre.harness.confine`'s interpreter (``confine.py --bridge-listen
 HOST:PORT --bridge-unix SOCK -- CMD``: :func:`bridge_and_run`), not as a Python process of
-its own, which saved one interpreter start per execution (docs/measurements.md,
-"Around each execution"); ``python -m gyre.harness.netbridge`` still runs it alone.
+its own: one interpreter start less per execution (docs/measurements.md, "Around each
+execution"). ``python -m gyre.harness.netbridge`` runs it alone.
 """
 
 # (no `from __future__ import annotations`: importing __future__ is a few ms of every start)

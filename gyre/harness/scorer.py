@@ -165,8 +165,8 @@ class Scorer:
 
     def _remove_later(self, scratch: Path) -> None:
         """Remove the scoring folder on a worker thread while the assessment goes on: the
-        removal was ~20 ms of every execution's scoring on a loaded machine. :meth:`drain`
-        (the executor's ``stop``) waits for what is still being removed."""
+        removal takes ~20 ms on a loaded machine, which the execution's result need not wait
+        for. :meth:`drain` (the executor's ``stop``) waits for what is still being removed."""
         t = asyncio.ensure_future(asyncio.to_thread(remove_tree, scratch))
         self._removing.add(t)
         t.add_done_callback(self._removing.discard)
