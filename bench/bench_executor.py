@@ -3,6 +3,25 @@ with N (default 200) synthetic harnesses running concurrently.
 
     python bench/bench_executor.py [--n 200] [--harness-s 3] [--rounds R] [--no-sandbox]
     python bench/bench_executor.py --n 1 --rounds 15 --harness-s 0.5   # one at a time: no contention
+    python bench/bench_executor.py --phases 20 [--no-sandbox]   # where one execution's time goes
+
+``--phases N`` runs N executions one after another of the arithmetic example's shape (the
+reference agent, one turn, no tools, ``--client stdlib``, a generated ``arith`` task and its
+verifier) against a scripted endpoint in this process that answers at once, and prints the
+median and p90 of each phase of an execution outside its model call:
+
+- launch -> first call: setup (workspace, key, command line, sandbox argv) until the
+  process exists; then spawn (bwrap, confine, the agent's interpreter and imports) until the
+  endpoint receives the first request;
+- last call -> score: the endpoint's last answer until the harness exited; the teardown
+  (group killed, logs flushed, sandbox undone); the model-call count and key revoke; the
+  scoring (copy, verifier start and run, result read); the result written;
+- the CPU of this process per execution (executor, endpoint thread): the launcher's own
+  cost, which moves less with the machine's load than the wall-clock phases. (The
+  sandboxed processes' CPU is not reaped by this process, so it is not shown.)
+
+Every mark is taken in this process (the endpoint runs on a thread here) from the result's
+``Timings`` and the endpoint's clock, so the mode measures an older commit the same way.
 
 Each synthetic harness (``gyre.harness.synthetic``, stdlib only) sleeps a fixed
 real duration and writes one file; the task's verifier is a one-line shell
@@ -180,6 +199,159 @@ async def executor_run(
     )
 
 
+class _Endpoint:
+    """A chat-completions endpoint on a thread that answers every request at once with a fixed
+    reply, noting each execution's (bearer key's) first request and last answer."""
+
+    def __init__(self, reply: str) -> None:
+        import http.server
+        import threading
+
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        body = json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "model": "policy",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": reply},
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        ).encode()
+        ep = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                t = time.monotonic()
+                key = self.headers.get("authorization", "").removeprefix("Bearer ")
+                ep.first.setdefault(key, t)
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+                ep.last[key] = time.monotonic()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+PHASES = [
+    ("setup (workspace, key, argv) -> process exists", "setup"),
+    ("spawn -> first call (bwrap, confine, interpreter, imports)", "start"),
+    ("launch -> first call", "to_first"),
+    ("last answer -> harness exited", "exit"),
+    ("teardown (group gone, logs, sandbox undone)", "teardown"),
+    ("call count + key revoke", "count"),
+    ("scoring (copy, verifier, result read)", "scoring"),
+    ("last answer -> scored", "after_last"),
+    ("outside the model calls (total - calls)", "overhead"),
+    ("CPU of the launcher (executor, endpoint, this process)", "cpu_self"),
+    ("recorded: Timings.first_call_s (the agent's own clock)", "rec_first"),
+    ("recorded: Timings.after_last_call_s", "rec_after"),
+]
+
+
+async def phases_run(n: int, root: Path, sandbox: bool) -> dict[str, list[float]]:
+    """n executions of the arithmetic example's shape, one at a time; each one's phases."""
+    from gyre.harness.families import problems
+    from gyre.harness.families.write import write_taskset
+
+    write_taskset(problems("arith", 0, "train", 1), root / "tasks")
+    task = load_task(next((root / "tasks").glob("train-*")))
+    prof = load_profile("reference").model_copy(
+        update={
+            "args": [
+                *("--max-turns", "1", "--max-tokens", "64", "--no-tools", "--system", ""),
+                *("--client", "stdlib"),
+            ]
+        }
+    )
+    cfg = ExecutorConfig(
+        workspace_root=root / "runs",
+        max_concurrency=1,
+        sandbox=SandboxConfig(enabled=sandbox),
+        keep_workspaces=False,
+    )
+    ep = _Endpoint("Answer: 7")
+    out: dict[str, list[float]] = {k: [] for _, k in PHASES}
+    try:
+        async with HarnessExecutor(cfg) as ex:
+            for i in range(n):
+                key = f"key{i}"
+                c0 = cpu()
+                t_submit = time.monotonic()
+                r = await ex.run(
+                    ExecutionSpec(
+                        execution_id=f"e{i}", task=task, profile=prof, base_url=ep.url, api_key=key
+                    )
+                )
+                if r.reward is None or key not in ep.last:
+                    raise SystemExit(f"execution {i} failed: {r.model_dump_json()[:800]}")
+                c1 = cpu()
+                t = r.timings
+                t_spawn = t_submit + t.launched_s
+                t_stop = t_submit + t.queued_s + t.setup_s + t.harness_s
+                t_done = t_submit + t.total_s
+                first, last = ep.first[key], ep.last[key]
+                vals = {
+                    "setup": t.launched_s - t.queued_s,
+                    "start": first - t_spawn,
+                    "to_first": first - t_submit - t.queued_s,
+                    "exit": t_stop - last,
+                    "teardown": t.teardown_s,
+                    "count": (t_done - t.scoring_s) - (t_stop + t.teardown_s),
+                    "scoring": t.scoring_s,
+                    "after_last": t_done - last,
+                    "overhead": t.total_s - t.queued_s - (last - first),
+                    "cpu_self": c1[0] - c0[0],
+                }
+                # what result.json records (None before those fields existed)
+                for k, f in (("rec_first", "first_call_s"), ("rec_after", "after_last_call_s")):
+                    if getattr(t, f, None) is not None:
+                        vals[k] = getattr(t, f)
+                for k, v in vals.items():
+                    out[k].append(v)
+    finally:
+        ep.close()
+    return out
+
+
+def print_phases(n: int, res: dict[str, list[float]], sandbox: bool) -> None:
+    print(
+        f"\n{n} executions one at a time, arithmetic example's shape (reference agent, stdlib "
+        f"client, 1 turn; arith verifier), sandbox {'on' if sandbox else 'off'}; a scripted "
+        "endpoint answering at once\n"
+    )
+    print("| phase | median (ms) | p90 (ms) |")
+    print("|---|---|---|")
+    for name, k in PHASES:
+        xs = sorted(res[k])
+        if not xs:
+            print(f"| {name} | - | - |")
+            continue
+        print(f"| {name} | {1000 * med(xs):.0f} | {1000 * xs[int(0.9 * (len(xs) - 1))]:.0f} |")
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -213,8 +385,30 @@ async def main() -> None:
     ap.add_argument(
         "--keep", action="store_true", help="keep the execution folders (default: removed)"
     )
+    ap.add_argument(
+        "--phases",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N executions of the arithmetic example's shape, one at a time, and the "
+        "median/p90 of each phase outside the model call",
+    )
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gyre-bench-exec-"))
+    if a.phases:
+        sb = not a.no_sandbox and bool(bwrap_available())
+        try:
+            res = await phases_run(a.phases, root, sb)
+        finally:
+            if not a.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        print_phases(a.phases, res, sb)
+        out = Path(__file__).parent / "results"
+        out.mkdir(exist_ok=True)
+        (out / "bench_executor_phases.json").write_text(
+            json.dumps({k: {"median": med(v), "values": v} for k, v in res.items() if v}, indent=1)
+        )
+        return
     names = ["bare subprocess (baseline: a floor, no workspace/scoring)", "executor"]
     sandboxed = not a.no_sandbox and bwrap_available()
     if sandboxed:

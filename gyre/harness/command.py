@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from .execution import ExecutionError
+from .hostguard import GYRE_ROOT
 from .launch import Exec
 from .model_calls import CALLS_FILE_ENV, CALLS_FILE_NAME
 from .profiles import find_npm_harness
@@ -62,6 +63,7 @@ def command_line(
         "model": spec.model or prof.model,
         "python": sys.executable,
         "python_bin": str(Path(sys.executable).parent),
+        "gyre_root": GYRE_ROOT,
         "claude": find_npm_harness("claude") or "claude",
         "qwen": find_npm_harness("qwen") or "qwen",
         "codex": find_npm_harness("codex") or "codex",

@@ -20,13 +20,16 @@ only, so it starts fast and needs nothing but the interpreter.
 - ``--env-fd N``: the program's environment, ``KEY=VALUE\\0`` entries in an inherited fd
   (:func:`gyre.harness.sandbox.env_memfd`), read here, inside the sandbox; the host-side
   ``bwrap`` never had it in its own environment, so nothing in it steered a host process.
+- ``--bridge-listen HOST:PORT --bridge-unix SOCK`` (proxy-only network): once confined,
+  this same interpreter serves :mod:`gyre.harness.netbridge` and runs the command as its
+  child, instead of exec'ing a second Python for the bridge (one interpreter start less
+  before every proxy-only harness).
 - every inherited file descriptor above 2 is closed (the namespace fd bwrap was
   given must not reach the harness), and no_new_privs is set, so no setuid
   program can give anything back.
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: importing __future__ is a few ms of every start)
 import ctypes
 import os
 import resource
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--" not in args:
         print(
             "usage: confine.py [--uid N --gid N] [--own PATH]... "
-            "[--nproc N] [--fsize BYTES] [--env-fd N] -- CMD...",
+            "[--nproc N] [--fsize BYTES] [--env-fd N] "
+            "[--bridge-listen HOST:PORT --bridge-unix PATH] -- CMD...",
             file=sys.stderr,
         )
         return 2
@@ -101,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
     if not cmd:
         return 0
+    if "--bridge-listen" in o:
+        # the bridge's module, by its path beside this file (run isolated, its folder is not on
+        # sys.path); appended, so nothing there shadows the standard library
+        sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+        import netbridge  # type: ignore[import-not-found]  # gyre.harness.netbridge
+
+        return netbridge.bridge_and_run(o["--bridge-listen"], o["--bridge-unix"], cmd, env)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as e:

@@ -72,6 +72,13 @@ class Timings(BaseModel):
     teardown_s: float = 0.0  # process-group kill and log flush after the harness stopped
     scoring_s: float = 0.0
     total_s: float = 0.0
+    # Around the model calls, from the harness's own report (GYRE_MODEL_CALLS_FILE: the
+    # reference agent writes its first call's and last answer's time); None when it wrote
+    # none. first_call_s: launch (after the queue) -> the first call was sent: workspace,
+    # sandbox, the harness's start-up. after_last_call_s: the last answer -> this result:
+    # the harness's exit, teardown, scoring. bench/bench_executor.py --phases splits both.
+    first_call_s: float | None = None
+    after_last_call_s: float | None = None
 
 
 class ExecutionResult(BaseModel):

@@ -45,7 +45,7 @@ from .hostguard import (
     working_bwrap,
 )
 from .launch import Abort, Exec, Launch, open_bridge, sandbox, undo_sandbox
-from .model_calls import CALLS_FILE_NAME, CallsVerdict, ModelCalls, decide, read_calls_file
+from .model_calls import CALLS_FILE_NAME, CallsVerdict, ModelCalls, decide, read_calls_report
 from .process import ProcessResult, run_process
 from .profiles import ProfileError
 from .safe_read import quote
@@ -121,6 +121,8 @@ class HarnessExecutor:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._scorer is not None:
+            await self._scorer.drain()  # scoring folders still being removed
         self._sem = None
         self._stopping = False
 
@@ -211,7 +213,13 @@ class HarnessExecutor:
         )
 
         def result(assessment: Scored | Missing, write: bool = True) -> ExecutionResult:
-            timings.total_s = time.monotonic() - t_submit
+            now = time.monotonic()
+            timings.total_s = now - t_submit
+            if x.call_times is not None:  # the harness's word: kept only if it fits the run
+                first, last = x.call_times
+                if t_launch <= first <= last <= now:
+                    timings.first_call_s = first - t_launch
+                    timings.after_last_call_s = now - last
             r = ExecutionResult(
                 execution_id=spec.execution_id,
                 task=task.name,
@@ -269,7 +277,7 @@ class HarnessExecutor:
                 )
             )
         # Did the policy act? Only what the harness cannot forge drops it unscored (model_calls.py).
-        run.model_calls, verdict = await self._model_calls(x.spec.execution_id, x.artifacts)
+        run.model_calls, verdict = await self._model_calls(x)
         # The harness is done, its key too: a child that outlived it (setsid, unsandboxed)
         # must not call the policy during scoring and land in the trace. (After the count:
         # the proxy forgets an execution's counts with its keys.)
@@ -414,19 +422,19 @@ class HarnessExecutor:
         except Exception:  # the proxy is gone: nothing can call it either
             pass
 
-    async def _model_calls(
-        self, execution_id: str, artifacts: Path
-    ) -> tuple[ModelCalls | None, CallsVerdict]:
+    async def _model_calls(self, x: Exec) -> tuple[ModelCalls | None, CallsVerdict]:
         """The counts to record and what they decide (``model_calls.decide``): the proxy's,
         when the ``calls`` hook answers, and the harness's own file, which only adds
         information (read bounded, without following links, off the loop)."""
         proxy: ModelCalls | None = None
         if self._calls is not None:
             try:
-                proxy = await self._calls(execution_id)
+                proxy = await self._calls(x.spec.execution_id)
             except Exception:  # the admin call failed: nothing the proxy says
                 proxy = None
-        own = await asyncio.to_thread(read_calls_file, artifacts / CALLS_FILE_NAME)
+        own, x.call_times = await asyncio.to_thread(
+            read_calls_report, x.artifacts / CALLS_FILE_NAME
+        )
         return decide(proxy, own)
 
     def _confinement(self) -> Confinement:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from gyre.trace.assessment import MissingReason
 
-from . import homeseed, netbridge
+from . import homeseed
 from .config import ExecutorConfig
 from .execution import ExecutionSpec, HarnessRun, HarnessStop, Timings
 from .forwarder import UnixForwarder
@@ -61,6 +61,7 @@ class Exec:
     home: Path
     run: HarnessRun
     timings: Timings
+    call_times: tuple[float, float] | None = None  # the harness's first call, last answer
 
 
 @dataclass
@@ -86,7 +87,7 @@ async def sandbox(
     the workspace watcher. What it opens, :func:`undo_sandbox` closes."""
     sb = cfg.sandbox
     argv = launch.argv
-    if launch.home_files:  # by file, isolated: stdlib only, like netbridge
+    if launch.home_files:  # by file, isolated: stdlib only, like confine
         argv = [
             sys.executable,
             "-S",
@@ -105,8 +106,9 @@ async def sandbox(
         except OSError as e:
             raise Abort(MissingReason.infra_error, f"sandbox setup failed: {e}") from None
     ro_binds = [x.inputs, *sb.ro_binds]
+    bridge = None
     if launch.bridge is not None:
-        argv = _bridged(cfg, launch, argv)
+        bridge = _bridged(cfg, launch)
         assert launch.sock_dir is not None
         ro_binds.append(launch.sock_dir)  # connect() needs no write access to the mount
     env = launch.env
@@ -142,6 +144,7 @@ async def sandbox(
             confine=confine,
             userns_fd=launch.userns_fd,
             env_fd=launch.env_fd,
+            bridge=bridge,
         )
     except BaseException:  # cancelled or failed before the harness step owns these
         _close_setup(launch)
@@ -163,9 +166,10 @@ def _close_setup(launch: Launch) -> None:
         shutil.rmtree(launch.sock_dir, ignore_errors=True)
 
 
-def _bridged(cfg: ExecutorConfig, launch: Launch, argv: list[str]) -> list[str]:
+def _bridged(cfg: ExecutorConfig, launch: Launch) -> tuple[str, str]:
     """Proxy-only network: own network namespace, the proxy reachable through a unix
-    socket that ``launch.forwarder`` serves; ``argv`` behind the in-sandbox bridge."""
+    socket that ``launch.forwarder`` serves. Returns the in-sandbox bridge's ``HOST:PORT``
+    and socket path (confine serves it: :mod:`gyre.harness.netbridge`)."""
     assert launch.bridge is not None
     sb = cfg.sandbox
     # short: AF_UNIX paths <= 107 bytes
@@ -173,20 +177,7 @@ def _bridged(cfg: ExecutorConfig, launch: Launch, argv: list[str]) -> list[str]:
     launch.forwarder = UnixForwarder(
         sock_dir / "p.sock", launch.bridge[0], launch.bridge[1], sb.max_proxy_connections
     )
-    # By file, isolated and without site: it is stdlib only, and it starts
-    # before every proxy-only harness.
-    return [
-        sys.executable,
-        "-S",
-        "-I",
-        netbridge.__file__,
-        "--listen",
-        f"127.0.0.1:{urlsplit(launch.bridge[2]).port}",
-        "--unix",
-        str(sock_dir / "p.sock"),
-        "--",
-        *argv,
-    ]
+    return f"127.0.0.1:{urlsplit(launch.bridge[2]).port}", str(sock_dir / "p.sock")
 
 
 def open_bridge(sock_dir: Path, gid: int) -> None:

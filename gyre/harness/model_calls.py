@@ -38,16 +38,15 @@ acted; a harness timeout is scored the same way).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+# the harness's side, re-exported (harnesses import gyre.harness.calls_file itself)
+from .calls_file import CALLS_FILE_ENV as CALLS_FILE_ENV
+from .calls_file import CALLS_FILE_NAME as CALLS_FILE_NAME
+from .calls_file import write_calls_file as write_calls_file
 from .safe_read import UnsafeFile, printable, read_file  # stdlib only, like this module
-
-# The environment variable naming the file a Gyre-aware harness writes its counts to.
-CALLS_FILE_ENV = "GYRE_MODEL_CALLS_FILE"
-CALLS_FILE_NAME = "model_calls.json"  # under the execution's artifacts/ folder
 
 
 @dataclass(frozen=True)
@@ -113,36 +112,33 @@ def read_calls_file(path: str | Path) -> ModelCalls | None:
     The file is the harness's: read without following a link, without blocking on
     a FIFO, at most 64 KiB (gyre.harness.safe_read); anything else reads as None.
     """
+    return read_calls_report(path)[0]
+
+
+CallTimes = tuple[float, float]  # time.monotonic() of the first call sent, the last answer
+
+
+def _time(v: object) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e12:
+        return None
+    return float(v)
+
+
+def read_calls_report(path: str | Path) -> tuple[ModelCalls | None, CallTimes | None]:
+    """:func:`read_calls_file`, and the harness's first-call and last-answer times when it
+    wrote both (``write_calls_file``): the harness's word, used only for timings."""
     try:
         raw = read_file(path)
         if raw is None:
-            return None
+            return None, None
         data = json.loads(raw.decode("utf-8"))
-        return ModelCalls(
+        calls = ModelCalls(
             attempted=_count(data["attempted"]),
             answered=_count(data["answered"]),
             last_error=printable(str(data.get("last_error", ""))[:500]),
             source="harness",
         )
     except (UnsafeFile, ValueError, TypeError, KeyError, AttributeError, RecursionError):
-        return None
-
-
-def write_calls_file(attempted: int, answered: int, last_error: str = "") -> None:
-    """Harness side: write the counts where ``$GYRE_MODEL_CALLS_FILE`` says (no-op if unset).
-
-    Written atomically (temp file + rename) so the executor never reads half a
-    file, and before each call as well as after it, so a harness killed mid-call
-    (harness timeout on a hanging endpoint) still leaves its attempt counted.
-    Never raises: a harness must not fail because its report could not be written.
-    """
-    target = os.environ.get(CALLS_FILE_ENV)
-    if not target:
-        return
-    body = {"attempted": attempted, "answered": answered, "last_error": last_error[:500]}
-    tmp = f"{target}.tmp"
-    try:
-        Path(tmp).write_text(json.dumps(body), encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError:
-        pass
+        return None, None
+    first, last = _time(data.get("first_call_at")), _time(data.get("last_answer_at"))
+    return calls, (first, last) if first is not None and last is not None else None

@@ -16,22 +16,28 @@ endpoint through the filesystem:
 The harness keeps using ``http://127.0.0.1:PORT`` and can reach nothing else.
 This module runs first in every proxy-only sandbox, before the harness, so it
 imports only what it needs (no asyncio: that import alone was ~0.1-0.2 s of each
-execution's start on a loaded 2-core machine).
+execution's start on a loaded 2-core machine; no subprocess, and the C modules under
+socket, threading and signal rather than those). The sandbox runs
+it inside :mod:`gyre.harness.confine`'s interpreter (``confine.py --bridge-listen
+HOST:PORT --bridge-unix SOCK -- CMD``: :func:`bridge_and_run`), not as a Python process of
+its own: one interpreter start less per execution (docs/measurements.md, "Around each
+execution"). ``python -m gyre.harness.netbridge`` runs it alone.
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: importing __future__ is a few ms of every start)
+# The C modules under socket, threading and signal: their Python wrappers import enum,
+# functools, selectors (~25-40 ms of every proxy-only launch on a loaded 2-core machine).
+import _signal  # type: ignore[import-not-found]
+import _socket
+import _thread
 import os
-import socket
-import subprocess
 import sys
-import threading
 
 _BUF = 64 * 1024
 
 
 # ---- inside the sandbox (stdlib only, threads) -----------------------------------------
-def _copy(src: socket.socket, dst: socket.socket) -> None:
+def _copy(src: _socket.socket, dst: _socket.socket) -> None:
     try:
         while True:
             data = src.recv(_BUF)
@@ -42,25 +48,68 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         try:
-            dst.shutdown(socket.SHUT_WR)
+            dst.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
 
 
-def _serve(listener: socket.socket, unix_path: str) -> None:
+def _serve(listener: _socket.socket, unix_path: str) -> None:
     while True:
         try:
-            c, _ = listener.accept()
+            fd, _ = listener._accept()  # type: ignore[attr-defined]  # accept4(SOCK_CLOEXEC)
         except OSError:
             return
+        c = _socket.socket(fileno=fd)
         try:
-            u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            u = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec
             u.connect(unix_path)
         except OSError:
             c.close()
             continue
         for a, b in ((c, u), (u, c)):
-            threading.Thread(target=_copy, args=(a, b), daemon=True).start()
+            _thread.start_new_thread(_copy, (a, b))  # not joined at exit, like daemons
+
+
+def listen(address: str, unix_path: str) -> None:
+    """Listen on ``HOST:PORT`` and pipe each connection to ``unix_path``, on a daemon thread."""
+    host, _, port = address.rpartition(":")
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)  # close-on-exec
+    listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    listener.bind((host, int(port)))
+    listener.listen(128)
+    _thread.start_new_thread(_serve, (listener, unix_path))
+
+
+def _which(name: str, env: dict[str, str]) -> str:
+    """``name`` looked up on ``env``'s PATH (not this process's), as ``execvpe`` does."""
+    if "/" in name:
+        return name
+    for d in env.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    raise FileNotFoundError(2, "No such file or directory", name)
+
+
+def run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` as a child and return its status as ``subprocess.call`` does (-N: killed
+    by signal N). SIGPIPE and SIGXFSZ are reset to their defaults in the child, as
+    ``subprocess`` resets them (Python ignores both)."""
+    try:
+        pid = os.posix_spawn(
+            _which(cmd[0], env), cmd, env, setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ)
+        )
+    except OSError as e:
+        print(f"netbridge: cannot start {cmd[:1]}: {e}", file=sys.stderr)
+        return 127
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def bridge_and_run(address: str, unix_path: str, cmd: list[str], env: dict[str, str]) -> int:
+    """The bridge on ``address``, then ``cmd`` with ``env``; ``cmd``'s exit status."""
+    listen(address, unix_path)
+    return run(cmd, env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,17 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     i = args.index("--")
     opts, cmd = args[:i], args[i + 1 :]
     o = dict(zip(opts[::2], opts[1::2]))
-    host, _, port = o["--listen"].rpartition(":")
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, int(port)))
-    listener.listen(128)
-    threading.Thread(target=_serve, args=(listener, o["--unix"]), daemon=True).start()
-    try:
-        return subprocess.call(cmd)
-    except FileNotFoundError as e:
-        print(f"netbridge: cannot start {cmd[:1]}: {e}", file=sys.stderr)
-        return 127
+    if not cmd:
+        return 0
+    return bridge_and_run(o["--listen"], o["--unix"], cmd, dict(os.environ))
 
 
 if __name__ == "__main__":

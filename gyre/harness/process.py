@@ -316,10 +316,12 @@ async def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
     nothing of it left.
     """
     deadline = time.monotonic() + timeout_s
+    pause = 0.001  # a group usually goes within a few ms: look again soon, then less often
     while group_alive(pgid):
         if time.monotonic() > deadline:
             return False
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.02)
     return True
 
 

@@ -28,13 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+import time
 
-from gyre.harness.model_calls import write_calls_file
+from gyre.harness.calls_file import write_calls_file
+
+# Only the standard library's lightest modules before the first model call: no pathlib,
+# dataclasses or typing (together ~40 ms of each execution's start on a loaded machine).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 MAIN_SYSTEM = (
     "You are Gyre's reference coding agent. You work in a repository and solve the user's task by "
@@ -94,7 +98,6 @@ TOOLS = {
 }
 
 
-@dataclass
 class AgentConfig:
     model: str = "policy"
     max_turns: int = 30
@@ -111,17 +114,26 @@ class AgentConfig:
     system: str | None = None
     tools: bool = True
 
+    def __init__(self, **fields: Any) -> None:
+        """Any of the fields above by keyword; the rest keep their defaults."""
+        for k, v in fields.items():
+            if not hasattr(AgentConfig, k) or k.startswith("_"):
+                raise TypeError(f"AgentConfig has no field {k!r}")
+            setattr(self, k, v)
 
-@dataclass
+
 class RunStats:
-    requests: int = 0
-    answered: int = 0  # requests the model answered (the rest raised)
-    compactions: int = 0
-    sub_agents: int = 0
-    tool_calls: int = 0
-    submitted: bool = False
-    final: str = ""
-    errors: list[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.requests = 0
+        self.answered = 0  # requests the model answered (the rest raised)
+        self.compactions = 0
+        self.sub_agents = 0
+        self.tool_calls = 0
+        self.submitted = False
+        self.final = ""
+        self.errors: list[str] = []
+        self.first_call_at: float | None = None  # time.monotonic(): the first call sent
+        self.last_answer_at: float | None = None  # and the last answer received
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
@@ -130,16 +142,18 @@ def estimate_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 class ReferenceAgent:
-    def __init__(self, client: Any, workspace: Path, config: AgentConfig | None = None) -> None:
+    def __init__(
+        self, client: Any, workspace: str | Path, config: AgentConfig | None = None
+    ) -> None:
         self.client = client
-        self.ws = Path(workspace).resolve()
+        self.ws = os.path.realpath(workspace)  # a str: pathlib is not imported (above)
         self.cfg = config or AgentConfig()
         self.stats = RunStats()
 
     # ---- tools ---------------------------------------------------------------
-    def _path(self, p: str) -> Path:
-        q = (self.ws / p).resolve()
-        if q != self.ws and self.ws not in q.parents:
+    def _path(self, p: str) -> str:
+        q = os.path.realpath(os.path.join(self.ws, p))
+        if os.path.commonpath([self.ws, q]) != self.ws:
             raise ValueError(f"path {p!r} is outside the workspace")
         return q
 
@@ -147,14 +161,18 @@ class ReferenceAgent:
         """(result text, done)."""
         self.stats.tool_calls += 1
         if name == "read_file":
-            text = self._path(str(args["path"])).read_text(encoding="utf-8", errors="replace")
+            with open(self._path(str(args["path"])), encoding="utf-8", errors="replace") as f:
+                text = f.read()
             return text[: self.cfg.max_output_chars], False
         if name == "write_file":
             p = self._path(str(args["path"]))
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(str(args["content"]), encoding="utf-8")
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "w", encoding="utf-8") as f:
+                f.write(str(args["content"]))
             return f"wrote {len(str(args['content']))} characters to {args['path']}", False
         if name == "run_command":
+            import subprocess  # here: most executions never run a command
+
             try:
                 cp = subprocess.run(
                     ["bash", "-c", str(args["command"])],
@@ -178,9 +196,15 @@ class ReferenceAgent:
 
     # ---- model calls -----------------------------------------------------------
     def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Any:
-        self.stats.requests += 1
+        st = self.stats
+        st.requests += 1
+        if st.first_call_at is None:
+            st.first_call_at = time.monotonic()
+        first = st.first_call_at
         # counted before and after the call, so a kill mid-call leaves the attempt on record
-        write_calls_file(self.stats.requests, self.stats.answered)
+        write_calls_file(
+            st.requests, st.answered, first_call_at=first, last_answer_at=st.last_answer_at
+        )
         kw: dict[str, Any] = {
             "model": self.cfg.model,
             "messages": messages,
@@ -193,10 +217,16 @@ class ReferenceAgent:
         try:
             msg = self.client.chat.completions.create(**kw).choices[0].message
         except Exception as e:
-            write_calls_file(self.stats.requests, self.stats.answered, f"{type(e).__name__}: {e}")
+            err = f"{type(e).__name__}: {e}"
+            write_calls_file(
+                st.requests, st.answered, err, first_call_at=first, last_answer_at=st.last_answer_at
+            )
             raise
-        self.stats.answered += 1
-        write_calls_file(self.stats.requests, self.stats.answered)
+        st.answered += 1
+        st.last_answer_at = time.monotonic()
+        write_calls_file(
+            st.requests, st.answered, first_call_at=first, last_answer_at=st.last_answer_at
+        )
         return msg
 
     def _compact(
@@ -279,9 +309,20 @@ class ReferenceAgent:
         return self.stats
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter at a fixed width: its default asks ``shutil`` for the terminal's,
+    and importing shutil (bz2, lzma, zlib) is ~10 ms of every agent's start, in every
+    execution, to format a help nobody reads there."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=100)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Gyre's reference coding agent (OpenAI-compatible endpoint)."
+        prog="python -m gyre.harness.reference_agent",
+        description="Gyre's reference coding agent (OpenAI-compatible endpoint).",
+        formatter_class=_Formatter,
     )
     ap.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL"))
     ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"))
@@ -318,11 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not a.base_url:
         ap.error("--base-url (or OPENAI_BASE_URL) is required")
-    instruction = (
-        a.instruction
-        if a.instruction is not None
-        else Path(a.instruction_file).read_text(encoding="utf-8")
-    )
+    instruction = a.instruction
+    if instruction is None:
+        with open(a.instruction_file, encoding="utf-8") as f:
+            instruction = f.read()
 
     api_error: type[Exception]  # what a failed model call raises, per client
     if a.client == "stdlib":
@@ -331,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         api_error = APIError
         client: Any = StdlibClient(a.base_url, a.api_key, timeout=a.request_timeout, max_retries=2)
     else:
+        if sys.flags.no_site:  # the profile starts the agent with -S: the SDK is in site-packages
+            import site
+
+            site.main()
         import openai  # here, so --help is instant
 
         api_error = openai.APIError
@@ -347,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         system=a.system,
         tools=not a.no_tools,
     )
-    agent = ReferenceAgent(client, Path(a.workspace), cfg)
+    agent = ReferenceAgent(client, a.workspace, cfg)
     try:
         stats = agent.run(instruction)
     except api_error as e:
@@ -359,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reference agent: the model at {a.base_url} {what}: {err}", file=sys.stderr)
         return 2
     if a.answer_file and not stats.submitted:
-        (agent.ws / a.answer_file).write_text(stats.final, encoding="utf-8")
+        with open(os.path.join(agent.ws, a.answer_file), "w", encoding="utf-8") as f:
+            f.write(stats.final)
     print(
         json.dumps(
             {

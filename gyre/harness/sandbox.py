@@ -292,11 +292,14 @@ def _confined(
     userns_fd: int | None,
     home: str,
     env_fd: int | None,
+    bridge: tuple[str, str] | None = None,
 ) -> list[str]:
     # By file, isolated and without site: confine is stdlib only and starts before every harness.
     argv = [confine.python, "-S", "-I", str(Path(__file__).with_name("confine.py"))]
     if env_fd is not None:
         argv += ["--env-fd", str(env_fd)]
+    if bridge is not None:  # the proxy-only bridge, served by confine's own interpreter
+        argv += ["--bridge-listen", bridge[0], "--bridge-unix", bridge[1]]
     if userns_fd is not None:
         argv += ["--uid", str(confine.uid), "--gid", str(confine.gid)]
         argv += ["--own", "/tmp", "--own", home]
@@ -316,6 +319,7 @@ def _sandbox(
     userns_fd: int | None,
     bwrap: str,
     env_fd: int | None,
+    bridge: tuple[str, str] | None = None,
 ) -> list[str]:
     size = ["--size", str(confine.tmpfs_bytes)]
     argv = [bwrap, *_namespaces(confine, userns_fd, unshare_net), *_system_root()]
@@ -328,7 +332,7 @@ def _sandbox(
     mounts += binds
     argv += _mount_dirs(mounts) + mounts
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", chdir, "--"]
-    return argv + _confined(command, confine, userns_fd, home, env_fd)
+    return argv + _confined(command, confine, userns_fd, home, env_fd, bridge)
 
 
 def bwrap_argv(
@@ -344,6 +348,7 @@ def bwrap_argv(
     confine: Confinement | None = None,
     userns_fd: int | None = None,
     env_fd: int | None = None,
+    bridge: tuple[str, str] | None = None,
 ) -> list[str]:
     """The bwrap argv that runs ``command`` with ``workspace`` as its writable cwd.
 
@@ -351,7 +356,9 @@ def bwrap_argv(
     must be passed to the child (``pass_fds``); without it bwrap makes the user
     namespace itself, which as root maps the sandbox onto host uid 0. ``env_fd``
     (:func:`env_memfd`, passed likewise): the program's environment, while bwrap
-    itself runs with :func:`bwrap_env`.
+    itself runs with :func:`bwrap_env`. ``bridge`` (``HOST:PORT`` inside, the unix
+    socket): the proxy-only network's bridge (:mod:`gyre.harness.netbridge`), served
+    by confine once it confined itself, ``command`` its child; it implies ``unshare_net``.
     """
     ws = Path(workspace).resolve()
     binds: list[str] = []
@@ -368,11 +375,12 @@ def bwrap_argv(
         home=home,
         binds=binds,
         chdir=str(ws),
-        unshare_net=unshare_net,
+        unshare_net=unshare_net or bridge is not None,
         confine=confine or Confinement(),
         userns_fd=userns_fd,
         bwrap=bwrap,
         env_fd=env_fd,
+        bridge=bridge,
     )
 
 

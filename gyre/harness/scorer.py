@@ -133,6 +133,7 @@ class Scorer:
         self._confine = confine or Confinement()
         self._hide = list(hide)
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
+        self._removing: set[asyncio.Task[int]] = set()
 
     async def score(
         self, task: Task, workspace: Path, scratch: Path, timeout_s: float | None = None
@@ -160,7 +161,20 @@ class Scorer:
                 )
             finally:
                 if not self.config.keep_scratch:
-                    await asyncio.to_thread(remove_tree, scratch)
+                    self._remove_later(scratch)
+
+    def _remove_later(self, scratch: Path) -> None:
+        """Remove the scoring folder on a worker thread while the assessment goes on: the
+        removal takes ~20 ms on a loaded machine, which the execution's result need not wait
+        for. :meth:`drain` (the executor's ``stop``) waits for what is still being removed."""
+        t = asyncio.ensure_future(asyncio.to_thread(remove_tree, scratch))
+        self._removing.add(t)
+        t.add_done_callback(self._removing.discard)
+
+    async def drain(self) -> None:
+        """Wait until every scoring folder this scorer dropped is removed."""
+        while self._removing:
+            await asyncio.gather(*self._removing, return_exceptions=True)
 
     async def _prepare(self, task: Task, workspace: Path, scratch: Path) -> Scored | Missing | str:
         """The scoring copy; a note on skipped entries, or the assessment when it failed."""

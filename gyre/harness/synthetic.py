@@ -38,7 +38,7 @@ import time
 import urllib.error
 import urllib.request
 
-from gyre.harness.model_calls import write_calls_file
+from gyre.harness.calls_file import write_calls_file
 
 
 def draw_duration(

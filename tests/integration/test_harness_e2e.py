@@ -237,6 +237,11 @@ async def test_reference_agent_e2e(stack, tmp_path):
         {"main": 2, "sub-agent": 2, "main-summary": 1, "sub-agent-summary": 1}
     )
     assert roles_of(traces, "ref-noop", "reference") == Counter({"main": 1})
+    # the time around the calls, from the agent's report, in each result's timings
+    for r in (fix, noop):
+        t = r.timings
+        assert t.first_call_s is not None and t.after_last_call_s is not None
+        assert 0 < t.first_call_s + t.after_last_call_s < t.total_s
 
 
 @pytest.mark.skipif(bwrap_available() is None, reason="bubblewrap (bwrap) is not installed")

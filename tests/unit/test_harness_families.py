@@ -91,6 +91,8 @@ async def test_scorer_reads_the_generated_verifier(
     )
     got = await scorer.score(task, ws, tmp_path / "scratch", timeout_s=60.0)
     assert isinstance(got, Scored) and got.reward == reward, got
+    await scorer.drain()  # the scoring folder is removed after the assessment, drain waits
+    assert not (tmp_path / "scratch").exists()
 
 
 def test_written_verifier_scores_answer(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from gyre.harness.model_calls import (
     CALLS_FILE_ENV,
     ModelCalls,
     read_calls_file,
+    read_calls_report,
     write_calls_file,
 )
 from gyre.proxy.calltally import CallTallies
@@ -42,6 +43,20 @@ def test_calls_file_round_trip_and_bad_files(tmp_path, monkeypatch):
         assert read_calls_file(f) is None, bad
     monkeypatch.setenv(CALLS_FILE_ENV, str(tmp_path / "no-such-dir" / "x.json"))
     write_calls_file(1, 0)  # unwritable: silently skipped
+
+
+def test_calls_file_carries_the_first_call_and_last_answer_times(tmp_path, monkeypatch):
+    f = tmp_path / "model_calls.json"
+    monkeypatch.setenv(CALLS_FILE_ENV, str(f))
+    write_calls_file(1, 0, first_call_at=100.5)  # sent, not answered yet: no times to record
+    assert read_calls_report(f) == (ModelCalls(1, 0, "", "harness"), None)
+    write_calls_file(1, 1, first_call_at=100.5, last_answer_at=101.25)
+    assert read_calls_report(f) == (ModelCalls(1, 1, "", "harness"), (100.5, 101.25))
+    for bad in ('"x"', "true", "-1", "1e300"):  # a time that is no time: counts kept, no times
+        f.write_text(
+            f'{{"attempted": 1, "answered": 1, "first_call_at": {bad}, "last_answer_at": 2}}'
+        )
+        assert read_calls_report(f) == (ModelCalls(1, 1, "", "harness"), None), bad
 
 
 def test_counts_survive_result_json():

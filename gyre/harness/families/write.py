@@ -37,7 +37,13 @@ result = "reward.json"
 reward = "fraction"
 overall_timeout_sec = {overall_timeout}
 """
-TEST_SH = '#!/usr/bin/env bash\n# Generated verifier: scores answer.txt (see score.py).\npython "$GYRE_TESTS_DIR/score.py"\n'
+# -I -S: score.py needs only the standard library and its own folder; without site and
+# isolated, the verifier's interpreter starts ~60 ms sooner on a loaded machine, in every
+# execution's scoring (docs/measurements.md, "Around each execution").
+TEST_SH = (
+    "#!/usr/bin/env bash\n# Generated verifier: scores answer.txt (see score.py).\n"
+    'exec python -I -S "$GYRE_TESTS_DIR/score.py"\n'
+)
 SCORE_PY = '''"""Generated verifier: the family's reward for answer.txt, written to reward.json."""
 import importlib
 import json

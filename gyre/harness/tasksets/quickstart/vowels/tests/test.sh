@@ -1,3 +1,3 @@
 #!/usr/bin/env bash
 # Quickstart verifier: graded reward from answer.txt (see score.py).
-python "$GYRE_TESTS_DIR/score.py" vowels
+exec python -I -S "$GYRE_TESTS_DIR/score.py" vowels
