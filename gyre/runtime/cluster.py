@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from gyre.config import GyreConfig
 from gyre.engine.client import EngineClient
 from gyre.log import LogSpec, current
 from gyre.policy import CellRole
@@ -37,6 +36,7 @@ from gyre.proxy.heartbeat import EngineEvent
 from gyre.proxy.runner import ProxyServer
 from gyre.runtime import ranks
 from gyre.runtime.cell import Cell
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
 from gyre.runtime.publication import check_served, publish

@@ -16,12 +16,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gyre.config import GyreConfig
 from gyre.harness.execution import ExecutionSpec
 from gyre.harness.executor import HarnessExecutor
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.roles import role_profile
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.longtail import LongTail
 from gyre.runtime.proxy_watchdog import ProxyWatchdog, admin_call
 from gyre.runtime.restore import Restored

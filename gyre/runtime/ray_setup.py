@@ -13,8 +13,8 @@ from typing import Any
 
 import ray
 
-from gyre.config import GyreConfig
 from gyre.engine.service import RELOAD_ROOT_ENV
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK, ray_local_ip
 from gyre.runtime.rundir import RunDir
 

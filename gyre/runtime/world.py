@@ -15,7 +15,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from gyre.config import GyreConfig
 from gyre.policy import (
     AssignGroup,
     CellRole,
@@ -39,6 +38,7 @@ from gyre.policy import (
 )
 from gyre.runtime.chaos import Nemesis
 from gyre.runtime.cluster import Cluster
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
 from gyre.runtime.faults import CellFaults, actor_died

@@ -158,7 +158,6 @@ def test_no_import_circles() -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="gyre.config is imported from below until issue 36")
 def test_no_import_runs_up_the_layers() -> None:
     bad = _upward()
     table = "\n".join(f"  {k}: {sorted(v)}" for k, v in ALLOWED.items())
