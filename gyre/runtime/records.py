@@ -71,6 +71,37 @@ class Records:
     # what the chaos nemesis killed (gyre.runtime.chaos): {"kind", "time", "target", ...}
     chaos: list[dict[str, Any]] = field(default_factory=list)
 
+    def fault(
+        self,
+        *,
+        cell: int | None,
+        kind: str,
+        role: str,
+        at: float,
+        detected_by: str,
+        cause: str,
+        action: str,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A new fault, appended to ``faults`` and returned (its handler completes it): the
+        keys every reader relies on (the report, the live view, ``faults.jsonl``, the chaos
+        audit), ``more`` after them. ``at``: run time; ``back`` is None until it serves again."""
+        rec: dict[str, Any] = {
+            "cell": cell,
+            "kind": kind,
+            "role": role,
+            "time": round(at, 3),
+            "unix_time": round(time.time(), 3),  # to compare with when a test killed it
+            "detected_by": detected_by,
+            "cause": cause,
+            "action": action,
+            "back": None,
+            "segment": self.segment,
+            **more,
+        }
+        self.faults.append(rec)
+        return rec
+
     def __post_init__(self) -> None:
         K = self.cells
         self.roles = self.roles or [CellRole.ROLLOUT] * K

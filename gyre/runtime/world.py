@@ -12,7 +12,7 @@ policy rather than trusted; the reports read those records, not the world.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gyre.policy import (
@@ -83,16 +83,36 @@ class RealWorld:
         self.errors: list[BaseException] = []
         # the loop points this at policy.status
         self.sched_status: Callable[[], dict[str, Any]] = lambda: {}
-        self.faults = CellFaults(self)  # a cell that dies or hangs (gyre.runtime.faults)
+        # the supervisors: each drives the cluster's mechanisms and tells the policy through
+        # this world's bus (emit, spawn, now: gyre.runtime.handles)
+        self.faults = CellFaults(  # a cell that dies or hangs (gyre.runtime.faults)
+            cfg,
+            self.cluster,
+            self.records,
+            rundir,
+            self,
+            base_step=self.base_step,
+            errors=self.errors,
+            forget_work=self.forget_cell_work,
+            running=lambda: self.execs.running,
+        )
         self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
-        self.engine_faults = EngineFaults(self)  # a standalone engine (gyre.runtime.standalone)
+        # a standalone engine (gyre.runtime.standalone)
+        self.engine_faults = EngineFaults(cfg, self.cluster, self.records, self)
         self.cluster.on_engine_lost = lambda url, e: self.engine_faults.lost(url, e, _found_by(e))
-        self.proxy_watch = ProxyWatchdog(
-            self
-        )  # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
+        # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
+        self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster, self.records, self.now)
         self.cluster.proxy_ready = lambda: self.proxy_watch.ensure("switch")
         self.execs.watchdog = self.proxy_watch
-        self.nemesis = Nemesis(self)  # [run.chaos]: a test facility, off by default
+        self.nemesis = Nemesis(  # [run.chaos]: a test facility, off by default
+            cfg.run.chaos,
+            self.cluster,
+            self.records,
+            self,
+            down=self.faults.down,
+            results=self.execs.results,
+            workspaces=rundir.workspaces,
+        )
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -120,12 +140,13 @@ class RealWorld:
             if not get.done():
                 get.cancel()
 
-    def _emit(self, ev: Event) -> None:
+    def emit(self, ev: Event) -> None:
+        """Queue ``ev`` for the policy (the supervisors' bus: gyre.runtime.handles)."""
         self.events.put_nowait(ev)
 
     def _tick(self, at: float) -> None:
         """A WakeAt came due (never reported before the time it asked for)."""
-        self._emit(Tick(max(at, self.now())))
+        self.emit(Tick(max(at, self.now())))
 
     def _open_step(self) -> StepRecord:
         """The step the policy started; its groups, micro-steps and finish come after StartStep."""
@@ -133,7 +154,9 @@ class RealWorld:
             raise RuntimeError("no training step is open")
         return self.step_rec
 
-    def _spawn(self, coro) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background; what it raises is surfaced by ``next_event``."""
+
         async def guarded():
             try:
                 await coro
@@ -154,10 +177,10 @@ class RealWorld:
         await self.execs.start()
         self.records.restart_clock()
         self._last_event = 0.0
-        self._spawn(self.faults.heartbeat())
-        self._spawn(self.proxy_watch.run())
+        self.spawn(self.faults.heartbeat())
+        self.spawn(self.proxy_watch.run())
         if self.nemesis.enabled:
-            self._spawn(self.nemesis.run())
+            self.spawn(self.nemesis.run())
 
     async def stop(self) -> None:
         for t in list(self._bg):
@@ -217,7 +240,8 @@ class RealWorld:
         """Start each action (one method per action type); what it leads to comes back as
         events, through ``next_event``."""
         if any(type(a) is PublishWeights for a in actions):
-            self.cluster.begin_publish()  # satellites returning at this boundary wait for the new weights
+            # satellites returning at this boundary wait for the new weights
+            self.cluster.publications.begin()
         for a in actions:
             match a:
                 case LaunchExecutions():
@@ -231,11 +255,11 @@ class RealWorld:
                 case AssignGroup():
                     self._assign(a)
                 case ClaimMicroStep():
-                    self._spawn(self._micro(a))
+                    self.spawn(self._micro(a))
                 case FinishStep():
-                    self._spawn(self._finish(a.step))
+                    self.spawn(self._finish(a.step))
                 case PublishWeights():
-                    self._spawn(self._publish(a.version))
+                    self.spawn(self._publish(a.version))
                 case WakeAt():
                     self._wake(a)
                 case EndRun():
@@ -255,10 +279,10 @@ class RealWorld:
             if (self.gid(gid), att) in self.restore.finished:
                 restored.append((gid, att))  # finished before the resume: never run again
             else:
-                self._spawn(self._execution(gid, att))
-        self._emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
+                self.spawn(self._execution(gid, att))
+        self.emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
         for gid, att in restored:
-            self._emit(self._restored(gid, att))
+            self.emit(self._restored(gid, att))
 
     def _restored(self, gid: int, att: int) -> ExecutionFinished:
         kept = self.restore.finished[(self.gid(gid), att)]
@@ -278,7 +302,7 @@ class RealWorld:
         if target is CellRole.TO_ROLLOUT and self.roles[a.cell] is CellRole.TRAINING:
             self.forget_cell_work(a.cell)  # mid-step (a fault before it): its micro-steps go back
         self._set_role(a.cell, target)
-        self._spawn(self._switch(a.cell, a.role))
+        self.spawn(self._switch(a.cell, a.role))
 
     def forget_cell_work(self, cell: int) -> None:
         """Cell ``cell``'s part of the open step is void (the policy queued its micro-steps
@@ -307,7 +331,7 @@ class RealWorld:
         times[(g, att)] = (t0, None)
         reward = await self.execs.run(g, att, self.exec_version.get((g, att)))
         times[(g, att)] = (t0, self.now())
-        self._emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
+        self.emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
 
     async def _switch(self, cell: int, role: CellRole) -> None:
         t0 = self.now()
@@ -330,7 +354,7 @@ class RealWorld:
             {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
         )
         self._set_role(cell, role)
-        self._emit(CellSwitched(time=t1, cell=cell, role=role))
+        self.emit(CellSwitched(time=t1, cell=cell, role=role))
 
     def _assign(self, a: AssignGroup) -> None:
         """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
@@ -384,7 +408,7 @@ class RealWorld:
         self.records.micros.append(
             (a.cell, rec.version if shard else -1, t0, t1)
         )  # -1: empty share
-        self._emit(
+        self.emit(
             MicroStepDone(time=t1, cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
         )
 
@@ -430,7 +454,7 @@ class RealWorld:
             self.group_tasks.pop(rec.local[gid], None)
             for att in range(self.cfg.policy.group_size):
                 self.exec_version.pop((gid, att), None)
-        self._emit(StepDone(time=t1, step=step))
+        self.emit(StepDone(time=t1, step=step))
 
     async def _publish(self, version: int) -> None:
         t0 = self.now()
@@ -444,7 +468,7 @@ class RealWorld:
         t1 = self.now()
         self.records.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
         self.execs.maybe_evaluate(gv)
-        self._emit(WeightsPublished(time=t1, version=version))
+        self.emit(WeightsPublished(time=t1, version=version))
 
 
 def _found_by(e: BaseException) -> str:

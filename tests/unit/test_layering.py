@@ -15,8 +15,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gyre"
 
@@ -150,7 +148,6 @@ def test_every_package_has_a_row() -> None:
     assert units <= set(ALLOWED) | LEAVES, sorted(units - set(ALLOWED) - LEAVES)
 
 
-@pytest.mark.xfail(strict=True, reason="four circles until issue 36's split lands")
 def test_no_import_circles() -> None:
     circles = _circles(_graph())
     assert not circles, "import circles (TYPE_CHECKING imports count):\n" + "\n".join(
