@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -208,15 +209,17 @@ class Executions:
         return res.reward
 
     def pack_group(
-        self, gid: int, step: int, start_index: int
+        self, gid: int, step: int, start_index: int, spans: dict[str, float] | None = None
     ) -> tuple[Any, int, dict[str, float], list]:
-        """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks."""
+        """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks;
+        ``spans`` gets the seconds each part took (``trees``, ``pack``)."""
         N = self.cfg.policy.group_size
         ids = {a: self.results.pop((gid, a)) for a in range(N)}
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
         rewards = {eid: r for eid, r in ids.values()}
         tcfg = self.cfg.trainer
         _, _, profile = self._started()
+        t0 = time.perf_counter()
         group, report = group_from_traces(
             f"g{gid}",
             traces,
@@ -226,7 +229,10 @@ class Executions:
             seed=tcfg.seed,
             step=step,
         )
+        t1 = time.perf_counter()
         chunk = pack_groups([group], start_index, tcfg.stream, tcfg.objective)
+        if spans is not None:
+            spans.update(trees=t1 - t0, pack=time.perf_counter() - t1)
         scored = [r for r in rewards.values() if not isinstance(r, Missing)]
         st = chunk.stats
         info = {

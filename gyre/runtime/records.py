@@ -70,6 +70,9 @@ class Records:
     faults: list[dict[str, Any]] = field(default_factory=list)
     # what the chaos nemesis killed (gyre.runtime.chaos): {"kind", "time", "target", ...}
     chaos: list[dict[str, Any]] = field(default_factory=list)
+    # what each AssignGroup cost the driver's loop, in seconds: "trees" (traces to trees),
+    # "pack" (to micro-step tasks), "put" (the tasks into Ray's object store), "all"; "tasks"
+    assigns: list[dict[str, float]] = field(default_factory=list)
 
     def fault(
         self,

@@ -12,6 +12,7 @@ policy rather than trusted; the reports read those records, not the world.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -358,9 +359,11 @@ class RealWorld:
 
     def _assign(self, a: AssignGroup) -> None:
         """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
+        t0 = time.perf_counter()
         rec = self._open_step()
         gid = self.gid(a.group_id)
-        group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index)
+        spans: dict[str, float] = {}
+        group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index, spans)
         self._task_index += len(tasks)
         versions = [
             self.exec_version.get((gid, att), rec.version)
@@ -372,8 +375,11 @@ class RealWorld:
         for k, v in pack.items():
             rec.pack[k] = rec.pack.get(k, 0) + v
         n = a.micro_steps
+        t1 = time.perf_counter()
         self.group_tasks[a.group_id] = self.cluster.put_tasks(tasks)  # once, whatever claims it
         self.shards[a.group_id] = [[t.index for t in tasks[i::n]] for i in range(n)] if n else []
+        t2 = time.perf_counter()
+        self.records.assigns.append({**spans, "put": t2 - t1, "all": t2 - t0, "tasks": len(tasks)})
 
     async def _micro(self, a: ClaimMicroStep) -> None:
         rec = self._open_step()
