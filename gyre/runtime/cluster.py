@@ -7,7 +7,8 @@ the replica is dropped (the core keeps its optimizer state in host memory), an
 engine starts on the newest published weights and joins the proxy's pool.
 Publication (:class:`gyre.runtime.publication.Publications`, which owns the published
 weights): the core writes a Hugging Face directory; every rollout engine pauses, reloads it
-from disk with the new version number, and continues. Connecting to Ray and the cells' resources: :mod:`gyre.runtime.ray_setup`.
+from disk with the new version number, and continues. Connecting to Ray and the cells'
+resources: :mod:`gyre.runtime.ray_setup`.
 
 Who can reach an engine: a local run binds every server of its cells to 127.0.0.1
 (``GYRE_BIND_HOST``, see :mod:`gyre.runtime.nodeaddr`); on any run, every route of every
@@ -39,7 +40,7 @@ from gyre.runtime.cell import Cell
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
-from gyre.runtime.publication import Publications, check_served
+from gyre.runtime.publication import Publications
 from gyre.runtime.ray_setup import (
     RuntimeSetupError,
     cell_resources,
@@ -414,8 +415,7 @@ class Cluster:
         if pubs.sums is not None:  # it serves a publication: check it like the others
             async with EngineClient(url, api_key=self.engine_key) as c:
                 info = await c.model_info()
-            name = f"cell {cell}'s engine ({url})"
-            pubs.checked += check_served(name, pubs.version, info, pubs.sums)
+            pubs.check(f"cell {cell}'s engine ({url})", info)
         await asyncio.to_thread((await self.serving_proxy()).add_engine, url)
         self._serving(cell, url)
 

@@ -192,8 +192,7 @@ class Publications:
                 if isinstance(r, BaseException):
                     failed.append((u, r))
                 else:  # it reloaded: does it serve what the core wrote?
-                    checked += check_served(name(u), version, r, sums)
-            self.checked += checked
+                    checked += self.check(name(u), r)
             self.prune(version, self.keep)
             return {
                 "engines": len(urls),
@@ -204,6 +203,13 @@ class Publications:
         finally:
             under_way.set()
             self._under_way = None
+
+    def check(self, engine: str, reply: UpdateWeightsResponse | ModelInfo) -> bool:
+        """:func:`check_served` against the newest publication, counted in ``checked``."""
+        assert self.sums is not None, "nothing published yet"
+        ok = check_served(engine, self.version, reply, self.sums)
+        self.checked += ok
+        return ok
 
     async def _in_memory(
         self,

@@ -3,8 +3,8 @@
 Each engine is a Ray actor of its own (:class:`gyre.runtime.cell.StandaloneEngine`) serving
 a fixed share of ``policy.standalone_capacity`` (:func:`share`). When one is found dead or
 hung (the proxy's engine heartbeat, or a reload that failed in a publication) it leaves the
-pool at once (the cluster's ``_engine_lost``) and the policy gets ``EngineLost`` with its share, so
-the waterlevel rule and the retention test count only what serves; with
+pool at once (the cluster's ``_engine_lost``) and the policy gets ``EngineLost`` with its
+share, so the waterlevel rule and the retention test count only what serves; with
 ``run.fault.restart`` a new actor starts on the newest published weights, joins the proxy's
 pool, and the policy gets ``EngineBack``.
 """
