@@ -17,8 +17,10 @@ controller overhead per event, and how long training cells wait within a step.
    start of (1), what restarting the engines on new weights would cost instead.
 3. Controller overhead per event in a short real ``gyre run`` (examples/quickstart.toml, 3 steps,
    no evaluation): ``SchedulingPolicy.handle(event)`` plus ``RealWorld.carry_out(actions)``,
-   timed by wrapping both from outside (library code unchanged). Reference peer: the
-   simulator's per-event cost (``policy.handle`` + ``World._apply``) on the same policy config.
+   timed by wrapping both from outside (library code unchanged); an AssignGroup's parts (traces
+   to trees, packing, the tasks into the object store) from the run's own spans
+   (``Records.assigns``). Reference peer: the simulator's per-event cost (``policy.handle`` +
+   ``World._apply``) on the same policy config.
 4. Per step of that run: how long each training cell computed and how long it waited (time in
    the training role within the step minus its busy intervals), from the run's own records
    (the world's role segments and busy intervals, which ``timeline.png`` draws; step windows
