@@ -128,3 +128,35 @@ def test_two_starts_on_one_version_keep_it_from_pruning_until_both_end(tmp_path)
         assert not (tmp_path / "v3").exists()
 
     asyncio.run(scenario())
+
+
+def test_a_publication_returns_the_engines_that_failed_to_take_it(tmp_path):
+    """An engine that cannot reload is handed back to the caller (the cluster decides whose
+    loss it is), the publication still ends (an engine starting later does not wait on it) and
+    the directories past ``keep`` are pruned."""
+    import asyncio
+    from pathlib import Path
+
+    from gyre.runtime.publication import Publications
+
+    (tmp_path / "v0").mkdir()
+    pubs = Publications(tmp_path, str(tmp_path / "v0"), 0, "key", keep=1, in_memory=False)
+    dead = "http://127.0.0.1:1"  # nothing listens there: the reload is refused
+
+    async def save(path: str) -> dict[str, float]:
+        Path(path).mkdir()
+        return {"float32": 1.0}
+
+    async def send(version: int, urls: list[str]) -> dict:
+        raise AssertionError("run.publication = disk: nothing is sent in memory")
+
+    async def scenario():
+        info, failed = await pubs.publish(1, [dead], save, send, str)
+        await asyncio.wait_for(pubs.settled(), 1)  # not under way any more
+        return info, failed
+
+    info, failed = asyncio.run(scenario())
+    assert [u for u, _ in failed] == [dead] and isinstance(failed[0][1], Exception)
+    assert info["engines"] == 1 and info["checked"] == 0
+    assert (pubs.version, pubs.dir, pubs.sums) == (1, str(tmp_path / "v1"), {"float32": 1.0})
+    assert sorted(p.name for p in tmp_path.glob("v*")) == ["v1"]
