@@ -24,7 +24,7 @@ from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.roles import role_profile
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.longtail import LongTail
-from gyre.runtime.proxy_watchdog import ProxyWatchdog, admin_call
+from gyre.runtime.proxy_watchdog import ProxyHost, ProxyWatchdog, admin_call
 from gyre.runtime.restore import Restored
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -40,15 +40,17 @@ if TYPE_CHECKING:
 
 class Executions:
     def __init__(
-        self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, cluster, *, segment: int = 0
+        self,
+        cfg: GyreConfig,
+        rundir: RunDir,
+        tasks: TaskStream,
+        host: ProxyHost,
+        *,
+        segment: int = 0,
     ):
-        self.cfg, self.rundir, self.tasks, self.cluster, self.segment = (
-            cfg,
-            rundir,
-            tasks,
-            cluster,
-            segment,
-        )
+        """``host``: the owner of the managed proxy the harnesses call (the cluster)."""
+        self.cfg, self.rundir, self.tasks, self.segment = cfg, rundir, tasks, segment
+        self.host = host
         self.executor: HarnessExecutor | None = None
         self.admin: ProxyAdminClient | None = None
         self.profile: HarnessProfile | None = None
@@ -73,7 +75,7 @@ class Executions:
     async def start(self) -> None:
         prof = load_profile(self.cfg.run.profile)
         self.profile = prof.model_copy(update={"args": [*prof.args, *self.cfg.run.harness_args]})
-        proxy = self.cluster.proxy
+        proxy = self.host.proxy
         self.admin = proxy.admin_client()  # its unix socket: harnesses never reach it
         ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
         self.executor = HarnessExecutor(
@@ -124,7 +126,7 @@ class Executions:
             execution_id=execution_id,
             task=task,
             profile=profile,
-            base_url=self.cluster.proxy.url,
+            base_url=self.host.proxy.url,
             harness_timeout_s=run.harness_timeout_s
             or (self.longtail.executor_harness_timeout_s if self.longtail else None),
             overall_timeout_s=run.overall_timeout_s or (lt.overall_timeout_s if lt else None),
