@@ -45,14 +45,14 @@ from gyre.policy import CellRole
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import ChaosConfig
 from gyre.runtime.handles import EventBus
-from gyre.runtime.records import Records
+from gyre.runtime.records import BREAKS_STEP, Phase, Records
 
 FOLLOW_S = 180.0  # how long a kill's record is completed from what the run does about it
 _EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
 _SWITCHING = (CellRole.TO_TRAINING, CellRole.TO_ROLLOUT)
 # a step's end, where a training cell is not killed: the ping before the reduce (a cell killed
 # after it answered would be lost in the reduce: CI saw one, 63 ms apart), the reduce, the step
-_STEP_END = {"reduce_check", "reduce", "optimizer_step"}
+_STEP_END = BREAKS_STEP | {Phase.REDUCE_CHECK}
 
 
 def schedule(seed: int, kills: int, kinds: list[str], window: tuple[float, float]) -> list:

@@ -47,7 +47,7 @@ from gyre.runtime import ranks
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.handles import EventBus
-from gyre.runtime.records import Records
+from gyre.runtime.records import BREAKS_STEP, Records
 from gyre.runtime.rundir import RunDir
 
 
@@ -189,7 +189,7 @@ class CellFaults:
         """Why losing ``cell`` ends the segment (the supervisor restarts the run from its
         checkpoint), or None when the cell is replaced in place."""
         what = self.records.activity.get(cell, {}).get("what")
-        if what in ("reduce", "optimizer_step"):
+        if what in BREAKS_STEP:
             return (
                 f"cell {cell} was lost ({why}) during the step's {what.replace('_', ' ')}: "
                 "the step cannot complete (`gyre run --resume` continues from the last checkpoint)"

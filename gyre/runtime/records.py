@@ -12,10 +12,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from gyre.policy import CellRole
 from gyre.train.stats import ObjectiveStats
+
+
+class Phase(StrEnum):
+    """What a training cell computes now (``Records.activity[cell]["what"]``): the live view
+    words it, the fault handler and the nemesis judge from it whether a loss breaks the step."""
+
+    MICRO_STEP = "micro_step"
+    REDUCE_CHECK = "reduce_check"  # the ping before the reduce
+    REDUCE = "reduce"  # a satellite in the step's reduce
+    OPTIMIZER_STEP = "optimizer_step"  # the core: reduce and optimizer step
+
+
+# a loss in these breaks the step: the core's gradients or weights may be half changed
+BREAKS_STEP = frozenset({Phase.REDUCE, Phase.OPTIMIZER_STEP})
+
 
 # (start, end, role value) of one cell
 Segment = tuple[float, float, str]
@@ -61,7 +77,7 @@ class Records:
     restored: int = 0  # executions a resume kept from the killed segment (not run again)
     makespan: float | None = None
     # what the live view shows of work under way (gyre.runtime.progress): cell -> what it
-    # computes now ({"what": "micro_step", "index", "of", "group"} or {"what": "optimizer_step"}),
+    # computes now ({"what": Phase.MICRO_STEP, "index", "of", "group"}, or another Phase),
     # and the version every rollout engine is reloading while a publication runs
     activity: dict[int, dict[str, Any]] = field(default_factory=dict)
     publishing: int | None = None

@@ -45,7 +45,7 @@ from gyre.runtime.executions import Executions
 from gyre.runtime.faults import CellFaults, actor_died
 from gyre.runtime.progress import Feed
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
-from gyre.runtime.records import Records, StepRecord
+from gyre.runtime.records import Phase, Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.standalone import EngineFaults
@@ -386,7 +386,7 @@ class RealWorld:
         shard = self.shards[a.group_id][a.index]
         t0 = self.now()
         n = len(self.shards[a.group_id])
-        act = {"what": "micro_step", "index": a.index, "of": n, "group": self.gid(a.group_id)}
+        act = {"what": Phase.MICRO_STEP, "index": a.index, "of": n, "group": self.gid(a.group_id)}
         self.records.activity[a.cell] = act
         if shard:
             try:
@@ -424,7 +424,7 @@ class RealWorld:
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
         records = self.records
-        check = {"what": "reduce_check", "cells": k}  # the ping before the reduce
+        check = {"what": Phase.REDUCE_CHECK, "cells": k}  # the ping before the reduce
         for c in range(k):
             records.activity[c] = check
         try:
@@ -437,7 +437,8 @@ class RealWorld:
             return  # a participant is lost: the policy voids this FinishStep and goes on
         t0 = self.now()
         for c in range(k):
-            records.activity[c] = {"what": "optimizer_step" if c == 0 else "reduce", "cells": k}
+            phase = Phase.OPTIMIZER_STEP if c == 0 else Phase.REDUCE
+            records.activity[c] = {"what": phase, "cells": k}
         try:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
