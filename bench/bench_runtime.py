@@ -17,8 +17,10 @@ controller overhead per event, and how long training cells wait within a step.
    start of (1), what restarting the engines on new weights would cost instead.
 3. Controller overhead per event in a short real ``gyre run`` (examples/quickstart.toml, 3 steps,
    no evaluation): ``SchedulingPolicy.handle(event)`` plus ``RealWorld.carry_out(actions)``,
-   timed by wrapping both from outside (library code unchanged). Reference peer: the
-   simulator's per-event cost (``policy.handle`` + ``World._apply``) on the same policy config.
+   timed by wrapping both from outside (library code unchanged); an AssignGroup's parts (traces
+   to trees, packing, the tasks into the object store) from the run's own spans
+   (``Records.assigns``). Reference peer: the simulator's per-event cost (``policy.handle`` +
+   ``World._apply``) on the same policy config.
 4. Per step of that run: how long each training cell computed and how long it waited (time in
    the training role within the step minus its busy intervals), from the run's own records
    (the world's role segments and busy intervals, which ``timeline.png`` draws; step windows
@@ -430,13 +432,8 @@ def bench_run(cfg, tmp: Path) -> dict:
 
     handle_t: list[tuple[float, str]] = []
     carry_t: list[tuple[float, tuple]] = []
-    assign_t: list[float] = []
     worlds: list = []
-    orig_handle, orig_carry, orig_assign = (
-        SchedulingPolicy.handle,
-        RealWorld.carry_out,
-        RealWorld._assign,
-    )
+    orig_handle, orig_carry = SchedulingPolicy.handle, RealWorld.carry_out
 
     def handle(self, event):
         t0 = time.perf_counter()
@@ -451,54 +448,16 @@ def bench_run(cfg, tmp: Path) -> dict:
         orig_carry(self, actions)
         carry_t.append((time.perf_counter() - t0, tuple(type(x).__name__ for x in actions)))
 
-    # the parts of AssignGroup (Executions.pack_group imports these at call time; the world serialises tasks)
-    import gyre.train.buffer as buffer
-    import gyre.train.groups as groups
-    from gyre.train.tasks import MicroStepTask
-
-    parts: dict[str, list[float]] = {"trees": [], "pack": [], "to_bytes": []}
-    per_assign: dict[str, list[float]] = {k: [] for k in parts}
-
-    def assign(self, act):
-        n0 = {k: len(v) for k, v in parts.items()}
-        t0 = time.perf_counter()
-        orig_assign(self, act)
-        assign_t.append(time.perf_counter() - t0)
-        for k, v in parts.items():
-            per_assign[k].append(sum(v[n0[k] :]))
-
-    patched = [
-        (groups, "group_from_traces", "trees"),
-        (buffer, "pack_groups", "pack"),
-        (MicroStepTask, "to_bytes", "to_bytes"),
-    ]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
-
-    def timed(fn, key):
-        def wrapper(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                parts[key].append(time.perf_counter() - t0)
-
-        return wrapper
-
-    SchedulingPolicy.handle, RealWorld.carry_out, RealWorld._assign = handle, carry_out, assign
-    for obj, name, key in patched:
-        setattr(obj, name, timed(getattr(obj, name), key))
+    # the public entry points are timed from outside; AssignGroup's parts are the run's own
+    # spans (RealWorld.records.assigns)
+    SchedulingPolicy.handle, RealWorld.carry_out = handle, carry_out
     try:
         t0 = time.perf_counter()
         summary = loop.run(cfg, run_dir=tmp / "run", quiet=True)
         wall = time.perf_counter() - t0
     finally:
-        SchedulingPolicy.handle, RealWorld.carry_out, RealWorld._assign = (
-            orig_handle,
-            orig_carry,
-            orig_assign,
-        )
-        for obj, name, fn in saved:
-            setattr(obj, name, fn)
+        SchedulingPolicy.handle, RealWorld.carry_out = orig_handle, orig_carry
+    assigns = worlds[0].records.assigns
     # carry_out #0 follows policy.start(); carry_out #i+1 carries out what handle #i returned
     per_event = [(h + c, ev, acts) for (h, ev), (c, acts) in zip(handle_t, carry_t[1:])]
     rows = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -506,9 +465,9 @@ def bench_run(cfg, tmp: Path) -> dict:
         "per_event": per_event,
         "handle": [h for h, _ in handle_t],
         "carry": [c for c, _ in carry_t[1:]],
-        "assign": assign_t,
-        "assign_parts": per_assign,
-        "n_tasks": len(parts["to_bytes"]),
+        "assign": [a["all"] for a in assigns],
+        "assign_parts": {k: [a[k] for a in assigns] for k in ("trees", "pack", "put")},
+        "n_tasks": int(sum(a["tasks"] for a in assigns)),
         "world": worlds[0],
         "summary": summary,
         "metrics": rows,
@@ -587,7 +546,7 @@ def print_controller(run: dict, sim: dict) -> None:
         ap = run["assign_parts"]
         row("    trees from traces (group_from_traces)", ap["trees"])
         row("    packing (pack_groups)", ap["pack"])
-        row(f"    tasks to bytes ({run['n_tasks']} micro-step tasks in all)", ap["to_bytes"])
+        row(f"    tasks into the object store ({run['n_tasks']} in all)", ap["put"])
     no_assign = [x for x, _, acts in run["per_event"] if "AssignGroup" not in acts]
     row("  events whose actions hold no AssignGroup", no_assign, b)
     row("baseline: simulator handle + _apply (same policy)", sv, b)

@@ -204,7 +204,7 @@ def serve(
 
 def _section(path: Path | None, overrides: list[str], given: dict[str, Any]) -> dict[str, Any]:
     from gyre.cli_errors import fail
-    from gyre.config import load_section
+    from gyre.config_io import load_section
 
     try:
         return load_section(path, "engine", overrides, given)

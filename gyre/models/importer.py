@@ -21,6 +21,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre.cli_errors import first_line
+
 
 class ImportProblem(ValueError):
     """A source that cannot be imported; the message is the one line the user sees."""
@@ -126,8 +128,8 @@ def import_model(src: str, out_dir: str | Path, *, overwrite: bool = False) -> I
             "source you trust"
         ) from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ImportProblem(f"{src}: cannot be loaded as a causal LM ({first[:200]})") from None
+        first = first_line(e)[:200]
+        raise ImportProblem(f"{src}: cannot be loaded as a causal LM ({first})") from None
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

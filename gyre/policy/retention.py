@@ -21,51 +21,15 @@ flagship with 4x training).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from gyre.policy.cell_roles import CellRole
 from gyre.policy.config import CoreRetention, Placement
-
-if TYPE_CHECKING:
-    from gyre.policy.scheduling import SchedulingPolicy
+from gyre.policy.state import PolicyState
 
 
-@dataclass(slots=True)
-class CoreClock:
-    """The core's last rollout stint and switching times, from event times (world units)."""
-
-    rollout_since: float = 0.0  # the core starts the run in rollout
-    switch_since: float = 0.0
-    rollout_stint: float = math.inf  # unknown until the core first leaves rollout
-    to_training: float = 0.0
-    to_rollout: float = 0.0
-
-    def left_rollout(self, t: float) -> None:
-        self.rollout_stint = t - self.rollout_since
-        self.switch_since = t
-
-    def in_training(self, t: float) -> None:
-        self.to_training = t - self.switch_since
-
-    def left_training(self, t: float) -> None:
-        self.switch_since = t
-
-    def in_rollout(self, t: float) -> None:
-        self.to_rollout = t - self.switch_since
-        self.rollout_since = t
-
-    @property
-    def stint_too_short(self) -> bool:
-        """The last rollout stint was shorter than the round trip (in + out) that bought it."""
-        return self.rollout_stint < self.to_training + self.to_rollout
-
-
-def core_stays(p: SchedulingPolicy, cap_without_core: int, next_dispatch: int) -> bool:
+def core_stays(p: PolicyState, cap_without_core: int, next_dispatch: int) -> bool:
     """The retention test at a boundary (see the module docstring); Colocate's gang and a
     ``paper`` config get the paper's test."""
-    if len(p._ready) < p._supply_groups:
+    if len(p.ready) < p.supply_groups:
         return False
     w = p.waterlevel
     if cap_without_core >= w + next_dispatch:
@@ -77,9 +41,9 @@ def core_stays(p: SchedulingPolicy, cap_without_core: int, next_dispatch: int) -
     return 0 < cap and w <= cap and p.core_clock.stint_too_short
 
 
-def _serving_after(p: SchedulingPolicy) -> int:
+def _serving_after(p: PolicyState) -> int:
     """Rollout capacity without the core right after the boundary: a satellite mid-switch into
     training (it goes back once there) or lost serves nothing yet."""
     out = (CellRole.LOST, CellRole.TO_TRAINING)
-    serving = sum(p.roles[i] not in out for i in range(1, p._K))
-    return p.standalone_live + p._Ce * serving
+    serving = sum(p.roles[i] not in out for i in range(1, p.K))
+    return p.standalone_live + p.Ce * serving

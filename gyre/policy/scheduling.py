@@ -57,6 +57,7 @@ from gyre.policy.events import (
     Tick,
     WeightsPublished,
 )
+from gyre.policy.state import PolicyState
 
 
 @dataclass(slots=True)
@@ -68,69 +69,33 @@ class _Group:
     valid: int = 0
 
 
-class SchedulingPolicy:
+class SchedulingPolicy(PolicyState):
     """Pure placement policy. Feed events, carry out the returned actions."""
 
     def __init__(self, config: PolicyConfig) -> None:
-        self.config = config
+        super().__init__(config)
         c = config
-        self._K = c.cells
         self._N = c.group_size
         self._B = c.batch_groups
-        self._Ce = c.cell_capacity
-        self.placement = c.placement
-        self._supply_groups = c.supply_groups  # derived config values, cached off the hot path
         self._mu = c.mu
         self._steps = c.total_steps
-        self.roles: list[CellRole] = [CellRole.ROLLOUT] * c.cells
-        if c.placement is Placement.ASYNC:
-            for i in range(c.train_cells):
-                self.roles[i] = CellRole.TRAINING
-        self.standalone_live = c.standalone_capacity  # less a lost standalone engine's slots
-        self.capacity = c.standalone_capacity + c.cell_capacity * self.roles.count(CellRole.ROLLOUT)
         # counters (executions)
-        self.dispatched = 0
         self.launched = 0
-        self.finished = 0
         self._reserved = 0  # launch requested, not yet finished: occupies capacity
         self._queue: deque[ExecutionId] = deque()
         self._groups: dict[int, _Group] = {}
         self._next_gid = 0
-        self._ready: list[tuple[int, int, int]] = []  # heap of (version, seq, group_id)
         self._ready_seq = 0
         self.outstanding_groups = 0  # dispatched, not yet assigned to a step
         self.version = 0  # published policy version (= optimizer steps published)
-        self.steps_done = 0
-        # current step
-        self._step_active = False
         self._step_groups = 0
-        self._micro: deque[tuple[int, int]] = deque()
-        self._inflight = 0
-        self._finishing = False
-        self._busy = [False] * c.cells
-        # faults: each cell's claim in flight and micro-steps done in the open step (a lost
-        # satellite's go back to the queue), and cells whose claim in flight was void
-        self._claim: list[tuple[int, int] | None] = [None] * c.cells
-        self._done_by: list[list[tuple[int, int]]] = [[] for _ in range(c.cells)]
-        self._void: set[int] = set()
-        self.lost = 0  # CellLost events handled
-        # burst boundary
-        self._boundary = False
-        self._republish = False  # the core was lost during its publication: it publishes again
-        self._core_stays = False
         self._left_at = [0] * c.cells  # the version each cell last left rollout at
-        self.core_clock = retention.CoreClock()  # the core's measured rollout stint and switches
         self._supply_since: float | None = None
         self._started = False
         self.done = False
         self.now = 0.0
 
     # ------------------------------------------------------------------ views
-    @property
-    def waterlevel(self) -> int:
-        """w(t) = dispatched - finished: every queued or running execution."""
-        return self.dispatched - self.finished
-
     @property
     def running(self) -> int:
         """Executions holding rollout capacity (launch requested, not finished)."""
@@ -143,11 +108,11 @@ class SchedulingPolicy:
     @property
     def ready_groups(self) -> int:
         """Scored groups not yet assigned to a step."""
-        return len(self._ready)
+        return len(self.ready)
 
     @property
     def step_active(self) -> bool:
-        return self._step_active
+        return self.step_open
 
     def training_cells(self) -> list[int]:
         return [i for i, r in enumerate(self.roles) if r is CellRole.TRAINING]
@@ -166,11 +131,11 @@ class SchedulingPolicy:
             "finished": self.finished,
             "running": self._reserved,
             "queued": len(self._queue),
-            "ready_groups": len(self._ready),
+            "ready_groups": len(self.ready),
             "outstanding_groups": self.outstanding_groups,
             "version": self.version,
             "steps_done": self.steps_done,
-            "step_active": self._step_active,
+            "step_active": self.step_open,
             "done": self.done,
             "lost": self.lost,
         }
@@ -194,9 +159,9 @@ class SchedulingPolicy:
         if event.time < self.now - 1e-9:
             raise PolicyError(f"event time {event.time} is before the last event's time {self.now}")
         cell = getattr(event, "cell", None)
-        if cell is not None and not 0 <= cell < self._K:
+        if cell is not None and not 0 <= cell < self.K:
             raise PolicyError(
-                f"{type(event).__name__} names cell {cell}; cells are 0..{self._K - 1}"
+                f"{type(event).__name__} names cell {cell}; cells are 0..{self.K - 1}"
             )
         acts: list[Action] = []
         # exact types (no subclass is an event); mypy narrows `type(event) is X`
@@ -248,29 +213,29 @@ class SchedulingPolicy:
         self.finished += 1
         self._reserved -= 1
         if g.finished == self._N:  # group scored: ready for training
-            heapq.heappush(self._ready, (g.version, self._ready_seq, gid))
+            heapq.heappush(self.ready, (g.version, self._ready_seq, gid))
             self._ready_seq += 1
 
     def _on_micro_done(self, ev: MicroStepDone) -> None:
-        if ev.cell in self._void:  # its claim went back to the queue when a cell before it died
-            self._void.discard(ev.cell)
+        if ev.cell in self.void:  # its claim went back to the queue when a cell before it died
+            self.void.discard(ev.cell)
             return
-        if not self._busy[ev.cell] or ev.step != self.steps_done:
+        if not self.busy[ev.cell] or ev.step != self.steps_done:
             raise PolicyError(f"unexpected micro-step completion {ev}")
-        self._busy[ev.cell] = False
-        self._inflight -= 1
-        claim = self._claim[ev.cell]
+        self.busy[ev.cell] = False
+        self.inflight -= 1
+        claim = self.claim[ev.cell]
         if claim is not None:
-            self._done_by[ev.cell].append(claim)
-            self._claim[ev.cell] = None
+            self.done_by[ev.cell].append(claim)
+            self.claim[ev.cell] = None
 
     def _on_step_done(self, ev: StepDone, acts: list[Action]) -> None:
-        if not self._finishing or ev.step != self.steps_done:
+        if not self.finishing or ev.step != self.steps_done:
             raise PolicyError(f"unexpected step completion {ev}")
         c = self.config
-        self._finishing = False
-        self._step_active = False
-        self._busy[CORE] = False
+        self.finishing = False
+        self.step_open = False
+        self.busy[CORE] = False
         self.steps_done += 1
         if self.steps_done >= c.total_steps:
             self.done = True
@@ -279,39 +244,39 @@ class SchedulingPolicy:
         if self.steps_done % c.mu:
             return  # mid-burst: the next step starts when supply allows
         # ---- burst boundary: satellites return, core publishes (and maybe stays)
-        self._boundary = True
+        self.boundary = True
         next_dispatch = (c.queue_depth_groups - self.outstanding_groups) * self._N
         if self.placement is Placement.ASYNC:
-            self._core_stays = True
+            self.core_stays = True
         else:
-            satellites = [i for i in range(1, self._K) if self.roles[i] is CellRole.TRAINING]
+            satellites = [i for i in range(1, self.K) if self.roles[i] is CellRole.TRAINING]
             if self.placement is Placement.COLOCATE:
                 cap_without_core = self.standalone_live  # the pool moves as one gang
             else:
                 alive = sum(r is not CellRole.LOST for r in self.roles[1:])
-                cap_without_core = self.standalone_live + self._Ce * alive
-            self._core_stays = retention.core_stays(self, cap_without_core, next_dispatch)
+                cap_without_core = self.standalone_live + self.Ce * alive
+            self.core_stays = retention.core_stays(self, cap_without_core, next_dispatch)
             # colocate moves as one gang: if the pool stays, every cell stays
-            if not (self.placement is Placement.COLOCATE and self._core_stays):
+            if not (self.placement is Placement.COLOCATE and self.core_stays):
                 for i in satellites:
                     self.roles[i] = CellRole.TO_ROLLOUT
                     acts.append(SwitchCell(cell=i, role=CellRole.ROLLOUT))
-        self._busy[CORE] = True
+        self.busy[CORE] = True
         acts.append(PublishWeights(version=self.steps_done, cell=CORE))
 
     def _on_published(self, ev: WeightsPublished, acts: list[Action]) -> None:
-        if not self._boundary or ev.version != self.steps_done:
+        if not self.boundary or ev.version != self.steps_done:
             raise PolicyError(f"unexpected publication {ev}")
         self.version = ev.version
-        self._boundary = False
-        self._busy[CORE] = False
+        self.boundary = False
+        self.busy[CORE] = False
         self._dispatch(acts)
         if self.roles[CORE] is not CellRole.TRAINING:
             # the core died after it wrote the weights (the engines took them): that is the
             # publication; its new process (lost, or on its way back) stays where it goes
-            self._republish = False
+            self.republish = False
             return
-        if not self._core_stays:
+        if not self.core_stays:
             self.core_clock.left_training(ev.time)
             self.roles[CORE] = CellRole.TO_ROLLOUT
             acts.append(SwitchCell(cell=CORE, role=CellRole.ROLLOUT))
@@ -331,7 +296,7 @@ class SchedulingPolicy:
             self.roles[ev.cell] = CellRole.ROLLOUT
             if ev.cell == CORE:
                 self.core_clock.in_rollout(ev.time)
-            self.capacity += self._Ce
+            self.capacity += self.Ce
         else:
             raise PolicyError(f"cell {ev.cell} reported {ev.role.value} while {cur.value}")
 
@@ -341,7 +306,7 @@ class SchedulingPolicy:
         cell in rollout, outside the participant prefix, holding its capacity)."""
         if self.placement is not Placement.ELASTIC or cell == CORE:
             return False
-        return self._boundary or self._left_at[cell] != self.version
+        return self.boundary or self._left_at[cell] != self.version
 
     # ------------------------------------------------------------------ decisions
     def _react(self, acts: list[Action]) -> None:
@@ -382,15 +347,15 @@ class SchedulingPolicy:
         """Groups the current burst still has to assign (its remaining steps' batches)."""
         done = self.steps_done
         steps_left = min(self._mu - done % self._mu, self._steps - done)
-        return steps_left * self._B - (self._step_groups if self._step_active else 0)
+        return steps_left * self._B - (self._step_groups if self.step_open else 0)
 
     def _supply(self) -> int:
-        return min(len(self._ready), self._burst_need())
+        return min(len(self.ready), self._burst_need())
 
     def _update_supply(self, acts: list[Action]) -> None:
         if self.placement is Placement.ASYNC:
             return
-        if not self._boundary and self._supply() >= self._supply_groups:
+        if not self.boundary and self._supply() >= self.supply_groups:
             if self._supply_since is None:
                 self._supply_since = self.now
                 if self.config.hold_tau > 0:
@@ -403,7 +368,7 @@ class SchedulingPolicy:
         if self.placement is Placement.ASYNC:
             faults.async_refill(self, acts)
             return
-        if self._boundary:
+        if self.boundary:
             return
         if (
             self._supply_since is None
@@ -412,7 +377,7 @@ class SchedulingPolicy:
             return
         roles = self.roles
         if self.placement is Placement.COLOCATE:  # the gang: every cell before a lost one
-            hole = roles.index(CellRole.LOST) if CellRole.LOST in roles else self._K
+            hole = roles.index(CellRole.LOST) if CellRole.LOST in roles else self.K
             # those of it in rollout; the rest must be training (a fault sent them back while
             # the core went on: they rejoin it, as the gang would have stayed)
             leaving = [i for i in range(hole) if roles[i] is CellRole.ROLLOUT]
@@ -420,16 +385,16 @@ class SchedulingPolicy:
                 roles[i] not in (CellRole.ROLLOUT, CellRole.TRAINING) for i in range(hole)
             ):
                 return
-            if roles[CORE] is not CellRole.ROLLOUT and not self._step_active:
+            if roles[CORE] is not CellRole.ROLLOUT and not self.step_open:
                 return
         else:
             nxt = 0
-            while nxt < self._K and roles[nxt] is CellRole.TRAINING:
+            while nxt < self.K and roles[nxt] is CellRole.TRAINING:
                 nxt += 1
-            if nxt >= self._K or roles[nxt] is not CellRole.ROLLOUT:
+            if nxt >= self.K or roles[nxt] is not CellRole.ROLLOUT:
                 return  # all cells training, or the next one is mid-switch: one at a time, in order
             leaving = [nxt]
-        cap_after = self.capacity - self._Ce * len(leaving)
+        cap_after = self.capacity - self.Ce * len(leaving)
         if cap_after < self.waterlevel:
             return  # waterlevel rule: what stays must cover every queued or running execution
         for i in leaving:
@@ -445,49 +410,44 @@ class SchedulingPolicy:
 
     def _train(self, acts: list[Action]) -> None:
         c = self.config
-        if self.roles[CORE] is not CellRole.TRAINING or self._boundary:
+        if self.roles[CORE] is not CellRole.TRAINING or self.boundary:
             return
-        if not self._step_active:
+        if not self.step_open:
             if self.steps_done >= c.total_steps:
                 return
-            if len(self._ready) < (1 if c.streaming else self._B):
+            if len(self.ready) < (1 if c.streaming else self._B):
                 return
-            self._step_active = True
+            self.step_open = True
             self._step_groups = 0
-            self._done_by = [[] for _ in range(self._K)]
+            self.done_by = [[] for _ in range(self.K)]
             acts.append(StartStep(step=self.steps_done, version=self.steps_done))
             if not c.streaming:
                 for _ in range(self._B):
                     self._assign(acts)
         step = self.steps_done
-        micro = self._micro
-        for cell in range(self._K):
-            if self.roles[cell] is not CellRole.TRAINING or self._busy[cell]:
+        micro = self.micro
+        for cell in range(self.K):
+            if self.roles[cell] is not CellRole.TRAINING or self.busy[cell]:
                 continue
-            while not micro and self._step_groups < self._B and self._ready:
+            while not micro and self._step_groups < self._B and self.ready:
                 self._assign(acts)  # streaming: pull the oldest-version ready group into the step
             if not micro:
                 break
             gid, idx = micro.popleft()
-            self._busy[cell] = True
-            self._claim[cell] = (gid, idx)
-            self._inflight += 1
+            self.busy[cell] = True
+            self.claim[cell] = (gid, idx)
+            self.inflight += 1
             acts.append(ClaimMicroStep(cell=cell, step=step, group_id=gid, index=idx))
-        if (
-            self._step_groups == self._B
-            and not micro
-            and self._inflight == 0
-            and not self._finishing
-        ):
-            self._finishing = True
-            self._busy[CORE] = True
+        if self._step_groups == self._B and not micro and self.inflight == 0 and not self.finishing:
+            self.finishing = True
+            self.busy[CORE] = True
             acts.append(FinishStep(step=step, cell=CORE))
 
     def _assign(self, acts: list[Action]) -> None:
-        version, _, gid = heapq.heappop(self._ready)
+        version, _, gid = heapq.heappop(self.ready)
         g = self._groups.pop(gid)
         self._step_groups += 1
         self.outstanding_groups -= 1
         n = g.valid * self.config.micro_steps_per_execution
         acts.append(AssignGroup(step=self.steps_done, group_id=gid, version=version, micro_steps=n))
-        self._micro.extend((gid, i) for i in range(n))
+        self.micro.extend((gid, i) for i in range(n))

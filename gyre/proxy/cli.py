@@ -148,7 +148,7 @@ def _config(path: Path | None, overrides: list[str], given: dict[str, Any]) -> P
     from pydantic import ValidationError
 
     from gyre.cli_errors import fail, first_line
-    from gyre.config import load_section
+    from gyre.config_io import load_section
     from gyre.validation import validation_line
 
     try:

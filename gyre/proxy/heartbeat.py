@@ -26,12 +26,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from gyre.proxy.attempts import EngineHandle
-
-if TYPE_CHECKING:
-    from gyre.proxy.pool import EnginePool
+from gyre.proxy.config import PoolConfig
+from gyre.proxy.counters import PoolCounters
 
 log = logging.getLogger("gyre.proxy.pool")
 
@@ -54,14 +53,29 @@ event over with ``loop.call_soon_threadsafe``."""
 
 
 class Heartbeat:
-    def __init__(self, pool: EnginePool) -> None:
-        self.pool = pool
+    """Pings the pool's engines and tells the pool which are lost or back: it reads the engines
+    through ``engines`` (the pool's current ones) and changes their state only through
+    ``lose`` and ``back``, the pool's own methods, so the pool stays the one owner of routing."""
+
+    def __init__(
+        self,
+        config: PoolConfig,
+        counters: PoolCounters,
+        engines: Callable[[], dict[str, EngineHandle]],
+        lose: Callable[[EngineHandle, str, float], None],
+        back: Callable[[EngineHandle], None],
+    ) -> None:
+        self.config = config
+        self.counters = counters
+        self._engines = engines
+        self._lose = lose
+        self._back = back
         self._task: asyncio.Task | None = None
         self._last_tick: float | None = None
         self._judge_from = 0.0  # after a stall of this loop, silence is judged again from here
 
     def start(self) -> None:
-        if self.pool.config.engine_heartbeat_s is not None:
+        if self.config.engine_heartbeat_s is not None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def aclose(self) -> None:
@@ -69,12 +83,12 @@ class Heartbeat:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
-        for e in self.pool.engines.values():
+        for e in self._engines().values():
             if e.beat is not None:
                 e.beat.cancel()
 
     async def _run(self) -> None:
-        every = self.pool.config.engine_heartbeat_s
+        every = self.config.engine_heartbeat_s
         assert every is not None
         while True:
             await asyncio.sleep(every)
@@ -89,29 +103,29 @@ class Heartbeat:
         A stall of the proxy's own loop (a tick far later than due) is no engine's silence: no
         ping answer could be read meanwhile. Then nothing is judged until the pings sent now
         had two heartbeat periods to come back."""
-        lost_after = self.pool.config.engine_lost_after_s
-        every = self.pool.config.engine_heartbeat_s or 1.0
+        lost_after = self.config.engine_lost_after_s
+        every = self.config.engine_heartbeat_s or 1.0
         if self._last_tick is not None and now - self._last_tick > 2 * every + 0.5:
             self._judge_from = now + 2 * every
-            self.pool.counters.heartbeat_stalls += 1
+            self.counters.heartbeat_stalls += 1
         self._last_tick = now
         loop = asyncio.get_running_loop()
-        for e in list(self.pool.engines.values()):
+        for e in list(self._engines().values()):
             if e.beat is None or e.beat.done():
                 e.beat = loop.create_task(self._ping(e, lost_after))
             silent = now - e.last_alive
             if e.state != "lost" and silent > lost_after and now >= self._judge_from:
-                self.pool.lose(e, f"no answer to a heartbeat for {silent:.1f} s", silent)
+                self._lose(e, f"no answer to a heartbeat for {silent:.1f} s", silent)
 
     async def _ping(self, e: EngineHandle, timeout: float) -> None:
-        self.pool.counters.heartbeats += 1
+        self.counters.heartbeats += 1
         try:
             ok = await asyncio.wait_for(e.ctl.ping(), timeout)
         except Exception:  # timeout, refused, reset: no sign of life
             ok = False
         if not ok:
-            self.pool.counters.heartbeats_failed += 1
+            self.counters.heartbeats_failed += 1
             return
         e.last_alive = time.monotonic()
-        if e.state == "lost" and self.pool.engines.get(e.url) is e:
-            self.pool.back(e)
+        if e.state == "lost" and self._engines().get(e.url) is e:
+            self._back(e)

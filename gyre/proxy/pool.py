@@ -116,7 +116,7 @@ class EnginePool:
         self.attempts = Attempts(cfg, self.counters)
         self._rr = itertools.count()
         self._changed: asyncio.Event | None = None
-        self.heartbeat = Heartbeat(self)
+        self.heartbeat = Heartbeat(cfg, self.counters, lambda: self.engines, self.lose, self.back)
         self.listeners: list[EngineListener] = []  # told of every lost / back engine
         self.events: deque[EngineEvent] = deque(maxlen=256)  # the latest, for status readers
         self._closed_active: list[str] = []

@@ -37,20 +37,22 @@ import random
 import re
 import signal
 import time
+from collections.abc import Container
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gyre.policy import CellRole
-
-if TYPE_CHECKING:
-    from gyre.runtime.world import RealWorld
+from gyre.runtime.cluster import Cluster
+from gyre.runtime.config import ChaosConfig
+from gyre.runtime.handles import EventBus
+from gyre.runtime.records import BREAKS_STEP, Phase, Records
 
 FOLLOW_S = 180.0  # how long a kill's record is completed from what the run does about it
 _EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
 _SWITCHING = (CellRole.TO_TRAINING, CellRole.TO_ROLLOUT)
 # a step's end, where a training cell is not killed: the ping before the reduce (a cell killed
 # after it answered would be lost in the reduce: CI saw one, 63 ms apart), the reduce, the step
-_STEP_END = {"reduce_check", "reduce", "optimizer_step"}
+_STEP_END = BREAKS_STEP | {Phase.REDUCE_CHECK}
 
 
 def schedule(seed: int, kills: int, kinds: list[str], window: tuple[float, float]) -> list:
@@ -67,18 +69,31 @@ def schedule(seed: int, kills: int, kinds: list[str], window: tuple[float, float
 
 
 class Nemesis:
-    """Carries out the schedule on ``world``; its records go to ``world.records.chaos``."""
+    """Carries out the schedule on the cluster's processes; its records go to
+    ``records.chaos``. ``down``: the cells lost and not back yet (the cell fault handler's);
+    ``results``: the executions recorded so far, by (group, attempt); ``workspaces``: where
+    harness processes run."""
 
-    def __init__(self, world: RealWorld) -> None:
-        self.world = world
-        self.cfg = world.cfg.run.chaos
+    def __init__(
+        self,
+        cfg: ChaosConfig,
+        cluster: Cluster,
+        records: Records,
+        bus: EventBus,
+        *,
+        down: set[int],
+        results: Container[tuple[int, int]],
+        workspaces: Path,
+    ) -> None:
+        self.cfg, self.cluster, self.records, self.bus = cfg, cluster, records, bus
+        self.down, self.results, self.workspaces = down, results, workspaces
         c = self.cfg
         self.plan = schedule(c.seed, c.kills, list(c.kinds), c.window_s)
         self.rng = random.Random(c.seed + 1)
         # a segment after a core restart: the kills done before it are carried (chaos.jsonl);
         # go on with the rest, spaced as drawn, and judge only this segment's faults
-        self.carried_faults = len(world.records.faults)
-        done = carry(world.records.chaos, world.records.faults)
+        self.carried_faults = len(records.faults)
+        done = carry(records.chaos, records.faults)
         if done:
             base = self.plan[done - 1][0]
             self.plan = [(at - base, kind) for at, kind in self.plan[done:]]
@@ -90,14 +105,14 @@ class Nemesis:
 
     async def run(self) -> None:
         for at, kind in self.plan:
-            await asyncio.sleep(max(0.0, at - self.world.now()))
+            await asyncio.sleep(max(0.0, at - self.bus.now()))
             rec = await self._one(kind)
-            self.world.records.chaos.append(rec)
+            self.records.chaos.append(rec)
             if "target" in rec:
-                self.world._spawn(self._follow(rec))
+                self.bus.spawn(self._follow(rec))
 
     async def _one(self, kind: str) -> dict[str, Any]:
-        w = self.world
+        w = self.bus
         t_asked = w.now()
         end = None  # patience runs from the first moment the run is quiet
         while True:
@@ -126,21 +141,21 @@ class Nemesis:
         A harness is outside the run's machinery: its kill waits only until the last kill was
         found, not for a cell or engine restart (12-15 s on 2 cores) to come back, which could
         outlast a short run."""
-        w = self.world
-        proxy = w.cluster.proxy
+        records = self.records
+        proxy = self.cluster.proxy
         if proxy is None or not proxy.alive:
             return False
-        if any("target" in k and "handled" not in k for k in w.records.chaos):
+        if any("target" in k and "handled" not in k for k in records.chaos):
             return False  # the last kill is not found and dealt with yet
         if kind == "harness":
             return True
-        if w.faults.down:
+        if self.down:
             return False
-        mine = w.records.faults[self.carried_faults :]  # earlier segments' are closed
+        mine = records.faults[self.carried_faults :]  # earlier segments' are closed
         last = {f["cell"]: f for f in mine}  # a cell's newest loss supersedes
         if any(f.get("back") is None and f.get("action") == "restart" for f in last.values()):
             return False
-        return kind != "proxy" or not any(r in _SWITCHING for r in w.roles)
+        return kind != "proxy" or not any(r in _SWITCHING for r in records.roles)
 
     # ------------------------------------------------------------------ the kills
     async def _kill(self, kind: str) -> dict[str, Any] | None:
@@ -149,11 +164,11 @@ class Nemesis:
                 sig = signal.SIGSTOP if kind == "cell_hang" else signal.SIGKILL
                 return self._cell([c for c in self._cells(CellRole.ROLLOUT) if c != 0], sig)
             case "satellite" | "core":
-                busy = {a.get("what") for a in self.world.records.activity.values()}
+                busy = {a.get("what") for a in self.records.activity.values()}
                 if busy & _STEP_END:
                     return None  # a loss in the reduce restarts the segment: another fault
                 if kind == "core":
-                    return self._cell([0] if 0 not in self.world.faults.down else [])
+                    return self._cell([0] if 0 not in self.down else [])
                 return self._cell([c for c in self._cells(CellRole.TRAINING) if c != 0])
             case "engine" | "engine_hang":
                 sig = signal.SIGSTOP if kind == "engine_hang" else signal.SIGKILL
@@ -165,19 +180,19 @@ class Nemesis:
         raise ValueError(f"unknown chaos kind {kind!r}")
 
     def _cells(self, role: CellRole) -> list[int]:
-        w = self.world
-        return [c for c in range(w.K) if w.roles[c] is role and c not in w.faults.down]
+        roles = self.records.roles
+        return [c for c in range(len(roles)) if roles[c] is role and c not in self.down]
 
     def _cell(self, cells: list[int], sig: int = signal.SIGKILL) -> dict[str, Any] | None:
         if not cells:
             return None
         cell = self.rng.choice(cells)
-        pid = int(self.world.cluster.placement[cell]["pid"])
+        pid = int(self.cluster.placement[cell]["pid"])
         os.kill(pid, sig)
         return {"cell": cell, "pid": pid, "signal": signal.Signals(sig).name}
 
     def _engine(self, sig: int) -> dict[str, Any] | None:
-        cl = self.world.cluster
+        cl = self.cluster
         live = {u for _, u in cl.standalone if u and u not in cl.dead_engines}
         rows = [p for p in cl.placement if "standalone" in p and p.get("url") in live]
         if not rows:
@@ -192,7 +207,7 @@ class Nemesis:
         }
 
     async def _proxy(self) -> dict[str, Any] | None:
-        proxy = self.world.cluster.proxy
+        proxy = self.cluster.proxy
         if proxy is None or not proxy.alive:
             return None
         answered = int(proxy.service.counters.answered)
@@ -200,7 +215,7 @@ class Nemesis:
         return {"proxy": proxy.port, "answered_before": answered}
 
     def _harness(self) -> dict[str, Any] | None:
-        found = harness_pids(self.world.rundir.workspaces)
+        found = harness_pids(self.workspaces)
         if not found:
             return None
         eid = self.rng.choice(sorted(found))
@@ -222,14 +237,14 @@ class Nemesis:
         rec.setdefault("handled", False)
 
     def _handled(self, rec: dict[str, Any]) -> bool:
-        w, t = self.world, rec["target"]
+        records, t = self.records, rec["target"]
         if "cell" in t or "proxy" in t:
             want = t.get("cell")
             kind = "proxy" if "proxy" in t else None
             f = next(
                 (
                     f
-                    for f in w.records.faults
+                    for f in records.faults
                     if f["cell"] == want
                     and (kind is None or f["kind"] == kind)
                     and f["unix_time"] >= rec["unix_time"] - 0.05
@@ -240,7 +255,7 @@ class Nemesis:
                 return False
             rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
             rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
-            back = _back(w.records.faults, f)
+            back = _back(records.faults, f)
             if back is not None:
                 rec.update(back_s=round(back - rec["time"], 3), handled=True)
             if f["action"] != "restart":  # e.g. a loss in the reduce: the segment stops
@@ -249,14 +264,14 @@ class Nemesis:
         if "engine" in t:
             return self._engine_handled(rec, t)
         m = _EID.match(t["execution"])
-        if m and (int(m[1]), int(m[2])) in w.execs.results:
+        if m and (int(m[1]), int(m[2])) in self.results:
             rec.update(action="execution recorded as failed", handled=True)
             rec["detected_s"] = round(time.time() - rec["unix_time"], 3)
             return True
         return False
 
     def _engine_handled(self, rec: dict[str, Any], t: dict[str, Any]) -> bool:
-        cl = self.world.cluster
+        cl = self.cluster
         ev = next(
             (
                 e

@@ -33,7 +33,7 @@ class ConfigProblem(Exception):
 
 def load_run_config(path: Path | None, overrides: list[str]):
     """Load, override and validate; every problem becomes a :class:`ConfigProblem`."""
-    from gyre.config import load_config  # lazy: see the note at the top
+    from gyre.runtime.config import load_config  # lazy: see the note at the top
 
     try:
         cfg = load_config(path, overrides)

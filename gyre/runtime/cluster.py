@@ -5,9 +5,10 @@ calls elsewhere with the tokens so far (the waterlevel rule guarantees room), th
 engine is dropped, the replica loads the core's current weights. Back to rollout:
 the replica is dropped (the core keeps its optimizer state in host memory), an
 engine starts on the newest published weights and joins the proxy's pool.
-Publication (:func:`gyre.runtime.publication.publish`): the core writes a Hugging Face
-directory; every rollout engine pauses, reloads it from disk with the new version number,
-and continues. Connecting to Ray and the cells' resources: :mod:`gyre.runtime.ray_setup`.
+Publication (:class:`gyre.runtime.publication.Publications`, which owns the published
+weights): the core writes a Hugging Face directory; every rollout engine pauses, reloads it
+from disk with the new version number, and continues. Connecting to Ray and the cells'
+resources: :mod:`gyre.runtime.ray_setup`.
 
 Who can reach an engine: a local run binds every server of its cells to 127.0.0.1
 (``GYRE_BIND_HOST``, see :mod:`gyre.runtime.nodeaddr`); on any run, every route of every
@@ -28,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from gyre.config import GyreConfig
 from gyre.engine.client import EngineClient
 from gyre.log import LogSpec, current
 from gyre.policy import CellRole
@@ -37,9 +37,10 @@ from gyre.proxy.heartbeat import EngineEvent
 from gyre.proxy.runner import ProxyServer
 from gyre.runtime import ranks
 from gyre.runtime.cell import Cell
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
-from gyre.runtime.publication import check_served, publish
+from gyre.runtime.publication import Publications
 from gyre.runtime.ray_setup import (
     RuntimeSetupError,
     cell_resources,
@@ -49,7 +50,7 @@ from gyre.runtime.ray_setup import (
 )
 from gyre.runtime.rendezvous import Rendezvous
 from gyre.runtime.rundir import RunDir
-from gyre.runtime.standalone import start_pool
+from gyre.runtime.standalone import start_one
 from gyre.train.stats import ObjectiveStats
 
 if TYPE_CHECKING:
@@ -96,25 +97,24 @@ class Cluster:
         self.urls: list[str | None] = [None] * self.K
         self.engine_urls: list[list[str]] = [[] for _ in range(self.K)]  # every one, per cell
         self.proxy: ProxyServer | None = None
-        self.weights_dir = resume_from or cfg.model_dir  # newest published weights (HF layout)
-        self.weights_version = base_version
-        self.weights_sums: dict[str, float] | None = None  # the core's fingerprints of weights_dir
-        self.engines_checked = 0  # engine loads found serving the published weights
-        self.engines_in_memory = 0  # engine loads of a publication sent in memory
+        self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
+        self.publications = Publications(
+            rundir.weights,
+            resume_from or cfg.model_dir,
+            base_version,
+            self.engine_key,
+            keep=cfg.run.keep_published,
+            in_memory=cfg.run.publication == "distributed",
+        )
         self.trainer_version = base_version
-        self._publishing: asyncio.Event | None = None
         self.placement: list[dict[str, Any]] = []
         self.standalone: list[
             tuple[Any, str]
         ] = []  # (Ray actor, URL) of the standalone rollout pool
         self.dead_engines: list[str] = []
         self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
-        self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
         self.rendezvous = Rendezvous()  # the gloo worlds' store files (one machine)
         self._asks: list[dict[str, float]] = []
-        # versions engines are starting on, counted (a cell killed mid-start and its restarted
-        # actor may load the same one at once): not pruned while any load holds them
-        self._loading: Counter[int] = Counter()
         self._runtime_env: dict[str, Any] = {}
         # called with (cell, cause, where) when a cell's engine is found dead (the world's)
         self.on_cell_lost: Any = None
@@ -122,6 +122,20 @@ class Cluster:
         self.on_engine_lost: Any = None
         # awaited before a switch uses the proxy: restarts it if it died (the world's watchdog)
         self.proxy_ready: Any = None
+
+    @property
+    def weights_dir(self) -> str:
+        """The newest published weights (HF layout)."""
+        return self.publications.dir
+
+    @property
+    def weights_version(self) -> int:
+        return self.publications.version
+
+    @property
+    def weights_sums(self) -> dict[str, float] | None:
+        """The core's fingerprints of ``weights_dir`` (None before the first publication)."""
+        return self.publications.sums
 
     async def serving_proxy(self) -> ProxyServer:
         """The proxy, restarted first by the watchdog if it died (a switch must not fail on it)."""
@@ -149,9 +163,84 @@ class Cluster:
         await self._start_cells(asks, runtime_env)
         await self._take_roles(roles)
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
-            await start_pool(self, RuntimeSetupError)
+            await self._start_standalone()
         self.rundir.write_cells(self.placement)
         await self._start_proxy()
+
+    async def _start_standalone(self) -> None:
+        """Every engine of the standalone pool; one that fails stops everything with one line."""
+        for j in range(self.cfg.run.standalone_engines):
+            try:
+                a, url = await self._standalone_engine(j)
+            except Exception as e:
+                await self.stop()
+                why = engine_start_error(e)
+                raise RuntimeSetupError(f"standalone engine {j} did not start: {why}") from None
+            self.standalone.append((a, url))
+            row = {"standalone": j, "pid": await a.pid.remote(), "node": await a.node.remote()}
+            self.placement.append({**row, "url": url})
+
+    async def _standalone_engine(self, j: int, restart: int = 0) -> tuple[Any, str]:
+        name = f"standalone-{j}"
+        return await start_one(
+            self.cfg, self.publications, j, self._runtime_env, self.log_spec(name), restart
+        )
+
+    def standalone_of(self, url: str) -> int | None:
+        """Which standalone engine serves at ``url`` (None: none of them)."""
+        rows = self.placement
+        return next((r["standalone"] for r in rows if "standalone" in r and r["url"] == url), None)
+
+    async def replace_standalone(self, j: int, restart: int) -> None:
+        """A new actor for standalone engine ``j`` (its ``restart``-th), on the newest weights,
+        in the proxy's pool; ``cells.json`` names the new process."""
+        old = next((r for r in self.placement if r.get("standalone") == j), None)
+        a, url = await self._standalone_engine(j, restart)
+        await asyncio.to_thread(self.live_proxy.add_engine, url)
+        self.standalone.append((a, url))
+        if old is not None:
+            old.update(pid=await a.pid.remote(), url=url, restarts=restart)
+            self.rundir.write_cells(self.placement)
+
+    async def take_out(self, cell: int, why: str) -> dict[str, Any]:
+        """Cell ``cell`` is lost: its actor is killed (a hung process holds its engine's sockets
+        open; a killed one breaks them) and its engine leaves the proxy's pool through the
+        pool's own drain, every call it held resuming on another engine. Returns what that
+        cost: ``moved_calls``, ``engine_removed_s`` (nothing when it served no engine)."""
+        try:
+            ray.kill(self.cells[cell], no_restart=True)
+        except Exception:  # already gone
+            pass
+        url, self.urls[cell] = self.urls[cell], None
+        if url is None or self.proxy is None:
+            return {}
+        t0 = time.perf_counter()
+        moved0 = self._calls_moved()
+        try:
+            await asyncio.to_thread(self.proxy.remove_engine, url, 30, why)
+        except Exception:
+            pass
+        return {
+            "moved_calls": self._calls_moved() - moved0,
+            "engine_removed_s": round(time.perf_counter() - t0, 3),
+        }
+
+    async def restart_cell(self, cell: int, resume_from: str | None) -> None:
+        """A new actor for lost cell ``cell``; every cell rebuilds the gloo world with it (the
+        prefix communicators of the new membership). A new core's first switch into training
+        loads ``resume_from`` (None: the segment's initial weights)."""
+        if cell == 0:
+            self.resume_from = resume_from
+        self.cells[cell] = self.cell_actor(cell)
+        await self.build_world()  # the survivors and the new actor: the new membership's world
+
+    async def placed_again(self, cell: int, restarts: int) -> None:
+        """``cells.json`` names restarted cell ``cell``'s new process (no engine yet)."""
+        pid = await self.cells[cell].pid.remote()
+        if cell < len(self.placement):
+            self.placement[cell] = {**self.placement[cell], "pid": pid, "restarts": restarts}
+            self.placement[cell].pop("url", None)
+            self.rundir.write_cells(self.placement)
 
     async def _start_cells(self, asks: list[dict[str, float]], runtime_env: dict) -> None:
         """One actor per cell; the gloo world is served by the core, on its node's IP and
@@ -325,43 +414,16 @@ class Cluster:
     async def to_rollout(self, cell: int) -> None:
         """Drop the replica, start an engine on the newest published weights (a kept vLLM one
         reloads them and resumes), add it to the pool."""
-        if self._publishing is not None:
-            await (
-                self._publishing.wait()
-            )  # a returning satellite serves the version being published
+        pubs = self.publications
+        await pubs.settled()  # a returning satellite serves the version being published
         await self.cells[cell].drop_replica.remote()
-        url = await self._start_newest(cell)
-        if self.weights_sums is not None:  # it serves a publication: check it like the others
+        url = await pubs.start_on_newest(self.cells[cell].start_engine.remote)
+        if pubs.sums is not None:  # it serves a publication: check it like the others
             async with EngineClient(url, api_key=self.engine_key) as c:
                 info = await c.model_info()
-            name = f"cell {cell}'s engine ({url})"
-            self.engines_checked += check_served(
-                name, self.weights_version, info, self.weights_sums
-            )
+            pubs.check(f"cell {cell}'s engine ({url})", info)
         await asyncio.to_thread((await self.serving_proxy()).add_engine, url)
         self._serving(cell, url)
-
-    async def _start_newest(self, cell: int) -> str:
-        """Start cell ``cell``'s engine on the newest published weights. A cell restarted after
-        a fault returns at any time, not only at a boundary: a publication may run while its
-        engine starts, so the version it loads is kept from pruning, and it catches up (reloads)
-        until it serves the newest."""
-        version = self.weights_version
-        self._loading[version] += 1
-        try:
-            url = await self.cells[cell].start_engine.remote(self.weights_dir, version)
-            while version != self.weights_version or self._publishing is not None:
-                if self._publishing is not None:
-                    await self._publishing.wait()
-                    continue
-                self._loading -= Counter({version: 1})  # drops it at 0
-                version = self.weights_version
-                self._loading[version] += 1
-                async with EngineClient(url, api_key=self.engine_key) as c:
-                    await c.update_weights_from_disk(self.weights_dir, weight_version=version)
-            return url
-        finally:
-            self._loading -= Counter({version: 1})
 
     def _serving(self, cell: int, url: str) -> None:
         """Cell ``cell``'s engine serves at ``url``; every URL a cell served at is kept
@@ -410,16 +472,18 @@ class Cluster:
         self.trainer_version += 1
         return metrics
 
-    def begin_publish(self) -> None:
-        """Mark a publication as under way before anything else of the same boundary runs, so a
-        satellite returning to rollout at that boundary starts on the new version, not the old one."""
-        if self._publishing is None:
-            self._publishing = asyncio.Event()
-
     async def publish(self, version: int, rollout_cells: list[int]) -> dict[str, Any]:
         """The core writes version ``version``; every rollout engine pauses, reloads it,
-        continues (:func:`gyre.runtime.publication.publish`)."""
-        return await publish(self, version, rollout_cells)
+        continues (:meth:`Publications.publish`); an engine that could not is lost."""
+        urls = [u for u in (self.urls[c] for c in rollout_cells) if u]
+        urls += [u for _, u in self.standalone]
+        core = self.cells[0]
+        info, failed = await self.publications.publish(
+            version, urls, core.save_hf.remote, core.publish_in_memory.remote, self._engine_name
+        )
+        for url, why in failed:
+            await self._engine_lost(url, why)
+        return info
 
     def _engine_name(self, url: str) -> str:
         cells = [c for c, u in enumerate(self.urls) if u == url]
@@ -455,6 +519,10 @@ class Cluster:
             pass
         if self.on_engine_lost is not None:
             self.on_engine_lost(url, why)
+
+    def _calls_moved(self) -> int:
+        """Calls the proxy's pool moved to another engine so far."""
+        return self.proxy.service.pool.counters.moved if self.proxy is not None else 0
 
     def engine_load(self) -> dict[str, Any]:
         """Per engine URL ``(executions it holds, calls in flight)``, and the proxy's counters

@@ -1,4 +1,9 @@
-"""Typed configuration of ``gyre run``: what the runtime needs beyond each package's own section.
+"""Typed configuration of ``gyre run``: :class:`GyreConfig` composes each package's own section
+(policy, engine, proxy, trainer, executor) with :class:`RunConfig`, what the runtime needs
+beyond them. The model directory is given once at the top and copied into every section that
+needs it, unless a section names its own (a different tokenizer for the proxy, say).
+:mod:`gyre.config` is its public name; files and ``--set`` overrides are read by
+:mod:`gyre.config_io`.
 
 Rules live in ``policy`` (placement, K, C_e, C_s, N, B, phi, mu, rho_min, tau, steps),
 the update in ``trainer``, harness processes in ``executor``; this section says
@@ -9,12 +14,22 @@ cells, and how often to evaluate. Times are wall-clock seconds (the policy's
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gyre.config_io import SECTIONS_WITH_MODEL, SECTIONS_WITH_SEED, apply_overrides, read_toml
+from gyre.harness.config import ExecutorConfig
+from gyre.policy.config import Placement, PolicyConfig
+from gyre.proxy.config import ProxyConfig
+from gyre.proxy.sampling import DEFAULTS as SAMPLING_DEFAULTS
+from gyre.proxy.sampling import departures
+from gyre.runtime.engines import RolloutEngineConfig
 from gyre.runtime.longtail import LongTailConfig
 from gyre.runtime.tracking_config import TrackingConfig
+from gyre.train.config import TrainerConfig
 
 
 class CellResources(BaseModel):
@@ -211,3 +226,109 @@ class RunConfig(BaseModel):
         description="published weight directories (weights/v<N>, one model each) kept on disk: "
         "the newest this many versions",
     )
+
+
+class GyreConfig(BaseModel):
+    """The run: one model, one policy, and each component's own section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_dir: str = Field(description="HF model directory (weights, tokenizer, chat template)")
+    work_dir: str = Field(
+        "runs/gyre", description="traces, workspaces, checkpoints and logs go below this"
+    )
+    seed: int = 0
+    policy: PolicyConfig  # placement defaults to elastic (_share_model_dir fills it in)
+    engine: RolloutEngineConfig  # the embedded engine's settings, or kind = "vllm"
+    proxy: ProxyConfig
+    trainer: TrainerConfig
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _share_model_dir(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name in SECTIONS_WITH_MODEL if "model_dir" in data else ():
+            section = dict(data.get(name) or {})
+            section.setdefault("model_dir", data["model_dir"])
+            data[name] = section
+        if "seed" in data:
+            for name in SECTIONS_WITH_SEED:
+                section = dict(data.get(name) or {})
+                section.setdefault("seed", data["seed"])
+                data[name] = section
+        policy = data.get("policy", {})  # the run's placement default, written once
+        if isinstance(policy, dict) and "placement" not in policy:
+            data["policy"] = {**policy, "placement": Placement.ELASTIC}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fix_sampling(cls, data: Any) -> Any:
+        """A training run's sampling distribution is its config's: every ``[proxy.sampling]``
+        field left unset is the engine default, which the proxy then sends on every request
+        instead of a harness's own (gyre.proxy.sampling)."""
+        if not isinstance(data, dict) or not isinstance(data.get("proxy", {}), dict):
+            return data
+        proxy = dict(data.get("proxy") or {})
+        sampling = proxy.get("sampling") or {}
+        if isinstance(sampling, dict):
+            proxy["sampling"] = {**SAMPLING_DEFAULTS, **sampling}
+        return {**data, "proxy": proxy}
+
+    @model_validator(mode="after")
+    def _behaviour_logprob_named(self) -> GyreConfig:
+        """Refuse a run whose recorded behaviour log-prob would silently not be the probability
+        its tokens were drawn with: a tempered or truncated distribution needs the user to name
+        the log-prob the engine records (and the trainer uses as the behaviour policy)."""
+        off = departures(self.proxy.sampling.model_dump())
+        mode = self.engine.logprob_mode
+        cut = [d for d in off if not d.startswith("temperature=")]  # tempered is exact without
+        if off and (
+            "logprob_mode" not in self.engine.model_fields_set or (mode == "tempered" and cut)
+        ):
+            raise ValueError(
+                f"proxy.sampling {', '.join(off)} is not the model's own distribution, so the "
+                "raw log-probs the trainer recomputes are not the behaviour's: set "
+                "engine.logprob_mode = 'processed' (exact) or 'raw' (biased); docs/engine.md"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_batch_size(self) -> GyreConfig:
+        """B is declared once, in the policy (its default included); the trainer's stream
+        section follows it, and a stream B the user wrote that differs is refused."""
+        B, stream = self.policy.batch_groups, self.trainer.stream
+        if stream.batch_groups != B:
+            if "batch_groups" in stream.model_fields_set:
+                raise ValueError(
+                    f"trainer.stream.batch_groups ({stream.batch_groups}) differs from "
+                    f"policy.batch_groups ({B}); set B once, in [policy]"
+                )
+            self.trainer = self.trainer.model_copy(
+                update={"stream": stream.model_copy(update={"batch_groups": B})}
+            )
+        return self
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, **top: Any
+) -> GyreConfig:
+    """Read a TOML (or a run directory's JSON) file (optional), apply overrides, validate.
+
+    Keyword arguments set top-level fields (``model_dir=...``) before overrides.
+    A validation error names the offending field path.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if p.suffix == ".json" and p.is_file():  # a run directory's copy (gyre run --resume)
+            data = json.loads(p.read_text())
+        else:
+            data = read_toml(p)
+    data.update({k: v for k, v in top.items() if v is not None})
+    data = apply_overrides(data, overrides or [])
+    return GyreConfig.model_validate(data)

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gyre.config import GyreConfig
 from gyre.harness.execution import ExecutionSpec
 from gyre.harness.executor import HarnessExecutor
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.roles import role_profile
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.longtail import LongTail
-from gyre.runtime.proxy_watchdog import ProxyWatchdog, admin_call
+from gyre.runtime.proxy_watchdog import ProxyHost, ProxyWatchdog, admin_call
 from gyre.runtime.restore import Restored
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -39,15 +40,17 @@ if TYPE_CHECKING:
 
 class Executions:
     def __init__(
-        self, cfg: GyreConfig, rundir: RunDir, tasks: TaskStream, cluster, *, segment: int = 0
+        self,
+        cfg: GyreConfig,
+        rundir: RunDir,
+        tasks: TaskStream,
+        host: ProxyHost,
+        *,
+        segment: int = 0,
     ):
-        self.cfg, self.rundir, self.tasks, self.cluster, self.segment = (
-            cfg,
-            rundir,
-            tasks,
-            cluster,
-            segment,
-        )
+        """``host``: the owner of the managed proxy the harnesses call (the cluster)."""
+        self.cfg, self.rundir, self.tasks, self.segment = cfg, rundir, tasks, segment
+        self.host = host
         self.executor: HarnessExecutor | None = None
         self.admin: ProxyAdminClient | None = None
         self.profile: HarnessProfile | None = None
@@ -72,7 +75,7 @@ class Executions:
     async def start(self) -> None:
         prof = load_profile(self.cfg.run.profile)
         self.profile = prof.model_copy(update={"args": [*prof.args, *self.cfg.run.harness_args]})
-        proxy = self.cluster.proxy
+        proxy = self.host.proxy
         self.admin = proxy.admin_client()  # its unix socket: harnesses never reach it
         ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
         self.executor = HarnessExecutor(
@@ -123,7 +126,7 @@ class Executions:
             execution_id=execution_id,
             task=task,
             profile=profile,
-            base_url=self.cluster.proxy.url,
+            base_url=self.host.proxy.url,
             harness_timeout_s=run.harness_timeout_s
             or (self.longtail.executor_harness_timeout_s if self.longtail else None),
             overall_timeout_s=run.overall_timeout_s or (lt.overall_timeout_s if lt else None),
@@ -208,15 +211,17 @@ class Executions:
         return res.reward
 
     def pack_group(
-        self, gid: int, step: int, start_index: int
+        self, gid: int, step: int, start_index: int, spans: dict[str, float] | None = None
     ) -> tuple[Any, int, dict[str, float], list]:
-        """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks."""
+        """Traces + rewards of a finished group -> trees -> admissions -> micro-step tasks;
+        ``spans`` gets the seconds each part took (``trees``, ``pack``)."""
         N = self.cfg.policy.group_size
         ids = {a: self.results.pop((gid, a)) for a in range(N)}
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
         rewards = {eid: r for eid, r in ids.values()}
         tcfg = self.cfg.trainer
         _, _, profile = self._started()
+        t0 = time.perf_counter()
         group, report = group_from_traces(
             f"g{gid}",
             traces,
@@ -226,7 +231,10 @@ class Executions:
             seed=tcfg.seed,
             step=step,
         )
+        t1 = time.perf_counter()
         chunk = pack_groups([group], start_index, tcfg.stream, tcfg.objective)
+        if spans is not None:
+            spans.update(trees=t1 - t0, pack=time.perf_counter() - t1)
         scored = [r for r in rewards.values() if not isinstance(r, Missing)]
         st = chunk.stats
         info = {

@@ -36,15 +36,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
+from gyre.cli_errors import first_line
 from gyre.policy import CellBack, CellLost, CellRole
 from gyre.runtime import ranks
-
-if TYPE_CHECKING:
-    from gyre.runtime.world import RealWorld
+from gyre.runtime.cluster import Cluster
+from gyre.runtime.config import GyreConfig
+from gyre.runtime.handles import EventBus
+from gyre.runtime.records import BREAKS_STEP, Records
+from gyre.runtime.rundir import RunDir
 
 
 class FatalFault(RuntimeError):
@@ -76,11 +80,31 @@ def actor_died(e: BaseException) -> bool:
 
 
 class CellFaults:
-    """The world's fault handler: heartbeat, loss, restart; what it did goes to the records."""
+    """The world's fault handler: heartbeat, loss, restart; what it did goes to the records.
 
-    def __init__(self, world: RealWorld) -> None:
-        self.world = world
-        self.cfg = world.cfg.run.fault
+    It drives the cluster's mechanisms (``take_out``, ``restart_cell``), tells the policy
+    through ``bus``, and leaves the world's own state to the world: ``forget_work(cell)`` drops
+    what the world recorded of a lost cell's work, ``errors`` is the list the world raises
+    from, ``running()`` counts the executions a segment's end cuts."""
+
+    def __init__(
+        self,
+        cfg: GyreConfig,
+        cluster: Cluster,
+        records: Records,
+        rundir: RunDir,
+        bus: EventBus,
+        *,
+        base_step: int,
+        errors: list[BaseException],
+        forget_work: Callable[[int], None],
+        running: Callable[[], int],
+    ) -> None:
+        self.run_cfg, self.cluster, self.records, self.rundir = cfg, cluster, records, rundir
+        self.bus = bus
+        self.base_step, self.errors = base_step, errors
+        self._forget_work, self._running = forget_work, running
+        self.cfg = cfg.run.fault
         self.down: set[int] = set()  # lost, not back yet
         self._open: dict[int, dict[str, Any]] = {}  # cell -> its fault record until it is back
         self._dead_cores: set[str] = set()  # actor ids of the core's lost processes
@@ -92,7 +116,7 @@ class CellFaults:
         self._cells_up()
         while True:
             await asyncio.sleep(hb)
-            cells = [c for c in range(self.world.K) if c not in self.down]
+            cells = [c for c in range(self.run_cfg.policy.cells) if c not in self.down]
             results = await asyncio.gather(
                 *[self._ping(c, hb) for c in cells], return_exceptions=True
             )
@@ -105,7 +129,7 @@ class CellFaults:
         """The segment's cells are up (the heartbeat starts then): a core restart that led here
         is over; its cost is the time from the loss to now."""
         now = round(time.time(), 3)
-        for f in self.world.records.faults:
+        for f in self.records.faults:
             if f.get("core_restart") and f.get("back_unix_time") is None:
                 f["back_unix_time"] = now
                 f["cost_s"] = round(now - f["unix_time"], 3)
@@ -127,7 +151,7 @@ class CellFaults:
         return ok and not self.down.intersection(cells)
 
     async def _ping(self, cell: int, bound: float) -> int:
-        actor = self.world.cluster.cells[cell]
+        actor = self.cluster.cells[cell]
         return await asyncio.wait_for(actor.ping.remote(), bound)
 
     # ------------------------------------------------------------------ loss
@@ -135,62 +159,58 @@ class CellFaults:
         """Cell ``cell`` is gone (idempotent): record it, tell the policy, restart it."""
         if cell in self.down:
             return
-        w = self.world
         self.down.add(cell)
-        now = w.now()
-        role = w.roles[cell]
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
-        rec: dict[str, Any] = {
-            "cell": cell,
-            "kind": kind,
-            "role": role.value,
-            "time": round(now, 3),
-            "unix_time": round(time.time(), 3),  # to compare with when a test killed it
-            "detected_by": where,
-            "cause": first,
-            "action": "restart" if self.cfg.restart else "none",
-            "back": None,
-            "segment": w.records.segment,
-        }
-        w.records.faults.append(rec)
+        now = self.bus.now()
+        role = self.records.roles[cell]
+        first = first_line(cause)[:200]
+        action = "restart" if self.cfg.restart else "none"
+        rec = self.records.fault(
+            cell=cell,
+            kind=kind,
+            role=role.value,
+            at=now,
+            detected_by=where,
+            cause=first,
+            action=action,
+        )
         stops = self._stops_segment(cell, f"{kind}: {first}")
         if stops is not None:
             rec["action"] = "run stopped"
-            w.errors.append(self.core_lost(stops, rec))
+            self.errors.append(self.core_lost(stops, rec))
             return
         self._open[cell] = rec
-        w.forget_cell_work(cell)
-        w.records.set_role(cell, CellRole.LOST, now)
+        self._forget_work(cell)
+        self.records.set_role(cell, CellRole.LOST, now)
         if cell == 0:
-            self._dead_cores.update(a._actor_id.hex() for a in ranks.actors(w.cluster.cells[0]))
-        w._spawn(self._replace(cell, rec))
+            self._dead_cores.update(a._actor_id.hex() for a in ranks.actors(self.cluster.cells[0]))
+        self.bus.spawn(self._replace(cell, rec))
 
     def _stops_segment(self, cell: int, why: str) -> str | None:
         """Why losing ``cell`` ends the segment (the supervisor restarts the run from its
         checkpoint), or None when the cell is replaced in place."""
-        w = self.world
-        what = w.records.activity.get(cell, {}).get("what")
-        if what in ("reduce", "optimizer_step"):
+        what = self.records.activity.get(cell, {}).get("what")
+        if what in BREAKS_STEP:
             return (
                 f"cell {cell} was lost ({why}) during the step's {what.replace('_', ' ')}: "
                 "the step cannot complete (`gyre run --resume` continues from the last checkpoint)"
             )
         if cell == 0 and (not self.cfg.restart or self.core_checkpoint() is False):
-            every = w.cfg.trainer.checkpoint.every_steps
+            every = self.run_cfg.trainer.checkpoint.every_steps
             return (
                 f"cell 0 (the core) was lost ({why}); its optimizer state went with it and "
                 + (
                     "run.fault.restart is off"
                     if not self.cfg.restart
-                    else f"step {w.cluster.trainer_version} has no checkpoint (every_steps = {every})"
+                    else f"step {self.cluster.trainer_version} has no checkpoint (every_steps = {every})"
                 )
                 + ": `gyre run --resume` continues from the last checkpoint"
             )
-        if w.cfg.run.cell.devices > 1 and self.cfg.restart:
+        devices = self.run_cfg.run.cell.devices
+        if devices > 1 and self.cfg.restart:
             # the survivors' sharded replicas live on meshes of the world the lost ranks were
             # in: a multi-rank cell cannot join a rebuilt one (ranks.py)
             return (
-                f"cell {cell} ({w.cfg.run.cell.devices} ranks) was lost ({why}); a multi-rank "
+                f"cell {cell} ({devices} ranks) was lost ({why}); a multi-rank "
                 "cell is restarted with the run, from the last checkpoint"
             )
         return None
@@ -200,11 +220,10 @@ class CellFaults:
         dead core's checkpoint of a step it had not returned is newer, and is not taken); the
         segment's own start (None: the initial weights) when it finished none; False when that
         step has no checkpoint."""
-        w = self.world
-        v = w.cluster.trainer_version
-        if v == w.base_step:
-            return w.cluster.resume_from
-        path = w.rundir.checkpoints / f"step-{v}"
+        v = self.cluster.trainer_version
+        if v == self.base_step:
+            return self.cluster.resume_from
+        path = self.rundir.checkpoints / f"step-{v}"
         try:
             state = json.loads((path / "trainer_state.json").read_text())
         except (OSError, ValueError):
@@ -214,22 +233,17 @@ class CellFaults:
     def reduce_lost(self, step: int, k: int, cause: BaseException) -> CoreLost:
         """A participant died inside the reduce of ``step`` (cells ``0..k-1``): recorded like any
         loss; the segment cannot finish the step (the core's gradients may be half reduced)."""
-        w = self.world
         cell = self.cell_of(cause, range(k))
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
-        rec: dict[str, Any] = {
-            "cell": 0 if cell is None else cell,
-            "kind": "died",
-            "role": w.roles[0 if cell is None else cell].value,
-            "time": round(w.now(), 3),
-            "unix_time": round(time.time(), 3),
-            "detected_by": "reduce",
-            "cause": first,
-            "action": "run stopped",
-            "back": None,
-            "segment": w.records.segment,
-        }
-        w.records.faults.append(rec)
+        c = 0 if cell is None else cell
+        rec = self.records.fault(
+            cell=c,
+            kind="died",
+            role=self.records.roles[c].value,
+            at=self.bus.now(),
+            detected_by="reduce",
+            cause=first_line(cause)[:200],
+            action="run stopped",
+        )
         who = "a cell" if cell is None else f"cell {cell}"
         msg = (
             f"{who} died during the reduce of step {step}: the step cannot complete "
@@ -241,16 +255,15 @@ class CellFaults:
         """The segment's end: its executions still running are cut (the supervisor's new segment
         relaunches those it keeps a finished sibling of, and dispatches fresh groups for the
         rest), so the record counts them: the work a core restart throws away."""
-        w = self.world
-        rec["executions_cut"] = w.execs.running
-        return CoreLost(msg, rec, w.records.faults, w.records.chaos)
+        rec["executions_cut"] = self._running()
+        return CoreLost(msg, rec, self.records.faults, self.records.chaos)
 
     def cell_of(self, e: BaseException, cells: range) -> int | None:
         """Which of ``cells`` the dead actor behind ``e`` (or its cause) was, if Ray says."""
         ids = {}
         for c in cells:
-            if c < len(self.world.cluster.cells):
-                for a in ranks.actors(self.world.cluster.cells[c]):  # every rank of the cell
+            if c < len(self.cluster.cells):
+                for a in ranks.actors(self.cluster.cells[c]):  # every rank of the cell
                     ids[a._actor_id.hex()] = c
         x: BaseException | None = e
         for _ in range(5):  # the error, or what it was raised from
@@ -267,8 +280,7 @@ class CellFaults:
         :class:`CoreLost` when it cannot be), whatever call found it (a publication's save, a
         satellite's reduce whose peer went), and an error that only said so is not the run's;
         anything else stops the run as it is."""
-        w = self.world
-        if not isinstance(e, CoreLost) and w.cluster.cells:
+        if not isinstance(e, CoreLost) and self.cluster.cells:
             if 0 not in self.down:
                 dead = self.cell_of(e, range(1)) == 0
                 if not dead:
@@ -280,8 +292,9 @@ class CellFaults:
                     self.lost(0, e, "call")
             if self._of_dead_core(e):
                 return  # restarted in place: the error was a symptom of the core's loss
-        if e not in w.errors and not any(isinstance(x, CoreLost) and x is not e for x in w.errors):
-            w.errors.append(e)
+        errors = self.errors
+        if e not in errors and not any(isinstance(x, CoreLost) and x is not e for x in errors):
+            errors.append(e)
 
     def _of_dead_core(self, e: BaseException) -> bool:
         """Whether ``e`` (or what it was raised from) is a call to a core process that died."""
@@ -300,57 +313,36 @@ class CellFaults:
         :class:`CoreLost`; an error of the reduce itself stays as it is."""
         if not actor_died(e) and await self.alive(list(range(k))):
             return e
-        queued = [x for x in self.world.errors if isinstance(x, CoreLost)]
+        queued = [x for x in self.errors if isinstance(x, CoreLost)]
         return queued[0] if queued else self.reduce_lost(step, k, e)
 
     async def _replace(self, cell: int, rec: dict[str, Any]) -> None:
         """Kill the actor, move its engine's calls, tell the policy; restart and rejoin."""
-        w = self.world
-        cl = w.cluster
-        old = cl.cells[cell]
-        try:
-            ray.kill(old, no_restart=True)
-        except Exception:  # already gone
-            pass
-        url = cl.urls[cell]
-        cl.urls[cell] = None
-        if url is not None and cl.proxy is not None:
-            t0 = time.perf_counter()
-            moved0 = cl.proxy.service.pool.counters.moved
-            try:
-                why = f"cell {cell} {rec['kind']} ({rec['detected_by']})"
-                await asyncio.to_thread(cl.proxy.remove_engine, url, 30, why)
-            except Exception:
-                pass
-            rec["moved_calls"] = cl.proxy.service.pool.counters.moved - moved0
-            rec["engine_removed_s"] = round(time.perf_counter() - t0, 3)
-        w._emit(CellLost(time=w.now(), cell=cell))
+        cl, bus = self.cluster, self.bus
+        rec.update(await cl.take_out(cell, f"cell {cell} {rec['kind']} ({rec['detected_by']})"))
+        bus.emit(CellLost(time=bus.now(), cell=cell))
         if not self.cfg.restart:
             return
         t0 = time.perf_counter()
+        start = None
         if cell == 0:  # its first switch into training loads the last finished step's checkpoint
-            start = self.core_checkpoint()
-            cl.resume_from = start if isinstance(start, str) else None
+            found = self.core_checkpoint()
+            start = found if isinstance(found, str) else None
             rec["checkpoint_step"] = cl.trainer_version
-        cl.cells[cell] = cl.cell_actor(cell)
-        await cl.build_world()  # the survivors and the new actor: the new membership's world
+        await cl.restart_cell(cell, start)
         rec["restart_s"] = round(time.perf_counter() - t0, 3)
-        pid = await cl.cells[cell].pid.remote()
-        if cell < len(cl.placement):  # cells.json names the new process
-            cl.placement[cell] = {**cl.placement[cell], "pid": pid, "restarts": rec_count(w, cell)}
-            cl.placement[cell].pop("url", None)
-            w.rundir.write_cells(cl.placement)
+        await cl.placed_again(cell, rec_count(self.records.faults, cell))
         self.down.discard(cell)
-        w._emit(CellBack(time=w.now(), cell=cell))
+        bus.emit(CellBack(time=bus.now(), cell=cell))
 
     def back(self, cell: int) -> None:
         """The restarted cell serves again (its switch to rollout is done)."""
         rec = self._open.pop(cell, None)
         if rec is not None:
-            rec["back"] = round(self.world.now(), 3)
+            rec["back"] = round(self.bus.now(), 3)
             rec["cost_s"] = round(rec["back"] - rec["time"], 3)
 
 
-def rec_count(world: RealWorld, cell: int) -> int:
+def rec_count(faults: list[dict[str, Any]], cell: int) -> int:
     """How many times ``cell`` was restarted so far."""
-    return sum(1 for f in world.records.faults if f["cell"] == cell and f["action"] == "restart")
+    return sum(1 for f in faults if f["cell"] == cell and f["action"] == "restart")

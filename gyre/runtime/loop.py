@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gyre.config import GyreConfig
 from gyre.policy import CellRole, SchedulingPolicy
 from gyre.runtime import workload
 from gyre.runtime.calibrate import calibrate
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.progress import Progress, closing_lines
 from gyre.runtime.report import summarize, write_timeline
 from gyre.runtime.rundir import RunDir

@@ -15,15 +15,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from gyre.runtime.records import Records
+from gyre.runtime.records import Phase, Records
 
 _ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R", "lost": "X"}
 _ROLE_NAME = {"to_training": "-> training", "to_rollout": "-> rollout"}
@@ -105,14 +104,14 @@ def doing(
         return f"switching to rollout (engine on v{weights_version})"
     if role == "training":
         what = (activity or {}).get("what")
-        if what == "micro_step":
+        if what == Phase.MICRO_STEP:
             a = activity or {}
             return f"training micro-step {a['index'] + 1} of {a['of']} (g{a['group']})"
-        if what == "optimizer_step":
+        if what == Phase.OPTIMIZER_STEP:
             return f"optimizer step over {(activity or {}).get('cells', 1)} cells"
-        if what == "reduce":
+        if what == Phase.REDUCE:
             return "reducing gradients with the core"
-        if what == "reduce_check":
+        if what == Phase.REDUCE_CHECK:
             return "checking the step's cells are alive before the reduce"
         idle = "done" if done else "waiting for a micro-step"
         return idle + (" (engine parked)" if parks_engine else "")

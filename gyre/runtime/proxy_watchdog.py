@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
-if TYPE_CHECKING:
-    from gyre.runtime.world import RealWorld
+from gyre.cli_errors import first_line
+from gyre.runtime.config import FaultConfig
+from gyre.runtime.records import Records
 
 T = TypeVar("T")
 
@@ -33,16 +34,28 @@ POLL_S = 0.25  # the thread's liveness is a local read: looked at this often (at
 ADMIN_RETRY_S = 60.0  # how long an admin call waits for a restarting proxy
 
 
-class ProxyWatchdog:
-    """Watches ``world.cluster.proxy``; restarts it when it died, once per death."""
+class ProxyHost(Protocol):
+    """The owner of the managed proxy (the cluster): the proxy now (None before it starts and
+    after it stops) and how to bring it back."""
 
-    def __init__(self, world: RealWorld) -> None:
-        self.world = world
+    @property
+    def proxy(self) -> Any: ...
+
+    async def restart_proxy(self) -> None: ...
+
+
+class ProxyWatchdog:
+    """Watches ``host.proxy``; restarts it when it died, once per death."""
+
+    def __init__(
+        self, cfg: FaultConfig, host: ProxyHost, records: Records, now: Callable[[], float]
+    ) -> None:
+        self.cfg, self.host, self.records, self.now = cfg, host, records, now
         self._lock = asyncio.Lock()
         self.restarts = 0
 
     async def run(self) -> None:
-        every = min(self.world.cfg.run.fault.heartbeat_s, POLL_S)
+        every = min(self.cfg.heartbeat_s, POLL_S)
         while True:
             await asyncio.sleep(every)
             await self.ensure("watchdog")
@@ -50,36 +63,30 @@ class ProxyWatchdog:
     async def ensure(self, where: str) -> None:
         """The proxy serves when this returns (restarted here if it had died)."""
         async with self._lock:
-            proxy = self.world.cluster.proxy
+            proxy = self.host.proxy
             if proxy is None or proxy.alive:
                 return
             await self._restart(where)
 
     async def _restart(self, where: str) -> None:
-        w = self.world
-        proxy = w.cluster.live_proxy
-        now = w.now()
+        proxy = self.host.proxy
+        now = self.now()
         cause = getattr(proxy, "_error", None)
-        rec: dict[str, Any] = {
-            "cell": None,
-            "kind": "proxy",
-            "role": "proxy",
-            "time": round(now, 3),
-            "unix_time": round(time.time(), 3),
-            "detected_by": where,
-            "cause": (str(cause).splitlines() or ["thread ended"])[0][:200]
-            if cause
-            else "proxy thread ended",
-            "action": "restart",
-            "back": None,
-        }
-        w.records.faults.append(rec)
+        rec = self.records.fault(
+            cell=None,
+            kind="proxy",
+            role="proxy",
+            at=now,
+            detected_by=where,
+            cause=first_line(cause)[:200] if cause else "proxy thread ended",
+            action="restart",
+        )
         t0 = time.perf_counter()
         answered0 = _answered(proxy)
-        await w.cluster.restart_proxy()
+        await self.host.restart_proxy()
         self.restarts += 1
         rec["restart_s"] = round(time.perf_counter() - t0, 3)
-        rec["back"] = round(w.now(), 3)
+        rec["back"] = round(self.now(), 3)
         rec["cost_s"] = round(rec["back"] - rec["time"], 3)
         rec["answered_before"] = answered0  # carried over: the counters go on from here
         rec["port"] = proxy.port

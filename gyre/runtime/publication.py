@@ -12,10 +12,11 @@ With ``run.publication = "distributed"`` the core also sends each publication in
 (:class:`MemoryPublisher`, SGLang's ``update_weights_from_distributed``); the HF directory is
 still written, for engines that start later and as the fallback when the in-memory path fails.
 
-:func:`publish` is the driver's side of a publication (:meth:`Cluster.publish
-<gyre.runtime.cluster.Cluster.publish>`): the core writes the directory, every rollout engine
-pauses, reloads (or receives it in memory) and continues, each is checked, and published
-directories past ``run.keep_published`` are pruned.
+:class:`Publications` is the driver's side of a publication (``Cluster.publish`` gives it the
+engines): the core writes the directory, every rollout engine pauses, reloads (or receives it
+in memory) and continues, each is checked, and published directories past
+``run.keep_published`` are pruned. It is also where an engine starts on the newest weights and
+catches up with a publication that ran meanwhile (a cell's and a standalone engine's alike).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ import asyncio
 import logging
 import shutil
 import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gyre.engine.client import EngineClient
 from gyre.engine.protocol import ModelInfo, UpdateWeightsResponse
-
-if TYPE_CHECKING:
-    from gyre.runtime.cluster import Cluster
 
 log = logging.getLogger("gyre.runtime.publication")
 
@@ -110,73 +110,167 @@ class MemoryPublisher:
         }
 
 
-async def publish(cl: Cluster, version: int, rollout_cells: list[int]) -> dict[str, Any]:
-    """The core writes version ``version``; every rollout engine pauses, reloads it, continues."""
-    cl.begin_publish()
-    publishing = cl._publishing
-    assert publishing is not None  # begin_publish made it; only this method clears it
-    try:
-        t0 = time.perf_counter()
-        path = str(cl.rundir.weights / f"v{version}")
-        sums = await cl.cells[0].save_hf.remote(path)
-        t_save = time.perf_counter() - t0
-        cl.weights_dir, cl.weights_version, cl.weights_sums = path, version, sums
+class Publications:
+    """The published weights and everything that reads or changes them: which directory and
+    version are newest, their fingerprints, the publication under way (an event engines that
+    start meanwhile wait on), the versions engines are still loading (never pruned), and the
+    one loop that starts an engine on the newest weights and catches it up. The cluster
+    composes one; a failed engine is returned to it, never called back."""
 
-        async def reload(url: str) -> Any:
-            async with EngineClient(url, api_key=cl.engine_key) as c:
-                await c.pause()
-                try:
-                    return await c.update_weights_from_disk(path, weight_version=version)
-                finally:
-                    await c.resume()
+    def __init__(
+        self,
+        root: Path,
+        weights_dir: str,
+        version: int,
+        engine_key: str,
+        *,
+        keep: int,
+        in_memory: bool,
+    ) -> None:
+        self.root = root  # the run's weights/ folder: v<version> directories
+        self.dir = weights_dir  # newest published weights (HF layout)
+        self.version = version
+        self.sums: dict[str, float] | None = None  # the core's fingerprints of ``dir``
+        self.checked = 0  # engine loads found serving the published weights
+        self.in_memory = 0  # engine loads of a publication sent in memory
+        self.engine_key = engine_key
+        self.keep = keep
+        self.send_in_memory = in_memory
+        self._under_way: asyncio.Event | None = None
+        # versions engines are starting on, counted (a cell killed mid-start and its restarted
+        # actor may load the same one at once): not pruned while any load holds them
+        self._loading: Counter[int] = Counter()
 
-        urls = [u for u in (cl.urls[c] for c in rollout_cells) if u] + [u for _, u in cl.standalone]
-        info: dict[str, Any] = {}
-        results = await _in_memory(cl, version, urls, info)
-        if results is None:  # run.publication = "disk", or the in-memory path failed
-            results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
-        checked = 0
-        for u, r in zip(urls, results):
-            if isinstance(r, BaseException):
-                await cl._engine_lost(u, r)
-            else:  # it reloaded: does it serve what the core wrote?
-                checked += check_served(cl._engine_name(u), version, r, sums)
-        cl.engines_checked += checked
-        _prune_weights(cl, version, cl.cfg.run.keep_published)
-        return {"engines": len(urls), "checked": checked, "save_seconds": t_save, **info}
-    finally:
-        publishing.set()
-        cl._publishing = None
+    def begin(self) -> None:
+        """Mark a publication as under way before anything else of the same boundary runs, so
+        an engine starting at that boundary starts on the new version, not the old one."""
+        if self._under_way is None:
+            self._under_way = asyncio.Event()
 
+    async def settled(self) -> None:
+        """Return once no publication is under way."""
+        while self._under_way is not None:
+            await self._under_way.wait()
 
-async def _in_memory(cl: Cluster, version: int, urls: list[str], info: dict) -> list | None:
-    """``run.publication = "distributed"``: the core sends ``version`` to ``urls`` over a
-    weight group (engines paused meanwhile); their replies (what was sent goes in ``info``),
-    or None to reload from disk."""
-    if cl.cfg.run.publication != "distributed" or not urls:
-        return None
-    clients = [EngineClient(u, api_key=cl.engine_key) for u in urls]
-    try:
-        await asyncio.gather(*[c.pause() for c in clients])
-        sent = await cl.cells[0].publish_in_memory.remote(version, urls)
-        cl.engines_in_memory += len(urls)
-        info["memory"] = {k: v for k, v in sent.items() if k != "replies"}
-        return sent["replies"]
-    except Exception as e:  # the fallback: every engine reloads the directory just written
-        log.warning("in-memory publication of v%d failed (%s); reloading from disk", version, e)
-        return None
-    finally:
-        await asyncio.gather(*[c.resume() for c in clients], return_exceptions=True)
-        await asyncio.gather(*[c.aclose() for c in clients], return_exceptions=True)
-
-
-def _prune_weights(cl: Cluster, version: int, keep: int) -> None:
-    """Keep the published weight directories of the newest ``keep`` versions (every engine has
-    reloaded ``version`` by now, and a returning cell starts on the newest)."""
-    for p in Path(cl.rundir.weights).glob("v*"):
+    async def publish(
+        self,
+        version: int,
+        urls: list[str],
+        save: Callable[[str], Awaitable[dict[str, float]]],
+        send: Callable[[int, list[str]], Awaitable[dict[str, Any]]],
+        name: Callable[[str], str],
+    ) -> tuple[dict[str, Any], list[tuple[str, BaseException]]]:
+        """The core writes version ``version`` (``save``: its fingerprints); every engine at
+        ``urls`` pauses, reloads it (or gets it in memory by ``send``), continues, and is
+        checked (``name``: how an error names it). Returns the publication's record and the
+        engines that failed to take it, with why."""
+        self.begin()
+        under_way = self._under_way
+        assert under_way is not None  # begin made it; only this method clears it
         try:
-            v = int(p.name[1:])
-        except ValueError:
-            continue
-        if v <= version - keep and v not in cl._loading:
-            shutil.rmtree(p, ignore_errors=True)
+            t0 = time.perf_counter()
+            path = str(self.root / f"v{version}")
+            sums = await save(path)
+            t_save = time.perf_counter() - t0
+            self.dir, self.version, self.sums = path, version, sums
+
+            async def reload(url: str) -> Any:
+                async with EngineClient(url, api_key=self.engine_key) as c:
+                    await c.pause()
+                    try:
+                        return await c.update_weights_from_disk(path, weight_version=version)
+                    finally:
+                        await c.resume()
+
+            info: dict[str, Any] = {}
+            results = await self._in_memory(version, urls, send, info)
+            if results is None:  # run.publication = "disk", or the in-memory path failed
+                results = await asyncio.gather(*[reload(u) for u in urls], return_exceptions=True)
+            checked = 0
+            failed: list[tuple[str, BaseException]] = []
+            for u, r in zip(urls, results):
+                if isinstance(r, BaseException):
+                    failed.append((u, r))
+                else:  # it reloaded: does it serve what the core wrote?
+                    checked += self.check(name(u), r)
+            self.prune(version, self.keep)
+            return {
+                "engines": len(urls),
+                "checked": checked,
+                "save_seconds": t_save,
+                **info,
+            }, failed
+        finally:
+            under_way.set()
+            self._under_way = None
+
+    def check(self, engine: str, reply: UpdateWeightsResponse | ModelInfo) -> bool:
+        """:func:`check_served` against the newest publication, counted in ``checked``."""
+        assert self.sums is not None, "nothing published yet"
+        ok = check_served(engine, self.version, reply, self.sums)
+        self.checked += ok
+        return ok
+
+    async def _in_memory(
+        self,
+        version: int,
+        urls: list[str],
+        send: Callable[[int, list[str]], Awaitable[dict[str, Any]]],
+        info: dict,
+    ) -> list | None:
+        """``run.publication = "distributed"``: the core sends ``version`` to ``urls`` over a
+        weight group (engines paused meanwhile); their replies (what was sent goes in
+        ``info``), or None to reload from disk."""
+        if not self.send_in_memory or not urls:
+            return None
+        clients = [EngineClient(u, api_key=self.engine_key) for u in urls]
+        try:
+            await asyncio.gather(*[c.pause() for c in clients])
+            sent = await send(version, urls)
+            self.in_memory += len(urls)
+            info["memory"] = {k: v for k, v in sent.items() if k != "replies"}
+            return sent["replies"]
+        except Exception as e:  # the fallback: every engine reloads the directory just written
+            log.warning("in-memory publication of v%d failed (%s); reloading from disk", version, e)
+            return None
+        finally:
+            await asyncio.gather(*[c.resume() for c in clients], return_exceptions=True)
+            await asyncio.gather(*[c.aclose() for c in clients], return_exceptions=True)
+
+    async def start_on_newest(self, start: Callable[[str, int], Awaitable[str]]) -> str:
+        """Start an engine on the newest published weights (``start(dir, version)``: its URL).
+        An engine restarted after a fault starts at any time, not only at a boundary: a
+        publication may run while it starts, so the version it loads is kept from pruning, and
+        it catches up (reloads) until it serves the newest."""
+        version = self.version
+        self._loading[version] += 1
+        try:
+            url = await start(self.dir, version)
+            while version != self.version or self._under_way is not None:
+                if self._under_way is not None:
+                    await self._under_way.wait()
+                    continue
+                self._loading -= Counter({version: 1})  # drops it at 0
+                version = self.version
+                self._loading[version] += 1
+                async with EngineClient(url, api_key=self.engine_key) as c:
+                    await c.update_weights_from_disk(self.dir, weight_version=version)
+            return url
+        finally:
+            self._loading -= Counter({version: 1})
+
+    @property
+    def loading(self) -> bool:
+        """Whether any engine is still starting on a published version."""
+        return bool(+self._loading)
+
+    def prune(self, version: int, keep: int) -> None:
+        """Keep the published weight directories of the newest ``keep`` versions (every engine
+        has reloaded ``version`` by now, and a returning one starts on the newest)."""
+        for p in Path(self.root).glob("v*"):
+            try:
+                v = int(p.name[1:])
+            except ValueError:
+                continue
+            if v <= version - keep and v not in self._loading:
+                shutil.rmtree(p, ignore_errors=True)

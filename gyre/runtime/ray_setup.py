@@ -13,8 +13,9 @@ from typing import Any
 
 import ray
 
-from gyre.config import GyreConfig
+from gyre.cli_errors import first_line
 from gyre.engine.service import RELOAD_ROOT_ENV
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK, ray_local_ip
 from gyre.runtime.rundir import RunDir
 
@@ -56,8 +57,7 @@ def init_ray(cfg: GyreConfig) -> None:
             ray.init(num_cpus=rc.num_cpus, _node_ip_address=ray_local_ip(rc.node_ip), **kw)
     except Exception as e:  # a bad --address, or a local node that did not come up in time
         where = f"cluster at {rc.address}" if rc.address else "local Ray instance"
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise RuntimeSetupError(f"the {where} did not start: {first}") from None
+        raise RuntimeSetupError(f"the {where} did not start: {first_line(e)[:300]}") from None
 
 
 def engine_env(cfg: GyreConfig, rundir: RunDir) -> dict[str, str]:

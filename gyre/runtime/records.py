@@ -12,10 +12,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from gyre.policy import CellRole
 from gyre.train.stats import ObjectiveStats
+
+
+class Phase(StrEnum):
+    """What a training cell computes now (``Records.activity[cell]["what"]``): the live view
+    words it, the fault handler and the nemesis judge from it whether a loss breaks the step."""
+
+    MICRO_STEP = "micro_step"
+    REDUCE_CHECK = "reduce_check"  # the ping before the reduce
+    REDUCE = "reduce"  # a satellite in the step's reduce
+    OPTIMIZER_STEP = "optimizer_step"  # the core: reduce and optimizer step
+
+
+# a loss in these breaks the step: the core's gradients or weights may be half changed
+BREAKS_STEP = frozenset({Phase.REDUCE, Phase.OPTIMIZER_STEP})
+
 
 # (start, end, role value) of one cell
 Segment = tuple[float, float, str]
@@ -61,7 +77,7 @@ class Records:
     restored: int = 0  # executions a resume kept from the killed segment (not run again)
     makespan: float | None = None
     # what the live view shows of work under way (gyre.runtime.progress): cell -> what it
-    # computes now ({"what": "micro_step", "index", "of", "group"} or {"what": "optimizer_step"}),
+    # computes now ({"what": Phase.MICRO_STEP, "index", "of", "group"}, or another Phase),
     # and the version every rollout engine is reloading while a publication runs
     activity: dict[int, dict[str, Any]] = field(default_factory=dict)
     publishing: int | None = None
@@ -70,6 +86,40 @@ class Records:
     faults: list[dict[str, Any]] = field(default_factory=list)
     # what the chaos nemesis killed (gyre.runtime.chaos): {"kind", "time", "target", ...}
     chaos: list[dict[str, Any]] = field(default_factory=list)
+    # what each AssignGroup cost the driver's loop, in seconds: "trees" (traces to trees),
+    # "pack" (to micro-step tasks), "put" (the tasks into Ray's object store), "all"; "tasks"
+    assigns: list[dict[str, float]] = field(default_factory=list)
+
+    def fault(
+        self,
+        *,
+        cell: int | None,
+        kind: str,
+        role: str,
+        at: float,
+        detected_by: str,
+        cause: str,
+        action: str,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A new fault, appended to ``faults`` and returned (its handler completes it): the
+        keys every reader relies on (the report, the live view, ``faults.jsonl``, the chaos
+        audit), ``more`` after them. ``at``: run time; ``back`` is None until it serves again."""
+        rec: dict[str, Any] = {
+            "cell": cell,
+            "kind": kind,
+            "role": role,
+            "time": round(at, 3),
+            "unix_time": round(time.time(), 3),  # to compare with when a test killed it
+            "detected_by": detected_by,
+            "cause": cause,
+            "action": action,
+            "back": None,
+            "segment": self.segment,
+            **more,
+        }
+        self.faults.append(rec)
+        return rec
 
     def __post_init__(self) -> None:
         K = self.cells

@@ -173,9 +173,9 @@ def summarize(
             "mean_s": statistics.fmean([p["seconds"] for p in pubs]) if pubs else None,
             # engine loads of published weights checked against the core's (publications, the
             # final one too, and cells returning to rollout)
-            "engines_checked": cluster.engines_checked,
+            "engines_checked": cluster.publications.checked,
             # engine loads sent in memory (run.publication = "distributed"), and what was sent
-            "engines_in_memory": cluster.engines_in_memory,
+            "engines_in_memory": cluster.publications.in_memory,
             "in_memory": _in_memory([p["memory"] for p in pubs if "memory" in p]),
         },
         "role_shares": records.role_shares(),

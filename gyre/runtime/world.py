@@ -12,10 +12,10 @@ policy rather than trusted; the reports read those records, not the world.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from gyre.config import GyreConfig
 from gyre.policy import (
     AssignGroup,
     CellRole,
@@ -39,12 +39,13 @@ from gyre.policy import (
 )
 from gyre.runtime.chaos import Nemesis
 from gyre.runtime.cluster import Cluster
+from gyre.runtime.config import GyreConfig
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
 from gyre.runtime.faults import CellFaults, actor_died
 from gyre.runtime.progress import Feed
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
-from gyre.runtime.records import Records, StepRecord
+from gyre.runtime.records import Phase, Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.standalone import EngineFaults
@@ -83,16 +84,36 @@ class RealWorld:
         self.errors: list[BaseException] = []
         # the loop points this at policy.status
         self.sched_status: Callable[[], dict[str, Any]] = lambda: {}
-        self.faults = CellFaults(self)  # a cell that dies or hangs (gyre.runtime.faults)
+        # the supervisors: each drives the cluster's mechanisms and tells the policy through
+        # this world's bus (emit, spawn, now: gyre.runtime.handles)
+        self.faults = CellFaults(  # a cell that dies or hangs (gyre.runtime.faults)
+            cfg,
+            self.cluster,
+            self.records,
+            rundir,
+            self,
+            base_step=self.base_step,
+            errors=self.errors,
+            forget_work=self.forget_cell_work,
+            running=lambda: self.execs.running,
+        )
         self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
-        self.engine_faults = EngineFaults(self)  # a standalone engine (gyre.runtime.standalone)
+        # a standalone engine (gyre.runtime.standalone)
+        self.engine_faults = EngineFaults(cfg, self.cluster, self.records, self)
         self.cluster.on_engine_lost = lambda url, e: self.engine_faults.lost(url, e, _found_by(e))
-        self.proxy_watch = ProxyWatchdog(
-            self
-        )  # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
+        # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
+        self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster, self.records, self.now)
         self.cluster.proxy_ready = lambda: self.proxy_watch.ensure("switch")
         self.execs.watchdog = self.proxy_watch
-        self.nemesis = Nemesis(self)  # [run.chaos]: a test facility, off by default
+        self.nemesis = Nemesis(  # [run.chaos]: a test facility, off by default
+            cfg.run.chaos,
+            self.cluster,
+            self.records,
+            self,
+            down=self.faults.down,
+            results=self.execs.results,
+            workspaces=rundir.workspaces,
+        )
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -120,12 +141,13 @@ class RealWorld:
             if not get.done():
                 get.cancel()
 
-    def _emit(self, ev: Event) -> None:
+    def emit(self, ev: Event) -> None:
+        """Queue ``ev`` for the policy (the supervisors' bus: gyre.runtime.handles)."""
         self.events.put_nowait(ev)
 
     def _tick(self, at: float) -> None:
         """A WakeAt came due (never reported before the time it asked for)."""
-        self._emit(Tick(max(at, self.now())))
+        self.emit(Tick(max(at, self.now())))
 
     def _open_step(self) -> StepRecord:
         """The step the policy started; its groups, micro-steps and finish come after StartStep."""
@@ -133,7 +155,9 @@ class RealWorld:
             raise RuntimeError("no training step is open")
         return self.step_rec
 
-    def _spawn(self, coro) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background; what it raises is surfaced by ``next_event``."""
+
         async def guarded():
             try:
                 await coro
@@ -154,10 +178,10 @@ class RealWorld:
         await self.execs.start()
         self.records.restart_clock()
         self._last_event = 0.0
-        self._spawn(self.faults.heartbeat())
-        self._spawn(self.proxy_watch.run())
+        self.spawn(self.faults.heartbeat())
+        self.spawn(self.proxy_watch.run())
         if self.nemesis.enabled:
-            self._spawn(self.nemesis.run())
+            self.spawn(self.nemesis.run())
 
     async def stop(self) -> None:
         for t in list(self._bg):
@@ -217,7 +241,8 @@ class RealWorld:
         """Start each action (one method per action type); what it leads to comes back as
         events, through ``next_event``."""
         if any(type(a) is PublishWeights for a in actions):
-            self.cluster.begin_publish()  # satellites returning at this boundary wait for the new weights
+            # satellites returning at this boundary wait for the new weights
+            self.cluster.publications.begin()
         for a in actions:
             match a:
                 case LaunchExecutions():
@@ -231,11 +256,11 @@ class RealWorld:
                 case AssignGroup():
                     self._assign(a)
                 case ClaimMicroStep():
-                    self._spawn(self._micro(a))
+                    self.spawn(self._micro(a))
                 case FinishStep():
-                    self._spawn(self._finish(a.step))
+                    self.spawn(self._finish(a.step))
                 case PublishWeights():
-                    self._spawn(self._publish(a.version))
+                    self.spawn(self._publish(a.version))
                 case WakeAt():
                     self._wake(a)
                 case EndRun():
@@ -255,10 +280,10 @@ class RealWorld:
             if (self.gid(gid), att) in self.restore.finished:
                 restored.append((gid, att))  # finished before the resume: never run again
             else:
-                self._spawn(self._execution(gid, att))
-        self._emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
+                self.spawn(self._execution(gid, att))
+        self.emit(ExecutionsLaunched(time=self.now(), executions=a.executions))
         for gid, att in restored:
-            self._emit(self._restored(gid, att))
+            self.emit(self._restored(gid, att))
 
     def _restored(self, gid: int, att: int) -> ExecutionFinished:
         kept = self.restore.finished[(self.gid(gid), att)]
@@ -278,7 +303,7 @@ class RealWorld:
         if target is CellRole.TO_ROLLOUT and self.roles[a.cell] is CellRole.TRAINING:
             self.forget_cell_work(a.cell)  # mid-step (a fault before it): its micro-steps go back
         self._set_role(a.cell, target)
-        self._spawn(self._switch(a.cell, a.role))
+        self.spawn(self._switch(a.cell, a.role))
 
     def forget_cell_work(self, cell: int) -> None:
         """Cell ``cell``'s part of the open step is void (the policy queued its micro-steps
@@ -307,7 +332,7 @@ class RealWorld:
         times[(g, att)] = (t0, None)
         reward = await self.execs.run(g, att, self.exec_version.get((g, att)))
         times[(g, att)] = (t0, self.now())
-        self._emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
+        self.emit(ExecutionFinished(time=self.now(), execution=(gid, att), reward=reward))
 
     async def _switch(self, cell: int, role: CellRole) -> None:
         t0 = self.now()
@@ -330,13 +355,15 @@ class RealWorld:
             {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
         )
         self._set_role(cell, role)
-        self._emit(CellSwitched(time=t1, cell=cell, role=role))
+        self.emit(CellSwitched(time=t1, cell=cell, role=role))
 
     def _assign(self, a: AssignGroup) -> None:
         """The packing buffer pulls the group in: traces -> trees -> admission -> micro-steps."""
+        t0 = time.perf_counter()
         rec = self._open_step()
         gid = self.gid(a.group_id)
-        group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index)
+        spans: dict[str, float] = {}
+        group, n_scored, pack, tasks = self.execs.pack_group(gid, rec.step, self._task_index, spans)
         self._task_index += len(tasks)
         versions = [
             self.exec_version.get((gid, att), rec.version)
@@ -348,15 +375,18 @@ class RealWorld:
         for k, v in pack.items():
             rec.pack[k] = rec.pack.get(k, 0) + v
         n = a.micro_steps
+        t1 = time.perf_counter()
         self.group_tasks[a.group_id] = self.cluster.put_tasks(tasks)  # once, whatever claims it
         self.shards[a.group_id] = [[t.index for t in tasks[i::n]] for i in range(n)] if n else []
+        t2 = time.perf_counter()
+        self.records.assigns.append({**spans, "put": t2 - t1, "all": t2 - t0, "tasks": len(tasks)})
 
     async def _micro(self, a: ClaimMicroStep) -> None:
         rec = self._open_step()
         shard = self.shards[a.group_id][a.index]
         t0 = self.now()
         n = len(self.shards[a.group_id])
-        act = {"what": "micro_step", "index": a.index, "of": n, "group": self.gid(a.group_id)}
+        act = {"what": Phase.MICRO_STEP, "index": a.index, "of": n, "group": self.gid(a.group_id)}
         self.records.activity[a.cell] = act
         if shard:
             try:
@@ -384,7 +414,7 @@ class RealWorld:
         self.records.micros.append(
             (a.cell, rec.version if shard else -1, t0, t1)
         )  # -1: empty share
-        self._emit(
+        self.emit(
             MicroStepDone(time=t1, cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
         )
 
@@ -394,7 +424,7 @@ class RealWorld:
         while k < self.K and self.roles[k] is CellRole.TRAINING:
             k += 1  # participants are the prefix 0..k-1 (cells join in order)
         records = self.records
-        check = {"what": "reduce_check", "cells": k}  # the ping before the reduce
+        check = {"what": Phase.REDUCE_CHECK, "cells": k}  # the ping before the reduce
         for c in range(k):
             records.activity[c] = check
         try:
@@ -407,7 +437,8 @@ class RealWorld:
             return  # a participant is lost: the policy voids this FinishStep and goes on
         t0 = self.now()
         for c in range(k):
-            records.activity[c] = {"what": "optimizer_step" if c == 0 else "reduce", "cells": k}
+            phase = Phase.OPTIMIZER_STEP if c == 0 else Phase.REDUCE
+            records.activity[c] = {"what": phase, "cells": k}
         try:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
@@ -430,7 +461,7 @@ class RealWorld:
             self.group_tasks.pop(rec.local[gid], None)
             for att in range(self.cfg.policy.group_size):
                 self.exec_version.pop((gid, att), None)
-        self._emit(StepDone(time=t1, step=step))
+        self.emit(StepDone(time=t1, step=step))
 
     async def _publish(self, version: int) -> None:
         t0 = self.now()
@@ -444,7 +475,7 @@ class RealWorld:
         t1 = self.now()
         self.records.publications.append({"version": gv, "time": t1, "seconds": t1 - t0, **info})
         self.execs.maybe_evaluate(gv)
-        self._emit(WeightsPublished(time=t1, version=version))
+        self.emit(WeightsPublished(time=t1, version=version))
 
 
 def _found_by(e: BaseException) -> str:

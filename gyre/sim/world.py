@@ -20,9 +20,9 @@ Staleness is measured two ways: by dispatch version (per trained group, the
 policy's E[d]) and by *serving* version: the version each token was sampled
 with, booked by :class:`gyre.sim.serving.ServingStaleness`.
 
-Faults are scheduled like any completion: :class:`gyre.sim.cell_faults.CellFaults`
-(the twin of :mod:`gyre.runtime.faults`) voids a dead cell's scheduled work, takes
-its capacity out and tells the policy ``CellLost``, then ``CellBack``.
+Faults are scheduled like any completion (the twin of :mod:`gyre.runtime.faults`): a dead
+cell's scheduled work is void (:class:`gyre.sim.cell_faults.CellFaults` keeps whose is
+whose), its capacity leaves, and the policy hears ``CellLost``, then ``CellBack``.
 """
 
 from __future__ import annotations
@@ -33,17 +33,22 @@ import time as _time
 
 from gyre.policy import (
     AssignGroup,
+    CellBack,
+    CellLost,
     CellRole,
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
     EndRun,
+    EngineBack,
+    EngineLost,
     Event,
     ExecutionFinished,
     ExecutionsLaunched,
     FinishStep,
     LaunchExecutions,
     MicroStepDone,
+    PolicyError,
     PublishWeights,
     SchedulingPolicy,
     StartStep,
@@ -126,7 +131,9 @@ class World:
         self._reducing = False  # in the step's reduce: a participant lost there stops the run
         self._reduce_end = 0.0  # when the reduce under way ends
         self.kills_wait_reduce = kills_wait_reduce
-        self.faults = CellFaults(self, faults)  # a cell that dies (gyre.sim.cell_faults)
+        self.faults = CellFaults(K)  # whose work is void once it dies (gyre.sim.cell_faults)
+        for cell, at_h, restart_h, slots in faults:
+            self._push(at_h, Lost(cell, restart_h, slots))
 
     def _init_costs(self, cfg: SimConfig) -> None:
         """What each action costs, in hours (the cost model of this placement)."""
@@ -389,9 +396,9 @@ class World:
             case OptimDone():
                 return self._optim_done(t, what)
             case Lost():
-                return self.faults.lose(t, what)
+                return self._lose(t, what)
             case Back():
-                return self.faults.back(t, what)
+                return self._back(t, what)
             case Published():
                 self._busy_end(what.cell)
                 self.serving.published(self._progress_now(), what.version)
@@ -399,6 +406,48 @@ class World:
                     self.trace.publications.append(t)
                 return WeightsPublished(time=t, version=what.version)
         return Tick(time=t)
+
+    def _lose(self, t: float, what: Lost) -> CellLost | EngineLost | Tick:
+        """A cell's process dies: what it had scheduled is void, its capacity leaves, and it
+        comes back ``restart_h`` later. A standalone engine's slots leave alike (its calls
+        move to the other engines: no execution is cut)."""
+        cell = what.cell
+        if cell < 0:
+            self._account()
+            self.capacity -= what.slots
+            self._rerate()
+            self.faults.log.append({"engine": 0, "lost_h": t, "slots": what.slots})
+            if what.restart_h is not None:
+                self._push(t + what.restart_h, Back(cell, what.slots))
+            return EngineLost(time=t, capacity=what.slots)
+        if self._reducing and self.roles[cell] is CellRole.TRAINING:
+            if self.kills_wait_reduce:  # the nemesis's kill waits for the step's end (its OptimDone
+                self._push(self._reduce_end, what)  # was pushed first, so it pops first)
+                return Tick(time=t)
+            # as the runtime: a participant lost in the reduce stops the run
+            raise PolicyError(f"cell {cell} was lost during the step's reduce: the run stops")
+        self._account()
+        self.faults.void(cell)
+        self._busy_end(cell)
+        if self.roles[cell] is CellRole.ROLLOUT:
+            self.capacity -= self.Ce
+            self._reroute(cell)
+        self.faults.log.append({"cell": cell, "lost_h": t, "role": self.roles[cell].value})
+        self._set_role(cell, CellRole.LOST)
+        self._rerate()
+        if what.restart_h is not None:
+            self._push(t + what.restart_h, Back(cell))
+        return CellLost(time=t, cell=cell)
+
+    def _back(self, t: float, what: Back) -> CellBack | EngineBack:
+        if what.cell < 0:
+            self._account()
+            self.capacity += what.slots
+            self._rerate()
+            self.faults.log.append({"engine": 0, "back_h": t})
+            return EngineBack(time=t, capacity=what.slots)
+        self.faults.log.append({"cell": what.cell, "back_h": t})
+        return CellBack(time=t, cell=what.cell)
 
     def _switched(self, t: float, what: Switched) -> CellSwitched:
         self._account()

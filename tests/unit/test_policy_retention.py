@@ -179,7 +179,7 @@ def test_a_satellite_that_lands_within_its_burst_stays():
 
 
 def test_core_clock_compares_the_last_rollout_stint_with_the_round_trip():
-    from gyre.policy.retention import CoreClock
+    from gyre.policy.state import CoreClock
 
     c = CoreClock()
     assert not c.stint_too_short  # nothing measured yet: an infinite stint

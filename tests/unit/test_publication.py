@@ -93,11 +93,8 @@ def test_two_starts_on_one_version_keep_it_from_pruning_until_both_end(tmp_path)
     version: the first start's end (it failed with its actor) must not let a publication prune
     the directory the second is still loading (seen in bench_chaos: "failed to start ... v3")."""
     import asyncio
-    import types
-    from collections import Counter
 
-    from gyre.runtime.cluster import Cluster
-    from gyre.runtime.publication import _prune_weights
+    from gyre.runtime.publication import Publications
 
     for v in (3, 4, 5, 6):
         (tmp_path / f"v{v}").mkdir()
@@ -112,27 +109,54 @@ def test_two_starts_on_one_version_keep_it_from_pruning_until_both_end(tmp_path)
             raise RuntimeError("the actor died")
         return "http://127.0.0.1:1"
 
-    cl = Cluster.__new__(Cluster)
-    cl.weights_version, cl.weights_dir, cl._publishing = 3, str(tmp_path / "v3"), None
-    cl._loading = Counter()
-    actor = types.SimpleNamespace(start_engine=types.SimpleNamespace(remote=start_engine))
-    cl.cells = [None, actor]
-    cl.rundir = types.SimpleNamespace(weights=tmp_path)
+    pubs = Publications(tmp_path, str(tmp_path / "v3"), 3, "key", keep=2, in_memory=False)
 
     async def scenario():
-        first = asyncio.create_task(cl._start_newest(1))
-        second = asyncio.create_task(cl._start_newest(1))
+        first = asyncio.create_task(pubs.start_on_newest(start_engine))
+        second = asyncio.create_task(pubs.start_on_newest(start_engine))
         await asyncio.sleep(0)
         gates[0].set()
         with pytest.raises(RuntimeError):
             await first
-        _prune_weights(cl, 6, keep=2)  # a publication of v6 while the second still loads v3
+        pubs.prune(6, keep=2)  # a publication of v6 while the second still loads v3
         assert (tmp_path / "v3").is_dir()
-        cl.weights_version = 3  # nothing newer was published meanwhile: no catch-up reload
+        pubs.version = 3  # nothing newer was published meanwhile: no catch-up reload
         gates[1].set()
         assert await second == "http://127.0.0.1:1"
-        assert not cl._loading
-        _prune_weights(cl, 6, keep=2)
+        assert not pubs.loading
+        pubs.prune(6, keep=2)
         assert not (tmp_path / "v3").exists()
 
     asyncio.run(scenario())
+
+
+def test_a_publication_returns_the_engines_that_failed_to_take_it(tmp_path):
+    """An engine that cannot reload is handed back to the caller (the cluster decides whose
+    loss it is), the publication still ends (an engine starting later does not wait on it) and
+    the directories past ``keep`` are pruned."""
+    import asyncio
+    from pathlib import Path
+
+    from gyre.runtime.publication import Publications
+
+    (tmp_path / "v0").mkdir()
+    pubs = Publications(tmp_path, str(tmp_path / "v0"), 0, "key", keep=1, in_memory=False)
+    dead = "http://127.0.0.1:1"  # nothing listens there: the reload is refused
+
+    async def save(path: str) -> dict[str, float]:
+        Path(path).mkdir()
+        return {"float32": 1.0}
+
+    async def send(version: int, urls: list[str]) -> dict:
+        raise AssertionError("run.publication = disk: nothing is sent in memory")
+
+    async def scenario():
+        info, failed = await pubs.publish(1, [dead], save, send, str)
+        await asyncio.wait_for(pubs.settled(), 1)  # not under way any more
+        return info, failed
+
+    info, failed = asyncio.run(scenario())
+    assert [u for u, _ in failed] == [dead] and isinstance(failed[0][1], Exception)
+    assert info["engines"] == 1 and info["checked"] == 0
+    assert (pubs.version, pubs.dir, pubs.sums) == (1, str(tmp_path / "v1"), {"float32": 1.0})
+    assert sorted(p.name for p in tmp_path.glob("v*")) == ["v1"]

@@ -72,7 +72,7 @@ def _world(proxy: _Proxy) -> types.SimpleNamespace:
 def test_watchdog_restarts_a_dead_proxy_once_and_records_it():
     proxy = _Proxy()
     w = _world(proxy)
-    dog = ProxyWatchdog(w)  # type: ignore[arg-type]
+    dog = ProxyWatchdog(w.cfg.run.fault, w.cluster, w.records, w.now)
 
     async def go() -> None:
         await asyncio.gather(dog.ensure("watchdog"), dog.ensure("switch"))
@@ -91,7 +91,7 @@ def test_watchdog_leaves_a_live_proxy_alone(alive):
     proxy = _Proxy()
     proxy.alive = alive
     w = _world(proxy)
-    asyncio.run(ProxyWatchdog(w).ensure("watchdog"))  # type: ignore[arg-type]
+    asyncio.run(ProxyWatchdog(w.cfg.run.fault, w.cluster, w.records, w.now).ensure("watchdog"))
     assert w.restarted == [] and w.records.faults == []
 
 
@@ -155,22 +155,17 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
     from gyre.runtime.chaos import Nemesis
 
     records = Records(cells=3)
+    records.roles[:] = [CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT]
     proxy = types.SimpleNamespace(alive=True)
-    world = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(run=RunConfig()),
-        records=records,
-        cluster=types.SimpleNamespace(proxy=proxy),
-        faults=types.SimpleNamespace(down=set()),
-        roles=[CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT],
-    )
     n = Nemesis.__new__(Nemesis)
-    n.world, n.carried_faults = world, 0  # type: ignore[assignment]
+    n.records, n.cluster, n.down = records, types.SimpleNamespace(proxy=proxy), set()
+    n.carried_faults = 0
     engine = {"cell": None, "kind": "engine", "action": "restart", "back": None}
     records.faults.append(engine)
     records.chaos.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
     assert not n._quiet("rollout_cell") and not n._quiet("proxy")
     assert n._quiet("harness")
-    world.faults.down.add(1)  # a cell lost, not back: still no wait for a harness kill
+    n.down.add(1)  # a cell lost, not back: still no wait for a harness kill
     assert n._quiet("harness") and not n._quiet("satellite")
     records.chaos.append({"kind": "rollout_cell", "target": {"cell": 1}})  # not found yet
     assert not n._quiet("harness")
@@ -178,7 +173,7 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
     proxy.alive = False  # a dead proxy: nothing is killed until it serves again
     assert not n._quiet("harness")
     engine["back"], proxy.alive = 30.0, True
-    world.faults.down.clear()
+    n.down.clear()
     assert n._quiet("rollout_cell") and n._quiet("harness")
 
 
@@ -193,15 +188,10 @@ def test_no_training_cell_is_killed_at_a_steps_end():
 
     stand_in = subprocess.Popen(["sleep", "30"])  # what a wrong kill would hit
     records = Records(cells=3)
-    world = types.SimpleNamespace(
-        K=3,
-        records=records,
-        roles=[CellRole.TRAINING, CellRole.TRAINING, CellRole.ROLLOUT],
-        faults=types.SimpleNamespace(down=set()),
-        cluster=types.SimpleNamespace(placement=[{"pid": stand_in.pid}] * 3),
-    )
+    records.roles[:] = [CellRole.TRAINING, CellRole.TRAINING, CellRole.ROLLOUT]
     n = Nemesis.__new__(Nemesis)
-    n.world, n.rng = world, random.Random(0)  # type: ignore[assignment]
+    n.records, n.down, n.rng = records, set(), random.Random(0)
+    n.cluster = types.SimpleNamespace(placement=[{"pid": stand_in.pid}] * 3)
     try:
         for what in ("reduce_check", "reduce", "optimizer_step"):
             records.activity = {0: {"what": what}, 1: {"what": what}}

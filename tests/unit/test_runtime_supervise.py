@@ -186,10 +186,21 @@ def _world(core_alive: bool = True, tmp: Path | None = None, checkpointed: bool 
         roles=records.roles,
         now=records.now,
         forget_cell_work=lambda cell: None,
-        _spawn=lambda coro: (spawned.append(coro), coro.close()),
+        spawn=lambda coro: (spawned.append(coro), coro.close()),
         spawned=spawned,
     )
-    return w, CellFaults(w)
+    faults = CellFaults(
+        w.cfg,
+        w.cluster,
+        records,
+        rd,
+        w,
+        base_step=w.base_step,
+        errors=w.errors,
+        forget_work=w.forget_cell_work,
+        running=lambda: w.execs.running,
+    )
+    return w, faults
 
 
 def _died(actor: str) -> ActorDiedError:

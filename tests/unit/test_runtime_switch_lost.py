@@ -21,7 +21,7 @@ def _world(lost: set[int]) -> tuple[RealWorld, list]:
     w.cluster = types.SimpleNamespace(to_training=to_training)
     w.faults = types.SimpleNamespace(down=lost, back=lambda c: None)
     w.records = Records(cells=3)
-    w._emit = emitted.append
+    w.emit = emitted.append
     w._set_role = lambda c, r: w.roles.__setitem__(c, r)
     return w, emitted
 
