@@ -149,3 +149,39 @@ def test_installed_model_dir_has_the_template(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a model directory"):
         toolproto.install_template(tmp_path / "nope", tmp_path / "x")
     assert isinstance(make_parser("bash", str), BashBlockParser)
+
+
+def test_worked_exchange_only_when_tools_are_offered() -> None:
+    """The reference agent offers tools and gets the exchange as chat turns; a text-based
+    harness offers none and gets SmolLM2's plain ChatML. The exchange is what the template
+    renders of :data:`toolproto.EXAMPLE` (so the hand-written text cannot drift from it)."""
+    tok = _tok()
+    r = Renderer(tok)
+    tools = [{"type": "function", "function": {"name": "run_command", "parameters": {}}}]
+    conv = [{"role": "system", "content": toolproto.SYSTEM}, {"role": "user", "content": "Q"}]
+    with_tools = r.text(conv, tools, add_generation_prompt=True)
+    without = r.text(conv, None, add_generation_prompt=True)
+    assert toolproto._EXAMPLE_TEXT in with_tools and "123 * 45" not in without
+    assert with_tools == without.replace(
+        "<|im_end|>\n", "<|im_end|>\n" + toolproto._EXAMPLE_TEXT, 1
+    )
+    own = r.text([{"role": "system", "content": "S"}, *toolproto.EXAMPLE])
+    assert own.split("<|im_end|>\n", 1)[1] == toolproto._EXAMPLE_TEXT
+    default = r.text([{"role": "user", "content": "Q"}], tools)  # SmolLM2's default system line
+    assert default.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert toolproto._EXAMPLE_TEXT in default
+    # the proxy's bridge with tools: the exchange is in the anchor, so only new turns are added
+    head = [conv[0]]
+    ids = r.continuation(head, CONVERSATION[2], [CONVERSATION[3]], tools, tok.eos_token_id)
+    assert ids is not None and "123 * 45" not in tok.decode(ids)
+
+
+def test_example_config_uses_the_protocol() -> None:
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = tomllib.loads((root / "examples" / "smollm2-agent.toml").read_text())
+    args = cfg["run"]["harness_args"]
+    assert args[args.index("--system") + 1] == toolproto.SYSTEM
+    assert cfg["proxy"]["parser"] == "bash" and "--no-tools" not in args

@@ -13,11 +13,13 @@ blocks, and the pieces around it translate:
   call's output ids verbatim and renders only the new messages after them;
 - :data:`CHAT_TEMPLATE` is the shared tool-call chat template: SmolLM2's own ChatML, plus an
   assistant turn's tool calls rendered back as the same fenced block (so a full re-render
-  of a reply that was one block gives the same text, the round trip the tests check) and a
-  tool's result rendered as the next user turn, which is where the model copies it from;
-- :data:`SYSTEM` is the prompt: the protocol in two sentences and one worked exchange.
-  mini-swe-agent's config (``gyre/harness/mini_tools.yaml``) and a peer trainer use the
-  same text.
+  of a reply that was one block gives the same text, the round trip the tests check), a
+  tool's result rendered as the next user turn, which is where the model copies it from,
+  and, when the request offers tools, one worked exchange (:data:`EXAMPLE`) as chat turns
+  after the system turn;
+- :data:`SYSTEM` is the system prompt: the protocol in two sentences. A peer trainer renders
+  the same system prompt, tools and template; mini-swe-agent's config
+  (``gyre/harness/mini_tools.yaml``) says the same in its own action format.
 
 The template ignores the request's ``tools``: the system prompt describes the one tool.
 :func:`install_template` writes a model directory that is the imported model with this
@@ -33,27 +35,49 @@ from pathlib import Path
 SYSTEM = (
     "You are a helpful assistant with a bash shell. To run a command, write it in a bash "
     "block; you then see its output. When you know the answer, reply with a last line of the "
-    "form 'Answer: <number>'. Use cat to read a file and grep -r to search files.\n"
-    "\n"
-    "Example.\n"
-    "User: What is 123 * 45? End your reply with a line of the form 'Answer: <number>'.\n"
-    "Assistant:\n"
-    "```bash\n"
-    "echo $((123 * 45))\n"
-    "```\n"
-    "User: exit status 0\n"
-    "5535\n"
-    "Assistant: Answer: 5535"
+    "form 'Answer: <number>'."
 )
 TOOL_NAME = "run_command"  # the reference agent's shell tool; its argument is "command"
+# The worked exchange, as chat turns: SmolLM2 imitates turns far more than the same exchange
+# written out in a system prompt (16 held-out calc problems, temperature 1: 4 replies with a
+# closed bash block against 0; docs/real-model.md).
+EXAMPLE = [
+    {
+        "role": "user",
+        "content": "What is 123 * 45? End your reply with a line of the form 'Answer: <number>'.",
+    },
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_example",
+                "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": {"command": "echo $((123 * 45))"}},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_example", "content": "exit status 0\n5535\n"},
+    {"role": "assistant", "content": "Answer: 5535"},
+]
+_EXAMPLE_TEXT = (
+    "<|im_start|>user\n" + EXAMPLE[0]["content"] + "<|im_end|>\n"
+    "<|im_start|>assistant\n```bash\necho $((123 * 45))\n```<|im_end|>\n"
+    "<|im_start|>user\nexit status 0\n5535\n<|im_end|>\n"
+    "<|im_start|>assistant\nAnswer: 5535<|im_end|>\n"
+)
 
 # Written with explicit '\n' strings: literal newlines inside {%- %} blocks are eaten by
-# whitespace control. The default system line is SmolLM2's own.
+# whitespace control. The default system line is SmolLM2's own. When the request offers
+# tools, the worked exchange follows the system turn (as Qwen's template writes its tool
+# section only then): the reference agent offers its tools, so it gets the exchange; a
+# text-based harness (mini-swe-agent) offers none and brings its own prompt.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if loop.first and message.role != 'system' %}"
     "{{- '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
     "Face<|im_end|>\\n' }}"
+    "{%- if tools %}{{- EXAMPLE }}{%- endif %}"
     "{%- endif %}"
     "{%- if message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
@@ -72,10 +96,11 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- else %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- if loop.first and message.role == 'system' and tools %}{{- EXAMPLE }}{%- endif %}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+).replace("EXAMPLE", "'" + _EXAMPLE_TEXT.replace("\n", "\\n").replace("'", "\\'") + "'")
 
 
 def install_template(model_dir: str | Path, out_dir: str | Path) -> Path:
