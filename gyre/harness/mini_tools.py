@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "-t", task, "-y", "--exit-immediately", "-o", a.trajectory,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=a.workspace)
+
     # a SIGTERM from the executor (harness timeout) reaches mini too; then no answer is saved
     def stop(*_: object) -> None:
         proc.terminate()

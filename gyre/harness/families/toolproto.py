@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 SYSTEM = (
     "You are a helpful assistant with a bash shell. To run a command, write it in a bash "
@@ -41,7 +42,7 @@ TOOL_NAME = "run_command"  # the reference agent's shell tool; its argument is "
 # The worked exchange, as chat turns: SmolLM2 imitates turns far more than the same exchange
 # written out in a system prompt (16 held-out calc problems, temperature 1: 4 replies with a
 # closed bash block against 0; docs/real-model.md).
-EXAMPLE = [
+EXAMPLE: list[dict[str, Any]] = [
     {
         "role": "user",
         "content": "What is 123 * 45? End your reply with a line of the form 'Answer: <number>'.",
