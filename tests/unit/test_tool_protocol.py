@@ -185,3 +185,31 @@ def test_example_config_uses_the_protocol() -> None:
     args = cfg["run"]["harness_args"]
     assert args[args.index("--system") + 1] == toolproto.SYSTEM
     assert cfg["proxy"]["parser"] == "bash" and "--no-tools" not in args
+
+
+def test_template_passes_the_checks_trl_makes_of_a_tool_template() -> None:
+    """TRL 1.16 (``trl.chat_template_utils``) trains with tools only on a template that
+    renders a call's name, arguments and the tool's reply, that is prefix-preserving, and
+    that marks the assistant's tokens with ``{% generation %}``: the same checks, here."""
+    tok = _tok()
+    name, key, val, content = "tool_name_x1", "arg_key_x2", "arg_val_x3", "content_x4"
+    calls = [{"type": "function", "function": {"name": name, "arguments": {key: val}}}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "name": name, "content": content},
+    ]
+    rendered = tok.apply_chat_template(msgs, tokenize=False)
+    assert all(s in rendered for s in (name, key, val, content))
+    ids1 = tok.apply_chat_template(msgs[:2], tokenize=True, return_dict=False)
+    ids2 = tok.apply_chat_template(
+        msgs, tokenize=True, return_dict=False, add_generation_prompt=True
+    )
+    assert ids2[: len(ids1)] == ids1
+    assert "{%- generation %}" in toolproto.CHAT_TEMPLATE
+    out = tok.apply_chat_template(
+        CONVERSATION, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    masked = [i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m]
+    text = tok.decode(masked)
+    assert "echo $((382 * 686))" in text and "Answer: 262052" in text and "262052\n" not in text

@@ -69,7 +69,10 @@ _EXAMPLE_TEXT = (
 )
 
 # Written with explicit '\n' strings: literal newlines inside {%- %} blocks are eaten by
-# whitespace control. The default system line is SmolLM2's own. When the request offers
+# whitespace control. The default system line is SmolLM2's own. The {% generation %}
+# markers (ignored when rendering) mark the assistant's tokens, as TRL's training templates
+# do; a call of another tool than the shell renders as a block named after it, so the name
+# survives rendering (TRL checks that it does). When the request offers
 # tools, the worked exchange follows the system turn (as Qwen's template writes its tool
 # section only then): the reference agent offers its tools, so it gets the exchange; a
 # text-based harness (mini-swe-agent) offers none and brings its own prompt.
@@ -82,17 +85,20 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
     "{%- if message.role == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}"
     "{%- if message.content %}{{- message.content }}{%- endif %}"
     "{%- for tc in message.tool_calls or [] %}"
     "{%- if tc.function is defined %}{%- set tc = tc.function %}{%- endif %}"
     "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{%- if tc.arguments is mapping and tc.arguments.command is defined %}"
+    "{%- if tc.name == 'run_command' and tc.arguments is mapping and tc.arguments.command is defined %}"
     "{{- '```bash\\n' + tc.arguments.command + '\\n```' }}"
     "{%- elif tc.arguments is string %}{{- '```bash\\n' + tc.arguments + '\\n```' }}"
-    "{%- else %}{{- '```bash\\n' + (tc.arguments | tojson) + '\\n```' }}"
+    "{%- else %}{{- '```' + tc.name + '\\n' + (tc.arguments | tojson) + '\\n```' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
+    "{{- '<|im_end|>' }}"
+    "{%- endgeneration %}"
+    "{{- '\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- else %}"
