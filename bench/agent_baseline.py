@@ -110,6 +110,9 @@ def main() -> int:
     ap.add_argument("--held-out", type=int, default=32)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "agent-baseline")
     ap.add_argument("--summarize", nargs="*", type=Path)
+    ap.add_argument(
+        "--conditions", nargs="+", choices=["tool", "no-tool"], default=["tool", "no-tool"]
+    )
     a = ap.parse_args()
     if a.summarize:
         for run in a.summarize:
@@ -124,19 +127,15 @@ def main() -> int:
             problems(a.family, 0, "train", 4) + problems(a.family, 0, "held-out", a.held_out),
             tasks,
         )
-    runs = [
-        run_condition("tool", tasks, a.out, []),
-        run_condition(
-            "no-tool",
-            tasks,
-            a.out,
-            [
-                "model_dir=runs/smollm2",
-                "proxy.parser=plain",
-                "run.harness_args=" + json.dumps(NO_TOOL_ARGS),
-            ],
-        ),
-    ]
+    extra = {
+        "tool": [],
+        "no-tool": [
+            "model_dir=runs/smollm2",
+            "proxy.parser=plain",
+            "run.harness_args=" + json.dumps(NO_TOOL_ARGS),
+        ],
+    }
+    runs = [run_condition(c, tasks, a.out, extra[c]) for c in a.conditions]
     for run in runs:
         print(json.dumps(summarize(run)))
     return 0

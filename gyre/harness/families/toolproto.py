@@ -39,6 +39,11 @@ SYSTEM = (
     "form 'Answer: <number>'."
 )
 TOOL_NAME = "run_command"  # the reference agent's shell tool; its argument is "command"
+# The exchange's command. `bc` because the model imitates it: 32 held-out calc problems at
+# temperature 1, one exchange as turns: 3 of 32 replies ran a block that printed the right
+# value with `echo "123 * 45" | bc`, 0 of 16 with `echo $((123 * 45))` (and 0 of 64 through
+# the whole stack; docs/real-model.md).
+COMMAND = 'echo "123 * 45" | bc'
 # The worked exchange, as chat turns: SmolLM2 imitates turns far more than the same exchange
 # written out in a system prompt (16 held-out calc problems, temperature 1: 4 replies with a
 # closed bash block against 0; docs/real-model.md).
@@ -54,7 +59,7 @@ EXAMPLE: list[dict[str, Any]] = [
             {
                 "id": "call_example",
                 "type": "function",
-                "function": {"name": TOOL_NAME, "arguments": {"command": "echo $((123 * 45))"}},
+                "function": {"name": TOOL_NAME, "arguments": {"command": COMMAND}},
             }
         ],
     },
@@ -63,7 +68,7 @@ EXAMPLE: list[dict[str, Any]] = [
 ]
 _EXAMPLE_TEXT = (
     "<|im_start|>user\n" + EXAMPLE[0]["content"] + "<|im_end|>\n"
-    "<|im_start|>assistant\n```bash\necho $((123 * 45))\n```<|im_end|>\n"
+    "<|im_start|>assistant\n```bash\n" + COMMAND + "\n```<|im_end|>\n"
     "<|im_start|>user\nexit status 0\n5535\n<|im_end|>\n"
     "<|im_start|>assistant\nAnswer: 5535<|im_end|>\n"
 )
