@@ -83,7 +83,7 @@ def summarize(run: Path) -> dict:
         n = 0
         for r in recs:
             p = make_parser("bash", str)
-            events = p.feed(tok.decode(r["output_ids"], skip_special_tokens=True)) + p.finish()
+            events = p.feed(str(tok.decode(r["output_ids"], skip_special_tokens=True))) + p.finish()
             n += sum(1 for e in events if type(e).__name__ == "ToolCallEvent")
         calls[n] += 1
         requests[len(recs)] += 1

@@ -40,7 +40,7 @@ def _parse(text: str, chunk: int) -> tuple[str, list[tuple[str, dict]], int]:
     return content, calls, p.n_unparsed
 
 
-CONVERSATION = [
+CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": toolproto.SYSTEM},
     {"role": "user", "content": "What is 382 * 686? End your reply with a line 'Answer: <n>'."},
     {
