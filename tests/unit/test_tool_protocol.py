@@ -213,3 +213,29 @@ def test_template_passes_the_checks_trl_makes_of_a_tool_template() -> None:
     masked = [i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m]
     text = tok.decode(masked)
     assert "echo $((382 * 686))" in text and "Answer: 262052" in text and "262052\n" not in text
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '```bash\necho "382 * 686" | bc\n```',
+        'Let me compute it.\n```bash\necho "382 * 686" | bc\n```',
+        "Answer: 262052",
+        "```bash\nls data\n```\n```bash\ncat data/a.txt\n```",
+    ],
+)
+def test_response_template_parses_as_the_proxy_does(reply: str) -> None:
+    """A peer trainer parsing replies with transformers' ``parse_response`` and
+    :data:`toolproto.RESPONSE_TEMPLATE` (TRL) sees the same calls and content as Gyre's proxy."""
+    tok = _tok()
+    tok.response_template = toolproto.RESPONSE_TEMPLATE
+    prefix = tok.apply_chat_template(
+        [{"role": "user", "content": "Q"}], tokenize=False, add_generation_prompt=True
+    )
+    got = tok.parse_response(reply + "<|im_end|>", prefix=prefix)
+    content, calls, _ = _parse(reply, 10_000)
+    assert (got.get("content") or "") == content
+    assert [c["function"]["arguments"] for c in got.get("tool_calls") or []] == [
+        a for _, a in calls
+    ]
+    assert all(c["function"]["name"] == "run_command" for c in got.get("tool_calls") or [])

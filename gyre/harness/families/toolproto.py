@@ -17,6 +17,8 @@ blocks, and the pieces around it translate:
   tool's result rendered as the next user turn, which is where the model copies it from,
   and, when the request offers tools, one worked exchange (:data:`EXAMPLE`) as chat turns
   after the system turn;
+- :data:`RESPONSE_TEMPLATE` is the parser for a peer that uses transformers' response
+  parsing (TRL): a block is the same ``run_command`` call the proxy makes of it;
 - :data:`SYSTEM` is the system prompt: the protocol in two sentences. A peer trainer renders
   the same system prompt, tools and template; mini-swe-agent's config
   (``gyre/harness/mini_tools.yaml``) says the same in its own action format.
@@ -113,6 +115,29 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 ).replace("EXAMPLE", "'" + _EXAMPLE_TEXT.replace("\n", "\\n").replace("'", "\\'") + "'")
+
+
+# The same protocol for transformers' response parsing (``tokenizer.response_template``,
+# transformers >= 5.13; TRL 1.16's GRPOTrainer parses tool calls with it when it is set, and
+# knows no template of its own for ours): each fenced block is a run_command call, the text
+# before the first block the content, as the proxy's ``bash`` parser reads it.
+RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open_pattern": r"\n?```(?:bash|sh)\n",
+            "close_pattern": r"\n?```\s*",
+            "repeats": True,
+            "content": "text",
+            "transform": {
+                "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": {"command": "{content}"}},
+            },
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 
 
 def install_template(model_dir: str | Path, out_dir: str | Path) -> Path:
