@@ -210,7 +210,7 @@ def tasks(
 
 @app.command("generate")
 def generate(
-    family: str = typer.Argument(..., help="Task family: arith or countdown."),
+    family: str = typer.Argument(..., help="Task family: arith, countdown, calc or lookup."),
     out_dir: Path = typer.Argument(..., help="Task-set folder to write (created if missing)."),
     seed: int = typer.Option(0, help="Seed of the draw (the split does not depend on it)."),
     train: int = typer.Option(256, min=0, help="Training problems (folders train-*)."),

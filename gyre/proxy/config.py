@@ -127,7 +127,8 @@ class ProxyConfig(PoolConfig):
     )
     parser: str = Field(
         "hermes",
-        description="Output parser: hermes (<tool_call>{json}</tool_call>, <think>) or plain.",
+        description="Output parser: hermes (<tool_call>{json}</tool_call>, <think>), bash "
+        "(fenced bash blocks as run_command calls) or plain.",
     )
     max_context_tokens: int | None = Field(
         None,

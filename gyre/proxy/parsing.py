@@ -5,7 +5,8 @@ path feeds everything at once, so both paths agree by construction.
 
 :class:`HermesParser` reads the Hermes/Qwen format: ``<think>...</think>``
 reasoning and ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-calls. A tool call whose JSON is broken (or that is cut off) comes back as
+calls; :class:`BashBlockParser` reads fenced bash blocks as shell tool calls.
+A tool call whose JSON is broken (or that is cut off) comes back as
 plain text: the client sees exactly what the model wrote, and nothing crashes.
 The parser counts those (``n_unparsed``) so the trace says how many calls the
 model meant but the client never saw as calls (tool-call health, docs/runtime.md).
@@ -168,7 +169,76 @@ class HermesParser:
         return out
 
 
-PARSERS: dict[str, type] = {"hermes": HermesParser, "qwen": HermesParser, "plain": PlainParser}
+_FENCES = ("```bash\n", "```sh\n")
+_FENCE_CLOSE = "```"
+
+
+class BashBlockParser(HermesParser):
+    """Fenced bash blocks as shell tool calls: each ```` ```bash ```` (or ```` ```sh ````)
+    block of a reply becomes a ``run_command`` call ``{"command": <the block>}``, the text
+    around it content. For models that write a shell block but never a JSON tool call
+    (SmolLM2-135M, ``gyre.harness.families.toolproto``); the harness sees ordinary OpenAI
+    tool calls. A block left open (cut off) is text, counted in ``n_unparsed``."""
+
+    tool_name = "run_command"
+
+    def __init__(self, new_id: IdFactory, start_in_reasoning: bool = False) -> None:
+        super().__init__(new_id, False)  # no reasoning format: everything is content or calls
+        self.fence = ""
+
+    def feed(self, text: str) -> list[StreamEvent]:
+        self.buf += text
+        out: list[StreamEvent] = []
+        while True:
+            if self.state == "content":
+                hits = [(i, f) for f in _FENCES if (i := self.buf.find(f)) >= 0]
+                if hits:
+                    i, fence = min(hits)
+                    before = self.buf[:i]
+                    if before.strip() or (before and not self.n_calls):
+                        self._text(before, out)
+                    self.buf, self.state = self.buf[i + len(fence) :], "tool"
+                    self.fence = fence
+                    continue
+                keep = _partial_tag_len(self.buf, _FENCES)
+                emit = self.buf[: len(self.buf) - keep]
+                if emit and (emit.strip() or not self.n_calls):
+                    self._text(emit, out)
+                    self.buf = self.buf[len(emit) :]
+                return out
+            i = self.buf.find(_FENCE_CLOSE)
+            if i < 0:
+                return out
+            inner, self.buf = self.buf[:i], self.buf[i + len(_FENCE_CLOSE) :]
+            command = inner[:-1] if inner.endswith("\n") else inner
+            if command.strip():
+                self.n_calls += 1
+                args = json.dumps({"command": command}, ensure_ascii=False)
+                out.append(
+                    ToolCallEvent(ToolCall(id=self.new_id(), name=self.tool_name, arguments=args))
+                )
+            else:  # an empty block is not a call
+                self.n_unparsed += 1
+                self._text(self.fence + inner + _FENCE_CLOSE, out)
+            self.state = "content"
+
+    def finish(self) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        if self.state == "tool":  # cut off inside a block: what was written is text
+            self.n_unparsed += 1
+            self._text(self.fence + self.buf, out)
+        elif self.buf.strip() or (self.buf and not self.n_calls):
+            self._text(self.buf, out)
+        self.buf = ""
+        return out
+
+
+PARSERS: dict[str, type] = {
+    "hermes": HermesParser,
+    "qwen": HermesParser,
+    "plain": PlainParser,
+    "bash": BashBlockParser,
+}
 
 
 def make_parser(name: str, new_id: IdFactory, start_in_reasoning: bool = False) -> OutputParser:

@@ -318,11 +318,13 @@ class ProxyService:
 
     def _parser(self, adapter: Adapter, call: ParsedCall) -> OutputParser:
         """The output parser for one call: ``plain`` when tools are off for it; tool call ids
-        in the adapter's dialect."""
+        in the adapter's dialect. The ``bash`` parser also needs tools offered: a text-based
+        harness (mini-swe-agent) parses its own bash blocks out of the content."""
         prefix = adapter.tool_id_prefix
         no_tools = call.tool_choice == "none" or (
             isinstance(call.tool_choice, dict) and call.tool_choice.get("type") == "none"
         )
+        no_tools = no_tools or (self.config.parser == "bash" and not call.tools)
         return make_parser(
             "plain" if no_tools else self.config.parser,
             lambda: prefix + uuid.uuid4().hex[:24],

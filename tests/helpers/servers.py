@@ -75,9 +75,12 @@ def running_proxy(
 
 
 @contextlib.contextmanager
-def scripted_proxy_stack(model_dir: str, book: dict, trace_dir: Path) -> Iterator[tuple]:
+def scripted_proxy_stack(
+    model_dir: str, book: dict, trace_dir: Path, parser: str = "hermes"
+) -> Iterator[tuple]:
     """A scripted engine behind a managed proxy on 127.0.0.1, the end-to-end harness tests'
-    stack; yields (proxy_url, register, trace_dir), ``register`` an async admin call."""
+    stack; yields (proxy_url, register, trace_dir), ``register`` an async admin call.
+    ``parser``: the proxy's output parser."""
     from gyre.engine.app import create_app
     from gyre.engine.config import ScriptedEngineConfig
     from gyre.engine.scripted import ScriptBook, ScriptedEngine
@@ -95,6 +98,7 @@ def scripted_proxy_stack(model_dir: str, book: dict, trace_dir: Path) -> Iterato
             trace_dir=str(trace_dir),
             max_context_tokens=1 << 20,
             fsync=False,
+            parser=parser,
         )
     ).start()
     admin = ProxyAdminClient(proxy.admin_socket, proxy.admin_token)

@@ -12,6 +12,7 @@ SPLITS = ("train", "held-out")
 HELD_OUT_SHARE = 0.2  # of the problem space; the split is a hash of the problem's content
 _ANSWER = re.compile(r"^\s*answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 MAX_REPLY_CHARS = 4000  # what a verifier reads of a reply
+_INTEGER = re.compile(r"^[-+]?\d{1,15}$")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ def final_answer(reply: str) -> str | None:
     """The text after the last ``Answer:`` line of the reply (None: no such line)."""
     found = _ANSWER.findall(reply[:MAX_REPLY_CHARS])
     return found[-1] if found else None
+
+
+def exact_integer(text: str, answer: str) -> bool:
+    """Is ``text`` (an ``Answer:`` line's content) exactly the integer ``answer``? Commas and
+    a final period are tolerated; anything else (an expression, two numbers, words) is not."""
+    t = text.replace(",", "").rstrip(".").strip()
+    return bool(_INTEGER.match(t)) and int(t) == int(answer)
 
 
 def graded(formatted: bool, correct: bool) -> Score:

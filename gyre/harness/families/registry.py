@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gyre.harness.families import arith, countdown
+from gyre.harness.families import arith, calc, countdown, lookup
 from gyre.harness.families.base import SPLITS, Problem, Score
 
 FAMILIES: dict[str, tuple[Callable[..., list[Problem]], Callable[[str, Problem], Score]]] = {
     "arith": (arith.make, arith.score),
     "countdown": (countdown.make, countdown.score),
+    "calc": (calc.make, calc.score),
+    "lookup": (lookup.make, lookup.score),
 }
 
 

@@ -94,7 +94,14 @@ def write_task(p: Problem, root: Path, harness_timeout: float = 600.0) -> Path:
             overall_timeout=harness_timeout + 120.0,
         )
     )
-    (d / "environment" / "repo" / "README.md").write_text(README)
+    repo = d / "environment" / "repo"
+    (repo / "README.md").write_text(README)
+    for rel, text in (p.data.get("files") or {}).items():  # the workspace of ``lookup``
+        f = (repo / rel).resolve()
+        if repo.resolve() not in f.parents:
+            raise ValueError(f"{p.name}: workspace file {rel!r} lies outside the workspace")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text, encoding="utf-8")
     (d / "tests" / "test.sh").write_text(TEST_SH)
     (d / "tests" / "score.py").write_text(SCORE_PY)
     (d / "tests" / "problem.json").write_text(json.dumps(p.__dict__, indent=1) + "\n")

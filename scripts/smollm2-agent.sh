@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Train the real model to use a shell tool: SmolLM2-135M-Instruct on the calc family through
+# Gyre's reference agent, several turns per execution (examples/smollm2-agent.toml).
+#   bash scripts/smollm2-agent.sh              # prepare (once), then gyre run the example
+#   bash scripts/smollm2-agent.sh --prepare    # only: .venv, the model, its tool template, tasks
+#   bash scripts/smollm2-agent.sh --set policy.total_steps=6 ...   # extra args go to gyre run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/get-smollm2.sh
+. "${GYRE_VENV:-.venv}/bin/activate"
+# the imported model with the shared tool-call chat template (weights linked, not copied)
+python -m gyre.harness.families.toolproto runs/smollm2 runs/smollm2-tools >/dev/null
+if [ ! -d runs/tasks/calc ]; then
+  gyre harness generate calc runs/tasks/calc --seed 0 --train 256 --held-out 64
+fi
+if [ "${1:-}" = "--prepare" ]; then
+  exit 0
+fi
+exec gyre run examples/smollm2-agent.toml "$@"
