@@ -154,6 +154,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def brief(completion: list[dict[str, Any]] | None, chars: int = 200) -> list[dict[str, Any]]:
+    """An execution's turns for the log: contents cut to ``chars``, tool calls kept."""
+    return [
+        {
+            "role": m.get("role"),
+            "content": str(m.get("content") or "")[:chars],
+            **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {}),
+        }
+        for m in completion or []
+    ]
+
+
 def agent_trl_args(cfg: Any, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(GRPOConfig kwargs, the agent's settings) for the Gyre agent run ``cfg``.
 
@@ -234,7 +246,9 @@ def load_tasks(
             raise SystemExit(
                 f"trl_agent_side: task {task.name} is not a {fam} seed-{tseed} problem"
             )
-        return dataclasses.replace(p, instruction=task.instruction)
+        # the file as the reference agent reads it (--instruction-file: its final "\n" too)
+        text = (Path(task.root) / "instruction.md").read_text(encoding="utf-8")
+        return dataclasses.replace(p, instruction=text)
 
     train = [problem(stream.task(g)) for g in range(n_train)]
     held = [problem(t) for t in sorted(stream.eval, key=lambda t: t.name)]
@@ -329,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     def reward(prompts, completions, name, **_):
         rows = [scored(c, n) for c, n in zip(completions, name, strict=True)]
         log["rows"] += rows
+        if log.get("sample") is None:  # the step's first execution that called the tool
+            log["sample"] = next((c for c, r in zip(completions, rows) if r["tool_calls"]), None)
         return [r["reward"] for r in rows]
 
     class AgentGRPO(GRPOTrainer):
@@ -352,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         was = m.training
         m.eval()
         gen, toks = log["gen_s"], log["model_tokens"]
+        # TRL builds the per-rollout tool tables in _generate_and_score_completions, which
+        # evaluation bypasses: the same table (the one tool), one per held-out rollout
+        trainer._sync_tool_dicts = [{TOOL_NAME: run_command} for _ in held]
+        trainer._async_tool_dicts = [{} for _ in held]
         with torch.random.fork_rng():
             torch.manual_seed(seed * 1_000_003 + step)
             res = trainer._generate([prompt(p) for p in held])
@@ -371,14 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 "eval_s": round(dt, 3),
                 **s,
                 "peak_rss_mb": round(rss_mb(), 1),
-                "sample": [
-                    {
-                        "role": x["role"],
-                        "content": str(x.get("content"))[:200],
-                        **({"tool_calls": x["tool_calls"]} if x.get("tool_calls") else {}),
-                    }
-                    for x in completions[0]
-                ],
+                "sample": brief(completions[0]),
             }
         )
         say(
@@ -415,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tool_calls_per_execution": s["tool_calls_per_execution"],
                     "model_calls": s["model_calls"],
                     "peak_rss_mb": round(rss_mb(), 1),
+                    "sample_tool_execution": brief(log["sample"]),
                 }
             )
             say(
@@ -422,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{log['model_tokens']} tokens), reward {s['reward_mean']:.3f}, "
                 f"tool-call rate {s['tool_call_rate']:.2f}, turns {s['model_calls']}"
             )
-            log.update(gen_s=0.0, model_tokens=0, rows=[])
+            log.update(gen_s=0.0, model_tokens=0, rows=[], sample=None)
             if step in eval_steps:
                 evaluate(self.trainer, step)
             self.last = now()

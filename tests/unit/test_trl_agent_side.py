@@ -81,6 +81,9 @@ def test_turn_stats_and_summary():
     assert s["accuracy"] == 0.25 and s["tool_call_rate"] == 0.5
     assert s["tool_calls_per_execution"] == 1.25 and s["model_calls"] == {1: 2, 2: 1, 4: 1}
     assert s["reward_mean"] == pytest.approx(0.275)
+    cut = side.brief([call, {"role": "tool", "content": "9" * 500}], chars=10)
+    assert cut[0]["tool_calls"] == [{}, {}] and cut[1] == {"role": "tool", "content": "9" * 10}
+    assert side.brief(None) == []
 
 
 def test_agent_trl_args_carry_the_examples_turns_and_budget():
