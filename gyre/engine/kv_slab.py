@@ -6,7 +6,7 @@ O(L^2) over a generation, which at 2K-8K tokens of agent context costs more than
 attention that reads it. A :class:`SlabLayer` keeps its K/V in a buffer with spare columns
 (``[B, H, capacity, D]``) and exposes ``keys``/``values`` as views of its first ``L``
 columns; ``update`` writes the new columns into the spare ones and re-slices. When the spare
-runs out the buffer is reallocated with half as much again to spare (amortised O(1) per
+runs out the buffer is reallocated with a quarter as much again to spare (amortised O(1) per
 column).
 
 The decode batch (``gyre.engine.batch``) still reassigns ``keys``/``values`` wholesale when
@@ -58,7 +58,7 @@ class SlabLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A new buffer holding the ``old`` columns of ``keys``/``values``, room for ``n`` more
         and spare beyond."""
-        cap = old + n + max(MIN_SPARE, (old + n) // 2)
+        cap = old + n + max(MIN_SPARE, (old + n) // 4)
         buf_k = k.new_empty((k.shape[0], k.shape[1], cap, k.shape[3]))
         buf_v = v.new_empty((v.shape[0], v.shape[1], cap, v.shape[3]))
         if old:
