@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sections' modules beside this file
 
 from engine_multiturn import conversation_ttft
-from engine_roofline import bandwidth, cpu_model, sweep
+from engine_roofline import bandwidth, cpu_model, matmul_peak, sweep
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -283,12 +283,10 @@ def main() -> None:
 
 
 def roofline(args, model_dir: str, threads: int) -> dict:
-    from gyre.train.flops import matmul_peak
-
     concs = [int(c) for c in args.concurrency.split(",")]
     bw = bandwidth(threads)
-    peak = matmul_peak(torch_dtype("float32"), threads=threads)
-    peak_bf16 = matmul_peak(torch_dtype("bfloat16"), threads=threads)
+    peak = matmul_peak(torch_dtype("float32"), threads)
+    peak_bf16 = matmul_peak(torch_dtype("bfloat16"), threads)
     rows, cost = asyncio.run(sweep(model_dir, concs, args.sweep_tokens, args.repeat, threads))
     print(
         f"\ndecode roofline: {cpu_model()}, {threads} torch thread(s); memory bandwidth "
@@ -298,10 +296,12 @@ def roofline(args, model_dir: str, threads: int) -> dict:
         f"weights, {cost.kv_bytes_per_token / 1e3:.1f} kB of K/V per token\n"
         f"step >= max((weights + B * ctx * kv) / bandwidth, B * (2 * params + 4 * layers * "
         f"attn_width * ctx) / peak); bound = B / step. {args.sweep_tokens} new tokens per "
-        f"request, greedy, best of {args.repeat}; tok/s include the prefill\n"
+        f"request, greedy, best of {args.repeat}; tok/s (and tokens per CPU second) include the "
+        f"prefill\n"
     )
     print(
-        "| concurrency | bound tok/s (set by) | HF generate, static batch | embedded engine (HTTP) | engine / HF |"
+        "| concurrency | bound tok/s (set by) | HF generate, static batch: wall / CPU time "
+        "| embedded engine (HTTP): wall / CPU time | engine / HF, wall / CPU |"
     )
     print("| ---: | ---: | ---: | ---: | ---: |")
     out = {"bandwidth_Bps": bw, "peak_f32": peak, "peak_bf16": peak_bf16, "rows": {}}
@@ -309,9 +309,11 @@ def roofline(args, model_dir: str, threads: int) -> dict:
         r = rows[c]
         bound, kind = cost.tps_bound(c, r["ctx"], bw, peak)
         print(
-            f"| {c} | {bound:7.1f} ({kind}) | {r['hf']:7.1f} tok/s ({r['hf'] / bound:.0%}) "
-            f"| {r['engine']:7.1f} tok/s ({r['engine'] / bound:.0%}, batch {int(r['rows'])}) "
-            f"| {r['engine'] / r['hf']:.2f} |"
+            f"| {c} | {bound:7.1f} ({kind}) "
+            f"| {r['hf']:6.1f} ({r['hf'] / bound:.0%}) / {r['hf_cpu']:6.1f} ({r['hf_cpu'] / bound:.0%}) "
+            f"| {r['engine']:6.1f} ({r['engine'] / bound:.0%}) / {r['engine_cpu']:6.1f} "
+            f"({r['engine_cpu'] / bound:.0%}), batch {int(r['rows'])} "
+            f"| {r['engine'] / r['hf']:.2f} / {r['engine_cpu'] / r['hf_cpu']:.2f} |"
         )
         out["rows"][c] = {**r, "bound": bound, "bound_set_by": kind}
     return out

@@ -13,8 +13,8 @@ threads the engine runs on:
 ``ctx`` is a row's mean context over the measured generation (prompt + half the new tokens);
 ``kv_bytes_per_token = n_layers * 2 * n_kv_heads * head_dim * dtype bytes``. Both terms are
 measured here, not taken from a datasheet: ``BW`` is the best of a few reductions over a 512 MiB
-float32 tensor (far past the caches), ``PEAK`` the best of a few ``n x n`` matmuls
-(:func:`gyre.train.flops.matmul_peak`). The bound ignores prefill (the measured figures include
+float32 tensor (far past the caches), ``PEAK`` the best of a few ``n x n`` matmuls, both timed
+in CPU time on one thread (:func:`clock`). The bound ignores prefill (the measured figures include
 it) and everything that is not a matmul or a memory read, so a real engine stays below it.
 """
 
@@ -39,21 +39,41 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def bandwidth(threads: int, mib: int = 512, repeats: int = 5) -> float:
-    """Bytes/s of a sum over a ``mib`` MiB float32 tensor (read bandwidth, best of ``repeats``)."""
+def clock(threads: int):
+    """The clock the roofline is timed with: this process's CPU time on one thread (what other
+    work on a shared machine does not inflate), wall time on several (CPU time would add the
+    threads up)."""
+    return time.process_time if threads == 1 else time.perf_counter
+
+
+def _best(fn, threads: int, repeats: int) -> float:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x = torch.ones(mib * 2**20 // 4)
-        x.sum()  # warm-up: page faults
-        best = float("inf")
+        fn()  # warm-up: page faults, kernel choice
+        now, best = clock(threads), float("inf")
         for _ in range(repeats):
-            t = time.perf_counter()
-            x.sum()
-            best = min(best, time.perf_counter() - t)
-        return x.numel() * 4 / best
+            t = now()
+            fn()
+            best = min(best, now() - t)
+        return best
     finally:
         torch.set_num_threads(old)
+
+
+def bandwidth(threads: int, mib: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a sum over a ``mib`` MiB float32 tensor (read bandwidth, best of ``repeats``)."""
+    x = torch.ones(mib * 2**20 // 4)
+    return x.numel() * 4 / _best(x.sum, threads, repeats)
+
+
+def matmul_peak(dtype: torch.dtype, threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of an ``n x n`` matmul in ``dtype`` (best of ``repeats``; the same measurement as
+    :func:`gyre.train.flops.matmul_peak`, on :func:`clock`)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(dtype)
+    b = torch.randn(n, n, generator=g).to(dtype)
+    return 2.0 * n**3 / _best(lambda: torch.mm(a, b), threads, repeats)
 
 
 @dataclass(frozen=True)
@@ -112,23 +132,28 @@ def chat_prompts(model_dir: str, n: int) -> list[list[int]]:
     return out
 
 
-def hf_static_tps(model, ps: list[list[int]], n_tok: int) -> float:
-    """HF ``generate`` on one left-padded static batch of all the prompts: generated tokens/s."""
+def hf_static_tps(model, ps: list[list[int]], n_tok: int) -> tuple[float, float]:
+    """HF ``generate`` on one left-padded static batch of all the prompts: generated tokens per
+    second of wall time and per second of this process's CPU time."""
     width = max(map(len, ps))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in ps])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
     kw = dict(max_new_tokens=n_tok, min_new_tokens=n_tok, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         model.generate(ids, attention_mask=mask, **kw)
-        return len(ps) * n_tok / (time.perf_counter() - t)
+        n = len(ps) * n_tok
+        return n / (time.perf_counter() - t), n / (time.process_time() - cpu)
 
 
 async def sweep(
     model_dir: str, concs: list[int], n_tok: int, repeat: int, threads: int
 ) -> tuple[dict[int, dict[str, float]], DecodeCost]:
     """Engine (HTTP, continuous batching) and HF static batch, best of ``repeat`` per
-    concurrency, the two interleaved so both see the same contention."""
+    concurrency, the two interleaved so both see the same contention. Each is timed in wall
+    time and in this process's CPU time (``*_cpu``: the engine's figure includes its HTTP
+    server and client, in this process too); on a shared machine the CPU-time rate is the one
+    other work does not slow down, and with one torch thread it is comparable to the bound."""
     from transformers import AutoModelForCausalLM
 
     from gyre.engine.app import create_app
@@ -145,18 +170,22 @@ async def sweep(
     )
     engine = EmbeddedEngine(cfg)
     sp = {"max_new_tokens": n_tok, "temperature": 0.0, "ignore_eos": True}
-    res = {c: {"hf": 0.0, "engine": 0.0, "rows": 0.0} for c in concs}
+    res = {
+        c: {"hf": 0.0, "engine": 0.0, "hf_cpu": 0.0, "engine_cpu": 0.0, "rows": 0.0} for c in concs
+    }
     async with ServerRunner(create_app(engine)) as srv, EngineClient(srv.url) as client:
         hf_static_tps(hf, ps[:2], 4)  # warm-ups
         await client.generate(ps[0], {**sp, "max_new_tokens": 4})
         for _ in range(repeat):
             for c in concs:
-                res[c]["hf"] = max(res[c]["hf"], hf_static_tps(hf, ps[:c], n_tok))
+                wall, cpu = hf_static_tps(hf, ps[:c], n_tok)
+                res[c]["hf"], res[c]["hf_cpu"] = max(res[c]["hf"], wall), max(res[c]["hf_cpu"], cpu)
                 engine.max_rows_seen = 0
-                t = time.perf_counter()
+                t, t_cpu = time.perf_counter(), time.process_time()
                 outs = await asyncio.gather(*[client.generate(p, sp) for p in ps[:c]])
-                tps = sum(len(o.output_ids) for o in outs) / (time.perf_counter() - t)
-                res[c]["engine"] = max(res[c]["engine"], tps)
+                n = sum(len(o.output_ids) for o in outs)
+                res[c]["engine"] = max(res[c]["engine"], n / (time.perf_counter() - t))
+                res[c]["engine_cpu"] = max(res[c]["engine_cpu"], n / (time.process_time() - t_cpu))
                 res[c]["rows"] = max(res[c]["rows"], engine.max_rows_seen)
     for c in concs:
         res[c]["ctx"] = sum(map(len, ps[:c])) / c + n_tok / 2
