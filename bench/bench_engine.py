@@ -246,6 +246,12 @@ def main() -> None:
         "--repeat", type=int, default=3, help="runs per timed section; the best is kept"
     )
     ap.add_argument("--concurrency", default="1,8,16,32", help="roofline: concurrent requests")
+    ap.add_argument(
+        "--engine-compute",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="roofline: the engine's compute_dtype (HF generate stays float32)",
+    )
     ap.add_argument("--sweep-tokens", type=int, default=32, help="roofline: new tokens per request")
     ap.add_argument(
         "--threads", type=int, default=0, help="roofline/multiturn: torch threads (0: as set)"
@@ -287,7 +293,9 @@ def roofline(args, model_dir: str, threads: int) -> dict:
     bw = bandwidth(threads)
     peak = matmul_peak(torch_dtype("float32"), threads)
     peak_bf16 = matmul_peak(torch_dtype("bfloat16"), threads)
-    rows, cost = asyncio.run(sweep(model_dir, concs, args.sweep_tokens, args.repeat, threads))
+    rows, cost = asyncio.run(
+        sweep(model_dir, concs, args.sweep_tokens, args.repeat, threads, args.engine_compute)
+    )
     print(
         f"\ndecode roofline: {cpu_model()}, {threads} torch thread(s); memory bandwidth "
         f"{bw / 1e9:.1f} GB/s (sum over 512 MiB), matmul peak float32 {peak / 1e9:.1f} GFLOP/s, "
@@ -301,18 +309,24 @@ def roofline(args, model_dir: str, threads: int) -> dict:
     )
     print(
         "| concurrency | bound tok/s (set by) | HF generate, static batch: wall / CPU time "
-        "| embedded engine (HTTP): wall / CPU time | engine / HF, wall / CPU |"
+        f"| embedded engine (HTTP, {args.engine_compute}): wall / CPU time "
+        "| engine / HF, wall / CPU |"
     )
     print("| ---: | ---: | ---: | ---: | ---: |")
     out = {"bandwidth_Bps": bw, "peak_f32": peak, "peak_bf16": peak_bf16, "rows": {}}
     for c in concs:
         r = rows[c]
         bound, kind = cost.tps_bound(c, r["ctx"], bw, peak)
+        own = ""
+        if args.engine_compute == "bfloat16":  # its own bound too: half the bytes, bf16 peak
+            b16, _ = cost.in_bf16().tps_bound(c, r["ctx"], bw, peak_bf16)
+            r["bound_bf16"] = b16
+            own = f", {r['engine_cpu'] / b16:.0%} of its bf16 bound {b16:.0f}"
         print(
             f"| {c} | {bound:7.1f} ({kind}) "
             f"| {r['hf']:6.1f} ({r['hf'] / bound:.0%}) / {r['hf_cpu']:6.1f} ({r['hf_cpu'] / bound:.0%}) "
             f"| {r['engine']:6.1f} ({r['engine'] / bound:.0%}) / {r['engine_cpu']:6.1f} "
-            f"({r['engine_cpu'] / bound:.0%}), batch {int(r['rows'])} "
+            f"({r['engine_cpu'] / bound:.0%}), batch {int(r['rows'])}{own} "
             f"| {r['engine'] / r['hf']:.2f} / {r['engine_cpu'] / r['hf_cpu']:.2f} |"
         )
         out["rows"][c] = {**r, "bound": bound, "bound_set_by": kind}

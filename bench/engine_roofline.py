@@ -102,6 +102,17 @@ class DecodeCost:
             attn_width=shape.attn_width,
         )
 
+    def in_bf16(self) -> DecodeCost:
+        """The cost with ``compute_dtype = "bfloat16"``: every matmul weight read as bfloat16
+        (the float32 embedding is only looked up, B rows a step) and bfloat16 K/V."""
+        return DecodeCost(
+            weight_bytes=2 * self.linear_params,
+            linear_params=self.linear_params,
+            kv_bytes_per_token=self.kv_bytes_per_token // 2,
+            n_layers=self.n_layers,
+            attn_width=self.attn_width,
+        )
+
     def step_bound_s(self, batch: int, ctx: float, bw: float, peak: float) -> tuple[float, str]:
         """The least time of one decode step, and which term sets it ('memory' or 'compute')."""
         mem = (self.weight_bytes + batch * ctx * self.kv_bytes_per_token) / bw
@@ -147,13 +158,20 @@ def hf_static_tps(model, ps: list[list[int]], n_tok: int) -> tuple[float, float]
 
 
 async def sweep(
-    model_dir: str, concs: list[int], n_tok: int, repeat: int, threads: int
+    model_dir: str,
+    concs: list[int],
+    n_tok: int,
+    repeat: int,
+    threads: int,
+    compute: str = "float32",
 ) -> tuple[dict[int, dict[str, float]], DecodeCost]:
     """Engine (HTTP, continuous batching) and HF static batch, best of ``repeat`` per
     concurrency, the two interleaved so both see the same contention. Each is timed in wall
     time and in this process's CPU time (``*_cpu``: the engine's figure includes its HTTP
     server and client, in this process too); on a shared machine the CPU-time rate is the one
-    other work does not slow down, and with one torch thread it is comparable to the bound."""
+    other work does not slow down, and with one torch thread it is comparable to the bound.
+    ``compute`` is the engine's ``compute_dtype`` (HF generate stays float32: the default a
+    user gets)."""
     from transformers import AutoModelForCausalLM
 
     from gyre.engine.app import create_app
@@ -166,7 +184,11 @@ async def sweep(
     ps = chat_prompts(model_dir, max(concs))
     hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
     cfg = EmbeddedEngineConfig(
-        model_dir=model_dir, max_batch=max(concs), torch_threads=threads, prefix_cache_mb=0
+        model_dir=model_dir,
+        max_batch=max(concs),
+        torch_threads=threads,
+        prefix_cache_mb=0,
+        compute_dtype=compute,
     )
     engine = EmbeddedEngine(cfg)
     sp = {"max_new_tokens": n_tok, "temperature": 0.0, "ignore_eos": True}
