@@ -63,9 +63,9 @@ async def conversation_ttft(
             fed, reused = fed + len(ids), reused + r.meta_info.cached_tokens
             ids = ids + list(r.output_ids)
         ids = ids + tool_output(turns, tool, engine.vocab_size) if final is None else final
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         r = await c.generate(ids, {**sp, "max_new_tokens": 1})
-        ttft = time.perf_counter() - t
+        ttft, ttft_cpu = time.perf_counter() - t, time.process_time() - cpu
         fed, reused = fed + len(ids), reused + r.meta_info.cached_tokens
         st = engine.stats()
         hits = st.get("prefix_cache_hits", 0) - st0.get("prefix_cache_hits", 0)
@@ -74,6 +74,7 @@ async def conversation_ttft(
         "context": len(ids),
         "prefilled": len(ids) - r.meta_info.cached_tokens,
         "ttft_s": ttft,
+        "ttft_cpu_s": ttft_cpu,  # this process's CPU time (engine, server and client all here)
         "last_turn_cached_tokens": r.meta_info.cached_tokens,
         "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
         "hits": hits,
