@@ -256,7 +256,9 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=0, help="roofline/multiturn: torch threads (0: as set)"
     )
-    ap.add_argument("--contexts", default="2048,8192", help="multiturn: turn-5 context sizes")
+    ap.add_argument(
+        "--contexts", default="2048,8000", help="multiturn: turn-5 context sizes (tokens)"
+    )
     ap.add_argument(
         "--tool-tokens", type=int, default=128, help="multiturn: tool output per turn (tokens)"
     )
