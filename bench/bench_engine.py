@@ -1,6 +1,18 @@
-"""Engine benchmarks: embedded-engine decode throughput at batch 1 vs 8, null-engine request rate.
+"""Engine benchmarks: the decode roofline, embedded engine vs HF generate, prefix reuse, null engine.
 
     OMP_NUM_THREADS=1 python bench/bench_engine.py [--tokens 64] [--requests 8] [--model DIR]
+    python bench/bench_engine.py --section roofline --model runs/smollm2 --threads 1
+    python bench/bench_engine.py --section multiturn --model runs/smollm2 --contexts 2048
+
+Sections (``--section``, comma-separated; default all):
+
+- ``roofline``: this machine's measured memory bandwidth and matmul peak, the decode bound
+  they give the model at concurrency 1, 8, 16, 32 (formula in ``engine_roofline.py``), and
+  the embedded engine (HTTP, continuous batching) and HF ``generate`` on one static batch of
+  the same prompts, each as tokens/s and as a share of the bound, measured interleaved;
+- ``multiturn``: time to first token on turn 5 of a conversation growing by tool output,
+  prefix cache against a fresh prefill, and the cache's hit rate (``engine_multiturn.py``);
+- ``classic``: the tables below (batch 1 vs a batch, null engine, conversation, streaming).
 
 Everything goes through HTTP (uvicorn on 127.0.0.1 + EngineClient), as the
 proxy uses it. The baseline is Hugging Face ``model.generate`` on the same
@@ -15,8 +27,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sections' modules beside this file
+
+from engine_multiturn import conversation_ttft
+from engine_roofline import bandwidth, cpu_model, matmul_peak, sweep
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -217,21 +236,144 @@ def main() -> None:
     ap.add_argument(
         "--model", default=None, help="HF model dir (default: build the tiny model in a temp dir)"
     )
+    ap.add_argument(
+        "--section", default="roofline,multiturn,classic", help="which sections (comma-separated)"
+    )
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     ap.add_argument("--requests", type=int, default=8, help="requests (= concurrent batch)")
     ap.add_argument("--null-requests", type=int, default=500)
     ap.add_argument(
         "--repeat", type=int, default=3, help="runs per timed section; the best is kept"
     )
+    ap.add_argument("--concurrency", default="1,8,16,32", help="roofline: concurrent requests")
+    ap.add_argument(
+        "--engine-compute",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="roofline: the engine's compute_dtype (HF generate stays float32)",
+    )
+    ap.add_argument("--sweep-tokens", type=int, default=32, help="roofline: new tokens per request")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="roofline/multiturn: torch threads (0: as set)"
+    )
+    ap.add_argument(
+        "--contexts", default="2048,8000", help="multiturn: turn-5 context sizes (tokens)"
+    )
+    ap.add_argument(
+        "--tool-tokens", type=int, default=128, help="multiturn: tool output per turn (tokens)"
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
     import torch
 
+    sections = set(args.section.split(","))
+    unknown = sections - {"roofline", "multiturn", "classic"}
+    if unknown:
+        sys.exit(f"bench_engine: unknown section(s) {sorted(unknown)}")
     model_dir = args.model
     if model_dir is None:
         from gyre.models.tiny import build_tiny_model
 
         model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="gyre-bench-tiny-")))
+    elif not Path(model_dir).is_dir():
+        sys.exit(f"bench_engine: --model {model_dir!r} is not a directory")
+    threads = args.threads or torch.get_num_threads()
+    res: dict = {"model": model_dir, "cpu": cpu_model(), "torch_threads": threads}
+    if "roofline" in sections:
+        res["roofline"] = roofline(args, model_dir, threads)
+    if "multiturn" in sections:
+        res["multiturn"] = multiturn(args, model_dir, threads)
+    if "classic" in sections:
+        res["classic"] = classic(args, model_dir)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+def roofline(args, model_dir: str, threads: int) -> dict:
+    concs = [int(c) for c in args.concurrency.split(",")]
+    bw = bandwidth(threads)
+    peak = matmul_peak(torch_dtype("float32"), threads)
+    peak_bf16 = matmul_peak(torch_dtype("bfloat16"), threads)
+    rows, cost = asyncio.run(
+        sweep(model_dir, concs, args.sweep_tokens, args.repeat, threads, args.engine_compute)
+    )
+    print(
+        f"\ndecode roofline: {cpu_model()}, {threads} torch thread(s); memory bandwidth "
+        f"{bw / 1e9:.1f} GB/s (sum over 512 MiB), matmul peak float32 {peak / 1e9:.1f} GFLOP/s, "
+        f"bfloat16 {peak_bf16 / 1e9:.1f} GFLOP/s; model {model_dir}: "
+        f"{cost.weight_bytes / 1e6:.0f} MB of weights, {cost.linear_params / 1e6:.1f} M matmul "
+        f"weights, {cost.kv_bytes_per_token / 1e3:.1f} kB of K/V per token\n"
+        f"step >= max((weights + B * ctx * kv) / bandwidth, B * (2 * params + 4 * layers * "
+        f"attn_width * ctx) / peak); bound = B / step. {args.sweep_tokens} new tokens per "
+        f"request, greedy, best of {args.repeat}; tok/s (and tokens per CPU second) include the "
+        f"prefill\n"
+    )
+    print(
+        "| concurrency | bound tok/s (set by) | HF generate, static batch: wall / CPU time "
+        f"| embedded engine (HTTP, {args.engine_compute}): wall / CPU time "
+        "| engine / HF, wall / CPU |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    out = {"bandwidth_Bps": bw, "peak_f32": peak, "peak_bf16": peak_bf16, "rows": {}}
+    for c in concs:
+        r = rows[c]
+        bound, kind = cost.tps_bound(c, r["ctx"], bw, peak)
+        own = ""
+        if args.engine_compute == "bfloat16":  # its own bound too: half the bytes, bf16 peak
+            b16, _ = cost.in_bf16().tps_bound(c, r["ctx"], bw, peak_bf16)
+            r["bound_bf16"] = b16
+            own = f", {r['engine_cpu'] / b16:.0%} of its bf16 bound {b16:.0f}"
+        print(
+            f"| {c} | {bound:7.1f} ({kind}) "
+            f"| {r['hf']:6.1f} ({r['hf'] / bound:.0%}) / {r['hf_cpu']:6.1f} ({r['hf_cpu'] / bound:.0%}) "
+            f"| {r['engine']:6.1f} ({r['engine'] / bound:.0%}) / {r['engine_cpu']:6.1f} "
+            f"({r['engine_cpu'] / bound:.0%}), batch {int(r['rows'])}{own} "
+            f"| {r['engine'] / r['hf']:.2f} / {r['engine_cpu'] / r['hf_cpu']:.2f} |"
+        )
+        out["rows"][c] = {**r, "bound": bound, "bound_set_by": kind}
+    return out
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def multiturn(args, model_dir: str, threads: int) -> dict:
+    turns, n_out = 5, 16
+    print(
+        f"\nprefix reuse: TTFT on turn {turns} of a conversation growing by tool output "
+        f"(a first prompt, then {n_out} tokens out and {args.tool_tokens} tokens of tool output "
+        f"per turn, greedy), prefix cache vs fresh prefill, {threads} thread(s)\n"
+    )
+    print(
+        "| context at turn 5 | fresh prefill TTFT: wall / CPU | cached prefix TTFT: wall / CPU "
+        "| speed-up, wall / CPU "
+        "| turn-5 tokens prefilled, fresh / cached | hit rate (lookups) | input tokens reused |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    out = {}
+    for ctx in [int(c) for c in args.contexts.split(",")]:
+        run = (model_dir, ctx, turns, n_out, args.tool_tokens, threads)
+        cached, ids = asyncio.run(conversation_ttft(*run, cache_mb=4096))
+        fresh, _ = asyncio.run(conversation_ttft(*run, cache_mb=0, final=ids))
+        print(
+            f"| {int(cached['context'])} | {fresh['ttft_s']:.3f} s / {fresh['ttft_cpu_s']:.3f} s "
+            f"| {cached['ttft_s']:.3f} s / {cached['ttft_cpu_s']:.3f} s "
+            f"| {fresh['ttft_s'] / cached['ttft_s']:.1f}x / "
+            f"{fresh['ttft_cpu_s'] / cached['ttft_cpu_s']:.1f}x "
+            f"| {int(fresh['prefilled'])} / {int(cached['prefilled'])} "
+            f"| {cached['hit_rate']:.0%} ({int(cached['lookups'])}) | {cached['token_reuse']:.0%} |"
+        )
+        out[ctx] = {"fresh": fresh, "cached": cached}
+    return out
+
+
+def classic(args, model_dir: str) -> dict:
+    import torch
+
     ps = prompts(args.requests)
     hf_seq, hf_batch = hf_generate_tps(model_dir, ps, args.tokens, args.repeat)
     e_seq, e_conc, rows = asyncio.run(embedded_tps(model_dir, ps, args.tokens, args.repeat))
@@ -320,9 +462,7 @@ def main() -> None:
             f"| stream {n_stream} tokens, {name}: {chunks} chunks, {nbytes / 2**20:.1f} MiB | {sec:8.2f} s "
             f"| {base_s / sec:.2f}x |"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    return res
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ How it works (and why):
   shape ``[B, 1]`` for all rows, with per-row ``position_ids`` (the row's real
   length, so RoPE sees true positions), exactly like HF's left-padded batched
   generation.
+- The cache's layers are :class:`gyre.engine.kv_slab.SlabLayer`: a step writes
+  its new K/V column into spare columns of a buffer instead of concatenating
+  the whole cache again (O(1) rather than O(context) bytes per step), and the
+  step samples every row from one ``[B, V]`` log-softmax
+  (:func:`gyre.engine.sampling.sample_rows`).
 - When rows finish or are aborted they are dropped from the batch dimension
   and leading all-pad columns are trimmed, so a batch that shrinks back to one
   row has no padding left (and is again identical to unbatched decoding).
@@ -32,7 +37,7 @@ import torch
 
 from gyre.engine.prefix_cache import PrefixCache
 from gyre.engine.protocol import FinishReason, SamplingParams
-from gyre.engine.sampling import sample_row
+from gyre.engine.sampling import Sampled, sample_row, sample_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -106,9 +111,12 @@ class DecodeBatch:
 
     # -- rows in and out ------------------------------------------------------------------------
     def _new_cache(self):
+        # lazy: transformers stays out of a process that only imports the engine package
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        from gyre.engine.kv_slab import slab_layers
+
+        return slab_layers(DynamicCache(config=self.model.config))
 
     def admit(self, row: Row, input_ids: list[int]) -> None:
         """Queue a new request's prefill (its own cache, seeded from the prefix cache when possible)."""
@@ -255,16 +263,22 @@ class DecodeBatch:
             use_cache=True,
             logits_to_keep=1,
         )
+        sampled = sample_rows(
+            out.logits[:, -1].cpu(), [r.params for r in self.rows], [r.generator for r in self.rows]
+        )
         events = []
-        for i, row in enumerate(self.rows):
+        for row, s in zip(self.rows, sampled):
             row.n_cached += 1
             row.fed.append(row.next_token)
-            events.append(self._sampled(row, out.logits[i, -1]))
+            events.append(self._event(row, s))
         self.remove({ev.rid for ev in events if ev.finish is not None})
         return events
 
     def _sampled(self, row: Row, logits: torch.Tensor) -> TokenEvent:
-        tok, raw_lp, temp_lp, proc_lp = sample_row(logits.cpu(), row.params, row.generator)
+        return self._event(row, sample_row(logits.cpu(), row.params, row.generator))
+
+    def _event(self, row: Row, s: Sampled) -> TokenEvent:
+        tok, raw_lp, temp_lp, proc_lp = s
         row.n_out += 1
         row.next_token = tok
         finish = None

@@ -1,4 +1,9 @@
-"""Token sampling and behaviour log-probs for the embedded engine (torch, one row at a time).
+"""Token sampling and behaviour log-probs for the embedded engine (torch).
+
+``sample_rows`` serves a decode step: one log-softmax over the whole ``[B, V]`` batch and one
+``argmax`` for the greedy rows, then one copy of the chosen ids and log-probs to Python, so a
+step pays a handful of tensor ops rather than a few per row; a sampling row (temperature,
+top-k/p, min-p, its own generator) still draws from its own row with ``sample_row``.
 
 Three log-probs are computed for every sampled token (``EmbeddedEngineConfig.logprob_mode``
 picks the one reported):
@@ -19,6 +24,7 @@ logits, exactly as ``model.generate(do_sample=False)``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -67,6 +73,35 @@ def sample_row(
     if p.greedy:
         tok = int(torch.argmax(logits))
         return Sampled(token=tok, raw=float(raw[tok]), tempered=float(raw[tok]), processed=0.0)
+    return _draw(logits, raw, p, generator)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> list[Sampled]:
+    """``sample_row`` for every row of ``[B, V]`` logits at once; the same tokens and log-probs
+    (the log-softmax of a row does not depend on the rows beside it)."""
+    logits = logits.float()
+    raw = torch.log_softmax(logits, dim=-1)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    out: list[Sampled | None] = [None] * len(params)
+    if greedy:
+        idx = torch.tensor(greedy, dtype=torch.long, device=logits.device)
+        toks = torch.argmax(logits.index_select(0, idx), dim=-1)
+        lps = raw.index_select(0, idx).gather(1, toks.unsqueeze(1)).squeeze(1)
+        for i, tok, lp in zip(greedy, toks.tolist(), lps.tolist()):
+            out[i] = Sampled(token=tok, raw=lp, tempered=lp, processed=0.0)
+    for i, p in enumerate(params):
+        if out[i] is None:
+            out[i] = _draw(logits[i], raw[i], p, generators[i])
+    return [s for s in out if s is not None]
+
+
+def _draw(
+    logits: torch.Tensor, raw: torch.Tensor, p: SamplingParams, generator: torch.Generator | None
+) -> Sampled:
     x = processed_logits(logits, p)
     logp = torch.log_softmax(x, dim=-1)
     tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
