@@ -37,8 +37,8 @@ import ray
 
 from gyre.train.buffer import ReadyGroup, pack_groups
 from gyre.train.config import ObjectiveConfig, StreamConfig
+from gyre.train.demo.synthetic import chain_row
 from gyre.train.stats import ObjectiveStats
-from gyre.train.synthetic import chain_row
 from gyre.train.tasks import MicroStepTask
 
 

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from gyre.train.config import OptimConfig, StreamConfig, TrainerConfig
-    from gyre.train.local import JoinPlan, LocalRun, SyntheticData, run_local
+    from gyre.train.demo.local import JoinPlan, LocalRun, SyntheticData, run_local
 
     tmp = Path(tempfile.mkdtemp(prefix="gyre-bench-train-"))
     model_dir = a.model_dir

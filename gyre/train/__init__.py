@@ -9,19 +9,15 @@ Modules (each with one job; torch is imported only where a model is touched):
 * ``groups``      trace files -> trajectory trees -> admissions -> a ready group
 * ``buffer``      packing buffer: ready groups -> micro-step tasks, oldest version first
 * ``tasks``       the claimable unit (a packed micro-step + advantages), JSON on the wire
-* ``coordinator`` the demo's claim queue + fixed-order membership (in-process, or any torch Store)
 * ``weights``     weight snapshots a joining satellite pulls (file / memory channels)
 * ``comm``        prefix communicators {0..k-1}, built once; gradient reduce
 * ``replica``     a model that turns micro-steps into accumulated gradients
 * ``step``        the optimizer step (reduce, 1/E, clip, step, version + 1, checkpoint when due)
-* ``core``        cell 0 of ``gyre train demo``: optimizer, step loop over the coordinator
-* ``satellite``   cells 1..K-1 of the demo: join a running step, claim, reduce
 * ``trainer``     one ``gyre run`` cell's training state (replica; the core's optimizer, version)
 * ``checkpoint``  HF safetensors weights + optimizer + version + data cursor
 * ``cell``        one cell's plumbing (process group, prefix comms, store) for a process or Ray actor
-* ``local``       run K cells as local processes (gloo on 127.0.0.1)
-* ``synthetic``   synthetic groups for tests and benchmarks
 * ``fsdp``        FSDP2 inside a cell (K cells x G ranks; tested on CPU/gloo, not on CUDA)
+* ``demo``        the ``gyre train demo`` rig (local cells on synthetic groups), not ``gyre run``'s
 * ``packed``      per-token log-probs of packed rows (owned by the trace package's author)
 
 See docs/training.md.

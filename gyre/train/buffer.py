@@ -37,7 +37,6 @@ from gyre.train.rewards import Reward, group_advantages
 
 if TYPE_CHECKING:
     from gyre.trace.admission import Admission
-    from gyre.train.coordinator import StepCoordinator
 
 
 @dataclass
@@ -332,57 +331,3 @@ class PackingBuffer:
 
     def commit(self, group_ids: Iterable[str]) -> None:
         self.consumed.update(group_ids)
-
-
-@dataclass
-class StepFeeder:
-    """Feeds one step: pulls landed groups from ``source``, packs them, puts tasks, closes at B groups.
-
-    ``pump()`` is cheap and idempotent; the core calls it between micro-steps and while
-    it waits, so the queue fills as groups land (streaming). With ``whole_batch=True`` it
-    waits for all B groups and packs them in one go (the non-streaming baseline).
-    """
-
-    buffer: PackingBuffer
-    coordinator: StepCoordinator
-    step: int
-    stream: StreamConfig
-    objective: ObjectiveConfig
-    source: Callable[[], list[ReadyGroup]] | None = None
-    packer: Packer = pack_rows
-    whole_batch: bool = False
-    taken: list[ReadyGroup] = field(default_factory=list)
-    stats: PackStats = field(default_factory=PackStats)
-    next_index: int = 0
-    closed: bool = False
-
-    def pump(self) -> None:
-        if self.closed:
-            return
-        if self.source is not None:
-            for g in self.source():
-                self.buffer.add(g)
-        need = self.stream.batch_groups - len(self.taken)
-        if self.whole_batch and len(self.buffer) < need:
-            return
-        groups = self.buffer.take(need)
-        if groups:
-            try:
-                chunk = pack_groups(
-                    groups, self.next_index, self.stream, self.objective, self.packer
-                )
-            except Exception:
-                self.buffer.give_back(groups)  # lose nothing: the groups stay ready
-                raise
-            for t in chunk.tasks:
-                self.coordinator.put(self.step, t)
-            self.next_index += len(chunk.tasks)
-            self.stats.add(chunk.stats)
-            self.taken.extend(groups)
-        if len(self.taken) >= self.stream.batch_groups:
-            self.closed = True
-            self.coordinator.close(
-                self.step,
-                self.stats.executions_scored,
-                {"groups": [g.group_id for g in self.taken], "pack": self.stats.__dict__},
-            )

@@ -3,17 +3,14 @@
 A cell process needs three shared things, built once and kept while the cell moves
 between rollout and training: the torch.distributed world with its prefix
 communicators, a client of the coordination store, and its rank. ``TrainCell`` holds
-exactly those (no globals, explicit ``setup``/``teardown``) and builds the core or a
-satellite on top for each run. ``gyre.train.local`` runs one per OS process; a Ray
-runtime can wrap the same class as an actor (checked by hand with two Ray actors, see
-docs/training.md).
+exactly those (no globals, explicit ``setup``/``teardown``). ``gyre run``'s cell actor
+(:mod:`gyre.runtime.cell`) holds one; the ``gyre train demo`` rig (:mod:`gyre.train.demo.local`)
+runs one per OS process and builds its core or a satellite on top for each run.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-from gyre.train.config import TrainerConfig
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -73,29 +70,6 @@ class TrainCell:
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=self.timeout_s),
         )
-
-    def coordinator(self, namespace: str, cfg: TrainerConfig):
-        from gyre.train.coordinator import StoreCoordinator
-
-        return StoreCoordinator(
-            self.store,
-            namespace,
-            poll_s=cfg.stream.poll_s,
-            stall_timeout_s=cfg.stream.stall_timeout_s,
-        )
-
-    def core(self, cfg: TrainerConfig, namespace: str, weights):
-        """The core replica of this cell (cell 0 only); call ``start()`` on it."""
-        from gyre.train.core import Core
-
-        if not self.is_core:
-            raise RuntimeError(f"cell {self.rank} is a satellite; the core is cell 0")
-        return Core(cfg, self.coordinator(namespace, cfg), weights, self.comm)
-
-    def satellite(self, cfg: TrainerConfig, namespace: str, weights):
-        from gyre.train.satellite import Satellite
-
-        return Satellite(self.rank, cfg, self.coordinator(namespace, cfg), weights, self.comm)
 
     def barrier(self) -> None:
         import torch.distributed as dist

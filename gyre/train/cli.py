@@ -37,8 +37,14 @@ def demo(
 
     from gyre.cli_errors import fail, make_dir, require_model_dir, user_errors
     from gyre.train.config import CheckpointConfig, StreamConfig, TrainerConfig
-    from gyre.train.local import JoinPlan, LocalRun, SyntheticData, read_participation, run_local
-    from gyre.train.participation import describe, summary
+    from gyre.train.demo.local import (
+        JoinPlan,
+        LocalRun,
+        SyntheticData,
+        read_participation,
+        run_local,
+    )
+    from gyre.train.demo.participation import describe, summary
     from gyre.validation import validation_line
 
     with user_errors("train demo"):

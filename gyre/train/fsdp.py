@@ -1,6 +1,6 @@
 """FSDP2 inside a cell: K cells of G ranks, each cell's replica sharded over its own mesh.
 
-On CPU every cell is one process holding a whole replica (:mod:`gyre.train.core`). A cell
+On CPU every cell is one process holding a whole replica (:mod:`gyre.train.demo.core`). A cell
 of G devices shards its replica with FSDP2 (``fully_shard``) over an intra-cell mesh.
 Cells still join in fixed order, so the cross-cell reduce stays a prefix reduce, now done
 per shard position: ranks with the same local index ``l`` in cells 0..k-1 hold the same

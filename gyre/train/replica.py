@@ -1,8 +1,8 @@
 """A training replica: one copy of the model that turns claimed micro-steps into gradients.
 
 It holds no optimizer and no step state: the core wraps one with an optimizer and
-the step loop (:mod:`gyre.train.core`), a satellite wraps one with joining
-(:mod:`gyre.train.satellite`). Gradients accumulate in ``param.grad`` across the
+the step loop (:mod:`gyre.train.demo.core`), a satellite wraps one with joining
+(:mod:`gyre.train.demo.satellite`). Gradients accumulate in ``param.grad`` across the
 micro-steps a replica processes; the step's reduce sums them over participants.
 """
 

@@ -1,6 +1,6 @@
 """The optimizer step: one implementation for every trainer.
 
-``gyre train demo``'s :class:`~gyre.train.core.Core` and ``gyre run``'s core cell
+``gyre train demo``'s :class:`~gyre.train.demo.core.Core` and ``gyre run``'s core cell
 (:class:`~gyre.train.trainer.CellTrainer`) both end a batch here::
 
     reduce gradients and counters over cells 0..k-1   (reduce_step)

@@ -542,8 +542,8 @@ def test_runtime_steps_match_a_local_core(done, tmp_path):
     from safetensors.torch import load_file
 
     from gyre.config import load_config
-    from gyre.train.coordinator import LocalCoordinator
-    from gyre.train.core import Core
+    from gyre.train.demo.coordinator import LocalCoordinator
+    from gyre.train.demo.core import Core
 
     torch.set_num_threads(1)
     rd = done["dir"]

@@ -221,8 +221,8 @@ def _same_as_local_core(rd: Path, step: int, tmp_path: Path) -> bool:
     from safetensors.torch import load_file
 
     from gyre.config import load_config
-    from gyre.train.coordinator import LocalCoordinator
-    from gyre.train.core import Core
+    from gyre.train.demo.coordinator import LocalCoordinator
+    from gyre.train.demo.core import Core
 
     torch.set_num_threads(1)
     cfg = load_config(rd / "config.toml")

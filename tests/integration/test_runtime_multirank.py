@@ -100,8 +100,8 @@ def _retrain(done, tmp_path, s: int):
     import torch
 
     from gyre.config import load_config
-    from gyre.train.coordinator import LocalCoordinator
-    from gyre.train.core import Core
+    from gyre.train.demo.coordinator import LocalCoordinator
+    from gyre.train.demo.core import Core
 
     torch.set_num_threads(1)
     rd = done["dir"]

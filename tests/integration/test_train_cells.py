@@ -16,7 +16,7 @@ import pytest
 from safetensors.torch import load_file
 
 from gyre.train.config import CheckpointConfig, OptimConfig, StreamConfig, TrainerConfig
-from gyre.train.local import JoinPlan, KillPlan, LocalRun, SyntheticData, run_local
+from gyre.train.demo.local import JoinPlan, KillPlan, LocalRun, SyntheticData, run_local
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gyre.trace.packing import MicroStep, PackedSequence
-from gyre.train.coordinator import LocalCoordinator, StepStalled, StoreCoordinator
+from gyre.train.demo.coordinator import LocalCoordinator, StepStalled, StoreCoordinator
 from gyre.train.tasks import MicroStepTask
 from gyre.train.weights import FileWeightChannel, MemoryWeightChannel, load_params, named_params
 

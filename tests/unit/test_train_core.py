@@ -15,10 +15,10 @@ from gyre.train.config import (
     StreamConfig,
     TrainerConfig,
 )
-from gyre.train.coordinator import LocalCoordinator
-from gyre.train.core import Core
+from gyre.train.demo.coordinator import LocalCoordinator
+from gyre.train.demo.core import Core
+from gyre.train.demo.synthetic import synthetic_groups
 from gyre.train.replica import load_causal_lm
-from gyre.train.synthetic import synthetic_groups
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from gyre.trace.assessment import Missing, MissingReason
 from gyre.trace.store import TraceWriter, trace_path
 from gyre.trace.synthetic import small_execution
 from gyre.train.config import ObjectiveConfig, OptimConfig, StreamConfig, TrainerConfig
-from gyre.train.coordinator import LocalCoordinator
-from gyre.train.core import Core
+from gyre.train.demo.coordinator import LocalCoordinator
+from gyre.train.demo.core import Core
 from gyre.train.groups import group_from_traces
 from gyre.train.replica import load_causal_lm
 

@@ -8,11 +8,11 @@ import torch
 
 from gyre.train.buffer import pack_groups
 from gyre.train.config import StreamConfig, TrainerConfig
+from gyre.train.demo.synthetic import synthetic_groups
 from gyre.train.objective import mismatch_stats
 from gyre.train.packed import token_logprobs
 from gyre.train.replica import ReplicaWorker, load_causal_lm
 from gyre.train.stats import N_SUM, ObjectiveStats
-from gyre.train.synthetic import synthetic_groups
 
 
 def test_zero_when_behaviour_equals_trainer():

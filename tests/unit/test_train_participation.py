@@ -13,8 +13,8 @@ import time
 import pytest
 
 from gyre.trace.packing import MicroStep, PackedSequence
-from gyre.train.coordinator import LocalCoordinator
-from gyre.train.participation import (
+from gyre.train.demo.coordinator import LocalCoordinator
+from gyre.train.demo.participation import (
     NOT_JOINED_PREFIX,
     SEALED_BEFORE_JOIN_POINT,
     SEALED_WHILE_QUEUED,

@@ -11,13 +11,13 @@ from pydantic import ValidationError
 from gyre.engine.config import EmbeddedEngineConfig
 from gyre.trace.packing import PackedSequence
 from gyre.train.config import OptimConfig, StreamConfig, TrainerConfig
-from gyre.train.coordinator import LocalCoordinator
-from gyre.train.core import Core
+from gyre.train.demo.coordinator import LocalCoordinator
+from gyre.train.demo.core import Core
+from gyre.train.demo.synthetic import synthetic_groups
 from gyre.train.flops import ModelShape, causal_pairs, matmul_peak, mfu
 from gyre.train.packed import plan_segments, token_logprobs
 from gyre.train.precision import compute_autocast
 from gyre.train.replica import load_causal_lm
-from gyre.train.synthetic import synthetic_groups
 
 # Stated bound: on the tiny model (hidden 64, random weights, 2048-token vocabulary) bf16 matmuls
 # move a token's log-prob by ~1e-3 on average and a few 1e-3 at most (measured: max 4.5e-3, mean

@@ -8,9 +8,9 @@ import torch
 from gyre.train.buffer import pack_groups
 from gyre.train.checkpoint import latest_checkpoint, load_state
 from gyre.train.config import CheckpointConfig, OptimConfig, StreamConfig, TrainerConfig
+from gyre.train.demo.synthetic import synthetic_groups
 from gyre.train.replica import load_causal_lm
 from gyre.train.stats import ObjectiveStats
-from gyre.train.synthetic import synthetic_groups
 from gyre.train.trainer import CellTrainer
 
 

@@ -6,8 +6,8 @@ from gyre.trace.synthetic import small_execution
 from gyre.trace.tree import build_tree
 from gyre.train.buffer import ReadyGroup
 from gyre.train.config import ObjectiveConfig, OptimConfig, StreamConfig, TrainerConfig
-from gyre.train.coordinator import LocalCoordinator
-from gyre.train.core import Core
+from gyre.train.demo.coordinator import LocalCoordinator
+from gyre.train.demo.core import Core
 from gyre.train.replica import load_causal_lm
 
 

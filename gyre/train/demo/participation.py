@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
-# Why a satellite did not take part in a step (its own account, written by gyre.train.local).
+# Why a satellite did not take part in a step (its own account, written by gyre.train.demo.local).
 OVER_BEFORE_READY = "the step was over before this cell was ready for it"
 SEALED_BEFORE_JOIN_POINT = (
     "the step sealed before this cell joined (its join point: {after_done} micro-steps done)"

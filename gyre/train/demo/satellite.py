@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from gyre.train.comm import PrefixCommunicators
 from gyre.train.config import TrainerConfig
-from gyre.train.coordinator import StepCoordinator, StepSeal
-from gyre.train.core import claim_microsteps
+from gyre.train.demo.coordinator import StepCoordinator, StepSeal
+from gyre.train.demo.core import claim_microsteps
 from gyre.train.replica import ReplicaWorker
 from gyre.train.step import reduce_step
 from gyre.train.weights import WeightChannel, load_params

@@ -17,7 +17,7 @@ Two backends: :class:`LocalCoordinator` (one process) and
 :class:`StoreCoordinator` (any ``torch.distributed.Store``, e.g. a TCPStore on
 127.0.0.1, shared by separate processes). Nothing here is global.
 
-**Whose it is:** the rig of ``gyre train demo`` (:mod:`gyre.train.local`), its tests and the
+**Whose it is:** the rig of ``gyre train demo`` (:mod:`gyre.train.demo.local`), its tests and the
 training benchmarks, where replicas claim work themselves. It is not part of ``gyre run``:
 there the scheduling policy assigns every micro-step (``ClaimMicroStep``) and the runtime's
 world carries it to a cell, so no claim queue exists. Both share the replica, the reduce and

@@ -10,7 +10,7 @@ groups, named as such), how many steps, and per satellite when it joins each ste
 Results land in ``out_dir/<run name>/``: ``final.safetensors`` (core weights after the
 run), ``metrics.jsonl`` (core; ``cells_joined``/``cells_missed`` per step),
 ``cell<k>.json`` (satellite participation, with why it missed a step it planned to join;
-:mod:`gyre.train.participation` merges the two).
+:mod:`gyre.train.demo.participation` merges the two).
 
 All cells start a run together (a barrier once every cell has loaded its model), so
 start-up skew costs no step; within a run the core never waits for a satellite, as the
@@ -25,12 +25,16 @@ import signal
 import time
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from gyre.log import setup_from_env
 from gyre.ports import free_ports
 from gyre.train.config import TrainerConfig
+
+if TYPE_CHECKING:
+    from gyre.train.cell import TrainCell
 
 
 class JoinPlan(BaseModel):
@@ -128,8 +132,8 @@ def _kill_hook(run: LocalRun, rank: int, step: int):
 
 def _synthetic_groups(run: LocalRun) -> list:
     """The run's synthetic groups, sampled from its starting model (loaded for this, then freed)."""
+    from gyre.train.demo.synthetic import synthetic_groups
     from gyre.train.replica import load_causal_lm
-    from gyre.train.synthetic import synthetic_groups
 
     d = run.data
     gen_model = load_causal_lm(run.cfg.model_dir, run.cfg.dtype)
@@ -148,13 +152,39 @@ def _synthetic_groups(run: LocalRun) -> list:
     return groups
 
 
+def _coordinator(cell: TrainCell, namespace: str, cfg: TrainerConfig):
+    from gyre.train.demo.coordinator import StoreCoordinator
+
+    return StoreCoordinator(
+        cell.store,
+        namespace,
+        poll_s=cfg.stream.poll_s,
+        stall_timeout_s=cfg.stream.stall_timeout_s,
+    )
+
+
+def _core(cell: TrainCell, cfg: TrainerConfig, namespace: str, weights):
+    """The core replica of this cell (cell 0 only); call ``start()`` on it."""
+    from gyre.train.demo.core import Core
+
+    if not cell.is_core:
+        raise RuntimeError(f"cell {cell.rank} is a satellite; the core is cell 0")
+    return Core(cfg, _coordinator(cell, namespace, cfg), weights, cell.comm)
+
+
+def _satellite(cell: TrainCell, cfg: TrainerConfig, namespace: str, weights):
+    from gyre.train.demo.satellite import Satellite
+
+    return Satellite(cell.rank, cfg, _coordinator(cell, namespace, cfg), weights, cell.comm)
+
+
 def _run_core(cell, run: LocalRun, rdir: Path, ns: str, weights, first: int) -> None:
     from safetensors.torch import save_file
 
     from gyre.train.weights import named_params
 
     groups = _synthetic_groups(run)
-    core = cell.core(run.cfg, ns, weights)
+    core = _core(cell, run.cfg, ns, weights)
     core.start(resume=run.resume)
     pending = list(groups)
 
@@ -193,11 +223,11 @@ def _run_core(cell, run: LocalRun, rdir: Path, ns: str, weights, first: int) -> 
 
 
 def _run_satellite(cell, run: LocalRun, rdir: Path, ns: str, weights, first: int) -> None:
-    from gyre.train.participation import OVER_BEFORE_READY, join_when_due
+    from gyre.train.demo.participation import OVER_BEFORE_READY, join_when_due
 
     rank = cell.rank
     plan = run.joins.get(rank)
-    sat = cell.satellite(run.cfg, ns, weights)
+    sat = _satellite(cell, run.cfg, ns, weights)
     coord = sat.coord
     sat.start()
     cell.barrier()  # pairs with the core's: all cells loaded before the first step
@@ -227,8 +257,8 @@ def _run_satellite(cell, run: LocalRun, rdir: Path, ns: str, weights, first: int
 
 def read_participation(rdir: Path, world: int) -> list:
     """Per step of a finished run: who joined (the core's metrics) and why a planned cell did not
-    (its ``cell<k>.json``), as :class:`gyre.train.participation.StepParticipation` records."""
-    from gyre.train.participation import step_participation
+    (its ``cell<k>.json``), as :class:`gyre.train.demo.participation.StepParticipation` records."""
+    from gyre.train.demo.participation import step_participation
 
     accounts: dict[int, dict[int, dict]] = {}
     for c in range(1, world):

@@ -9,7 +9,7 @@ One step (= one batch = one optimizer step)::
     scale by 1/E, clip, optimizer.step, v -> v+1, commit the data cursor, checkpoint
       (gyre.train.step: the same optimizer step as gyre run's core cell)
 
-Satellites (:mod:`gyre.train.satellite`) can join at any point before the seal.
+Satellites (:mod:`gyre.train.demo.satellite`) can join at any point before the seal.
 """
 
 from __future__ import annotations
@@ -20,15 +20,76 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gyre.train.buffer import Packer, PackingBuffer, ReadyGroup, StepFeeder, pack_rows
+from gyre.train.buffer import (
+    Packer,
+    PackingBuffer,
+    PackStats,
+    ReadyGroup,
+    pack_groups,
+    pack_rows,
+)
 from gyre.train.checkpoint import TrainerState, latest_checkpoint, load_optimizer, load_state
 from gyre.train.comm import PrefixCommunicators
-from gyre.train.config import TrainerConfig
-from gyre.train.coordinator import StepCoordinator, StepSeal
+from gyre.train.config import ObjectiveConfig, StreamConfig, TrainerConfig
+from gyre.train.demo.coordinator import StepCoordinator, StepSeal
 from gyre.train.objective import ObjectiveStats
 from gyre.train.replica import ReplicaWorker
 from gyre.train.step import build_optimizer, checkpoint_if_due, optimizer_step, reduce_step
 from gyre.train.weights import WeightChannel, named_params
+
+
+@dataclass
+class StepFeeder:
+    """Feeds one step: pulls landed groups from ``source``, packs them, puts tasks, closes at B groups.
+
+    ``pump()`` is cheap and idempotent; the core calls it between micro-steps and while
+    it waits, so the queue fills as groups land (streaming). With ``whole_batch=True`` it
+    waits for all B groups and packs them in one go (the non-streaming baseline).
+    """
+
+    buffer: PackingBuffer
+    coordinator: StepCoordinator
+    step: int
+    stream: StreamConfig
+    objective: ObjectiveConfig
+    source: Callable[[], list[ReadyGroup]] | None = None
+    packer: Packer = pack_rows
+    whole_batch: bool = False
+    taken: list[ReadyGroup] = field(default_factory=list)
+    stats: PackStats = field(default_factory=PackStats)
+    next_index: int = 0
+    closed: bool = False
+
+    def pump(self) -> None:
+        if self.closed:
+            return
+        if self.source is not None:
+            for g in self.source():
+                self.buffer.add(g)
+        need = self.stream.batch_groups - len(self.taken)
+        if self.whole_batch and len(self.buffer) < need:
+            return
+        groups = self.buffer.take(need)
+        if groups:
+            try:
+                chunk = pack_groups(
+                    groups, self.next_index, self.stream, self.objective, self.packer
+                )
+            except Exception:
+                self.buffer.give_back(groups)  # lose nothing: the groups stay ready
+                raise
+            for t in chunk.tasks:
+                self.coordinator.put(self.step, t)
+            self.next_index += len(chunk.tasks)
+            self.stats.add(chunk.stats)
+            self.taken.extend(groups)
+        if len(self.taken) >= self.stream.batch_groups:
+            self.closed = True
+            self.coordinator.close(
+                self.step,
+                self.stats.executions_scored,
+                {"groups": [g.group_id for g in self.taken], "pack": self.stats.__dict__},
+            )
 
 
 @dataclass
