@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install TRL (pinned) into its own venv, the peer bench/bench_vs_trl.py runs beside Gyre.
+# Install TRL (pinned) into its own venv, the peer bench/vs_trl/bench_vs_trl.py runs beside Gyre.
 # TRL is never a Gyre dependency: its pins stay out of Gyre's venv. The venv gets the same
 # torch and transformers versions as Gyre's (.venv), so the two sides run the same kernels
 # and the same model code; torch goes first, from the CPU wheel on disk (an unpinned torch
@@ -51,4 +51,4 @@ print(f"[trl] ok: trl {version('trl')}, torch {torch.__version__}, "
       f"transformers {version('transformers')}, cuda build: {torch.version.cuda}")
 PY
 echo "[trl] size: $(du -sh "$VENV" | cut -f1); python: $VENV/bin/python"
-echo "[trl] run the comparison: python bench/bench_vs_trl.py --steps 2 --held-out 8"
+echo "[trl] run the comparison: python bench/vs_trl/bench_vs_trl.py --steps 2 --held-out 8"

@@ -1,4 +1,4 @@
-"""bench/bench_vs_trl.py's pure parts: Gyre's config mapped onto TRL's GRPOConfig, and the
+"""bench/vs_trl/bench_vs_trl.py's pure parts: Gyre's config mapped onto TRL's GRPOConfig, and the
 comparison (time to TRL's final accuracy, the table). No TRL needed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "vs_trl"))
 
 from vs_trl_lib import (  # noqa: E402
     MappingError,
@@ -207,7 +207,7 @@ def test_a_bad_staleness_pair_is_one_line_before_anything_runs(tmp_path, pair, s
     import subprocess
 
     p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_vs_trl.py"), "--gyre-staleness", *pair,
+        [sys.executable, str(ROOT / "bench" / "vs_trl" / "bench_vs_trl.py"), "--gyre-staleness", *pair,
          "--skip-trl", "--out", str(tmp_path)],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip

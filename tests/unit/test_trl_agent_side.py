@@ -1,4 +1,4 @@
-"""bench/trl_agent_side.py's pure parts: the tool, the parsing hook, the reward's reply and
+"""bench/vs_trl/trl_agent_side.py's pure parts: the tool, the parsing hook, the reward's reply and
 turn accounting, the config mapping. No TRL needed (the script imports it only in main)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "vs_trl"))
 
 import trl_agent_side as side  # noqa: E402
 from vs_trl_lib import MappingError  # noqa: E402

@@ -6,7 +6,7 @@ folders that ``gyre run`` loads like any task set. The splits are disjoint by co
 (a problem's split is a function of its content, see :func:`split_of`), so a held-out
 problem never appears in training, whatever the seeds.
 
-Pure: no torch, no I/O, so a peer trainer (TRL in its own venv, ``bench/bench_vs_trl.py``)
+Pure: no torch, no I/O, so a peer trainer (TRL in its own venv, ``bench/vs_trl/bench_vs_trl.py``)
 imports the same prompts and the same reward function.
 """
 

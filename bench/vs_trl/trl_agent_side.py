@@ -2,7 +2,7 @@
 
     bash scripts/install-trl.sh        # once: TRL 1.16 in its own venv, .venv-trl
     bash scripts/smollm2-agent.sh --prepare   # once: the model, its tool template, runs/tasks/calc
-    PYTHONPATH=$PWD .venv-trl/bin/python bench/trl_agent_side.py \\
+    PYTHONPATH=$PWD .venv-trl/bin/python bench/vs_trl/trl_agent_side.py \\
         --config examples/smollm2-agent.toml --model runs/smollm2 --steps 2 --out bench/results/trl_agent
 
 Runs in .venv-trl. It imports TRL, transformers and torch, and of Gyre only modules that
@@ -51,9 +51,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "vs_trl"))  # vs_trl_lib
 T_PROCESS = time.time()
 
 COMMAND_TIMEOUT_S = 60.0  # gyre.harness.reference_agent.AgentConfig.command_timeout_s

@@ -1,6 +1,6 @@
 """TRL's side of bench_vs_trl.py: GRPOTrainer (GSPO) on the spec the driver wrote; runs in .venv-trl.
 
-    .venv-trl/bin/python bench/trl_side.py SPEC.json      (bench_vs_trl.py writes SPEC and runs this)
+    .venv-trl/bin/python bench/vs_trl/trl_side.py SPEC.json      (bench_vs_trl.py writes SPEC and runs this)
 
 The spec holds the ``GRPOConfig`` arguments (``vs_trl_lib.trl_args``: Gyre's values), the
 training problems in Gyre's task order, the held-out problems and the steps to evaluate
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 T_PROCESS = time.time()
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gyre.harness.families
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # gyre.harness.families
 
 
 def say(msg: str) -> None:

@@ -1,14 +1,14 @@
 """Gyre against TRL's GRPOTrainer (GSPO) on the same model, prompts, reward and settings.
 
     bash scripts/install-trl.sh                  # once: TRL in its own venv (.venv-trl)
-    python bench/bench_vs_trl.py                 # the example's 21 steps, seed 0, 64 held-out
-    python bench/bench_vs_trl.py --seeds 0 1 2 --precision bf16
-    python bench/bench_vs_trl.py --gyre-placement elastic   # Gyre at the placement's E[d] 1.5
-    python bench/bench_vs_trl.py --steps 3 --held-out 8 --model runs/tiny-model   # a smoke run
+    python bench/vs_trl/bench_vs_trl.py                 # the example's 21 steps, seed 0, 64 held-out
+    python bench/vs_trl/bench_vs_trl.py --seeds 0 1 2 --precision bf16
+    python bench/vs_trl/bench_vs_trl.py --gyre-placement elastic   # Gyre at the placement's E[d] 1.5
+    python bench/vs_trl/bench_vs_trl.py --steps 3 --held-out 8 --model runs/tiny-model   # a smoke run
 
 For each seed, one after the other on this machine: ``gyre run examples/smollm2-arith.toml``
 (with ``--set`` overrides for steps, seed, task set, precision, placement), then TRL's
-``GRPOTrainer`` in ``.venv-trl`` (bench/trl_side.py) with the ``GRPOConfig`` that
+``GRPOTrainer`` in ``.venv-trl`` (bench/vs_trl/trl_side.py) with the ``GRPOConfig`` that
 ``vs_trl_lib.trl_args`` derives from the same Gyre config. Both train on the same task
 folders' problems (generated here from the family and seed, in Gyre's task order) and
 evaluate the same held-out problems at the same policy versions. Each process tree's peak
@@ -31,8 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the vs_trl_* modules
+sys.path.insert(0, str(ROOT / "bench"))  # proctree, shared with the other benches
 sys.path.insert(0, str(ROOT))
 
 from proctree import TreeSampler  # noqa: E402
@@ -238,7 +239,8 @@ def run_trl(a, cfg, seed: int, train, held, eval_steps: list[int], out: Path) ->
     spec_path.write_text(json.dumps(spec, indent=1))
     say(f"TRL seed {seed}: GRPOTrainer, {a.steps} steps, evaluations at {eval_steps} ...")
     tree = run_tree(
-        [a.trl_python, str(ROOT / "bench" / "trl_side.py"), str(spec_path)], out / f"{name}.log"
+        [a.trl_python, str(ROOT / "bench" / "vs_trl" / "trl_side.py"), str(spec_path)],
+        out / f"{name}.log",
     )
     if tree["rc"] != 0 or not Path(spec["out"]).is_file():
         say(f"TRL seed {seed} failed (exit {tree['rc']}): see {out / f'{name}.log'}")

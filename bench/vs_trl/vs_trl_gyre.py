@@ -1,7 +1,7 @@
 """Each side's raw output -> one normalised result (what vs_trl_lib compares).
 
 Gyre: the run directory (metrics.jsonl, evals.jsonl, executions.jsonl, traces/,
-summary.json). TRL: the JSON bench/trl_side.py wrote. Both get the same fields: evals
+summary.json). TRL: the JSON bench/vs_trl/trl_side.py wrote. Both get the same fields: evals
 (step, time since training began, accuracy), steps, training wall-clock, prompt and
 completion tokens of the training generations, peak memory and CPU of the process tree.
 """
