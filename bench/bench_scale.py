@@ -18,8 +18,9 @@ from outside, library code unchanged:
    flight, from the proxy's own counters sampled every 0.25 s. No baseline in this run;
    bench_proxy measures the proxy alone (a ceiling).
 3. Executor: launch latency (submission until the harness process exists: queue + workspace
-   setup + spawn), from each execution's own Timings, and the launch rate of the run's first
-   burst (the policy dispatches in bursts; a burst's launches finish together). Peer:
+   setup + spawn), from each execution's own Timings (its ``result.json`` in the run's
+   workspaces), and the launch rate of the run's first burst (submission times from the run's
+   ``workload.json``) (the policy dispatches in bursts; a burst's launches finish together). Peer:
    bench_executor's executor alone, 200 synthetic harnesses at once on this machine,
    12.7-20.5 starts/s (docs/harness.md).
 4. Peak concurrent executions (the world's count, sampled every 0.1 s) and time spent at 100+.
@@ -192,23 +193,36 @@ class Probe:
         self.threads = driver_threads()
 
 
+def launches_of(run_dir: Path) -> list[tuple[float | None, dict]]:
+    """(submitted at, Timings) of every execution, from the run's own records: the executor's
+    ``result.json`` in each execution's folder under ``workspaces/`` (evaluations included), and
+    the world's submission time (run clock) from ``workload.json``, joined through
+    ``executions.jsonl``; None for an execution the workload does not list (an evaluation)."""
+    rows = [json.loads(x) for x in (run_dir / "executions.jsonl").read_text().splitlines() if x]
+    wl = json.loads((run_dir / "workload.json").read_text())
+    submitted = {(e["group"], e["attempt"]): e["launched_s"] for e in wl["executions"]}
+    at = {r["execution"]: submitted.get((r["group"], r["attempt"])) for r in rows}
+    out = []
+    for res in sorted((run_dir / "workspaces").glob("*/result.json")):
+        doc = json.loads(res.read_text())
+        out.append((at.get(doc["execution_id"]), doc["timings"]))
+    return out
+
+
 def instrumented_run(cfg, tmp: Path, profile: bool) -> dict:
     from gyre.policy import SchedulingPolicy
     from gyre.runtime import loop
-    from gyre.runtime.executions import Executions
     from gyre.runtime.world import RealWorld
 
     probe = Probe()
     handle_t: list[tuple[float, str]] = []
     carry_t: list[tuple[float, int]] = []
-    launches: list[tuple[float, dict]] = []  # (submitted at, Timings)
     prof = cProfile.Profile() if profile else None
     orig = (
         SchedulingPolicy.handle,
         RealWorld.carry_out,
         RealWorld.start,
         RealWorld.stop,
-        Executions._run_one,
     )
 
     def handle(self, event):
@@ -234,19 +248,12 @@ def instrumented_run(cfg, tmp: Path, profile: bool) -> dict:
         probe.stop()
         await orig[3](self)
 
-    async def run_one(self, *args, **kw):
-        t_submit = time.monotonic()
-        res = await orig[4](self, *args, **kw)
-        launches.append((t_submit, res.timings.model_dump()))
-        return res
-
     (
         SchedulingPolicy.handle,
         RealWorld.carry_out,
         RealWorld.start,
         RealWorld.stop,
-        Executions._run_one,
-    ) = (handle, carry_out, start, stop, run_one)
+    ) = (handle, carry_out, start, stop)
     c0 = os.times()
     try:
         t0 = time.perf_counter()
@@ -258,7 +265,6 @@ def instrumented_run(cfg, tmp: Path, profile: bool) -> dict:
             RealWorld.carry_out,
             RealWorld.start,
             RealWorld.stop,
-            Executions._run_one,
         ) = orig
     c1 = os.times()
     per_event = [h + c for (h, _), (c, _) in zip(handle_t, carry_t[1:])]
@@ -269,7 +275,7 @@ def instrumented_run(cfg, tmp: Path, profile: bool) -> dict:
         "handle": [h for h, _ in handle_t],
         "carry": [c for c, _ in carry_t[1:]],
         "events": [e for _, e in handle_t],
-        "launches": launches,
+        "launches": launches_of(tmp / "scale"),
         "probe": probe,
         "children_cpu": (c1.children_user + c1.children_system)
         - (c0.children_user + c0.children_system),
@@ -343,8 +349,9 @@ def report(r: dict, sim: dict | None, a: argparse.Namespace, cfg) -> None:
     row("  calls in flight at the proxy (sampled)", "", [float(x) for x in probe.inflight], 1)
     la = r["launches"]
     row("executor launch latency, ms", f"n={len(la)}", [t["launched_s"] for _, t in la])
-    t_first = min((t0 for t0, _ in la), default=0.0)
-    burst = [t0 + t["launched_s"] for t0, t in la if t0 - t_first < 0.5]
+    subs = [(t0, t) for t0, t in la if t0 is not None]
+    t_first = min((t0 for t0, _ in subs), default=0.0)
+    burst = [t0 + t["launched_s"] for t0, t in subs if t0 - t_first < 0.5]
     if burst:
         dt = max(burst) - t_first
         row(
