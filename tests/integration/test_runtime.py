@@ -831,7 +831,7 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
                     cmd = (proc / "cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if b"gyre.harness.reference_agent" in cmd and any(
+                if any(b"gyre.harness.reference_agent" in c for c in cmd) and any(
                     str(rd).encode() in c for c in cmd
                 ):
                     ws = Path(cmd[cmd.index(b"--workspace") + 1].decode())
