@@ -60,6 +60,16 @@ def graded(formatted: bool, correct: bool) -> Score:
     return Score(reward=reward, formatted=formatted, correct=formatted and correct)
 
 
+def score_integer_answer(reply: str, problem: Problem) -> Score:
+    """The tool-use families' rule: only the last ``Answer:`` line counts, and only the exact
+    integer in it; a right number anywhere else in the reply earns nothing (the tool's output
+    is in the conversation, so crediting it would reward copying without answering)."""
+    got = final_answer(reply)
+    if got is None:
+        return graded(False, False)
+    return graded(True, exact_integer(got, problem.answer))
+
+
 def draw(n: int, split: str, propose: Callable[[], Problem | None]) -> list[Problem]:
     """``n`` distinct problems of ``split`` from repeated ``propose()`` calls (None: rejected);
     the caller's generator is seeded, so the draw is too."""

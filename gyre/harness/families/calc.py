@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from .base import Problem, Score, draw, exact_integer, final_answer, graded
+from .base import Problem, draw, score_integer_answer
 
 INSTRUCTION = "What is {expr}? End your reply with a line of the form 'Answer: <number>'."
 # kind -> (expression, the value); the digits of each operand are drawn in make()
@@ -59,8 +59,4 @@ def make(seed: int, split: str, n: int) -> list[Problem]:
     return draw(n, split, propose)
 
 
-def score(reply: str, problem: Problem) -> Score:
-    got = final_answer(reply)
-    if got is None:
-        return graded(False, False)
-    return graded(True, exact_integer(got, problem.answer))
+score = score_integer_answer  # the tool-use families' rule (base.py)

@@ -22,7 +22,7 @@ import json
 import random
 import string
 
-from .base import Problem, Score, draw, exact_integer, final_answer, graded
+from .base import Problem, draw, score_integer_answer
 
 _TAIL = " End your reply with a line of the form 'Answer: <number>'."
 WORDS = (
@@ -103,8 +103,4 @@ def make(seed: int, split: str, n: int) -> list[Problem]:
     return draw(n, split, propose)
 
 
-def score(reply: str, problem: Problem) -> Score:
-    got = final_answer(reply)
-    if got is None:
-        return graded(False, False)
-    return graded(True, exact_integer(got, problem.answer))
+score = score_integer_answer  # the tool-use families' rule (base.py)
