@@ -30,22 +30,19 @@ def _jsonl(p: Path) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
 
 
-def test_example_trains_two_steps(tmp_path: Path) -> None:
-    if not (MODEL / "model.safetensors").is_file():
-        pytest.skip("runs/smollm2 is absent: run scripts/get-smollm2.sh")
-    tasks = tmp_path / "tasks"
-    write_taskset(problems("arith", 0, "train", 8) + problems("arith", 0, "held-out", 4), tasks)
+def _two_steps(example: Path, model: Path, tasks: Path, tmp_path: Path, name: str) -> Path:
+    """``gyre run EXAMPLE`` scaled to 2 steps of 2 groups x 4 on ``tasks``; its run folder."""
     sets = [
-        f"model_dir={MODEL}",
+        f"model_dir={model}",
         f"run.taskset={tasks}",
         f"run.out_dir={tmp_path}",
-        "run.name=smoke",
+        f"run.name={name}",
         "policy.total_steps=2",
         "policy.batch_groups=2",
         "policy.group_size=4",
         "run.eval_interval=2",
     ]
-    argv = [sys.executable, "-m", "gyre.cli", "run", str(EXAMPLE), "--log-format", "plain"]
+    argv = [sys.executable, "-m", "gyre.cli", "run", str(example), "--log-format", "plain"]
     for s in sets:
         argv += ["--set", s]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -56,7 +53,15 @@ def test_example_trains_two_steps(tmp_path: Path) -> None:
         if p.returncode == 0 or "timed out during startup" not in p.stdout + p.stderr:
             break
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    run = tmp_path / "smoke"
+    return tmp_path / name
+
+
+def test_example_trains_two_steps(tmp_path: Path) -> None:
+    if not (MODEL / "model.safetensors").is_file():
+        pytest.skip("runs/smollm2 is absent: run scripts/get-smollm2.sh")
+    tasks = tmp_path / "tasks"
+    write_taskset(problems("arith", 0, "train", 8) + problems("arith", 0, "held-out", 4), tasks)
+    run = _two_steps(EXAMPLE, MODEL, tasks, tmp_path, "smoke")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
     rows = _jsonl(run / "metrics.jsonl")
@@ -86,28 +91,7 @@ def test_agent_example_trains_two_steps(tmp_path: Path) -> None:
     model = install_template(MODEL, tmp_path / "smollm2-tools")
     tasks = tmp_path / "tasks"
     write_taskset(problems("calc", 0, "train", 8) + problems("calc", 0, "held-out", 4), tasks)
-    sets = [
-        f"model_dir={model}",
-        f"run.taskset={tasks}",
-        f"run.out_dir={tmp_path}",
-        "run.name=agent",
-        "policy.total_steps=2",
-        "policy.batch_groups=2",
-        "policy.group_size=4",
-        "run.eval_interval=2",
-    ]
-    argv = [sys.executable, "-m", "gyre.cli", "run", str(AGENT_EXAMPLE), "--log-format", "plain"]
-    for s in sets:
-        argv += ["--set", s]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    for _attempt in range(2):  # Ray's node start times out on an overloaded machine: once more
-        p = subprocess.run(
-            argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1400
-        )
-        if p.returncode == 0 or "timed out during startup" not in p.stdout + p.stderr:
-            break
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    run = tmp_path / "agent"
+    run = _two_steps(AGENT_EXAMPLE, model, tasks, tmp_path, "agent")
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
     assert len(_jsonl(run / "metrics.jsonl")) == 2
     execs = _jsonl(run / "executions.jsonl")
