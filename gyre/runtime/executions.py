@@ -28,6 +28,7 @@ from gyre.runtime.proxy_watchdog import ProxyHost, ProxyWatchdog, admin_call
 from gyre.runtime.restore import Restored
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
+from gyre.trace.agentstats import timeout_sums, tree_sums, turn_sums
 from gyre.trace.assessment import Missing, reward_of
 from gyre.trace.store import read_trace, trace_path
 from gyre.trace.toolhealth import ToolHealth, execution_health
@@ -55,6 +56,9 @@ class Executions:
         self.admin: ProxyAdminClient | None = None
         self.profile: HarnessProfile | None = None
         self.results: dict[tuple[int, int], tuple[str, float | Missing]] = {}
+        # (gid, attempt) -> how its harness stopped, until its group is packed (agent/* metrics;
+        # a resume's restored executions have none)
+        self.stops: dict[tuple[int, int], str] = {}
         self.finished = 0
         self.failed = 0  # harness exited non-zero, was killed, or could not launch
         self.missing = 0
@@ -182,6 +186,7 @@ class Executions:
             self.missing_reasons[why] = self.missing_reasons.get(why, 0) + 1
         calls = h.model_calls
         self.results[(gid, attempt)] = (eid, reward)
+        self.stops[(gid, attempt)] = h.stop
         served = await asyncio.to_thread(self._served, eid)
         self.rundir.log_execution(
             {
@@ -217,6 +222,7 @@ class Executions:
         ``spans`` gets the seconds each part took (``trees``, ``pack``)."""
         N = self.cfg.policy.group_size
         ids = {a: self.results.pop((gid, a)) for a in range(N)}
+        stops = {a: self.stops.pop((gid, a), None) for a in range(N)}
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
         rewards = {eid: r for eid, r in ids.values()}
         tcfg = self.cfg.trainer
@@ -253,18 +259,22 @@ class Executions:
             if isinstance(r, Missing):
                 info[f"missing/{r.reason.value}"] = info.get(f"missing/{r.reason.value}", 0) + 1
         info.update(self._health(traces, report.health, profile))
+        info.update(timeout_sums((stops[a], not isinstance(ids[a][1], Missing)) for a in range(N)))
+        info.update(tree_sums(group.admissions.values()))
         return group, st.executions_scored, info, chunk.tasks
 
     @staticmethod
     def _health(
         traces: dict[str, Path], read: dict[str, ToolHealth], profile: HarnessProfile
     ) -> dict[str, int]:
-        """The group's tool-call health sums (``gyre.trace.toolhealth``), keyed by profile.
+        """The group's tool-call health sums (``gyre.trace.toolhealth``), keyed by profile,
+        and its histogram of turns per execution (``gyre.trace.agentstats``).
 
         Scored executions were counted while their traces were read; a missing one's trace
         (a harness that ended after one answer is often missing) is read here."""
         roles = role_profile(profile.roles)
         total = ToolHealth()
+        turns: list[int] = []
         for eid, path in traces.items():
             h = read.get(eid)
             if h is None:
@@ -274,7 +284,8 @@ class Executions:
                     recs = []
                 h = execution_health(recs, roles)
             total = total + h
-        return total.sums(profile.name)
+            turns.append(h.turns)
+        return {**total.sums(profile.name), **turn_sums(turns)}
 
     # ------------------------------------------------------------------ evaluation
     def maybe_evaluate(self, version: int) -> None:

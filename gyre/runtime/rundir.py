@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gyre.trace.agentstats import agent_metrics
 from gyre.trace.toolhealth import tool_metrics
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class RunDir:
             "batch/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
             "batch/staleness_max": max(stale) if stale else 0,
             **tool_metrics(p),  # tools/* and tools/by_profile/<profile>/*
+            **agent_metrics(p),  # agent/* and tree/*
             "train/tokens": p.get("tokens", 0),
             "train/target_tokens": p.get("targets", 0),
             "train/micro_steps": p.get("micro_steps", 0),

@@ -24,8 +24,8 @@ from gyre.trace.store import TraceWriter
 class FakeExecutor:
     """Answers each execution from a table: what the real executor would have decided."""
 
-    def __init__(self, outcomes):
-        self.outcomes = outcomes
+    def __init__(self, outcomes, stops=None):
+        self.outcomes, self.stops = outcomes, stops or {}
 
     async def run(self, spec):
         return ExecutionResult(
@@ -33,7 +33,11 @@ class FakeExecutor:
             task=spec.task.name,
             profile=spec.profile.name,
             assessment=self.outcomes[spec.execution_id],
-            harness=HarnessRun(stop="exited", exit_code=0, model_calls=ModelCalls(1, 1, "", "")),
+            harness=HarnessRun(
+                stop=self.stops.get(spec.execution_id, "exited"),
+                exit_code=0,
+                model_calls=ModelCalls(1, 1, "", ""),
+            ),
             workspace="",
             execution_dir="",
             timings=Timings(),
@@ -75,7 +79,9 @@ async def test_tool_health_reaches_metrics_tensorboard_and_trackers(tmp_path):
             a1: Scored(reward=0.0, rule="binary"),
             # one answer, a broken call, then the harness gave up: missing, still counted
             a2: Missing(reason=MissingReason.evaluator_error, detail="no reward"),
-        }
+        },
+        # a1 was cut at the harness timeout and scored on its workspace; a2 cut, not scored
+        {a1: "harness_timeout", a2: "harness_timeout"},
     )
     w = TraceWriter(rundir.traces, fsync=False)
     for r in [
@@ -112,8 +118,21 @@ async def test_tool_health_reaches_metrics_tensorboard_and_trackers(tmp_path):
         assert row[f"tools/{k}"] == v, k
         assert row[f"tools/by_profile/reference/{k}"] == v, k
     assert not any(k.startswith("toolhealth/") for k in row)  # the sums stay internal
+    # agent figures: turns 5, 1, 1 per execution; 4 calls over 3 executions
+    assert row["agent/tool_calls_per_exec_mean"] == 4 / 3
+    assert row["agent/turns_hist"] == {"1": 2, "5": 1}
+    assert (row["agent/turns_p10"], row["agent/turns_p50"], row["agent/turns_p90"]) == (1, 1, 5)
+    assert row["agent/turns_max"] == 5
+    assert (row["agent/harness_timeout"], row["agent/harness_timeout_scored"]) == (2, 1)
+    # trees of the two scored executions: a0's 5 calls share the prompt (5, 6), a1 has one;
+    # every path is admitted (j_max unset), each 3 prompt + 2 output tokens
+    assert (row["tree/paths"], row["tree/paths_admitted"]) == (6, 6)
+    assert (row["tree/tokens_unique"], row["tree/tokens_flat"]) == (2 + 5 * 3 + 5, 6 * 5)
+    assert row["tree/flat_over_tree"] == 30 / 22
+    assert not any(k.startswith("agentstats/") for k in row)
     # the trackers take the row's numbers under the same names; TensorBoard the same scalars
     assert numeric(row)["tools/by_profile/reference/subagent_calls"] == 2.0
+    assert numeric(row)["agent/turns_hist/5"] == 1.0
     events = b"".join(p.read_bytes() for p in (rundir.path / "tb").glob("events.out.tfevents.*"))
     assert b"tools/no_call_executions" in events
     assert b"tools/by_profile/reference/turns_per_execution" in events
