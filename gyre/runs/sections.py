@@ -98,6 +98,39 @@ def mismatch(run: Run) -> str:
     return "".join(line_chart(f"mismatch: {n}", s, "step") for n, s in groups.items())
 
 
+# the agent section's charts: (title, [(series label, metric)]), from docs/runtime.md
+AGENT_CHARTS: list[tuple[str, list[tuple[str, str]]]] = [
+    (
+        "turns per execution",
+        [
+            ("p10", "agent/turns_p10"),
+            ("p50", "agent/turns_p50"),
+            ("p90", "agent/turns_p90"),
+            ("max", "agent/turns_max"),
+        ],
+    ),
+    (
+        "tool calls",
+        [("per execution", "agent/tool_calls_per_exec_mean"), ("unparsed", "tools/unparsed")],
+    ),
+    (
+        "executions cut at the harness timeout",
+        [("cut", "agent/harness_timeout"), ("cut, scored", "agent/harness_timeout_scored")],
+    ),
+    ("trees: flat tokens over tree tokens", [("flat / tree", "tree/flat_over_tree")]),
+]
+
+
+def agent(run: Run) -> str:
+    """Per step: turns, tool calls, harness cuts and tree sharing (``agent/*``, ``tree/*``)."""
+    if not any(k.startswith(("agent/", "tree/")) for r in run.metrics for k in r):
+        return '<p class="none">agent figures: not recorded in this run</p>'
+    return "".join(
+        line_chart(title, [(n, per_step(run, k)) for n, k in series], "step")
+        for title, series in AGENT_CHARTS
+    )
+
+
 def faults(run: Run, execs: list[dict[str, Any]]) -> str:
     s = run.summary or {}
     proxy = s.get("proxy") or {}

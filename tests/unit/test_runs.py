@@ -4,6 +4,7 @@ its sections, charts and links, and that it references nothing outside itself.""
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -119,7 +120,38 @@ def test_show_a_run_still_going(tmp_path):
     p = parse(rd / "report.html")
     assert "mismatch: not recorded in this run" in p.text
     assert "timeline: not written" in p.text
+    assert "agent figures: not recorded in this run" in p.text
     assert "time share of each role, per cell" in p.text  # from the last step's cells/* shares
+
+
+def test_show_plots_the_agent_figures(tmp_path):
+    """A run whose steps carry agent/* and tree/* figures gets one chart per family."""
+    rd = make_run(tmp_path, "c", steps=3, total=3, finished=True, ckpt=True)
+    lines = (rd / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines[:-1]]  # the torn last line left out
+    for r in rows:
+        s = r["step"]
+        r |= {"agent/turns_p10": 1, "agent/turns_p50": 2 + s, "agent/turns_p90": 4 + s,
+              "agent/turns_max": 6, "agent/turns_hist": {"1": 2, "6": 1},
+              "agent/tool_calls_per_exec_mean": 1.5, "tools/unparsed": 3 - s,
+              "agent/harness_timeout": 1, "agent/harness_timeout_scored": 1,
+              "tree/flat_over_tree": 1.8}  # fmt: skip
+    (rd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = gyre("runs", "show", str(rd))
+    assert r.exit_code == 0, r.output
+    p = parse(rd / "report.html")
+    assert "agent" in p.ids
+    for title in (
+        "turns per execution",
+        "tool calls",
+        "executions cut at the harness timeout",
+        "trees: flat tokens over tree tokens",
+    ):
+        assert title in p.text
+    assert "agent figures: not recorded" not in p.text
+    # 5 charts as above, 4 more here; series: turns 4, tool calls 2, cuts 2, trees 1
+    assert p.tags.count("svg") == 5 + 4
+    assert p.tags.count("polyline") == 8 + 4 + 2 + 2 + 1
 
 
 def test_compare_puts_runs_side_by_side(tmp_path):
