@@ -157,13 +157,12 @@ def test_existing_run_is_not_overwritten(base, model_dir, tmp_path):
     )
 
 
-def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_path):
-    """A run whose checkpoint holds every step and that wrote its summary: nothing to do (and no
-    Ray started). Without the summary the resume finishes the run (test_runtime.py)."""
+def _finished_run(base, model_dir, path):
+    """A run directory whose checkpoint holds both of its 2 steps and that wrote its summary."""
     from gyre.train.checkpoint import TrainerState
 
     cfg = load_config(base, [f"model_dir={model_dir}", "policy.total_steps=2"])
-    rd = RunDir(tmp_path / "done").create()
+    rd = RunDir(path).create()
     rd.write_config(cfg)
     ck = rd.checkpoints / "step-2"
     ck.mkdir()
@@ -172,6 +171,14 @@ def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_
     )
     (rd.checkpoints / "latest").write_text("step-2")
     rd.write_summary({"steps": 2})
+    return rd
+
+
+def test_resume_of_a_finished_run_exits_0_without_starting(base, model_dir, tmp_path):
+    """A run whose checkpoint holds every step and that wrote its summary: nothing to do (and no
+    Ray started). Without the summary the resume finishes the run (test_runtime.py)."""
+
+    rd = _finished_run(base, model_dir, tmp_path / "done")
     r = _run(["--resume", str(rd.path)])
     assert r.exit_code == 0, r.output
     assert "already finished" in r.stderr
@@ -184,20 +191,10 @@ def test_resume_says_so_when_this_user_did_not_create_the_run(base, model_dir, t
     import shutil
 
     from gyre.runtime import origin
-    from gyre.train.checkpoint import TrainerState
 
     os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")  # this user's key, made on first use
     try:
-        cfg = load_config(base, [f"model_dir={model_dir}", "policy.total_steps=2"])
-        rd = RunDir(tmp_path / "mine").create()
-        rd.write_config(cfg)
-        ck = rd.checkpoints / "step-2"
-        ck.mkdir()
-        (ck / "trainer_state.json").write_text(
-            json.dumps(TrainerState(2, 2, ["g0", "g1", "g2", "g3"], "m").__dict__)
-        )
-        (rd.checkpoints / "latest").write_text("step-2")
-        rd.write_summary({"steps": 2})
+        rd = _finished_run(base, model_dir, tmp_path / "mine")
         received = tmp_path / "received"
         shutil.copytree(rd.path, received)
         origin.mark(rd.path)  # what gyre run does when it creates a run directory
