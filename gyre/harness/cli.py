@@ -234,6 +234,48 @@ def generate(
     typer.echo(f"{out_dir}: {train} train-* and {held_out} held-out-* {family} tasks (seed {seed})")
 
 
+@app.command("demos")
+def demos(
+    family: str = typer.Argument(..., help="Task family with an oracle: calc."),
+    out_file: Path = typer.Argument(..., help="JSON Lines file to write: one conversation each."),
+    n: int = typer.Option(128, min=1, help="Demonstrations (train-split problems only)."),
+    seed: int = typer.Option(1, help="Seed of the draw (use another than the run's task set)."),
+    system: str | None = typer.Option(
+        None, help="System prompt (default: the tool protocol's, as examples/smollm2-agent.toml)."
+    ),
+) -> None:
+    """Write the family's oracle executions as chat conversations, for `gyre train sft`.
+
+    Each line is ``{"messages": [...], "tools": [...]}`` (the conversational format TRL's
+    SFTTrainer reads too): the system prompt, the task, the oracle's tool call, the tool's
+    output and the answer, with the tools the reference agent offers (``--no-delegate``), so
+    a warm-up renders them as the rollout will. Held-out problems are never drawn.
+    """
+    import json
+
+    from gyre.harness.families import problems
+    from gyre.harness.families.registry import demonstration
+    from gyre.harness.families.toolproto import SYSTEM
+
+    from .reference_agent import TOOLS
+
+    tools = [TOOLS[k] for k in ("read_file", "write_file", "run_command", "submit")]
+    head = [{"role": "system", "content": SYSTEM if system is None else system}]
+    try:
+        lines = [
+            json.dumps({"messages": head + demonstration(p), "tools": tools})
+            for p in problems(family, seed, "train", n)
+        ]
+    except ValueError as e:
+        fail("harness demos", first_line(e))
+    try:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError as e:
+        fail("harness demos", f"cannot write {out_file}: {e.strerror or e}")
+    typer.echo(f"{out_file}: {n} {family} demonstrations (train split, seed {seed})")
+
+
 @app.command("profiles")
 def profiles() -> None:
     """List the built-in harness profiles."""

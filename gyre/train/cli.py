@@ -11,6 +11,8 @@ from pathlib import Path
 
 import typer
 
+from gyre.cli_errors import fail
+
 app = typer.Typer(
     help="Trainer: local elastic cells on synthetic groups, checkpoints.", no_args_is_help=True
 )
@@ -89,6 +91,64 @@ def demo(
             typer.echo(line)
     typer.echo(summary(steps_seen))
     typer.echo(f"weights: {out / 'demo' / 'final.safetensors'}")
+
+
+@app.command("sft")
+def sft(
+    model_dir: Path = typer.Argument(..., help="HF model directory to start from."),
+    demos: Path = typer.Argument(..., help="Conversations, JSON Lines (gyre harness demos)."),
+    out_dir: Path = typer.Argument(..., help="Model directory to write."),
+    steps: int = typer.Option(24, min=1, help="Optimizer steps."),
+    batch_size: int = typer.Option(8, min=1, help="Conversations per step."),
+    lr: float = typer.Option(2e-5, min=0.0, help="Peak learning rate (warm-up, then cosine)."),
+    seed: int = typer.Option(0, help="Seed of the order and initialisation."),
+) -> None:
+    """A supervised warm-up on demonstrations, the assistant's tokens only (issue 34)."""
+    from gyre.cli_errors import make_dir, require_model_dir, user_errors
+
+    with user_errors("train sft"):
+        require_model_dir(model_dir, "MODEL_DIR")
+        make_dir(out_dir, "OUT_DIR")
+    convs, tools = _read_demos(demos)
+    from gyre.train.sft import SftSettings, train
+
+    def progress(step: int, loss: float, lr_now: float) -> None:
+        typer.echo(f"sft step {step + 1}/{steps}  loss {loss:.4f}  lr {lr_now:.2e}", err=True)
+
+    settings = SftSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+    try:
+        res = train(model_dir, convs, out_dir, tools=tools, settings=settings, progress=progress)
+    except ValueError as e:
+        fail("train sft", str(e).splitlines()[0])
+    typer.echo(
+        f"{out_dir}: {res.demonstrations} demonstrations, {res.target_tokens} target tokens, "
+        f"loss {res.losses[0]:.3f} -> {res.losses[-1]:.3f} in {res.seconds:.0f} s"
+    )
+
+
+def _read_demos(path: Path) -> tuple[list[list[dict]], list[dict] | None]:
+    """The conversations of a demos file and their tools (one set: the file's first line's).
+    A malformed line is one error line naming it, never a traceback."""
+    if not path.is_file():
+        fail("train sft", f"{path}: no such file; write one with `gyre harness demos`")
+    convs: list[list[dict]] = []
+    tools: list[dict] | None = None
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            msgs = row["messages"]
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+                raise TypeError("messages is not a list of objects")
+        except (ValueError, KeyError, TypeError) as e:
+            fail("train sft", f"{path}:{i}: not a conversation ({e})")
+        convs.append(msgs)
+        if tools is None:
+            tools = row.get("tools")
+    if not convs:
+        fail("train sft", f"{path}: no conversations in it")
+    return convs, tools
 
 
 @app.command("checkpoint")

@@ -13,6 +13,7 @@ HELD_OUT_SHARE = 0.2  # of the problem space; the split is a hash of the problem
 _ANSWER = re.compile(r"^\s*answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 MAX_REPLY_CHARS = 4000  # what a verifier reads of a reply
 _INTEGER = re.compile(r"^[-+]?\d{1,15}$")
+TOOL_NAME = "run_command"  # the reference agent's shell tool; its argument is "command"
 
 
 @dataclass(frozen=True)

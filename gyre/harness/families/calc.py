@@ -15,8 +15,9 @@ outside the format: the verifier checks the line, nothing else.
 from __future__ import annotations
 
 import random
+from typing import Any
 
-from .base import Problem, draw, score_integer_answer
+from .base import TOOL_NAME, Problem, draw, score_integer_answer
 
 INSTRUCTION = "What is {expr}? End your reply with a line of the form 'Answer: <number>'."
 # kind -> (expression, the value); the digits of each operand are drawn in make()
@@ -60,3 +61,27 @@ def make(seed: int, split: str, n: int) -> list[Problem]:
 
 
 score = score_integer_answer  # the tool-use families' rule (base.py)
+
+
+def demonstration(p: Problem) -> list[dict[str, Any]]:
+    """The oracle's execution of ``p`` as the reference agent's conversation after its system
+    prompt: the task, one ``bc`` call (the worked exchange's command, on this problem's
+    expression), the tool's output as the agent returns it, and the answer line. What the
+    optional warm-up (``gyre train sft``) imitates; the run itself never sees it."""
+    command = f'echo "{p.data["expression"]}" | bc'
+    return [
+        {"role": "user", "content": p.instruction},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": TOOL_NAME, "arguments": {"command": command}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": f"exit status 0\n{p.answer}\n"},
+        {"role": "assistant", "content": f"Answer: {p.answer}"},
+    ]

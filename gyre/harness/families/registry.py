@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from gyre.harness.families import arith, calc, countdown, lookup
 from gyre.harness.families.base import SPLITS, Problem, Score
@@ -26,3 +27,19 @@ def problems(family: str, seed: int, split: str, n: int) -> list[Problem]:
 
 def score(reply: str, problem: Problem) -> Score:
     return FAMILIES[problem.family][1](reply, problem)
+
+
+# families whose oracle can write a demonstration (the optional warm-up, ``gyre train sft``)
+DEMONSTRATIONS: dict[str, Callable[[Problem], list[dict[str, Any]]]] = {
+    "calc": calc.demonstration,
+}
+
+
+def demonstration(problem: Problem) -> list[dict[str, Any]]:
+    """The oracle's conversation for ``problem`` (after the system prompt)."""
+    if problem.family not in DEMONSTRATIONS:
+        raise ValueError(
+            f"family {problem.family!r} has no oracle demonstrations "
+            f"(families with one: {', '.join(DEMONSTRATIONS)})"
+        )
+    return DEMONSTRATIONS[problem.family](problem)

@@ -35,12 +35,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .base import TOOL_NAME
+
 SYSTEM = (
     "You are a helpful assistant with a bash shell. To run a command, write it in a bash "
     "block; you then see its output. When you know the answer, reply with a last line of the "
     "form 'Answer: <number>'."
 )
-TOOL_NAME = "run_command"  # the reference agent's shell tool; its argument is "command"
 # The exchange's command. `bc` because the model imitates it: 32 held-out calc problems at
 # temperature 1, one exchange as turns: 3 of 32 replies ran a block that printed the right
 # value with `echo "123 * 45" | bc`, 0 of 16 with `echo $((123 * 45))` (and 0 of 64 through
