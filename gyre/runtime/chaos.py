@@ -27,6 +27,12 @@ target yet (no satellite, say) waits up to ``patience_s`` from then, then is rec
 skipped. Each
 kill is a record in ``summary.json`` ``chaos`` (kind, run time, target), completed as the run
 handles it: after how long it was found, by what, what was done, when it served again.
+
+The product never names it: :func:`attach` (called by :func:`gyre.runtime.loop.train`) is the
+one place that reads ``[run.chaos]``; it builds the nemesis from the world's public handles and
+attaches it through :meth:`RealWorld.attach` (a :class:`gyre.runtime.handles.Rig`). The nemesis
+keeps its own records: ``chaos.jsonl`` in the run directory carries them into the next segment
+after a core restart.
 """
 
 from __future__ import annotations
@@ -39,14 +45,19 @@ import signal
 import time
 from collections.abc import Container
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gyre.policy import CellRole
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import ChaosConfig
 from gyre.runtime.handles import EventBus
 from gyre.runtime.records import BREAKS_STEP, Phase, Records
+from gyre.runtime.rundir import RunDir
 
+if TYPE_CHECKING:  # the world imports nothing of this file: the edge runs one way
+    from gyre.runtime.world import RealWorld
+
+CHAOS_FILE = "chaos.jsonl"  # the kills of ended segments, carried into the next
 FOLLOW_S = 180.0  # how long a kill's record is completed from what the run does about it
 _EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
 _SWITCHING = (CellRole.TO_TRAINING, CellRole.TO_ROLLOUT)
@@ -68,11 +79,31 @@ def schedule(seed: int, kills: int, kinds: list[str], window: tuple[float, float
     return list(zip(times, order[:kills]))
 
 
+def attach(cfg: ChaosConfig, world: RealWorld) -> Nemesis | None:
+    """Build the nemesis for ``world`` from its public handles and attach it (None: off, the
+    default). The one place ``[run.chaos]`` is read."""
+    if cfg.kills <= 0:
+        return None
+    nemesis = Nemesis(
+        cfg,
+        world.cluster,
+        world.records,
+        world,
+        down=world.faults.down,
+        results=world.execs.results,
+        rundir=world.rundir,
+    )
+    world.attach(nemesis)
+    return nemesis
+
+
 class Nemesis:
-    """Carries out the schedule on the cluster's processes; its records go to
-    ``records.chaos``. ``down``: the cells lost and not back yet (the cell fault handler's);
-    ``results``: the executions recorded so far, by (group, attempt); ``workspaces``: where
-    harness processes run."""
+    """Carries out the schedule on the cluster's processes; its records are ``kills`` (a
+    :class:`gyre.runtime.handles.Rig` named ``chaos``). ``down``: the cells lost and not back
+    yet (the cell fault handler's); ``results``: the executions recorded so far, by (group,
+    attempt); ``rundir``: where harness processes run and where ``chaos.jsonl`` is kept."""
+
+    name = "chaos"  # its key in summary.json
 
     def __init__(
         self,
@@ -83,31 +114,43 @@ class Nemesis:
         *,
         down: set[int],
         results: Container[tuple[int, int]],
-        workspaces: Path,
+        rundir: RunDir,
     ) -> None:
         self.cfg, self.cluster, self.records, self.bus = cfg, cluster, records, bus
-        self.down, self.results, self.workspaces = down, results, workspaces
+        self.down, self.results, self.rundir = down, results, rundir
+        self.workspaces = rundir.workspaces
+        # what it did: one record per kill, those of the segments before first (chaos.jsonl)
+        self.kills: list[dict[str, Any]] = rundir.read_jsonl(CHAOS_FILE)
         c = self.cfg
         self.plan = schedule(c.seed, c.kills, list(c.kinds), c.window_s)
         self.rng = random.Random(c.seed + 1)
         # a segment after a core restart: the kills done before it are carried (chaos.jsonl);
         # go on with the rest, spaced as drawn, and judge only this segment's faults
         self.carried_faults = len(records.faults)
-        done = carry(records.chaos, records.faults)
+        done = carry(self.kills, records.faults)
         if done:
             base = self.plan[done - 1][0]
             self.plan = [(at - base, kind) for at, kind in self.plan[done:]]
             self.rng = random.Random(c.seed + 1 + done)
 
-    @property
-    def enabled(self) -> bool:
-        return self.cfg.kills > 0
+    # ------------------------------------------------------------------ the Rig hook
+    def counts(self) -> dict[str, int]:
+        return {"chaos kills": sum(1 for k in self.kills if "target" in k)}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.kills
+
+    def close(self) -> None:
+        """The segment ends: its kills (completed as far as it followed them) go to
+        ``chaos.jsonl`` for the next segment, which closes the ones left open."""
+        if self.kills:
+            self.rundir.replace_jsonl(CHAOS_FILE, self.kills)
 
     async def run(self) -> None:
         for at, kind in self.plan:
             await asyncio.sleep(max(0.0, at - self.bus.now()))
             rec = await self._one(kind)
-            self.records.chaos.append(rec)
+            self.kills.append(rec)
             if "target" in rec:
                 self.bus.spawn(self._follow(rec))
 
@@ -145,7 +188,7 @@ class Nemesis:
         proxy = self.cluster.proxy
         if proxy is None or not proxy.alive:
             return False
-        if any("target" in k and "handled" not in k for k in records.chaos):
+        if any("target" in k and "handled" not in k for k in self.kills):
             return False  # the last kill is not found and dealt with yet
         if kind == "harness":
             return True

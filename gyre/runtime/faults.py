@@ -58,20 +58,12 @@ class FatalFault(RuntimeError):
 class CoreLost(FatalFault):
     """The core, or a cell inside the step's reduce, was lost: what the core applied since its
     last checkpoint died with it. ``record`` is the fault's entry in ``faults`` (the supervisor
-    says there what it did); ``faults`` is the segment's whole list, kept for the next one, and
-    ``chaos`` what the nemesis did in it (``[run.chaos]``), kept alike."""
+    says there what it did); ``faults`` is the segment's whole list, kept for the next one."""
 
-    def __init__(
-        self,
-        message: str,
-        record: dict[str, Any],
-        faults: list[dict[str, Any]],
-        chaos: list[dict[str, Any]] | None = None,
-    ):
+    def __init__(self, message: str, record: dict[str, Any], faults: list[dict[str, Any]]):
         super().__init__(message)
         self.record = record
         self.faults = faults
-        self.chaos = chaos if chaos is not None else []
 
 
 def actor_died(e: BaseException) -> bool:
@@ -256,7 +248,7 @@ class CellFaults:
         relaunches those it keeps a finished sibling of, and dispatches fresh groups for the
         rest), so the record counts them: the work a core restart throws away."""
         rec["executions_cut"] = self._running()
-        return CoreLost(msg, rec, self.records.faults, self.records.chaos)
+        return CoreLost(msg, rec, self.records.faults)
 
     def cell_of(self, e: BaseException, cells: range) -> int | None:
         """Which of ``cells`` the dead actor behind ``e`` (or its cause) was, if Ray says."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.policy import CellRole, SchedulingPolicy
-from gyre.runtime import workload
+from gyre.runtime import chaos, workload
 from gyre.runtime.calibrate import calibrate
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.progress import Progress, closing_lines
@@ -45,6 +45,7 @@ async def train(
     calibration = await _calibrate(cfg, progress)
     world = RealWorld(cfg, rundir, tasks, resume=resume)
     world.sched_status = policy.status
+    chaos.attach(cfg.run.chaos, world)  # a test facility, off by default ([run.chaos])
     progress.message(
         f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}"
     )
@@ -73,6 +74,7 @@ async def train(
         summary = summarize(
             records, world.cluster, world.execs, rundir, policy if left > 0 else None, calibration
         )
+        summary.update(world.rig_rows())  # what attached test rigs recorded, by their name
         rundir.write_summary(summary)
         write_timeline(records, rundir, summary)
         return summary

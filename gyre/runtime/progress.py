@@ -43,7 +43,6 @@ _FAULT_LABEL = {
     "cells_lost": "cells lost",
     "core_restarts": "core restarts",
     "proxy_restarts": "proxy restarts",
-    "chaos_kills": "chaos kills",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",
@@ -67,6 +66,8 @@ class Feed:
     cell_load: list[tuple[int, int] | None] = field(default_factory=list)
     parks_engine: bool = False  # a training cell keeps its engine paused (vLLM)
     counters: dict[str, int] = field(default_factory=dict)
+    # what attached test rigs count (gyre.runtime.handles.Rig), by label: shown, never faults
+    rigs: dict[str, int] = field(default_factory=dict)
 
 
 def num(x: float | None) -> str:
@@ -225,6 +226,7 @@ class Progress:
             "queued": st.get("queued"),
             "rerouted": int(feed.counters.get("rerouted", 0)),
             "faults": f,
+            "rigs": dict(feed.rigs),
             "last_fault": last_fault(rec.faults),
             "missing": _missing(rows),
             "tools": {k: last[k] for k in TOOL_KEYS if last.get(k) is not None},
@@ -255,8 +257,9 @@ class Progress:
 def _faults(s: dict[str, Any]) -> str:
     f = s["faults"]
     parts = [f"{_FAULT_LABEL[k]} {v}" for k, v in f.items() if v]
-    # a core restart answers a cell lost, a chaos kill causes one: neither is a fault of its own
-    n = sum(v for k, v in f.items() if k not in ("core_restarts", "chaos_kills"))
+    parts += [f"{k} {v}" for k, v in s.get("rigs", {}).items() if v]
+    # a core restart answers a cell lost (a rig's kill causes one): not a fault of its own
+    n = sum(v for k, v in f.items() if k != "core_restarts")
     return f"faults {n}" + (f" ({', '.join(parts)})" if parts else "")
 
 

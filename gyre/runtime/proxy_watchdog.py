@@ -1,7 +1,7 @@
 """The proxy that dies is restarted: same address, admin socket, token and trace directory.
 
 The proxy is a thread of the driver (:class:`gyre.proxy.runner.ProxyServer`); if it ends (a
-crash, or :meth:`ProxyServer.kill` from the chaos nemesis), harnesses see refused or cut
+crash, or :meth:`ProxyServer.kill` from a test rig), harnesses see refused or cut
 connections and every engine switch would fail. Whether that thread lives is read in this
 process at no cost, so the watchdog looks every ``min(run.fault.heartbeat_s, 0.25 s)``, and
 whoever is about to use the proxy (an engine switch, an admin call) asks it first

@@ -21,7 +21,7 @@ from gyre.train.stats import ObjectiveStats
 
 class Phase(StrEnum):
     """What a training cell computes now (``Records.activity[cell]["what"]``): the live view
-    words it, the fault handler and the nemesis judge from it whether a loss breaks the step."""
+    words it, the fault handler (and a test rig) judge from it whether a loss breaks the step."""
 
     MICRO_STEP = "micro_step"
     REDUCE_CHECK = "reduce_check"  # the ping before the reduce
@@ -84,8 +84,6 @@ class Records:
     # every cell lost: {"cell", "kind": died|hung, "role", "time", "detected_by", "cause",
     # "action", "back" (time it served again, None if not), "moved_calls", "requeued"}
     faults: list[dict[str, Any]] = field(default_factory=list)
-    # what the chaos nemesis killed (gyre.runtime.chaos): {"kind", "time", "target", ...}
-    chaos: list[dict[str, Any]] = field(default_factory=list)
     # what each AssignGroup cost the driver's loop, in seconds: "trees" (traces to trees),
     # "pack" (to micro-step tasks), "put" (the tasks into Ray's object store), "all"; "tasks"
     assigns: list[dict[str, float]] = field(default_factory=list)
@@ -103,7 +101,7 @@ class Records:
         **more: Any,
     ) -> dict[str, Any]:
         """A new fault, appended to ``faults`` and returned (its handler completes it): the
-        keys every reader relies on (the report, the live view, ``faults.jsonl``, the chaos
+        keys every reader relies on (the report, the live view, ``faults.jsonl``, a test rig's
         audit), ``more`` after them. ``at``: run time; ``back`` is None until it serves again."""
         rec: dict[str, Any] = {
             "cell": cell,

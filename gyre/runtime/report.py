@@ -185,7 +185,6 @@ def summarize(
         "engine_urls": cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": cluster.dead_engines,
         "faults": records.faults,  # every cell lost: when, how found, what was done, its cost
-        "chaos": records.chaos,  # what the nemesis killed ([run.chaos]), and what came of it
         "disk_bytes": disk_bytes(rundir),
         "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }

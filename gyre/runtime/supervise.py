@@ -21,7 +21,6 @@ finished executions kept, as ``--resume`` does.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,6 @@ from gyre.runtime.restore import plan_restore
 from gyre.runtime.rundir import RunDir
 
 FAULTS_FILE = "faults.jsonl"  # faults of ended segments, one line each
-CHAOS_FILE = "chaos.jsonl"  # what the chaos nemesis did in ended segments ([run.chaos])
 
 
 def resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
@@ -53,7 +51,6 @@ def resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
     next_group = max([e["group"] for e in execs] + [int(g[1:]) for g in trained] + [-1]) + 1
     segment = max([e.get("segment", 0) for e in execs] + [-1]) + 1
     faults = rd.read_jsonl(FAULTS_FILE)
-    chaos = rd.read_jsonl(CHAOS_FILE)
     segment = max([segment, 1, *(f.get("segment", 0) + 1 for f in faults)])
     return {
         "step": step,
@@ -63,22 +60,13 @@ def resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
         "dropped_metric_lines": dropped,
         "restore": plan,
         "faults": faults,
-        "chaos": chaos,
     }
 
 
-def keep_faults(
-    run_dir: Path, faults: list[dict[str, Any]], chaos: list[dict[str, Any]] | None = None
-) -> None:
+def keep_faults(run_dir: Path, faults: list[dict[str, Any]]) -> None:
     """Write the run's faults so far (those the segment carried, as it completed them, and its
-    own) to ``faults.jsonl``, and the nemesis's kills to ``chaos.jsonl``, for the segments
-    after it."""
-    for name, rows in ((FAULTS_FILE, faults), (CHAOS_FILE, chaos or [])):
-        if name == CHAOS_FILE and not rows:
-            continue
-        tmp = Path(run_dir) / f".{name}.tmp"
-        tmp.write_text("".join(json.dumps(f) + "\n" for f in rows))
-        tmp.replace(Path(run_dir) / name)
+    own) to ``faults.jsonl``, for the segments after it."""
+    RunDir(run_dir).replace_jsonl(FAULTS_FILE, faults)
 
 
 def supervise(
@@ -104,7 +92,7 @@ def supervise(
             return run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
         except CoreLost as e:
             if restarts >= limit:
-                keep_faults(run_dir, e.faults, e.chaos)
+                keep_faults(run_dir, e.faults)
                 if limit:
                     raise CoreLost(
                         f"{e} (no core restart left: run.fault.core_restarts = {limit})",
@@ -115,9 +103,8 @@ def supervise(
             restarts += 1
             state = resume_state(run_dir, cfg.policy.group_size)
             _restarted(e.record, state, restarts)
-            keep_faults(run_dir, e.faults, e.chaos)
+            keep_faults(run_dir, e.faults)
             state["faults"] = RunDir(run_dir).read_jsonl(FAULTS_FILE)
-            state["chaos"] = RunDir(run_dir).read_jsonl(CHAOS_FILE)
             state["segment"] = max(state["segment"], segment + 1)  # ids never reused
             say(
                 f"core lost ({_what(e.record)}): restarting from checkpoint step "

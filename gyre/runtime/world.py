@@ -37,12 +37,12 @@ from gyre.policy import (
     WakeAt,
     WeightsPublished,
 )
-from gyre.runtime.chaos import Nemesis
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import Executions
 from gyre.runtime.faults import CellFaults, actor_died
+from gyre.runtime.handles import Rig
 from gyre.runtime.progress import Feed
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
 from gyre.runtime.records import Phase, Records, StepRecord
@@ -72,7 +72,6 @@ class RealWorld:
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         self.records.faults.extend(r.get("faults", []))  # earlier segments' (faults.jsonl)
-        self.records.chaos.extend(r.get("chaos", []))  # and the nemesis's kills (chaos.jsonl)
         self.step_rec: StepRecord | None = None
         # a resume's groups in flight take the policy's first group ids (docs/runtime.md, "Resume")
         self.restore: RestorePlan = r.get("restore") or RestorePlan()
@@ -105,15 +104,17 @@ class RealWorld:
         self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster, self.records, self.now)
         self.cluster.proxy_ready = lambda: self.proxy_watch.ensure("switch")
         self.execs.watchdog = self.proxy_watch
-        self.nemesis = Nemesis(  # [run.chaos]: a test facility, off by default
-            cfg.run.chaos,
-            self.cluster,
-            self.records,
-            self,
-            down=self.faults.down,
-            results=self.execs.results,
-            workspaces=rundir.workspaces,
-        )
+        self.rigs: list[Rig] = []  # test facilities attached from outside (attach)
+
+    def attach(self, rig: Rig) -> None:
+        """The one hook for a test or benchmark facility (gyre.runtime.handles.Rig): it runs
+        beside the run from ``start``, reads and drives it through the world's public handles,
+        and is closed by ``stop``; the product path never names one."""
+        self.rigs.append(rig)
+
+    def rig_rows(self) -> dict[str, list[dict[str, Any]]]:
+        """What each attached rig recorded, by its name (``summary.json`` keys)."""
+        return {r.name: r.rows() for r in self.rigs}
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -180,13 +181,15 @@ class RealWorld:
         self._last_event = 0.0
         self.spawn(self.faults.heartbeat())
         self.spawn(self.proxy_watch.run())
-        if self.nemesis.enabled:
-            self.spawn(self.nemesis.run())
+        for rig in self.rigs:
+            self.spawn(rig.run())
 
     async def stop(self) -> None:
         for t in list(self._bg):
             t.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)
+        for rig in self.rigs:
+            rig.close()
         await self.execs.stop()
         await self.cluster.stop()
 
@@ -213,9 +216,9 @@ class RealWorld:
                     1 for f in self.records.faults if f["kind"] not in ("proxy", "engine")
                 ),
                 "proxy_restarts": self.proxy_watch.restarts,
-                "chaos_kills": sum(1 for k in self.records.chaos if "target" in k),
                 "harness_failed": self.execs.failed,
             },
+            rigs={k: v for r in self.rigs for k, v in r.counts().items()},
         )
 
     def _set_role(self, cell: int, role: CellRole) -> None:

@@ -159,17 +159,17 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
     proxy = types.SimpleNamespace(alive=True)
     n = Nemesis.__new__(Nemesis)
     n.records, n.cluster, n.down = records, types.SimpleNamespace(proxy=proxy), set()
-    n.carried_faults = 0
+    n.carried_faults, n.kills = 0, []
     engine = {"cell": None, "kind": "engine", "action": "restart", "back": None}
     records.faults.append(engine)
-    records.chaos.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
+    n.kills.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
     assert not n._quiet("rollout_cell") and not n._quiet("proxy")
     assert n._quiet("harness")
     n.down.add(1)  # a cell lost, not back: still no wait for a harness kill
     assert n._quiet("harness") and not n._quiet("satellite")
-    records.chaos.append({"kind": "rollout_cell", "target": {"cell": 1}})  # not found yet
+    n.kills.append({"kind": "rollout_cell", "target": {"cell": 1}})  # not found yet
     assert not n._quiet("harness")
-    records.chaos[-1]["handled"] = True
+    n.kills[-1]["handled"] = True
     proxy.alive = False  # a dead proxy: nothing is killed until it serves again
     assert not n._quiet("harness")
     engine["back"], proxy.alive = 30.0, True
@@ -207,3 +207,44 @@ def test_no_training_cell_is_killed_at_a_steps_end():
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_the_nemesis_carries_its_kills_to_the_next_segment_in_its_own_file(tmp_path: Path):
+    """A rig keeps what the next segment needs itself: the kills go to ``chaos.jsonl`` when the
+    segment ends, and the next segment's nemesis reads them, closes the core's kill from the
+    carried fault and goes on with the rest of the schedule."""
+    from gyre.runtime.chaos import CHAOS_FILE, Nemesis
+    from gyre.runtime.config import ChaosConfig
+    from gyre.runtime.rundir import RunDir
+
+    cfg = ChaosConfig(seed=1, kills=3, kinds=["core", "proxy", "harness"])
+    rd = RunDir(tmp_path)
+    bus = types.SimpleNamespace(now=lambda: 0.0)
+
+    def nemesis(records: Records) -> Nemesis:
+        return Nemesis(cfg, None, records, bus, down=set(), results=set(), rundir=rd)  # type: ignore[arg-type]
+
+    first = nemesis(Records(cells=2))
+    assert first.rows() == [] and len(first.plan) == 3
+    first.close()
+    assert not (tmp_path / CHAOS_FILE).exists()  # nothing killed: no file
+    kill = {"kind": "core", "time": 4.0, "unix_time": 100.0, "target": {"cell": 0, "pid": 9}}
+    first.kills.append(kill)
+    assert first.counts() == {"chaos kills": 1}
+    first.close()
+    records = Records(cells=2, segment=1)
+    records.faults.append(
+        {"cell": 0, "kind": "died", "unix_time": 100.01, "detected_by": "heartbeat",
+         "action": "restart from checkpoint step 2"}
+    )  # fmt: skip
+    second = nemesis(records)
+    (carried,) = second.rows()
+    assert carried["handled"] is True and carried["action"] == "restart from checkpoint step 2"
+    assert len(second.plan) == 2  # the rest of the schedule, spaced as drawn
+
+
+def test_the_live_view_shows_a_rigs_counts_apart_from_the_faults():
+    from gyre.runtime.progress import _faults
+
+    s = {"faults": {"cells_lost": 1, "core_restarts": 1}, "rigs": {"chaos kills": 2}}
+    assert _faults(s) == "faults 1 (cells lost 1, core restarts 1, chaos kills 2)"
