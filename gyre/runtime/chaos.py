@@ -51,7 +51,7 @@ from gyre.policy import CellRole
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import ChaosConfig
 from gyre.runtime.handles import EventBus
-from gyre.runtime.records import BREAKS_STEP, Phase, Records
+from gyre.runtime.records import BREAKS_STEP, FaultRecord, Phase, Records
 from gyre.runtime.rundir import RunDir
 
 if TYPE_CHECKING:  # the world imports nothing of this file: the edge runs one way
@@ -195,8 +195,8 @@ class Nemesis:
         if self.down:
             return False
         mine = records.faults[self.carried_faults :]  # earlier segments' are closed
-        last = {f["cell"]: f for f in mine}  # a cell's newest loss supersedes
-        if any(f.get("back") is None and f.get("action") == "restart" for f in last.values()):
+        last = {f.cell: f for f in mine}  # a cell's newest loss supersedes
+        if any(f.back is None and f.action == "restart" for f in last.values()):
             return False
         return kind != "proxy" or not any(r in _SWITCHING for r in records.roles)
 
@@ -288,20 +288,20 @@ class Nemesis:
                 (
                     f
                     for f in records.faults
-                    if f["cell"] == want
-                    and (kind is None or f["kind"] == kind)
-                    and f["unix_time"] >= rec["unix_time"] - 0.05
+                    if f.cell == want
+                    and (kind is None or f.kind == kind)
+                    and f.unix_time >= rec["unix_time"] - 0.05
                 ),
                 None,
             )
             if f is None:
                 return False
-            rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
-            rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
+            rec.update(detected_s=round(f.unix_time - rec["unix_time"], 3))
+            rec.update(detected_by=f.detected_by, action=f.action, fault_kind=f.kind)
             back = _back(records.faults, f)
             if back is not None:
                 rec.update(back_s=round(back - rec["time"], 3), handled=True)
-            if f["action"] != "restart":  # e.g. a loss in the reduce: the segment stops
+            if f.action != "restart":  # e.g. a loss in the reduce: the segment stops
                 rec["handled"] = True
             return bool(rec.get("handled"))
         if "engine" in t:
@@ -340,13 +340,13 @@ class Nemesis:
         return True
 
 
-def _back(faults: list[dict[str, Any]], f: dict[str, Any]) -> float | None:
+def _back(faults: list[FaultRecord], f: FaultRecord) -> float | None:
     """When the cell of fault ``f`` served again: its own ``back``, or, when it was lost again
     while restarting (its new actor hung, say), the ``back`` of its newest loss."""
-    if f.get("back") is not None or f["cell"] is None:
-        return f.get("back")
-    later = [g for g in faults if g["cell"] == f["cell"] and g["time"] > f["time"]]
-    return later[-1].get("back") if later else None
+    if f.back is not None or f.cell is None:
+        return f.back
+    later = [g for g in faults if g.cell == f.cell and g.time > f.time]
+    return later[-1].back if later else None
 
 
 def harness_pids(workspaces: Path) -> dict[str, list[int]]:
@@ -371,7 +371,7 @@ def harness_pids(workspaces: Path) -> dict[str, list[int]]:
     return out
 
 
-def carry(chaos: list[dict[str, Any]], faults: list[dict[str, Any]]) -> int:
+def carry(chaos: list[dict[str, Any]], faults: list[FaultRecord]) -> int:
     """Close the kills an earlier segment left open (the core's: its segment stopped before it
     could follow it) from the carried fault records; return how many kills were done."""
     for rec in chaos:
@@ -379,17 +379,13 @@ def carry(chaos: list[dict[str, Any]], faults: list[dict[str, Any]]) -> int:
         if cell is None or (rec.get("handled") and cell != 0):
             continue
         f = next(
-            (
-                f
-                for f in faults
-                if f.get("cell") == cell and f["unix_time"] >= rec["unix_time"] - 0.05
-            ),
+            (f for f in faults if f.cell == cell and f.unix_time >= rec["unix_time"] - 0.05),
             None,
         )
         if f is None:
             rec["handled"] = False  # its segment ended before anything found it
             continue
-        rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
-        rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
+        rec.update(detected_s=round(f.unix_time - rec["unix_time"], 3))
+        rec.update(detected_by=f.detected_by, action=f.action, fault_kind=f.kind)
         rec["handled"] = True
     return len(chaos)

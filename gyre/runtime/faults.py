@@ -37,7 +37,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 
 import ray
 
@@ -47,7 +46,7 @@ from gyre.runtime import ranks
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.handles import EventBus
-from gyre.runtime.records import BREAKS_STEP, Records
+from gyre.runtime.records import BREAKS_STEP, FaultRecord, Records
 from gyre.runtime.rundir import RunDir
 
 
@@ -60,7 +59,7 @@ class CoreLost(FatalFault):
     last checkpoint died with it. ``record`` is the fault's entry in ``faults`` (the supervisor
     says there what it did); ``faults`` is the segment's whole list, kept for the next one."""
 
-    def __init__(self, message: str, record: dict[str, Any], faults: list[dict[str, Any]]):
+    def __init__(self, message: str, record: FaultRecord, faults: list[FaultRecord]):
         super().__init__(message)
         self.record = record
         self.faults = faults
@@ -98,7 +97,7 @@ class CellFaults:
         self._forget_work, self._running = forget_work, running
         self.cfg = cfg.run.fault
         self.down: set[int] = set()  # lost, not back yet
-        self._open: dict[int, dict[str, Any]] = {}  # cell -> its fault record until it is back
+        self._open: dict[int, FaultRecord] = {}  # cell -> its fault record until it is back
         self._dead_cores: set[str] = set()  # actor ids of the core's lost processes
 
     # ------------------------------------------------------------------ detection
@@ -121,10 +120,9 @@ class CellFaults:
         """The segment's cells are up (the heartbeat starts then): a core restart that led here
         is over; its cost is the time from the loss to now."""
         now = round(time.time(), 3)
-        for f in self.records.faults:
-            if f.get("core_restart") and f.get("back_unix_time") is None:
-                f["back_unix_time"] = now
-                f["cost_s"] = round(now - f["unix_time"], 3)
+        for f in list(self.records.faults):
+            if f.core_restart and f.back_unix_time is None:
+                self.records.complete(f, back_unix_time=now, cost_s=round(now - f.unix_time, 3))
 
     async def alive(self, cells: list[int]) -> bool:
         """Ping ``cells`` at once (a dead actor answers in milliseconds): any lost is reported
@@ -155,7 +153,8 @@ class CellFaults:
         now = self.bus.now()
         role = self.records.roles[cell]
         first = first_line(cause)[:200]
-        action = "restart" if self.cfg.restart else "none"
+        stops = self._stops_segment(cell, f"{kind}: {first}")
+        action = "run stopped" if stops else "restart" if self.cfg.restart else "none"
         rec = self.records.fault(
             cell=cell,
             kind=kind,
@@ -165,9 +164,7 @@ class CellFaults:
             cause=first,
             action=action,
         )
-        stops = self._stops_segment(cell, f"{kind}: {first}")
         if stops is not None:
-            rec["action"] = "run stopped"
             self.errors.append(self.core_lost(stops, rec))
             return
         self._open[cell] = rec
@@ -243,11 +240,11 @@ class CellFaults:
         )
         return self.core_lost(msg, rec)
 
-    def core_lost(self, msg: str, rec: dict[str, Any]) -> CoreLost:
+    def core_lost(self, msg: str, rec: FaultRecord) -> CoreLost:
         """The segment's end: its executions still running are cut (the supervisor's new segment
         relaunches those it keeps a finished sibling of, and dispatches fresh groups for the
         rest), so the record counts them: the work a core restart throws away."""
-        rec["executions_cut"] = self._running()
+        rec = self.records.complete(rec, executions_cut=self._running())
         return CoreLost(msg, rec, self.records.faults)
 
     def cell_of(self, e: BaseException, cells: range) -> int | None:
@@ -308,10 +305,11 @@ class CellFaults:
         queued = [x for x in self.errors if isinstance(x, CoreLost)]
         return queued[0] if queued else self.reduce_lost(step, k, e)
 
-    async def _replace(self, cell: int, rec: dict[str, Any]) -> None:
+    async def _replace(self, cell: int, rec: FaultRecord) -> None:
         """Kill the actor, move its engine's calls, tell the policy; restart and rejoin."""
-        cl, bus = self.cluster, self.bus
-        rec.update(await cl.take_out(cell, f"cell {cell} {rec['kind']} ({rec['detected_by']})"))
+        cl, bus, records = self.cluster, self.bus, self.records
+        moved = await cl.take_out(cell, f"cell {cell} {rec.kind} ({rec.detected_by})")
+        rec = self._open[cell] = records.complete(rec, **moved)
         bus.emit(CellLost(time=bus.now(), cell=cell))
         if not self.cfg.restart:
             return
@@ -320,9 +318,9 @@ class CellFaults:
         if cell == 0:  # its first switch into training loads the last finished step's checkpoint
             found = self.core_checkpoint()
             start = found if isinstance(found, str) else None
-            rec["checkpoint_step"] = cl.trainer_version
+            rec = self._open[cell] = records.complete(rec, checkpoint_step=cl.trainer_version)
         await cl.restart_cell(cell, start)
-        rec["restart_s"] = round(time.perf_counter() - t0, 3)
+        rec = self._open[cell] = records.complete(rec, restart_s=round(time.perf_counter() - t0, 3))
         await cl.placed_again(cell, rec_count(self.records.faults, cell))
         self.down.discard(cell)
         bus.emit(CellBack(time=bus.now(), cell=cell))
@@ -331,10 +329,9 @@ class CellFaults:
         """The restarted cell serves again (its switch to rollout is done)."""
         rec = self._open.pop(cell, None)
         if rec is not None:
-            rec["back"] = round(self.bus.now(), 3)
-            rec["cost_s"] = round(rec["back"] - rec["time"], 3)
+            self.records.complete(rec, back=round(self.bus.now(), 3))
 
 
-def rec_count(faults: list[dict[str, Any]], cell: int) -> int:
+def rec_count(faults: list[FaultRecord], cell: int) -> int:
     """How many times ``cell`` was restarted so far."""
-    return sum(1 for f in faults if f["cell"] == cell and f["action"] == "restart")
+    return sum(1 for f in faults if f.cell == cell and f.action == "restart")

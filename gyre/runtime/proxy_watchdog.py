@@ -85,11 +85,13 @@ class ProxyWatchdog:
         answered0 = _answered(proxy)
         await self.host.restart_proxy()
         self.restarts += 1
-        rec["restart_s"] = round(time.perf_counter() - t0, 3)
-        rec["back"] = round(self.now(), 3)
-        rec["cost_s"] = round(rec["back"] - rec["time"], 3)
-        rec["answered_before"] = answered0  # carried over: the counters go on from here
-        rec["port"] = proxy.port
+        self.records.complete(
+            rec,
+            restart_s=round(time.perf_counter() - t0, 3),
+            back=round(self.now(), 3),
+            answered_before=answered0,  # carried over: the counters go on from here
+            port=proxy.port,
+        )
 
 
 def _answered(proxy: Any) -> int:

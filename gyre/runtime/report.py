@@ -184,7 +184,9 @@ def summarize(
         "cells": cluster.placement,
         "engine_urls": cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": cluster.dead_engines,
-        "faults": records.faults,  # every cell lost: when, how found, what was done, its cost
+        "faults": [
+            f.to_json() for f in records.faults
+        ],  # every cell lost: when, how found, what was done, its cost
         "disk_bytes": disk_bytes(rundir),
         "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }

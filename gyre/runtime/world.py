@@ -45,7 +45,7 @@ from gyre.runtime.faults import CellFaults, actor_died
 from gyre.runtime.handles import Rig
 from gyre.runtime.progress import Feed
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
-from gyre.runtime.records import Phase, Records, StepRecord
+from gyre.runtime.records import FaultRecord, Phase, Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.standalone import EngineFaults
@@ -71,7 +71,8 @@ class RealWorld:
         )
         self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
-        self.records.faults.extend(r.get("faults", []))  # earlier segments' (faults.jsonl)
+        # earlier segments' faults (faults.jsonl)
+        self.records.faults.extend(FaultRecord.from_json(f) for f in r.get("faults", []))
         self.step_rec: StepRecord | None = None
         # a resume's groups in flight take the policy's first group ids (docs/runtime.md, "Resume")
         self.restore: RestorePlan = r.get("restore") or RestorePlan()
@@ -213,7 +214,7 @@ class RealWorld:
                 "errors_5xx": load.get("errors_5xx", 0),
                 "engines_lost": len(self.cluster.dead_engines),
                 "cells_lost": sum(
-                    1 for f in self.records.faults if f["kind"] not in ("proxy", "engine")
+                    1 for f in self.records.faults if f.kind not in ("proxy", "engine")
                 ),
                 "proxy_restarts": self.proxy_watch.restarts,
                 "harness_failed": self.execs.failed,

@@ -12,7 +12,13 @@ import pytest
 from gyre.runtime.chaos import carry, harness_pids, schedule
 from gyre.runtime.config import RunConfig
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
-from gyre.runtime.records import Records
+from gyre.runtime.records import FaultRecord, Records
+
+
+def _f(**keys: object) -> FaultRecord:
+    """A fault record with the keys a test names (the rest as an old file would lack them)."""
+    return FaultRecord.from_json(keys)
+
 
 KINDS = ["rollout_cell", "satellite", "engine", "proxy", "harness"]
 
@@ -81,9 +87,11 @@ def test_watchdog_restarts_a_dead_proxy_once_and_records_it():
     asyncio.run(go())
     assert w.restarted == [1] and dog.restarts == 1
     (f,) = w.records.faults
-    assert f["kind"] == "proxy" and f["cell"] is None and f["action"] == "restart"
-    assert f["detected_by"] == "watchdog" and f["answered_before"] == 7
-    assert f["back"] is not None and f["restart_s"] >= 0
+    assert f.kind == "proxy" and f.cell is None and f.action == "restart"
+    assert f.detected_by == "watchdog" and f.extra("answered_before") == 7
+    assert f.back is not None and f.restart_s is not None and f.restart_s >= 0
+    assert f.cost_s == round(f.back - f.time, 3)  # completing ``back`` prices it
+    assert f.to_json()["answered_before"] == 7 and f.to_json()["port"] == 1234
 
 
 @pytest.mark.parametrize("alive", [True])
@@ -100,22 +108,20 @@ def test_the_live_view_says_what_died_last_and_what_it_cost():
 
     assert last_fault([]) is None
     cell = {"cell": 2, "kind": "hung", "time": 12.1, "detected_by": "heartbeat"}
-    assert last_fault([{**cell, "action": "restart"}]) == (
+    assert last_fault([_f(**cell, action="restart")]) == (
         "last fault: cell 2 hung at 12.1s (heartbeat), restart not back yet"
     )
     proxy = {"cell": None, "kind": "proxy", "time": 40.0, "detected_by": "watchdog"}
-    text = last_fault(
-        [{**cell, "action": "restart"}, {**proxy, "action": "restart", "cost_s": 0.06}]
-    )
+    text = last_fault([_f(**cell, action="restart"), _f(**proxy, action="restart", cost_s=0.06)])
     assert text == "last fault: proxy at 40.0s (watchdog), restart back after 0.1s"
 
 
 def test_a_cell_lost_again_while_restarting_is_back_when_its_newest_loss_is():
     from gyre.runtime.chaos import _back
 
-    first = {"cell": 2, "time": 6.0, "back": None}
-    again = {"cell": 2, "time": 36.9, "back": 68.9}
-    other = {"cell": 1, "time": 50.0, "back": None}
+    first = _f(cell=2, time=6.0, back=None)
+    again = _f(cell=2, time=36.9, back=68.9)
+    other = _f(cell=1, time=50.0, back=None)
     assert _back([first, again, other], first) == 68.9
     assert _back([first], first) is None
     assert _back([first, again], again) == 68.9
@@ -130,14 +136,14 @@ def test_a_core_kill_carried_into_the_next_segment_is_closed_and_counted():
         {"kind": "harness", "time": 5.0, "skipped": "no target"},
     ]
     faults = [
-        {
-            "cell": 0,
-            "kind": "died",
-            "unix_time": 106.02,
-            "detected_by": "heartbeat",
-            "action": "restart from checkpoint step 4",
-            "core_restart": 1,
-        },
+        _f(
+            cell=0,
+            kind="died",
+            unix_time=106.02,
+            detected_by="heartbeat",
+            action="restart from checkpoint step 4",
+            core_restart=1,
+        ),
     ]
     assert carry(chaos, faults) == 3
     core = chaos[1]
@@ -160,7 +166,7 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
     n = Nemesis.__new__(Nemesis)
     n.records, n.cluster, n.down = records, types.SimpleNamespace(proxy=proxy), set()
     n.carried_faults, n.kills = 0, []
-    engine = {"cell": None, "kind": "engine", "action": "restart", "back": None}
+    engine = _f(cell=None, kind="engine", action="restart", back=None)
     records.faults.append(engine)
     n.kills.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
     assert not n._quiet("rollout_cell") and not n._quiet("proxy")
@@ -172,7 +178,8 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
     n.kills[-1]["handled"] = True
     proxy.alive = False  # a dead proxy: nothing is killed until it serves again
     assert not n._quiet("harness")
-    engine["back"], proxy.alive = 30.0, True
+    records.complete(engine, back=30.0)
+    proxy.alive = True
     n.down.clear()
     assert n._quiet("rollout_cell") and n._quiet("harness")
 
@@ -234,8 +241,8 @@ def test_the_nemesis_carries_its_kills_to_the_next_segment_in_its_own_file(tmp_p
     first.close()
     records = Records(cells=2, segment=1)
     records.faults.append(
-        {"cell": 0, "kind": "died", "unix_time": 100.01, "detected_by": "heartbeat",
-         "action": "restart from checkpoint step 2"}
+        _f(cell=0, kind="died", unix_time=100.01, detected_by="heartbeat",
+           action="restart from checkpoint step 2")
     )  # fmt: skip
     second = nemesis(records)
     (carried,) = second.rows()
