@@ -13,7 +13,7 @@ core            SIGKILL cell 0, outside a step's end (restarted in place from th
                 of its last step; a loss in the reduce is the supervisor's, which restarts
                 the run's segment: ``tests/integration/test_runtime_core_restart.py``)
 engine          SIGKILL a standalone engine's process
-proxy           :meth:`ProxyServer.kill` (stops the way a crash does)
+proxy           :meth:`ManagedProxy.kill` (stops the way a crash does)
 harness         SIGKILL one running harness's processes (found in /proc by its workspace)
 cell_hang       SIGSTOP a rollout cell (found by the heartbeat's timeout)
 engine_hang     SIGSTOP a standalone engine (found by the proxy's engine heartbeat; then
@@ -185,8 +185,7 @@ class Nemesis:
         found, not for a cell or engine restart (12-15 s on 2 cores) to come back, which could
         outlast a short run."""
         records = self.records
-        proxy = self.cluster.proxy
-        if proxy is None or not proxy.alive:
+        if not self.cluster.proxy.alive:
             return False
         if any("target" in k and "handled" not in k for k in self.kills):
             return False  # the last kill is not found and dealt with yet
@@ -251,9 +250,9 @@ class Nemesis:
 
     async def _proxy(self) -> dict[str, Any] | None:
         proxy = self.cluster.proxy
-        if proxy is None or not proxy.alive:
+        if not proxy.alive:
             return None
-        answered = int(proxy.service.counters.answered)
+        answered = proxy.answered()
         await asyncio.to_thread(proxy.kill)
         return {"proxy": proxy.port, "answered_before": answered}
 

@@ -51,7 +51,7 @@ async def train(
     )
     await world.start(list(policy.roles) if left > 0 else [CellRole.ROLLOUT] * cfg.policy.cells)
     progress.message(
-        f"cells up; proxy at {world.cluster.live_proxy.url}; training steps {done}..{cfg.policy.total_steps}"
+        f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}"
     )
     if cfg.run.eval_interval and not _evaluated(rundir, world.base_step):
         world.execs.start_eval(world.base_step)  # the starting policy, for comparison

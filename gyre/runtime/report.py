@@ -119,7 +119,7 @@ def summarize(
     run whose steps were all done before it was killed. ``cluster`` and ``execs`` give their
     live counters (proxy, engines, executions of this segment); ``calibration`` is
     :func:`gyre.runtime.calibrate.calibrate`'s record from this segment's start."""
-    stats = cluster.proxy_stats()
+    stats = cluster.proxy.stats()
     counters = stats.get("counters", {})
     pool = stats.get("pool", {}).get("counters", {})
     rows = rundir.read_jsonl("metrics.jsonl")

@@ -199,7 +199,7 @@ def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir)
     rows = {(r["group"], r["attempt"]): r for r in lines}
     calls = read_calls(rundir.traces, wall_offset, _abandoned(rundir, lines, records.segment))
     lt = execs.longtail
-    errors_5xx = int(cluster.proxy_stats().get("counters", {}).get("errors_5xx", 0))
+    errors_5xx = int(cluster.proxy.stats().get("counters", {}).get("errors_5xx", 0))
     return {
         "format": FORMAT,
         "seed": cfg.seed,

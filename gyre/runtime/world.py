@@ -69,7 +69,7 @@ class RealWorld:
         self.cluster = Cluster(
             cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
         )
-        self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
+        self.execs = Executions(cfg, rundir, tasks, self.cluster.proxy, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         # earlier segments' faults (faults.jsonl)
         self.records.faults.extend(FaultRecord.from_json(f) for f in r.get("faults", []))
@@ -101,10 +101,8 @@ class RealWorld:
         # a standalone engine (gyre.runtime.standalone)
         self.engine_faults = EngineFaults(cfg, self.cluster, self.records, self)
         self.cluster.on_engine_lost = lambda url, e: self.engine_faults.lost(url, e, _found_by(e))
-        # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
-        self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster, self.records, self.now)
-        self.cluster.proxy_ready = lambda: self.proxy_watch.ensure("switch")
-        self.execs.watchdog = self.proxy_watch
+        # a dead proxy is restarted (gyre.runtime.proxy_watchdog): the proxy's ``ensure``
+        self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster.proxy, self.records, self.now)
         self.rigs: list[Rig] = []  # test facilities attached from outside (attach)
 
     def attach(self, rig: Rig) -> None:
@@ -196,7 +194,7 @@ class RealWorld:
 
     def live(self, status: dict[str, Any]) -> Feed:
         """What the live view shows now, from what this process holds (no Ray call)."""
-        load = self.cluster.engine_load()
+        load = self.cluster.proxy.load()
         engines = load["engines"]
         return Feed(
             records=self.records,

@@ -7,8 +7,6 @@ import subprocess
 import types
 from pathlib import Path
 
-import pytest
-
 from gyre.runtime.chaos import carry, harness_pids, schedule
 from gyre.runtime.config import RunConfig
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
@@ -54,34 +52,40 @@ def test_harness_pids_finds_a_process_by_its_workspace(tmp_path: Path):
         q.wait()
 
 
-class _Proxy:
-    def __init__(self) -> None:
+class _Server:
+    """What ManagedProxy asks of its ProxyServer here: liveness, the answered counter, restart."""
+
+    def __init__(self, restarted: list[int]) -> None:
         self.alive, self.port, self._error = False, 1234, None
         self.service = types.SimpleNamespace(counters=types.SimpleNamespace(answered=7))
+        self.restarted = restarted
+
+    def restart(self) -> None:
+        self.restarted.append(1)
+        self.alive = True
 
 
-def _world(proxy: _Proxy) -> types.SimpleNamespace:
+def _world(alive: bool = False) -> types.SimpleNamespace:
+    from gyre.runtime.managed_proxy import ManagedProxy
+
     records = Records(cells=1)
     restarted: list[int] = []
-
-    async def restart_proxy() -> None:
-        restarted.append(1)
-        proxy.alive = True
-
-    cluster = types.SimpleNamespace(proxy=proxy, live_proxy=proxy, restart_proxy=restart_proxy)
+    proxy = ManagedProxy()
+    proxy._server = _Server(restarted)  # type: ignore[assignment]
+    proxy._server.alive = alive
     cfg = types.SimpleNamespace(run=RunConfig())
     return types.SimpleNamespace(
-        cfg=cfg, cluster=cluster, records=records, now=records.now, restarted=restarted
+        cfg=cfg, proxy=proxy, records=records, now=records.now, restarted=restarted
     )
 
 
 def test_watchdog_restarts_a_dead_proxy_once_and_records_it():
-    proxy = _Proxy()
-    w = _world(proxy)
-    dog = ProxyWatchdog(w.cfg.run.fault, w.cluster, w.records, w.now)
+    w = _world()
+    dog = ProxyWatchdog(w.cfg.run.fault, w.proxy, w.records, w.now)
+    assert w.proxy.ensure == dog.ensure  # whoever uses the proxy asks the watchdog first
 
     async def go() -> None:
-        await asyncio.gather(dog.ensure("watchdog"), dog.ensure("switch"))
+        await asyncio.gather(dog.ensure("watchdog"), w.proxy.serving("switch"))
         await dog.ensure("watchdog")  # alive now: nothing to do
 
     asyncio.run(go())
@@ -94,13 +98,15 @@ def test_watchdog_restarts_a_dead_proxy_once_and_records_it():
     assert f.to_json()["answered_before"] == 7 and f.to_json()["port"] == 1234
 
 
-@pytest.mark.parametrize("alive", [True])
-def test_watchdog_leaves_a_live_proxy_alone(alive):
-    proxy = _Proxy()
-    proxy.alive = alive
-    w = _world(proxy)
-    asyncio.run(ProxyWatchdog(w.cfg.run.fault, w.cluster, w.records, w.now).ensure("watchdog"))
+def test_watchdog_leaves_a_live_or_stopped_proxy_alone():
+    w = _world(alive=True)
+    asyncio.run(ProxyWatchdog(w.cfg.run.fault, w.proxy, w.records, w.now).ensure("watchdog"))
     assert w.restarted == [] and w.records.faults == []
+    from gyre.runtime.managed_proxy import ManagedProxy
+
+    stopped = ManagedProxy()  # never started (or stopped): nothing to restart
+    asyncio.run(ProxyWatchdog(w.cfg.run.fault, stopped, w.records, w.now).ensure("watchdog"))
+    assert w.records.faults == []
 
 
 def test_the_live_view_says_what_died_last_and_what_it_cost():
@@ -162,7 +168,7 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
 
     records = Records(cells=3)
     records.roles[:] = [CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT]
-    proxy = types.SimpleNamespace(alive=True)
+    proxy = types.SimpleNamespace(alive=True)  # what the nemesis reads of the ManagedProxy
     n = Nemesis.__new__(Nemesis)
     n.records, n.cluster, n.down = records, types.SimpleNamespace(proxy=proxy), set()
     n.carried_faults, n.kills = 0, []
