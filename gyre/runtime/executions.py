@@ -36,7 +36,11 @@ from gyre.train.buffer import pack_groups
 from gyre.train.groups import group_from_traces
 
 
-class Executions:
+class ExecutionRunner:
+    """Runs the run's executions (harness processes, each with its own proxy key), scores
+    them, and turns a group's traces into micro-step tasks; evaluation runs too. Named apart
+    from :class:`gyre.proxy.executions.Executions`, the proxy's table of live execution keys."""
+
     def __init__(
         self,
         cfg: GyreConfig,
@@ -83,7 +87,7 @@ class Executions:
     def _started(self) -> tuple[HarnessExecutor, HarnessProfile]:
         """Executor and profile: built by ``start()``."""
         if self.executor is None or self.profile is None:
-            raise RuntimeError("Executions.start() was not called")
+            raise RuntimeError("ExecutionRunner.start() was not called")
         return self.executor, self.profile
 
     async def stop(self) -> None:

@@ -18,7 +18,7 @@ from gyre.trace.store import read_trace
 
 if TYPE_CHECKING:
     from gyre.runtime.cluster import Cluster
-    from gyre.runtime.executions import Executions
+    from gyre.runtime.executions import ExecutionRunner
     from gyre.runtime.records import Records
     from gyre.runtime.rundir import RunDir
 
@@ -110,7 +110,7 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def summarize(
     records: Records,
     cluster: Cluster,
-    execs: Executions,
+    execs: ExecutionRunner,
     rundir: RunDir,
     policy,
     calibration: dict | None = None,

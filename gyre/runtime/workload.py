@@ -23,7 +23,7 @@ from gyre.trace.store import read_trace
 if TYPE_CHECKING:
     from gyre.policy.config import PolicyConfig
     from gyre.runtime.cluster import Cluster
-    from gyre.runtime.executions import Executions
+    from gyre.runtime.executions import ExecutionRunner
     from gyre.runtime.longtail import LongTail
     from gyre.runtime.records import Records
     from gyre.runtime.rundir import RunDir
@@ -189,7 +189,9 @@ def _timeline(records: Records, end: float) -> dict[str, Any]:
     }
 
 
-def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir) -> dict[str, Any]:
+def build(
+    records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir
+) -> dict[str, Any]:
     """The workload.json document; ``cluster`` and ``execs`` give their live counters."""
     cfg = cluster.cfg
     p = cfg.policy
@@ -221,13 +223,15 @@ def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir)
     }
 
 
-def write(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir) -> Path:
+def write(records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir) -> Path:
     path = Path(rundir.path) / "workload.json"
     path.write_text(json.dumps(build(records, cluster, execs, rundir), indent=1))
     return path
 
 
-def save(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir, progress) -> None:
+def save(
+    records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir, progress
+) -> None:
     """Write workload.json; a failure is reported and never hides how the run itself ended."""
     try:
         write(records, cluster, execs, rundir)

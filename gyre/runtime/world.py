@@ -40,7 +40,7 @@ from gyre.policy import (
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.engines import keeps_engine
-from gyre.runtime.executions import Executions
+from gyre.runtime.executions import ExecutionRunner
 from gyre.runtime.faults import CellFaults, actor_died
 from gyre.runtime.handles import Rig
 from gyre.runtime.progress import Feed
@@ -69,7 +69,7 @@ class RealWorld:
         self.cluster = Cluster(
             cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
         )
-        self.execs = Executions(cfg, rundir, tasks, self.cluster.proxy, segment=self.segment)
+        self.execs = ExecutionRunner(cfg, rundir, tasks, self.cluster.proxy, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         # earlier segments' faults (faults.jsonl)
         self.records.faults.extend(FaultRecord.from_json(f) for f in r.get("faults", []))

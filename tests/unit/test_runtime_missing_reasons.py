@@ -9,7 +9,7 @@ from gyre.config import GyreConfig
 from gyre.harness.execution import ExecutionResult, HarnessRun, Timings
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
-from gyre.runtime.executions import Executions
+from gyre.runtime.executions import ExecutionRunner
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, MissingReason, Scored
@@ -44,7 +44,7 @@ async def test_unreachable_execution_is_missing_with_its_reason_in_executions_js
     rundir = RunDir(tmp_path / "run").create()
     tasks = TaskStream("quickstart", ["digits"], [], seed=0)
     proxy = SimpleNamespace(url="http://127.0.0.1:9", revoke=_revoke)  # a ManagedProxy's
-    ex = Executions(cfg, rundir, tasks, proxy)
+    ex = ExecutionRunner(cfg, rundir, tasks, proxy)
     ex.profile = load_profile("reference")
     dead = Missing(
         reason=MissingReason.model_unreachable,
@@ -74,7 +74,7 @@ async def test_missing_by_reason_reaches_the_step_metrics(tmp_path):
     rundir = RunDir(tmp_path / "run").create()
     tasks = TaskStream("quickstart", ["digits"], [], seed=0)
     proxy = SimpleNamespace(url="http://127.0.0.1:9", revoke=_revoke)  # a ManagedProxy's
-    ex = Executions(cfg, rundir, tasks, proxy)
+    ex = ExecutionRunner(cfg, rundir, tasks, proxy)
     ex.profile = load_profile("reference")
     dead = Missing(reason=MissingReason.model_unreachable, detail="HTTP 503")
     ex.executor = FakeExecutor(

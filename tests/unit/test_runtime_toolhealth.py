@@ -11,7 +11,7 @@ from gyre.harness.execution import ExecutionResult, HarnessRun, Timings
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
 from gyre.harness.reference_agent import MAIN_SUMMARY_SYSTEM, MAIN_SYSTEM, SUB_SYSTEM
-from gyre.runtime.executions import Executions
+from gyre.runtime.executions import ExecutionRunner
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -73,7 +73,7 @@ async def test_tool_health_reaches_metrics_tensorboard_and_trackers(tmp_path):
     cfg = GyreConfig.model_validate({"model_dir": str(tmp_path), "policy": {"group_size": 3}})
     rundir = RunDir(tmp_path / "run").create()
     proxy = SimpleNamespace(url="http://127.0.0.1:9", revoke=_revoke)  # a ManagedProxy's
-    ex = Executions(cfg, rundir, TaskStream("quickstart", ["digits"], [], seed=0), proxy)
+    ex = ExecutionRunner(cfg, rundir, TaskStream("quickstart", ["digits"], [], seed=0), proxy)
     ex.profile = load_profile("reference")
     a0, a1, a2 = (f"r0-g00000-a0{i}" for i in range(3))
     ex.executor = FakeExecutor(
