@@ -156,6 +156,8 @@ class Cluster:
         for j in range(self.cfg.run.standalone_engines):
             try:
                 a, url = await self._standalone_engine(j)
+            # broad on purpose: an engine fails to start in many ways (its server's exit, a
+            # RayTaskError around anything, a timeout), each one line for the user
             except Exception as e:
                 await self.stop()
                 why = engine_start_error(e)
@@ -193,7 +195,7 @@ class Cluster:
         cost: ``moved_calls``, ``engine_removed_s`` (nothing when it served no engine)."""
         try:
             ray.kill(self.cells[cell], no_restart=True)
-        except Exception:  # already gone
+        except ray.exceptions.RayError:  # already gone (a handle of an ended session)
             pass
         url, self.urls[cell] = self.urls[cell], None
         if url is None or not self.proxy.started:
@@ -202,7 +204,7 @@ class Cluster:
         moved0 = self.proxy.moved()
         try:
             await self.proxy.remove_engine(url, 30, why)
-        except Exception:
+        except (KeyError, TimeoutError, RuntimeError):  # removed already, drain cut, proxy down
             pass
         return {
             "moved_calls": self.proxy.moved() - moved0,
@@ -315,7 +317,9 @@ class Cluster:
                     if roles[i] is CellRole.ROLLOUT
                 ]
             )
-        except Exception as e:  # e.g. a vLLM server that exits at start: its log's last words
+        # broad on purpose, as for a standalone engine: e.g. a vLLM server that exits at start
+        # (its log's last words); every engine start failure is one line, nothing left running
+        except Exception as e:
             await self.stop()  # vLLM servers are processes of their own: none is left behind
             raise RuntimeSetupError(
                 f"a cell's engine did not start: {engine_start_error(e)}"
@@ -485,13 +489,13 @@ class Cluster:
         for a, _ in [x for x in self.standalone if x[1] == url]:
             try:  # a hung process holds its sockets: killed, as a lost cell's is
                 ray.kill(a, no_restart=True)
-            except Exception:
+            except ray.exceptions.RayError:  # already gone
                 pass
         self.standalone = [(a, u) for a, u in self.standalone if u != url]
         self.dead_engines.append(url)
         try:
             await self.proxy.remove_engine(url, 30)
-        except Exception:
+        except (KeyError, TimeoutError, RuntimeError):  # removed already, drain cut, proxy down
             pass
         if self.on_engine_lost is not None:
             self.on_engine_lost(url, why)

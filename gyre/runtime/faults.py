@@ -65,6 +65,10 @@ class CoreLost(FatalFault):
         self.faults = faults
 
 
+# what Ray raises when the actor behind a call is gone (a dead or killed process)
+ActorDied = ray.exceptions.RayActorError
+
+
 def actor_died(e: BaseException) -> bool:
     """Whether ``e`` says the actor behind a call is gone (not an error of the call itself)."""
     return isinstance(e, ray.exceptions.RayActorError)
@@ -275,7 +279,7 @@ class CellFaults:
                 if not dead:
                     try:
                         await self._ping(0, self.cfg.heartbeat_s)
-                    except Exception:
+                    except (TimeoutError, ray.exceptions.RayError):  # silent, or gone
                         dead = True
                 if dead:
                     self.lost(0, e, "call")

@@ -134,7 +134,9 @@ def run(
         )
         try:
             summary = asyncio.run(train(cfg, rundir, progress, resume))
-        except BaseException:  # the tracked run is marked stopped; a --resume continues it
+        # broad on purpose (cleanup, re-raised): the tracked run is marked stopped however the
+        # run ended (an error, Ctrl-C); a --resume continues it
+        except BaseException:
             if tracker is not None:
                 tracker.close(None)
             raise

@@ -65,7 +65,7 @@ async def start_one(
 
     try:
         url = await pubs.start_on_newest(start)
-    except Exception:
+    except Exception:  # broad on purpose: cleanup only, the error goes on as it is
         if actor is not None:
             ray.kill(actor)
         raise

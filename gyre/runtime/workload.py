@@ -235,5 +235,7 @@ def save(
     """Write workload.json; a failure is reported and never hides how the run itself ended."""
     try:
         write(records, cluster, execs, rundir)
-    except Exception as e:  # a record of the run must not mask how the run ended
+    # broad on purpose: a record of the run (any error writing it) must not mask how the run
+    # itself ended; it is reported in one line
+    except Exception as e:
         progress.message(f"workload.json not written: {type(e).__name__}: {e}")

@@ -41,7 +41,7 @@ from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.engines import keeps_engine
 from gyre.runtime.executions import ExecutionRunner
-from gyre.runtime.faults import CellFaults, actor_died
+from gyre.runtime.faults import ActorDied, CellFaults
 from gyre.runtime.handles import Rig
 from gyre.runtime.progress import Feed
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
@@ -163,7 +163,9 @@ class RealWorld:
                 await coro
             except asyncio.CancelledError:
                 raise
-            except BaseException as e:  # surfaced by next_event: the loop stops with the cause
+            # broad on purpose: whatever a background task raises is surfaced by next_event
+            # (the loop stops with the cause; a dead core's symptom becomes its loss)
+            except BaseException as e:
                 await self.faults.surfaced(e)  # the core's death as CoreLost, whatever found it
 
         t = asyncio.get_running_loop().create_task(guarded())
@@ -344,9 +346,7 @@ class RealWorld:
             else:
                 moved = 0
                 await self.cluster.to_rollout(cell)
-        except Exception as e:
-            if not actor_died(e):
-                raise
+        except ActorDied as e:
             self.faults.lost(cell, e, "switch")  # no CellSwitched: the policy hears CellLost
             return
         if cell in self.faults.down:  # lost (a heartbeat) while its switch ended: CellLost stands
@@ -395,9 +395,7 @@ class RealWorld:
                 stats = await self.cluster.compute(
                     a.cell, rec.step, rec.version, a.group_id, self.group_tasks[a.group_id], shard
                 )
-            except Exception as e:
-                if not actor_died(e):
-                    raise
+            except ActorDied as e:
                 self.faults.lost(a.cell, e, "micro_step")  # the policy queues it again
                 return
         if self.roles[a.cell] is CellRole.LOST:
@@ -445,7 +443,10 @@ class RealWorld:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
             )
-        except Exception as e:  # a participant lost: CoreLost (gyre.runtime.faults)
+        # broad on purpose: a participant's death shows in the collective as any error (gloo's
+        # RuntimeError, a RayTaskError); in_reduce pings the participants and gives CoreLost
+        # for a loss, the error itself, unchanged, for anything else
+        except Exception as e:
             raise await self.faults.in_reduce(rec.step, k, e) from None
         finally:
             for c in range(k):
