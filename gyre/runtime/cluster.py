@@ -211,17 +211,15 @@ class Cluster:
             "engine_removed_s": round(time.perf_counter() - t0, 3),
         }
 
-    async def restart_cell(self, cell: int, resume_from: str | None) -> None:
-        """A new actor for lost cell ``cell``; every cell rebuilds the gloo world with it (the
-        prefix communicators of the new membership). A new core's first switch into training
-        loads ``resume_from`` (None: the segment's initial weights)."""
+    async def replace_cell(self, cell: int, resume_from: str | None, restarts: int) -> None:
+        """A new actor for lost cell ``cell`` (its ``restarts``-th); every cell rebuilds the
+        gloo world with it (the prefix communicators of the new membership), and ``cells.json``
+        names the new process (no engine yet: the policy sends it to rollout). A new core's
+        first switch into training loads ``resume_from`` (None: the segment's initial weights)."""
         if cell == 0:
             self.resume_from = resume_from
         self.cells[cell] = self.cell_actor(cell)
         await self.build_world()  # the survivors and the new actor: the new membership's world
-
-    async def placed_again(self, cell: int, restarts: int) -> None:
-        """``cells.json`` names restarted cell ``cell``'s new process (no engine yet)."""
         pid = await self.cells[cell].pid.remote()
         if cell < len(self.placement):
             self.placement[cell] = {**self.placement[cell], "pid": pid, "restarts": restarts}

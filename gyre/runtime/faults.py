@@ -14,6 +14,29 @@ own, so a training cell answers it too) does not answer within ``run.fault.heart
    prefix communicators of the new membership), and the policy gets ``CellBack``: it sends the
    cell to rollout, whose switch starts an engine on the newest published weights.
 
+The whole path of a lost rollout cell, in the five files that hold it (nothing else needs
+reading to change it; the mechanisms it calls, the proxy's pool and the publications, are
+used as they are):
+
+============================== ===========================================================
+``runtime/faults.py``          found (:meth:`CellFaults.heartbeat`, or a call's
+                               ``ActorDied`` reported to :meth:`CellFaults.lost`), recorded,
+                               told to the policy (``bus.emit``: the world's event queue),
+                               replaced (:meth:`CellFaults._replace`), its record closed when
+                               it serves again (:meth:`CellFaults.back`)
+``runtime/cluster.py``         the mechanisms: :meth:`Cluster.take_out` (kill, drain its
+                               engine), :meth:`Cluster.replace_cell` (new actor, gloo world,
+                               ``cells.json``), :meth:`Cluster.to_rollout` (its new engine)
+``policy/faults.py``           ``CellLost``: capacity out, its work requeued; ``CellBack``:
+                               ``SwitchCell`` to rollout
+``runtime/world.py``           wires the handler (``on_cell_lost``, the calls that report
+                               ``ActorDied``), carries out the switch, calls ``back``
+``runtime/records.py``         the fault's record (:class:`FaultRecord`), the role timeline
+============================== ===========================================================
+
+``bus`` is the world's (:class:`gyre.runtime.handles.EventBus`): ``now()``, ``emit(event)``
+for the policy, ``spawn(coro)`` for background work.
+
 The core (cell 0) is restarted in place too: its optimizer state died with its process, but
 the checkpoint of the last step it finished (``trainer.checkpoint``, every step by default:
 the driver's ``trainer_version``) holds it exactly, so the new actor's first switch into
@@ -77,7 +100,7 @@ def actor_died(e: BaseException) -> bool:
 class CellFaults:
     """The world's fault handler: heartbeat, loss, restart; what it did goes to the records.
 
-    It drives the cluster's mechanisms (``take_out``, ``restart_cell``), tells the policy
+    It drives the cluster's mechanisms (``take_out``, ``replace_cell``), tells the policy
     through ``bus``, and leaves the world's own state to the world: ``forget_work(cell)`` drops
     what the world recorded of a lost cell's work, ``errors`` is the list the world raises
     from, ``running()`` counts the executions a segment's end cuts."""
@@ -323,9 +346,8 @@ class CellFaults:
             found = self.core_checkpoint()
             start = found if isinstance(found, str) else None
             rec = self._open[cell] = records.complete(rec, checkpoint_step=cl.trainer_version)
-        await cl.restart_cell(cell, start)
+        await cl.replace_cell(cell, start, rec_count(records.faults, cell))
         rec = self._open[cell] = records.complete(rec, restart_s=round(time.perf_counter() - t0, 3))
-        await cl.placed_again(cell, rec_count(self.records.faults, cell))
         self.down.discard(cell)
         bus.emit(CellBack(time=bus.now(), cell=cell))
 

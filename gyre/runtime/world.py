@@ -97,7 +97,7 @@ class RealWorld:
             forget_work=self.forget_cell_work,
             running=lambda: self.execs.running,
         )
-        self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
+        self.cluster.on_cell_lost = self.faults.lost  # a cell's engine that failed a reload
         # a standalone engine (gyre.runtime.standalone)
         self.engine_faults = EngineFaults(cfg, self.cluster, self.records, self)
         self.cluster.on_engine_lost = lambda url, e: self.engine_faults.lost(url, e, _found_by(e))
