@@ -189,10 +189,10 @@ class RealWorld:
         for t in list(self._bg):
             t.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)
-        for rig in self.rigs:
-            rig.close()
         await self.execs.stop()
         await self.cluster.stop()
+        for rig in self.rigs:  # last: a rig's own files never keep the run's processes up
+            rig.close()
 
     def live(self, status: dict[str, Any]) -> Feed:
         """What the live view shows now, from what this process holds (no Ray call)."""
