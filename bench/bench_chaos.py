@@ -105,7 +105,7 @@ def _seed(out: Path, model: Path, seed: int, steps: int, kills: int, window: flo
     faults = _cell_faults(a)
     pred: dict = {"cost_s": 0.0}
     if faults and (base / "workload.json").exists():
-        pred = replay_fault_cost(base / "workload.json", faults, nemesis=True)
+        pred = replay_fault_cost(base / "workload.json", faults, spare_reduce=True)
     n = sum(a["kills"].values())
     det = {k["kind"]: k.get("detected_s") for k in a["chaos"] if k["kind"].endswith("_hang")}
     return {

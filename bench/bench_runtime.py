@@ -137,14 +137,15 @@ class TimedActor:
 
 
 def wrap_proxy(proxy, rec: Timed) -> None:
-    """Time the proxy calls the cluster makes (instance attributes; the class is untouched)."""
+    """Time the pool calls the cluster makes on its ``ManagedProxy`` (instance attributes; the
+    class is untouched)."""
     for name in ("drain", "add_engine", "remove_engine"):
         fn = getattr(proxy, name)
 
-        def timed(*a, _fn=fn, _name=name, **kw):
+        async def timed(*a, _fn=fn, _name=name, **kw):
             t0 = time.perf_counter()
             try:
-                return _fn(*a, **kw)
+                return await _fn(*a, **kw)
             finally:
                 rec.add(_name, time.perf_counter() - t0)
 
@@ -220,15 +221,18 @@ class Load:
 
 
 async def wait_inflight(proxy, url: str, n: int, timeout: float = 15.0) -> int:
-    pool = proxy.service.pool
+    """Calls in flight on ``url``'s engine, once there are ``n`` (or at ``timeout``)."""
+
+    def inflight() -> int:
+        held = proxy.load()["engines"].get(url.rstrip("/"))
+        return held[1] if held is not None else 0
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        e = pool.engines.get(url.rstrip("/"))
-        if e is not None and len(e.inflight) >= n:
-            return len(e.inflight)
+        if (k := inflight()) >= n:
+            return k
         await asyncio.sleep(0.02)
-    e = pool.engines.get(url.rstrip("/"))
-    return len(e.inflight) if e is not None else 0
+    return inflight()
 
 
 # ---------------------------------------------------------------------------------------- 1 + 2

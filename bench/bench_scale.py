@@ -172,10 +172,10 @@ class Probe:
         while True:
             await asyncio.sleep(0.25)
             proxy = self.world.cluster.proxy
-            if proxy is None:
+            if not proxy.started:
                 continue
             try:
-                st = proxy.service.stats()
+                st = proxy.stats()
             except RuntimeError:  # the pool changed size under the copy: next sample
                 continue
             self.answered.append((time.monotonic(), int(st["counters"].get("answered", 0))))

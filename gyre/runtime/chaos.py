@@ -13,7 +13,7 @@ core            SIGKILL cell 0, outside a step's end (restarted in place from th
                 of its last step; a loss in the reduce is the supervisor's, which restarts
                 the run's segment: ``tests/integration/test_runtime_core_restart.py``)
 engine          SIGKILL a standalone engine's process
-proxy           :meth:`ProxyServer.kill` (stops the way a crash does)
+proxy           :meth:`ManagedProxy.kill` (stops the way a crash does)
 harness         SIGKILL one running harness's processes (found in /proc by its workspace)
 cell_hang       SIGSTOP a rollout cell (found by the heartbeat's timeout)
 engine_hang     SIGSTOP a standalone engine (found by the proxy's engine heartbeat; then
@@ -27,6 +27,12 @@ target yet (no satellite, say) waits up to ``patience_s`` from then, then is rec
 skipped. Each
 kill is a record in ``summary.json`` ``chaos`` (kind, run time, target), completed as the run
 handles it: after how long it was found, by what, what was done, when it served again.
+
+The product never names it: :func:`attach` (called by :func:`gyre.runtime.loop.train`) is the
+one place that reads ``[run.chaos]``; it builds the nemesis from the world's public handles and
+attaches it through :meth:`RealWorld.attach` (a :class:`gyre.runtime.handles.Rig`). The nemesis
+keeps its own records: ``chaos.jsonl`` in the run directory carries them into the next segment
+after a core restart.
 """
 
 from __future__ import annotations
@@ -39,14 +45,19 @@ import signal
 import time
 from collections.abc import Container
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gyre.policy import CellRole
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import ChaosConfig
 from gyre.runtime.handles import EventBus
-from gyre.runtime.records import BREAKS_STEP, Phase, Records
+from gyre.runtime.records import BREAKS_STEP, FaultRecord, Phase, Records
+from gyre.runtime.rundir import RunDir
 
+if TYPE_CHECKING:  # the world imports nothing of this file: the edge runs one way
+    from gyre.runtime.world import RealWorld
+
+CHAOS_FILE = "chaos.jsonl"  # the kills of ended segments, carried into the next
 FOLLOW_S = 180.0  # how long a kill's record is completed from what the run does about it
 _EID = re.compile(r"^r\d+-g(\d+)-a(\d+)$")
 _SWITCHING = (CellRole.TO_TRAINING, CellRole.TO_ROLLOUT)
@@ -68,11 +79,31 @@ def schedule(seed: int, kills: int, kinds: list[str], window: tuple[float, float
     return list(zip(times, order[:kills]))
 
 
+def attach(cfg: ChaosConfig, world: RealWorld) -> Nemesis | None:
+    """Build the nemesis for ``world`` from its public handles and attach it (None: off, the
+    default). The one place ``[run.chaos]`` is read."""
+    if cfg.kills <= 0:
+        return None
+    nemesis = Nemesis(
+        cfg,
+        world.cluster,
+        world.records,
+        world,
+        down=world.faults.down,
+        results=world.execs.results,
+        rundir=world.rundir,
+    )
+    world.attach(nemesis)
+    return nemesis
+
+
 class Nemesis:
-    """Carries out the schedule on the cluster's processes; its records go to
-    ``records.chaos``. ``down``: the cells lost and not back yet (the cell fault handler's);
-    ``results``: the executions recorded so far, by (group, attempt); ``workspaces``: where
-    harness processes run."""
+    """Carries out the schedule on the cluster's processes; its records are ``kills`` (a
+    :class:`gyre.runtime.handles.Rig` named ``chaos``). ``down``: the cells lost and not back
+    yet (the cell fault handler's); ``results``: the executions recorded so far, by (group,
+    attempt); ``rundir``: where harness processes run and where ``chaos.jsonl`` is kept."""
+
+    name = "chaos"  # its key in summary.json
 
     def __init__(
         self,
@@ -83,31 +114,43 @@ class Nemesis:
         *,
         down: set[int],
         results: Container[tuple[int, int]],
-        workspaces: Path,
+        rundir: RunDir,
     ) -> None:
         self.cfg, self.cluster, self.records, self.bus = cfg, cluster, records, bus
-        self.down, self.results, self.workspaces = down, results, workspaces
+        self.down, self.results, self.rundir = down, results, rundir
+        self.workspaces = rundir.workspaces
+        # what it did: one record per kill, those of the segments before first (chaos.jsonl)
+        self.kills: list[dict[str, Any]] = rundir.read_jsonl(CHAOS_FILE)
         c = self.cfg
         self.plan = schedule(c.seed, c.kills, list(c.kinds), c.window_s)
         self.rng = random.Random(c.seed + 1)
         # a segment after a core restart: the kills done before it are carried (chaos.jsonl);
         # go on with the rest, spaced as drawn, and judge only this segment's faults
         self.carried_faults = len(records.faults)
-        done = carry(records.chaos, records.faults)
+        done = carry(self.kills, records.faults)
         if done:
             base = self.plan[done - 1][0]
             self.plan = [(at - base, kind) for at, kind in self.plan[done:]]
             self.rng = random.Random(c.seed + 1 + done)
 
-    @property
-    def enabled(self) -> bool:
-        return self.cfg.kills > 0
+    # ------------------------------------------------------------------ the Rig hook
+    def counts(self) -> dict[str, int]:
+        return {"chaos kills": sum(1 for k in self.kills if "target" in k)}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.kills
+
+    def close(self) -> None:
+        """The segment ends: its kills (completed as far as it followed them) go to
+        ``chaos.jsonl`` for the next segment, which closes the ones left open."""
+        if self.kills:
+            self.rundir.replace_jsonl(CHAOS_FILE, self.kills)
 
     async def run(self) -> None:
         for at, kind in self.plan:
             await asyncio.sleep(max(0.0, at - self.bus.now()))
             rec = await self._one(kind)
-            self.records.chaos.append(rec)
+            self.kills.append(rec)
             if "target" in rec:
                 self.bus.spawn(self._follow(rec))
 
@@ -142,18 +185,17 @@ class Nemesis:
         found, not for a cell or engine restart (12-15 s on 2 cores) to come back, which could
         outlast a short run."""
         records = self.records
-        proxy = self.cluster.proxy
-        if proxy is None or not proxy.alive:
+        if not self.cluster.proxy.alive:
             return False
-        if any("target" in k and "handled" not in k for k in records.chaos):
+        if any("target" in k and "handled" not in k for k in self.kills):
             return False  # the last kill is not found and dealt with yet
         if kind == "harness":
             return True
         if self.down:
             return False
         mine = records.faults[self.carried_faults :]  # earlier segments' are closed
-        last = {f["cell"]: f for f in mine}  # a cell's newest loss supersedes
-        if any(f.get("back") is None and f.get("action") == "restart" for f in last.values()):
+        last = {f.cell: f for f in mine}  # a cell's newest loss supersedes
+        if any(f.back is None and f.action == "restart" for f in last.values()):
             return False
         return kind != "proxy" or not any(r in _SWITCHING for r in records.roles)
 
@@ -208,9 +250,9 @@ class Nemesis:
 
     async def _proxy(self) -> dict[str, Any] | None:
         proxy = self.cluster.proxy
-        if proxy is None or not proxy.alive:
+        if not proxy.alive:
             return None
-        answered = int(proxy.service.counters.answered)
+        answered = proxy.answered()
         await asyncio.to_thread(proxy.kill)
         return {"proxy": proxy.port, "answered_before": answered}
 
@@ -245,20 +287,20 @@ class Nemesis:
                 (
                     f
                     for f in records.faults
-                    if f["cell"] == want
-                    and (kind is None or f["kind"] == kind)
-                    and f["unix_time"] >= rec["unix_time"] - 0.05
+                    if f.cell == want
+                    and (kind is None or f.kind == kind)
+                    and f.unix_time >= rec["unix_time"] - 0.05
                 ),
                 None,
             )
             if f is None:
                 return False
-            rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
-            rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
+            rec.update(detected_s=round(f.unix_time - rec["unix_time"], 3))
+            rec.update(detected_by=f.detected_by, action=f.action, fault_kind=f.kind)
             back = _back(records.faults, f)
             if back is not None:
                 rec.update(back_s=round(back - rec["time"], 3), handled=True)
-            if f["action"] != "restart":  # e.g. a loss in the reduce: the segment stops
+            if f.action != "restart":  # e.g. a loss in the reduce: the segment stops
                 rec["handled"] = True
             return bool(rec.get("handled"))
         if "engine" in t:
@@ -297,13 +339,13 @@ class Nemesis:
         return True
 
 
-def _back(faults: list[dict[str, Any]], f: dict[str, Any]) -> float | None:
+def _back(faults: list[FaultRecord], f: FaultRecord) -> float | None:
     """When the cell of fault ``f`` served again: its own ``back``, or, when it was lost again
     while restarting (its new actor hung, say), the ``back`` of its newest loss."""
-    if f.get("back") is not None or f["cell"] is None:
-        return f.get("back")
-    later = [g for g in faults if g["cell"] == f["cell"] and g["time"] > f["time"]]
-    return later[-1].get("back") if later else None
+    if f.back is not None or f.cell is None:
+        return f.back
+    later = [g for g in faults if g.cell == f.cell and g.time > f.time]
+    return later[-1].back if later else None
 
 
 def harness_pids(workspaces: Path) -> dict[str, list[int]]:
@@ -328,7 +370,7 @@ def harness_pids(workspaces: Path) -> dict[str, list[int]]:
     return out
 
 
-def carry(chaos: list[dict[str, Any]], faults: list[dict[str, Any]]) -> int:
+def carry(chaos: list[dict[str, Any]], faults: list[FaultRecord]) -> int:
     """Close the kills an earlier segment left open (the core's: its segment stopped before it
     could follow it) from the carried fault records; return how many kills were done."""
     for rec in chaos:
@@ -336,17 +378,13 @@ def carry(chaos: list[dict[str, Any]], faults: list[dict[str, Any]]) -> int:
         if cell is None or (rec.get("handled") and cell != 0):
             continue
         f = next(
-            (
-                f
-                for f in faults
-                if f.get("cell") == cell and f["unix_time"] >= rec["unix_time"] - 0.05
-            ),
+            (f for f in faults if f.cell == cell and f.unix_time >= rec["unix_time"] - 0.05),
             None,
         )
         if f is None:
             rec["handled"] = False  # its segment ended before anything found it
             continue
-        rec.update(detected_s=round(f["unix_time"] - rec["unix_time"], 3))
-        rec.update(detected_by=f["detected_by"], action=f["action"], fault_kind=f["kind"])
+        rec.update(detected_s=round(f.unix_time - rec["unix_time"], 3))
+        rec.update(detected_by=f.detected_by, action=f.action, fault_kind=f.kind)
         rec["handled"] = True
     return len(chaos)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -34,12 +33,12 @@ from gyre.log import LogSpec, current
 from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.heartbeat import EngineEvent
-from gyre.proxy.runner import ProxyServer
 from gyre.runtime import ranks
 from gyre.runtime.cell import Cell
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.cpulimit import CpuLimitError, find_controller, sweep
 from gyre.runtime.engines import engine_start_error
+from gyre.runtime.managed_proxy import ManagedProxy
 from gyre.runtime.publication import Publications
 from gyre.runtime.ray_setup import (
     RuntimeSetupError,
@@ -96,7 +95,7 @@ class Cluster:
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
         self.engine_urls: list[list[str]] = [[] for _ in range(self.K)]  # every one, per cell
-        self.proxy: ProxyServer | None = None
+        self.proxy = ManagedProxy()  # started last by start(), stopped first by stop()
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
         self.publications = Publications(
             rundir.weights,
@@ -120,8 +119,6 @@ class Cluster:
         self.on_cell_lost: Any = None
         # called with (url, cause) when a standalone engine left the pool (the world's)
         self.on_engine_lost: Any = None
-        # awaited before a switch uses the proxy: restarts it if it died (the world's watchdog)
-        self.proxy_ready: Any = None
 
     @property
     def weights_dir(self) -> str:
@@ -136,19 +133,6 @@ class Cluster:
     def weights_sums(self) -> dict[str, float] | None:
         """The core's fingerprints of ``weights_dir`` (None before the first publication)."""
         return self.publications.sums
-
-    async def serving_proxy(self) -> ProxyServer:
-        """The proxy, restarted first by the watchdog if it died (a switch must not fail on it)."""
-        if self.proxy_ready is not None:
-            await self.proxy_ready()
-        return self.live_proxy
-
-    @property
-    def live_proxy(self) -> ProxyServer:
-        """The proxy in front of the engines, between ``start()`` and ``stop()``."""
-        if self.proxy is None:
-            raise RuntimeError("the cluster is not started (no proxy)")
-        return self.proxy
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, roles: list[CellRole]) -> None:
@@ -172,6 +156,8 @@ class Cluster:
         for j in range(self.cfg.run.standalone_engines):
             try:
                 a, url = await self._standalone_engine(j)
+            # broad on purpose: an engine fails to start in many ways (its server's exit, a
+            # RayTaskError around anything, a timeout), each one line for the user
             except Exception as e:
                 await self.stop()
                 why = engine_start_error(e)
@@ -196,7 +182,7 @@ class Cluster:
         in the proxy's pool; ``cells.json`` names the new process."""
         old = next((r for r in self.placement if r.get("standalone") == j), None)
         a, url = await self._standalone_engine(j, restart)
-        await asyncio.to_thread(self.live_proxy.add_engine, url)
+        await self.proxy.add_engine(url)
         self.standalone.append((a, url))
         if old is not None:
             old.update(pid=await a.pid.remote(), url=url, restarts=restart)
@@ -209,33 +195,31 @@ class Cluster:
         cost: ``moved_calls``, ``engine_removed_s`` (nothing when it served no engine)."""
         try:
             ray.kill(self.cells[cell], no_restart=True)
-        except Exception:  # already gone
+        except ray.exceptions.RayError:  # already gone (a handle of an ended session)
             pass
         url, self.urls[cell] = self.urls[cell], None
-        if url is None or self.proxy is None:
+        if url is None or not self.proxy.started:
             return {}
         t0 = time.perf_counter()
-        moved0 = self._calls_moved()
+        moved0 = self.proxy.moved()
         try:
-            await asyncio.to_thread(self.proxy.remove_engine, url, 30, why)
-        except Exception:
+            await self.proxy.remove_engine(url, 30, why)
+        except (KeyError, TimeoutError, RuntimeError):  # removed already, drain cut, proxy down
             pass
         return {
-            "moved_calls": self._calls_moved() - moved0,
+            "moved_calls": self.proxy.moved() - moved0,
             "engine_removed_s": round(time.perf_counter() - t0, 3),
         }
 
-    async def restart_cell(self, cell: int, resume_from: str | None) -> None:
-        """A new actor for lost cell ``cell``; every cell rebuilds the gloo world with it (the
-        prefix communicators of the new membership). A new core's first switch into training
-        loads ``resume_from`` (None: the segment's initial weights)."""
+    async def replace_cell(self, cell: int, resume_from: str | None, restarts: int) -> None:
+        """A new actor for lost cell ``cell`` (its ``restarts``-th); every cell rebuilds the
+        gloo world with it (the prefix communicators of the new membership), and ``cells.json``
+        names the new process (no engine yet: the policy sends it to rollout). A new core's
+        first switch into training loads ``resume_from`` (None: the segment's initial weights)."""
         if cell == 0:
             self.resume_from = resume_from
         self.cells[cell] = self.cell_actor(cell)
         await self.build_world()  # the survivors and the new actor: the new membership's world
-
-    async def placed_again(self, cell: int, restarts: int) -> None:
-        """``cells.json`` names restarted cell ``cell``'s new process (no engine yet)."""
         pid = await self.cells[cell].pid.remote()
         if cell < len(self.placement):
             self.placement[cell] = {**self.placement[cell], "pid": pid, "restarts": restarts}
@@ -331,7 +315,9 @@ class Cluster:
                     if roles[i] is CellRole.ROLLOUT
                 ]
             )
-        except Exception as e:  # e.g. a vLLM server that exits at start: its log's last words
+        # broad on purpose, as for a standalone engine: e.g. a vLLM server that exits at start
+        # (its log's last words); every engine start failure is one line, nothing left running
+        except Exception as e:
             await self.stop()  # vLLM servers are processes of their own: none is left behind
             raise RuntimeSetupError(
                 f"a cell's engine did not start: {engine_start_error(e)}"
@@ -353,11 +339,10 @@ class Cluster:
                 "trace_dir": str(self.rundir.traces),
             }
         )
-        proxy = self.proxy = ProxyServer(pcfg)
-        proxy.set_engine_api_key(self.engine_key)
         loop = asyncio.get_running_loop()  # the heartbeat calls on the proxy's thread: hand over
-        proxy.on_engine_event(lambda ev: loop.call_soon_threadsafe(self._on_engine_event, ev))
-        await asyncio.to_thread(proxy.start)
+        await self.proxy.start(
+            pcfg, self.engine_key, lambda ev: loop.call_soon_threadsafe(self._on_engine_event, ev)
+        )
 
     def _on_engine_event(self, ev: EngineEvent) -> None:
         """A standalone engine the proxy's heartbeat lost leaves the pool now (not at the next
@@ -369,15 +354,8 @@ class Cluster:
                 self._engine_lost(ev.url, RuntimeError(f"heartbeat: {ev.why}"))
             )
 
-    async def restart_proxy(self) -> None:
-        """Bring the proxy back after it died: same address, admin socket, token, trace
-        directory and engines, the executions' keys carried over (``ProxyServer.restart``)."""
-        await asyncio.to_thread(self.live_proxy.restart)
-
     async def stop(self) -> None:
-        if self.proxy is not None:
-            await asyncio.to_thread(self.proxy.stop)
-            self.proxy = None
+        await self.proxy.stop()
         if self.cells:
             await _settle([c.teardown.remote() for c in self.cells])
             for c in self.cells:
@@ -398,10 +376,10 @@ class Cluster:
         moved = 0
         url = self.urls[cell]
         if url is not None:
-            proxy = await self.serving_proxy()
+            await self.proxy.serving("switch")  # a switch must not fail on a dead proxy
             try:
-                moved = await asyncio.to_thread(proxy.drain, url)
-                await asyncio.to_thread(proxy.remove_engine, url)
+                moved = await self.proxy.drain(url)
+                await self.proxy.remove_engine(url)
             except KeyError:  # the cell was found lost meanwhile: its fault handler removed it
                 pass  # (the calls below then fail as the dead actor's, or it is killed)
             self.urls[cell] = None
@@ -422,7 +400,8 @@ class Cluster:
             async with EngineClient(url, api_key=self.engine_key) as c:
                 info = await c.model_info()
             pubs.check(f"cell {cell}'s engine ({url})", info)
-        await asyncio.to_thread((await self.serving_proxy()).add_engine, url)
+        await self.proxy.serving("switch")
+        await self.proxy.add_engine(url)
         self._serving(cell, url)
 
     def _serving(self, cell: int, url: str) -> None:
@@ -508,40 +487,13 @@ class Cluster:
         for a, _ in [x for x in self.standalone if x[1] == url]:
             try:  # a hung process holds its sockets: killed, as a lost cell's is
                 ray.kill(a, no_restart=True)
-            except Exception:
+            except ray.exceptions.RayError:  # already gone
                 pass
         self.standalone = [(a, u) for a, u in self.standalone if u != url]
         self.dead_engines.append(url)
         try:
-            proxy = self.live_proxy
-            await asyncio.to_thread(proxy.remove_engine, url, 30)
-        except Exception:
+            await self.proxy.remove_engine(url, 30)
+        except (KeyError, TimeoutError, RuntimeError):  # removed already, drain cut, proxy down
             pass
         if self.on_engine_lost is not None:
             self.on_engine_lost(url, why)
-
-    def _calls_moved(self) -> int:
-        """Calls the proxy's pool moved to another engine so far."""
-        return self.proxy.service.pool.counters.moved if self.proxy is not None else 0
-
-    def engine_load(self) -> dict[str, Any]:
-        """Per engine URL ``(executions it holds, calls in flight)``, and the proxy's counters
-        the live view shows: read from the proxy's objects in this process (a plain read of its
-        dicts under the GIL), no request and no Ray call."""
-        if self.proxy is None:
-            return {"engines": {}}
-        svc = self.proxy.service
-        pool = svc.pool
-        held = Counter(list(pool.affinity.values()))
-        return {
-            "engines": {
-                u.rstrip("/"): (held.get(u, 0), len(e.inflight))
-                for u, e in list(pool.engines.items())
-            },
-            "rerouted": pool.counters.moved,
-            "engine_errors": pool.counters.engine_errors + pool.counters.engine_timeouts,
-            "errors_5xx": svc.counters.errors_5xx,
-        }
-
-    def proxy_stats(self) -> dict[str, Any]:
-        return self.proxy.service.stats() if self.proxy is not None else {}

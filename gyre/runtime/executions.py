@@ -15,7 +15,9 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import httpx
 
 from gyre.harness.execution import ExecutionSpec
 from gyre.harness.executor import HarnessExecutor
@@ -24,7 +26,7 @@ from gyre.harness.profiles import HarnessProfile, load_profile
 from gyre.harness.roles import role_profile
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.longtail import LongTail
-from gyre.runtime.proxy_watchdog import ProxyHost, ProxyWatchdog, admin_call
+from gyre.runtime.managed_proxy import ManagedProxy
 from gyre.runtime.restore import Restored
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -35,25 +37,25 @@ from gyre.trace.toolhealth import ToolHealth, execution_health
 from gyre.train.buffer import pack_groups
 from gyre.train.groups import group_from_traces
 
-if TYPE_CHECKING:
-    from gyre.proxy.admin import ProxyAdminClient
 
+class ExecutionRunner:
+    """Runs the run's executions (harness processes, each with its own proxy key), scores
+    them, and turns a group's traces into micro-step tasks; evaluation runs too. Named apart
+    from :class:`gyre.proxy.executions.Executions`, the proxy's table of live execution keys."""
 
-class Executions:
     def __init__(
         self,
         cfg: GyreConfig,
         rundir: RunDir,
         tasks: TaskStream,
-        host: ProxyHost,
+        proxy: ManagedProxy,
         *,
         segment: int = 0,
     ):
-        """``host``: the owner of the managed proxy the harnesses call (the cluster)."""
+        """``proxy``: the run's proxy the harnesses call (its admin calls register them)."""
         self.cfg, self.rundir, self.tasks, self.segment = cfg, rundir, tasks, segment
-        self.host = host
+        self.proxy = proxy
         self.executor: HarnessExecutor | None = None
-        self.admin: ProxyAdminClient | None = None
         self.profile: HarnessProfile | None = None
         self.results: dict[tuple[int, int], tuple[str, float | Missing]] = {}
         # (gid, attempt) -> how its harness stopped, until its group is packed (agent/* metrics;
@@ -64,7 +66,6 @@ class Executions:
         self.missing = 0
         self.missing_reasons: dict[str, int] = {}  # reason -> executions (run summary)
         self.running = 0
-        self.watchdog: ProxyWatchdog | None = None  # admin calls wait for a restarting proxy
         self._last_eval = -1
         self.eval_tasks: set[asyncio.Task] = set()
         lt = cfg.run.longtail
@@ -79,41 +80,34 @@ class Executions:
     async def start(self) -> None:
         prof = load_profile(self.cfg.run.profile)
         self.profile = prof.model_copy(update={"args": [*prof.args, *self.cfg.run.harness_args]})
-        proxy = self.host.proxy
-        self.admin = proxy.admin_client()  # its unix socket: harnesses never reach it
         ecfg = self.cfg.executor.model_copy(update={"workspace_root": self.rundir.workspaces})
         self.executor = HarnessExecutor(
             ecfg, register=self._register, calls=self._calls, revoke=self._revoke
         )
         await self.executor.start()
 
-    def _started(self) -> tuple[HarnessExecutor, ProxyAdminClient, HarnessProfile]:
-        """Executor, admin client and profile: built by ``start()``."""
-        if self.executor is None or self.admin is None or self.profile is None:
-            raise RuntimeError("Executions.start() was not called")
-        return self.executor, self.admin, self.profile
+    def _started(self) -> tuple[HarnessExecutor, HarnessProfile]:
+        """Executor and profile: built by ``start()``."""
+        if self.executor is None or self.profile is None:
+            raise RuntimeError("ExecutionRunner.start() was not called")
+        return self.executor, self.profile
 
     async def stop(self) -> None:
         for t in list(self.eval_tasks):
             t.cancel()
         if self.executor is not None:
             await self.executor.stop()
-        if self.admin is not None:
-            self.admin.close()
 
     async def _register(self, execution_id: str, label: str) -> str:
-        _, admin, _ = self._started()
-        return await admin_call(admin.register, execution_id, label, watchdog=self.watchdog)
+        return await self.proxy.register(execution_id, label)
 
     async def _revoke(self, execution_id: str) -> None:
         """The key dies with the harness (before scoring: no survivor lands in the trace)."""
-        _, admin, _ = self._started()
-        await admin_call(admin.revoke, execution_id, watchdog=self.watchdog)
+        await self.proxy.revoke(execution_id)
 
     async def _calls(self, execution_id: str) -> Any:
         """The proxy's count of this execution's model calls (did the policy act at all?)."""
-        _, admin, _ = self._started()
-        d = await admin_call(admin.calls, execution_id, watchdog=self.watchdog)
+        d = await self.proxy.calls(execution_id)
         return ModelCalls(
             attempted=int(d["attempted"]),
             answered=int(d["answered"]),
@@ -124,13 +118,13 @@ class Executions:
     async def _run_one(
         self, execution_id: str, task, extra_env: dict[str, str] | None = None
     ) -> Any:
-        executor, admin, profile = self._started()
+        executor, profile = self._started()
         run, lt = self.cfg.run, self.cfg.run.longtail
         spec = ExecutionSpec(
             execution_id=execution_id,
             task=task,
             profile=profile,
-            base_url=self.host.proxy.url,
+            base_url=self.proxy.url,
             harness_timeout_s=run.harness_timeout_s
             or (self.longtail.executor_harness_timeout_s if self.longtail else None),
             overall_timeout_s=run.overall_timeout_s or (lt.overall_timeout_s if lt else None),
@@ -138,8 +132,10 @@ class Executions:
         )
         res = await executor.run(spec)
         try:  # the proxy closes the execution's trace file and forgets its key
-            await admin_call(admin.revoke, execution_id, watchdog=self.watchdog)
-        except Exception:
+            await self.proxy.revoke(execution_id)
+        # the proxy down past the admin retry, stopped (the run ends), or refusing: the key
+        # dies with the proxy anyway, and the execution's result stands
+        except (httpx.HTTPError, RuntimeError):
             pass
         return res
 
@@ -226,7 +222,7 @@ class Executions:
         traces = {eid: trace_path(self.rundir.traces, eid) for eid, _ in ids.values()}
         rewards = {eid: r for eid, r in ids.values()}
         tcfg = self.cfg.trainer
-        _, _, profile = self._started()
+        _, profile = self._started()
         t0 = time.perf_counter()
         group, report = group_from_traces(
             f"g{gid}",

@@ -14,6 +14,29 @@ own, so a training cell answers it too) does not answer within ``run.fault.heart
    prefix communicators of the new membership), and the policy gets ``CellBack``: it sends the
    cell to rollout, whose switch starts an engine on the newest published weights.
 
+The whole path of a lost rollout cell, in the five files that hold it (nothing else needs
+reading to change it; the mechanisms it calls, the proxy's pool and the publications, are
+used as they are):
+
+============================== ===========================================================
+``runtime/faults.py``          found (:meth:`CellFaults.heartbeat`, or a call's
+                               ``ActorDied`` reported to :meth:`CellFaults.lost`), recorded,
+                               told to the policy (``bus.emit``: the world's event queue),
+                               replaced (:meth:`CellFaults._replace`), its record closed when
+                               it serves again (:meth:`CellFaults.back`)
+``runtime/cluster.py``         the mechanisms: :meth:`Cluster.take_out` (kill, drain its
+                               engine), :meth:`Cluster.replace_cell` (new actor, gloo world,
+                               ``cells.json``), :meth:`Cluster.to_rollout` (its new engine)
+``policy/faults.py``           ``CellLost``: capacity out, its work requeued; ``CellBack``:
+                               ``SwitchCell`` to rollout
+``runtime/world.py``           wires the handler (``on_cell_lost``, the calls that report
+                               ``ActorDied``), carries out the switch, calls ``back``
+``runtime/records.py``         the fault's record (:class:`FaultRecord`), the role timeline
+============================== ===========================================================
+
+``bus`` is the world's (:class:`gyre.runtime.handles.EventBus`): ``now()``, ``emit(event)``
+for the policy, ``spawn(coro)`` for background work.
+
 The core (cell 0) is restarted in place too: its optimizer state died with its process, but
 the checkpoint of the last step it finished (``trainer.checkpoint``, every step by default:
 the driver's ``trainer_version``) holds it exactly, so the new actor's first switch into
@@ -37,7 +60,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 
 import ray
 
@@ -47,7 +69,7 @@ from gyre.runtime import ranks
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.handles import EventBus
-from gyre.runtime.records import BREAKS_STEP, Records
+from gyre.runtime.records import BREAKS_STEP, FaultRecord, Records
 from gyre.runtime.rundir import RunDir
 
 
@@ -58,20 +80,16 @@ class FatalFault(RuntimeError):
 class CoreLost(FatalFault):
     """The core, or a cell inside the step's reduce, was lost: what the core applied since its
     last checkpoint died with it. ``record`` is the fault's entry in ``faults`` (the supervisor
-    says there what it did); ``faults`` is the segment's whole list, kept for the next one, and
-    ``chaos`` what the nemesis did in it (``[run.chaos]``), kept alike."""
+    says there what it did); ``faults`` is the segment's whole list, kept for the next one."""
 
-    def __init__(
-        self,
-        message: str,
-        record: dict[str, Any],
-        faults: list[dict[str, Any]],
-        chaos: list[dict[str, Any]] | None = None,
-    ):
+    def __init__(self, message: str, record: FaultRecord, faults: list[FaultRecord]):
         super().__init__(message)
         self.record = record
         self.faults = faults
-        self.chaos = chaos if chaos is not None else []
+
+
+# what Ray raises when the actor behind a call is gone (a dead or killed process)
+ActorDied = ray.exceptions.RayActorError
 
 
 def actor_died(e: BaseException) -> bool:
@@ -82,7 +100,7 @@ def actor_died(e: BaseException) -> bool:
 class CellFaults:
     """The world's fault handler: heartbeat, loss, restart; what it did goes to the records.
 
-    It drives the cluster's mechanisms (``take_out``, ``restart_cell``), tells the policy
+    It drives the cluster's mechanisms (``take_out``, ``replace_cell``), tells the policy
     through ``bus``, and leaves the world's own state to the world: ``forget_work(cell)`` drops
     what the world recorded of a lost cell's work, ``errors`` is the list the world raises
     from, ``running()`` counts the executions a segment's end cuts."""
@@ -106,7 +124,7 @@ class CellFaults:
         self._forget_work, self._running = forget_work, running
         self.cfg = cfg.run.fault
         self.down: set[int] = set()  # lost, not back yet
-        self._open: dict[int, dict[str, Any]] = {}  # cell -> its fault record until it is back
+        self._open: dict[int, FaultRecord] = {}  # cell -> its fault record until it is back
         self._dead_cores: set[str] = set()  # actor ids of the core's lost processes
 
     # ------------------------------------------------------------------ detection
@@ -129,10 +147,9 @@ class CellFaults:
         """The segment's cells are up (the heartbeat starts then): a core restart that led here
         is over; its cost is the time from the loss to now."""
         now = round(time.time(), 3)
-        for f in self.records.faults:
-            if f.get("core_restart") and f.get("back_unix_time") is None:
-                f["back_unix_time"] = now
-                f["cost_s"] = round(now - f["unix_time"], 3)
+        for f in list(self.records.faults):
+            if f.core_restart and f.back_unix_time is None:
+                self.records.complete(f, back_unix_time=now, cost_s=round(now - f.unix_time, 3))
 
     async def alive(self, cells: list[int]) -> bool:
         """Ping ``cells`` at once (a dead actor answers in milliseconds): any lost is reported
@@ -163,7 +180,8 @@ class CellFaults:
         now = self.bus.now()
         role = self.records.roles[cell]
         first = first_line(cause)[:200]
-        action = "restart" if self.cfg.restart else "none"
+        stops = self._stops_segment(cell, f"{kind}: {first}")
+        action = "run stopped" if stops else "restart" if self.cfg.restart else "none"
         rec = self.records.fault(
             cell=cell,
             kind=kind,
@@ -173,9 +191,7 @@ class CellFaults:
             cause=first,
             action=action,
         )
-        stops = self._stops_segment(cell, f"{kind}: {first}")
         if stops is not None:
-            rec["action"] = "run stopped"
             self.errors.append(self.core_lost(stops, rec))
             return
         self._open[cell] = rec
@@ -251,12 +267,12 @@ class CellFaults:
         )
         return self.core_lost(msg, rec)
 
-    def core_lost(self, msg: str, rec: dict[str, Any]) -> CoreLost:
+    def core_lost(self, msg: str, rec: FaultRecord) -> CoreLost:
         """The segment's end: its executions still running are cut (the supervisor's new segment
         relaunches those it keeps a finished sibling of, and dispatches fresh groups for the
         rest), so the record counts them: the work a core restart throws away."""
-        rec["executions_cut"] = self._running()
-        return CoreLost(msg, rec, self.records.faults, self.records.chaos)
+        rec = self.records.complete(rec, executions_cut=self._running())
+        return CoreLost(msg, rec, self.records.faults)
 
     def cell_of(self, e: BaseException, cells: range) -> int | None:
         """Which of ``cells`` the dead actor behind ``e`` (or its cause) was, if Ray says."""
@@ -286,7 +302,7 @@ class CellFaults:
                 if not dead:
                     try:
                         await self._ping(0, self.cfg.heartbeat_s)
-                    except Exception:
+                    except (TimeoutError, ray.exceptions.RayError):  # silent, or gone
                         dead = True
                 if dead:
                     self.lost(0, e, "call")
@@ -316,10 +332,11 @@ class CellFaults:
         queued = [x for x in self.errors if isinstance(x, CoreLost)]
         return queued[0] if queued else self.reduce_lost(step, k, e)
 
-    async def _replace(self, cell: int, rec: dict[str, Any]) -> None:
+    async def _replace(self, cell: int, rec: FaultRecord) -> None:
         """Kill the actor, move its engine's calls, tell the policy; restart and rejoin."""
-        cl, bus = self.cluster, self.bus
-        rec.update(await cl.take_out(cell, f"cell {cell} {rec['kind']} ({rec['detected_by']})"))
+        cl, bus, records = self.cluster, self.bus, self.records
+        moved = await cl.take_out(cell, f"cell {cell} {rec.kind} ({rec.detected_by})")
+        rec = self._open[cell] = records.complete(rec, **moved)
         bus.emit(CellLost(time=bus.now(), cell=cell))
         if not self.cfg.restart:
             return
@@ -328,10 +345,9 @@ class CellFaults:
         if cell == 0:  # its first switch into training loads the last finished step's checkpoint
             found = self.core_checkpoint()
             start = found if isinstance(found, str) else None
-            rec["checkpoint_step"] = cl.trainer_version
-        await cl.restart_cell(cell, start)
-        rec["restart_s"] = round(time.perf_counter() - t0, 3)
-        await cl.placed_again(cell, rec_count(self.records.faults, cell))
+            rec = self._open[cell] = records.complete(rec, checkpoint_step=cl.trainer_version)
+        await cl.replace_cell(cell, start, rec_count(records.faults, cell))
+        rec = self._open[cell] = records.complete(rec, restart_s=round(time.perf_counter() - t0, 3))
         self.down.discard(cell)
         bus.emit(CellBack(time=bus.now(), cell=cell))
 
@@ -339,10 +355,9 @@ class CellFaults:
         """The restarted cell serves again (its switch to rollout is done)."""
         rec = self._open.pop(cell, None)
         if rec is not None:
-            rec["back"] = round(self.bus.now(), 3)
-            rec["cost_s"] = round(rec["back"] - rec["time"], 3)
+            self.records.complete(rec, back=round(self.bus.now(), 3))
 
 
-def rec_count(faults: list[dict[str, Any]], cell: int) -> int:
+def rec_count(faults: list[FaultRecord], cell: int) -> int:
     """How many times ``cell`` was restarted so far."""
-    return sum(1 for f in faults if f["cell"] == cell and f["action"] == "restart")
+    return sum(1 for f in faults if f.cell == cell and f.action == "restart")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.policy import CellRole, SchedulingPolicy
-from gyre.runtime import workload
+from gyre.runtime import chaos, workload
 from gyre.runtime.calibrate import calibrate
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.progress import Progress, closing_lines
@@ -45,12 +45,13 @@ async def train(
     calibration = await _calibrate(cfg, progress)
     world = RealWorld(cfg, rundir, tasks, resume=resume)
     world.sched_status = policy.status
+    chaos.attach(cfg.run.chaos, world)  # a test facility, off by default ([run.chaos])
     progress.message(
         f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}"
     )
     await world.start(list(policy.roles) if left > 0 else [CellRole.ROLLOUT] * cfg.policy.cells)
     progress.message(
-        f"cells up; proxy at {world.cluster.live_proxy.url}; training steps {done}..{cfg.policy.total_steps}"
+        f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}"
     )
     if cfg.run.eval_interval and not _evaluated(rundir, world.base_step):
         world.execs.start_eval(world.base_step)  # the starting policy, for comparison
@@ -73,6 +74,7 @@ async def train(
         summary = summarize(
             records, world.cluster, world.execs, rundir, policy if left > 0 else None, calibration
         )
+        summary.update(world.rig_rows())  # what attached test rigs recorded, by their name
         rundir.write_summary(summary)
         write_timeline(records, rundir, summary)
         return summary
@@ -132,7 +134,9 @@ def run(
         )
         try:
             summary = asyncio.run(train(cfg, rundir, progress, resume))
-        except BaseException:  # the tracked run is marked stopped; a --resume continues it
+        # broad on purpose (cleanup, re-raised): the tracked run is marked stopped however the
+        # run ended (an error, Ctrl-C); a --resume continues it
+        except BaseException:
             if tracker is not None:
                 tracker.close(None)
             raise

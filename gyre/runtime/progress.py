@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from gyre.runtime.records import Phase, Records
+from gyre.runtime.records import FaultRecord, Phase, Records
 
 _ROLE_MARK = {"rollout": "R", "training": "T", "to_training": ">T", "to_rollout": ">R", "lost": "X"}
 _ROLE_NAME = {"to_training": "-> training", "to_rollout": "-> rollout"}
@@ -43,7 +43,6 @@ _FAULT_LABEL = {
     "cells_lost": "cells lost",
     "core_restarts": "core restarts",
     "proxy_restarts": "proxy restarts",
-    "chaos_kills": "chaos kills",
     "harness_failed": "harness failures",
     "engine_errors": "engine errors",
     "errors_5xx": "5xx answers",
@@ -67,6 +66,8 @@ class Feed:
     cell_load: list[tuple[int, int] | None] = field(default_factory=list)
     parks_engine: bool = False  # a training cell keeps its engine paused (vLLM)
     counters: dict[str, int] = field(default_factory=dict)
+    # what attached test rigs count (gyre.runtime.handles.Rig), by label: shown, never faults
+    rigs: dict[str, int] = field(default_factory=dict)
 
 
 def num(x: float | None) -> str:
@@ -225,6 +226,7 @@ class Progress:
             "queued": st.get("queued"),
             "rerouted": int(feed.counters.get("rerouted", 0)),
             "faults": f,
+            "rigs": dict(feed.rigs),
             "last_fault": last_fault(rec.faults),
             "missing": _missing(rows),
             "tools": {k: last[k] for k in TOOL_KEYS if last.get(k) is not None},
@@ -255,27 +257,28 @@ class Progress:
 def _faults(s: dict[str, Any]) -> str:
     f = s["faults"]
     parts = [f"{_FAULT_LABEL[k]} {v}" for k, v in f.items() if v]
-    # a core restart answers a cell lost, a chaos kill causes one: neither is a fault of its own
-    n = sum(v for k, v in f.items() if k not in ("core_restarts", "chaos_kills"))
+    parts += [f"{k} {v}" for k, v in s.get("rigs", {}).items() if v]
+    # a core restart answers a cell lost (a rig's kill causes one): not a fault of its own
+    n = sum(v for k, v in f.items() if k != "core_restarts")
     return f"faults {n}" + (f" ({', '.join(parts)})" if parts else "")
 
 
-def last_fault(faults: list[dict[str, Any]]) -> str | None:
+def last_fault(faults: list[FaultRecord]) -> str | None:
     """What died last, when, what was done and what it cost (None: nothing died)."""
     if not faults:
         return None
     f = faults[-1]
-    if f["kind"] == "proxy":
+    if f.kind == "proxy":
         who = "proxy"
-    elif f["kind"] == "engine":
-        who = f"standalone engine {f.get('engine')}"
+    elif f.kind == "engine":
+        who = f"standalone engine {f.extra('engine')}"
     else:
-        who = f"cell {f['cell']} {f['kind']}"
-    if f.get("cost_s") is not None:
-        after = f"back after {f['cost_s']:.1f}s"
+        who = f"cell {f.cell} {f.kind}"
+    if f.cost_s is not None:
+        after = f"back after {f.cost_s:.1f}s"
     else:
-        after = "not back yet" if f["action"] == "restart" else ""
-    return f"last fault: {who} at {f['time']:.1f}s ({f['detected_by']}), {f['action']} {after}"
+        after = "not back yet" if f.action == "restart" else ""
+    return f"last fault: {who} at {f.time:.1f}s ({f.detected_by}), {f.action} {after}"
 
 
 def _missing_text(s: dict[str, Any]) -> str:
@@ -362,9 +365,9 @@ def panel(s: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
-def core_restarts(faults: list[dict[str, Any]]) -> int:
+def core_restarts(faults: list[FaultRecord]) -> int:
     """Times the run restarted its core from a checkpoint (gyre.runtime.supervise)."""
-    return sum(1 for f in faults if f.get("core_restart"))
+    return sum(1 for f in faults if f.core_restart)
 
 
 def closing_lines(summary: dict[str, Any], seconds: float, path: Any) -> list[str]:
@@ -378,11 +381,12 @@ def closing_lines(summary: dict[str, Any], seconds: float, path: Any) -> list[st
         ev = f", {name} v{first['version']} {num(first['reward_mean'])}"
         if last is not first:
             ev += f" -> v{last['version']} {num(last['reward_mean'])}"
-    restarts = [f for f in summary.get("faults", []) if f.get("core_restart")]
+    faults = [FaultRecord.from_json(f) for f in summary.get("faults", [])]
+    restarts = [f for f in faults if f.core_restart]
     said = []
     if restarts:  # the run went on past its core's loss: say what it cost
-        steps = ", ".join(str(f["restart_step"]) for f in restarts)
-        redone = sum(f.get("steps_redone", 0) for f in restarts)
+        steps = ", ".join(str(f.restart_step) for f in restarts)
+        redone = sum(f.steps_redone or 0 for f in restarts)
         said.append(
             f"core restarted {len(restarts)}x (from checkpoint step {steps}); "
             f"{redone} finished steps trained again"

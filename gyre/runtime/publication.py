@@ -30,7 +30,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gyre.engine.client import EngineClient
+import httpx
+import ray
+
+from gyre.engine.client import EngineClient, EngineError
 from gyre.engine.protocol import ModelInfo, UpdateWeightsResponse
 
 log = logging.getLogger("gyre.runtime.publication")
@@ -98,8 +101,8 @@ class MemoryPublisher:
             self.channel, self.urls = channel, urls
         try:
             stats = await self.channel.publish(version, params)
-        except BaseException:
-            self.channel, self.urls = None, ()  # the next publication starts a fresh group
+        except BaseException:  # broad on purpose: any end of the send (error or cancel) leaves
+            self.channel, self.urls = None, ()  # the group unusable: the next starts fresh
             raise
         return {
             "replies": stats.replies,
@@ -230,7 +233,10 @@ class Publications:
             self.in_memory += len(urls)
             info["memory"] = {k: v for k, v in sent.items() if k != "replies"}
             return sent["replies"]
-        except Exception as e:  # the fallback: every engine reloads the directory just written
+        # the fallback, every engine reloading the directory just written, for what an in-memory
+        # send is expected to fail with: an engine's error, the weight group's (RuntimeError),
+        # a connection, or the core's call (Ray)
+        except (EngineError, httpx.HTTPError, OSError, RuntimeError, ray.exceptions.RayError) as e:
             log.warning("in-memory publication of v%d failed (%s); reloading from disk", version, e)
             return None
         finally:

@@ -55,7 +55,9 @@ def init_ray(cfg: GyreConfig) -> None:
             ray.init(address=rc.address, **kw)
         else:  # Ray rewrites 127.0.0.1 to the routable address; 127.0.0.2 stays loopback
             ray.init(num_cpus=rc.num_cpus, _node_ip_address=ray_local_ip(rc.node_ip), **kw)
-    except Exception as e:  # a bad --address, or a local node that did not come up in time
+    # broad on purpose: ray.init fails in many ways (a bad --address, a local node that did not
+    # come up in time: ConnectionError, RuntimeError, TimeoutError, ValueError), each one line
+    except Exception as e:
         where = f"cluster at {rc.address}" if rc.address else "local Ray instance"
         raise RuntimeSetupError(f"the {where} did not start: {first_line(e)[:300]}") from None
 

@@ -10,7 +10,9 @@ seconds on the run's clock (:meth:`Records.now`, zero when the cells were up).
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -21,7 +23,7 @@ from gyre.train.stats import ObjectiveStats
 
 class Phase(StrEnum):
     """What a training cell computes now (``Records.activity[cell]["what"]``): the live view
-    words it, the fault handler and the nemesis judge from it whether a loss breaks the step."""
+    words it, the fault handler (and a test rig) judge from it whether a loss breaks the step."""
 
     MICRO_STEP = "micro_step"
     REDUCE_CHECK = "reduce_check"  # the ping before the reduce
@@ -33,8 +35,99 @@ class Phase(StrEnum):
 BREAKS_STEP = frozenset({Phase.REDUCE, Phase.OPTIMIZER_STEP})
 
 
+@dataclass(frozen=True)
+class FaultRecord:
+    """One loss (a cell, a standalone engine, the proxy): how it was found, what was done,
+    what it cost. Built by :meth:`Records.fault` and completed by :meth:`Records.complete`
+    (a new record takes the old one's place: readers never see one half-written). On disk
+    (``faults.jsonl``, ``summary.json`` ``faults``) it is the JSON object :meth:`to_json` gives,
+    the same keys as the dicts it replaced, so old run directories still read.
+
+    ``time``/``back``: run time (s); ``unix_time``: wall clock, to compare with when a test
+    killed it; ``back`` is None until it serves again. ``more``: keys of one kind of fault
+    (``engine``, ``capacity``, ``moved_calls``, ``port``, ...), kept as they came."""
+
+    cell: int | None
+    kind: str  # died | hung | engine | proxy
+    role: str
+    time: float
+    unix_time: float
+    detected_by: str
+    cause: str
+    action: str  # restart | none | run stopped | restart from checkpoint step N
+    back: float | None = None
+    segment: int = 0
+    more: Mapping[str, Any] = field(default_factory=dict)
+    # completed as it is handled (absent on disk until set)
+    restart_s: float | None = None
+    cost_s: float | None = None
+    checkpoint_step: int | None = None  # a core restarted in place: the checkpoint it loaded
+    executions_cut: int | None = None  # a segment's end: executions still running
+    core_restart: int | None = None  # the supervisor's restart of the run (its count)
+    restart_step: int | None = None
+    steps_redone: int | None = None
+    restart_unix_time: float | None = None
+    back_unix_time: float | None = None
+
+    def with_(self, **changes: Any) -> FaultRecord:
+        """This record with ``changes`` (fields by name; any other key goes to ``more``)."""
+        known = {k: v for k, v in changes.items() if k in _FAULT_FIELDS}
+        extra = {k: v for k, v in changes.items() if k not in _FAULT_FIELDS}
+        if extra:
+            known["more"] = {**self.more, **extra}
+        return dataclasses.replace(self, **known)
+
+    def extra(self, key: str, default: Any = None) -> Any:
+        """A key of ``more`` (one kind's: ``engine``, ``port``, ...), or ``default``."""
+        if key in _FAULT_FIELDS:
+            raise KeyError(f"{key!r} is a field of FaultRecord: read it as an attribute")
+        return self.more.get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        """The on-disk object: the fixed keys, then ``more``, then what completion set."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in _FAULT_BASE}
+        out.update(self.more)
+        for k in _FAULT_LATER:
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FaultRecord:
+        """A record from its on-disk object (``faults.jsonl``; older files too: a key of
+        another kind goes to ``more``, a missing optional one stays None)."""
+        known = {k: d[k] for k in _FAULT_FIELDS if k in d and k != "more"}
+        known.setdefault("segment", 0)
+        for k in ("cell", "role", "cause", "action", "detected_by"):
+            known.setdefault(k, None if k == "cell" else "")
+        known.setdefault("kind", "died")
+        known.setdefault("time", 0.0)
+        known.setdefault("unix_time", 0.0)
+        more = {k: v for k, v in d.items() if k not in _FAULT_FIELDS}
+        return cls(**known, more=more)
+
+
+_FAULT_FIELDS = frozenset(f.name for f in dataclasses.fields(FaultRecord))
+_FAULT_BASE = (
+    "cell", "kind", "role", "time", "unix_time", "detected_by", "cause", "action", "back", "segment"
+)  # fmt: skip
+_FAULT_LATER = tuple(
+    f.name for f in dataclasses.fields(FaultRecord) if f.name not in (*_FAULT_BASE, "more")
+)
+
+
 # (start, end, role value) of one cell
 Segment = tuple[float, float, str]
+
+
+def replace_fault(faults: list[FaultRecord], old: FaultRecord, new: FaultRecord) -> FaultRecord:
+    """Put ``new`` where ``old`` is in ``faults`` (by identity: a stale record is a bug)."""
+    for i, f in enumerate(faults):
+        if f is old:
+            faults[i] = new
+            return new
+    raise KeyError(f"fault record not in the list: {old}")
 
 
 @dataclass
@@ -81,11 +174,8 @@ class Records:
     # and the version every rollout engine is reloading while a publication runs
     activity: dict[int, dict[str, Any]] = field(default_factory=dict)
     publishing: int | None = None
-    # every cell lost: {"cell", "kind": died|hung, "role", "time", "detected_by", "cause",
-    # "action", "back" (time it served again, None if not), "moved_calls", "requeued"}
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    # what the chaos nemesis killed (gyre.runtime.chaos): {"kind", "time", "target", ...}
-    chaos: list[dict[str, Any]] = field(default_factory=list)
+    # every loss of the run, in order (those of earlier segments first: faults.jsonl)
+    faults: list[FaultRecord] = field(default_factory=list)
     # what each AssignGroup cost the driver's loop, in seconds: "trees" (traces to trees),
     # "pack" (to micro-step tasks), "put" (the tasks into Ray's object store), "all"; "tasks"
     assigns: list[dict[str, float]] = field(default_factory=list)
@@ -101,25 +191,32 @@ class Records:
         cause: str,
         action: str,
         **more: Any,
-    ) -> dict[str, Any]:
-        """A new fault, appended to ``faults`` and returned (its handler completes it): the
-        keys every reader relies on (the report, the live view, ``faults.jsonl``, the chaos
-        audit), ``more`` after them. ``at``: run time; ``back`` is None until it serves again."""
-        rec: dict[str, Any] = {
-            "cell": cell,
-            "kind": kind,
-            "role": role,
-            "time": round(at, 3),
-            "unix_time": round(time.time(), 3),  # to compare with when a test killed it
-            "detected_by": detected_by,
-            "cause": cause,
-            "action": action,
-            "back": None,
-            "segment": self.segment,
-            **more,
-        }
+    ) -> FaultRecord:
+        """A new fault, appended to ``faults`` and returned (its handler completes it with
+        :meth:`complete`). ``at``: run time; ``more``: the keys of its kind."""
+        rec = FaultRecord(
+            cell=cell,
+            kind=kind,
+            role=role,
+            time=round(at, 3),
+            unix_time=round(time.time(), 3),
+            detected_by=detected_by,
+            cause=cause,
+            action=action,
+            segment=self.segment,
+            more=more,
+        )
         self.faults.append(rec)
         return rec
+
+    def complete(self, rec: FaultRecord, **changes: Any) -> FaultRecord:
+        """``rec`` with ``changes`` takes its place in ``faults``; the new record is returned
+        (the handler goes on with it). ``back`` set without ``cost_s``: the cost is the time
+        from the loss to ``back``."""
+        new = rec.with_(**changes)
+        if "back" in changes and "cost_s" not in changes and new.back is not None:
+            new = new.with_(cost_s=round(new.back - new.time, 3))
+        return replace_fault(self.faults, rec, new)
 
     def __post_init__(self) -> None:
         K = self.cells

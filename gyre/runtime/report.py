@@ -18,7 +18,7 @@ from gyre.trace.store import read_trace
 
 if TYPE_CHECKING:
     from gyre.runtime.cluster import Cluster
-    from gyre.runtime.executions import Executions
+    from gyre.runtime.executions import ExecutionRunner
     from gyre.runtime.records import Records
     from gyre.runtime.rundir import RunDir
 
@@ -110,7 +110,7 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def summarize(
     records: Records,
     cluster: Cluster,
-    execs: Executions,
+    execs: ExecutionRunner,
     rundir: RunDir,
     policy,
     calibration: dict | None = None,
@@ -119,7 +119,7 @@ def summarize(
     run whose steps were all done before it was killed. ``cluster`` and ``execs`` give their
     live counters (proxy, engines, executions of this segment); ``calibration`` is
     :func:`gyre.runtime.calibrate.calibrate`'s record from this segment's start."""
-    stats = cluster.proxy_stats()
+    stats = cluster.proxy.stats()
     counters = stats.get("counters", {})
     pool = stats.get("pool", {}).get("counters", {})
     rows = rundir.read_jsonl("metrics.jsonl")
@@ -184,8 +184,9 @@ def summarize(
         "cells": cluster.placement,
         "engine_urls": cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": cluster.dead_engines,
-        "faults": records.faults,  # every cell lost: when, how found, what was done, its cost
-        "chaos": records.chaos,  # what the nemesis killed ([run.chaos]), and what came of it
+        "faults": [
+            f.to_json() for f in records.faults
+        ],  # every cell lost: when, how found, what was done, its cost
         "disk_bytes": disk_bytes(rundir),
         "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }

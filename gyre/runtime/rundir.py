@@ -131,6 +131,13 @@ class RunDir:
             if durable:
                 os.fsync(f.fileno())
 
+    def replace_jsonl(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """Write ``rows`` as the whole of ``name``, atomically (a reader sees the old file or
+        the new one, never half of it): what a segment hands to the next."""
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(self.path / name)
+
     def log_execution(self, row: dict[str, Any]) -> None:
         """Flushed, not fsynced: the line survives a killed driver (it is in the page cache),
         and only a machine crash could lose it, which costs nothing on resume (execution ids

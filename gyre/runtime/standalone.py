@@ -23,7 +23,7 @@ from gyre.runtime.cell import StandaloneEngine
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.handles import EventBus
 from gyre.runtime.publication import Publications
-from gyre.runtime.records import Records
+from gyre.runtime.records import FaultRecord, Records
 from gyre.runtime.seeds import SEED_STRIDE
 
 
@@ -65,7 +65,7 @@ async def start_one(
 
     try:
         url = await pubs.start_on_newest(start)
-    except Exception:
+    except Exception:  # broad on purpose: cleanup only, the error goes on as it is
         if actor is not None:
             ray.kill(actor)
         raise
@@ -112,11 +112,10 @@ class EngineFaults:
         if cfg.run.fault.restart:
             bus.spawn(self._replace(j, slots, rec))
 
-    async def _replace(self, j: int, slots: int, rec: dict[str, Any]) -> None:
+    async def _replace(self, j: int, slots: int, rec: FaultRecord) -> None:
         t0 = time.perf_counter()
         n = self.restarts[j] = self.restarts.get(j, 0) + 1
         await self.pool.replace_standalone(j, n)
-        rec["restart_s"] = round(time.perf_counter() - t0, 3)
-        rec["back"] = round(self.bus.now(), 3)
-        rec["cost_s"] = round(rec["back"] - rec["time"], 3)
+        restart_s = round(time.perf_counter() - t0, 3)
+        self.records.complete(rec, restart_s=restart_s, back=round(self.bus.now(), 3))
         self.bus.emit(EngineBack(time=self.bus.now(), capacity=slots))

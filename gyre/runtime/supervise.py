@@ -21,17 +21,16 @@ finished executions kept, as ``--resume`` does.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gyre.runtime.records import FaultRecord, replace_fault
 from gyre.runtime.restore import plan_restore
 from gyre.runtime.rundir import RunDir
 
 FAULTS_FILE = "faults.jsonl"  # faults of ended segments, one line each
-CHAOS_FILE = "chaos.jsonl"  # what the chaos nemesis did in ended segments ([run.chaos])
 
 
 def resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
@@ -53,8 +52,7 @@ def resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
     next_group = max([e["group"] for e in execs] + [int(g[1:]) for g in trained] + [-1]) + 1
     segment = max([e.get("segment", 0) for e in execs] + [-1]) + 1
     faults = rd.read_jsonl(FAULTS_FILE)
-    chaos = rd.read_jsonl(CHAOS_FILE)
-    segment = max([segment, 1, *(f.get("segment", 0) + 1 for f in faults)])
+    segment = max([segment, 1, *(FaultRecord.from_json(f).segment + 1 for f in faults)])
     return {
         "step": step,
         "checkpoint": str(ckpt) if ckpt else None,
@@ -63,22 +61,13 @@ def resume_state(run_dir: Path, group_size: int) -> dict[str, Any]:
         "dropped_metric_lines": dropped,
         "restore": plan,
         "faults": faults,
-        "chaos": chaos,
     }
 
 
-def keep_faults(
-    run_dir: Path, faults: list[dict[str, Any]], chaos: list[dict[str, Any]] | None = None
-) -> None:
+def keep_faults(run_dir: Path, faults: list[FaultRecord]) -> None:
     """Write the run's faults so far (those the segment carried, as it completed them, and its
-    own) to ``faults.jsonl``, and the nemesis's kills to ``chaos.jsonl``, for the segments
-    after it."""
-    for name, rows in ((FAULTS_FILE, faults), (CHAOS_FILE, chaos or [])):
-        if name == CHAOS_FILE and not rows:
-            continue
-        tmp = Path(run_dir) / f".{name}.tmp"
-        tmp.write_text("".join(json.dumps(f) + "\n" for f in rows))
-        tmp.replace(Path(run_dir) / name)
+    own) to ``faults.jsonl``, for the segments after it."""
+    RunDir(run_dir).replace_jsonl(FAULTS_FILE, [f.to_json() for f in faults])
 
 
 def supervise(
@@ -104,7 +93,7 @@ def supervise(
             return run(cfg, run_dir=run_dir, resume=state, quiet=quiet, log_format=log_format)
         except CoreLost as e:
             if restarts >= limit:
-                keep_faults(run_dir, e.faults, e.chaos)
+                keep_faults(run_dir, e.faults)
                 if limit:
                     raise CoreLost(
                         f"{e} (no core restart left: run.fault.core_restarts = {limit})",
@@ -114,30 +103,35 @@ def supervise(
                 raise
             restarts += 1
             state = resume_state(run_dir, cfg.policy.group_size)
-            _restarted(e.record, state, restarts)
-            keep_faults(run_dir, e.faults, e.chaos)
+            rec = _restarted(e.faults, e.record, state, restarts)
+            keep_faults(run_dir, e.faults)
             state["faults"] = RunDir(run_dir).read_jsonl(FAULTS_FILE)
-            state["chaos"] = RunDir(run_dir).read_jsonl(CHAOS_FILE)
             state["segment"] = max(state["segment"], segment + 1)  # ids never reused
             say(
-                f"core lost ({_what(e.record)}): restarting from checkpoint step "
+                f"core lost ({_what(rec)}): restarting from checkpoint step "
                 f"{state['step']} (restart {restarts} of {limit}, segment {state['segment']})"
             )
 
 
-def _restarted(rec: dict[str, Any], state: dict[str, Any], n: int) -> None:
-    """What the supervisor did, in the fault's own record (``summary.json`` ``faults``)."""
-    rec["action"] = f"restart from checkpoint step {state['step']}"
-    rec["core_restart"] = n
-    rec["restart_step"] = state["step"]
-    # optimizer steps the dead core applied after its last checkpoint: trained again (the
-    # step open when it died, never applied, is redone too)
-    rec["steps_redone"] = state["dropped_metric_lines"]
-    rec["restart_unix_time"] = round(time.time(), 3)
+def _restarted(
+    faults: list[FaultRecord], rec: FaultRecord, state: dict[str, Any], n: int
+) -> FaultRecord:
+    """What the supervisor did, in the fault's own record (``summary.json`` ``faults``), which
+    takes ``rec``'s place in ``faults``."""
+    new = rec.with_(
+        action=f"restart from checkpoint step {state['step']}",
+        core_restart=n,
+        restart_step=state["step"],
+        # optimizer steps the dead core applied after its last checkpoint: trained again (the
+        # step open when it died, never applied, is redone too)
+        steps_redone=state["dropped_metric_lines"],
+        restart_unix_time=round(time.time(), 3),
+    )
+    return replace_fault(faults, rec, new)
 
 
-def _what(rec: dict[str, Any]) -> str:
-    text = f"cell {rec['cell']} {rec['kind']}"
-    if rec["cell"] != 0 or rec["detected_by"] == "reduce":
+def _what(rec: FaultRecord) -> str:
+    text = f"cell {rec.cell} {rec.kind}"
+    if rec.cell != 0 or rec.detected_by == "reduce":
         text += " in the step's reduce"
-    return f"{text}, found by {rec['detected_by']}"
+    return f"{text}, found by {rec.detected_by}"

@@ -120,7 +120,9 @@ class Tracker:
                 continue
             try:
                 fn(sink)
-            except Exception as e:  # a tracker never stops training
+            # broad on purpose: a tracker (a third-party SDK, raising anything) never stops
+            # training; it is reported and gets no more data
+            except Exception as e:
                 self._failed.add(sink.name)
                 self.warn(f"tracking: {sink.name} failed ({what}: {e}); it gets no more data")
 

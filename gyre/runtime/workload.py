@@ -23,7 +23,7 @@ from gyre.trace.store import read_trace
 if TYPE_CHECKING:
     from gyre.policy.config import PolicyConfig
     from gyre.runtime.cluster import Cluster
-    from gyre.runtime.executions import Executions
+    from gyre.runtime.executions import ExecutionRunner
     from gyre.runtime.longtail import LongTail
     from gyre.runtime.records import Records
     from gyre.runtime.rundir import RunDir
@@ -189,7 +189,9 @@ def _timeline(records: Records, end: float) -> dict[str, Any]:
     }
 
 
-def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir) -> dict[str, Any]:
+def build(
+    records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir
+) -> dict[str, Any]:
     """The workload.json document; ``cluster`` and ``execs`` give their live counters."""
     cfg = cluster.cfg
     p = cfg.policy
@@ -199,7 +201,7 @@ def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir)
     rows = {(r["group"], r["attempt"]): r for r in lines}
     calls = read_calls(rundir.traces, wall_offset, _abandoned(rundir, lines, records.segment))
     lt = execs.longtail
-    errors_5xx = int(cluster.proxy_stats().get("counters", {}).get("errors_5xx", 0))
+    errors_5xx = int(cluster.proxy.stats().get("counters", {}).get("errors_5xx", 0))
     return {
         "format": FORMAT,
         "seed": cfg.seed,
@@ -221,15 +223,19 @@ def build(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir)
     }
 
 
-def write(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir) -> Path:
+def write(records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir) -> Path:
     path = Path(rundir.path) / "workload.json"
     path.write_text(json.dumps(build(records, cluster, execs, rundir), indent=1))
     return path
 
 
-def save(records: Records, cluster: Cluster, execs: Executions, rundir: RunDir, progress) -> None:
+def save(
+    records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir, progress
+) -> None:
     """Write workload.json; a failure is reported and never hides how the run itself ended."""
     try:
         write(records, cluster, execs, rundir)
-    except Exception as e:  # a record of the run must not mask how the run ended
+    # broad on purpose: a record of the run (any error writing it) must not mask how the run
+    # itself ended; it is reported in one line
+    except Exception as e:
         progress.message(f"workload.json not written: {type(e).__name__}: {e}")

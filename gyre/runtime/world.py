@@ -37,15 +37,15 @@ from gyre.policy import (
     WakeAt,
     WeightsPublished,
 )
-from gyre.runtime.chaos import Nemesis
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.engines import keeps_engine
-from gyre.runtime.executions import Executions
-from gyre.runtime.faults import CellFaults, actor_died
+from gyre.runtime.executions import ExecutionRunner
+from gyre.runtime.faults import ActorDied, CellFaults
+from gyre.runtime.handles import Rig
 from gyre.runtime.progress import Feed
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
-from gyre.runtime.records import Phase, Records, StepRecord
+from gyre.runtime.records import FaultRecord, Phase, Records, StepRecord
 from gyre.runtime.restore import RestorePlan, group_version
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.standalone import EngineFaults
@@ -69,10 +69,10 @@ class RealWorld:
         self.cluster = Cluster(
             cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
         )
-        self.execs = Executions(cfg, rundir, tasks, self.cluster, segment=self.segment)
+        self.execs = ExecutionRunner(cfg, rundir, tasks, self.cluster.proxy, segment=self.segment)
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
-        self.records.faults.extend(r.get("faults", []))  # earlier segments' (faults.jsonl)
-        self.records.chaos.extend(r.get("chaos", []))  # and the nemesis's kills (chaos.jsonl)
+        # earlier segments' faults (faults.jsonl)
+        self.records.faults.extend(FaultRecord.from_json(f) for f in r.get("faults", []))
         self.step_rec: StepRecord | None = None
         # a resume's groups in flight take the policy's first group ids (docs/runtime.md, "Resume")
         self.restore: RestorePlan = r.get("restore") or RestorePlan()
@@ -97,23 +97,23 @@ class RealWorld:
             forget_work=self.forget_cell_work,
             running=lambda: self.execs.running,
         )
-        self.cluster.on_cell_lost = lambda c, e, where: self.faults.lost(c, e, where)
+        self.cluster.on_cell_lost = self.faults.lost  # a cell's engine that failed a reload
         # a standalone engine (gyre.runtime.standalone)
         self.engine_faults = EngineFaults(cfg, self.cluster, self.records, self)
         self.cluster.on_engine_lost = lambda url, e: self.engine_faults.lost(url, e, _found_by(e))
-        # a dead proxy is restarted (gyre.runtime.proxy_watchdog)
-        self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster, self.records, self.now)
-        self.cluster.proxy_ready = lambda: self.proxy_watch.ensure("switch")
-        self.execs.watchdog = self.proxy_watch
-        self.nemesis = Nemesis(  # [run.chaos]: a test facility, off by default
-            cfg.run.chaos,
-            self.cluster,
-            self.records,
-            self,
-            down=self.faults.down,
-            results=self.execs.results,
-            workspaces=rundir.workspaces,
-        )
+        # a dead proxy is restarted (gyre.runtime.proxy_watchdog): the proxy's ``ensure``
+        self.proxy_watch = ProxyWatchdog(cfg.run.fault, self.cluster.proxy, self.records, self.now)
+        self.rigs: list[Rig] = []  # test facilities attached from outside (attach)
+
+    def attach(self, rig: Rig) -> None:
+        """The one hook for a test or benchmark facility (gyre.runtime.handles.Rig): it runs
+        beside the run from ``start``, reads and drives it through the world's public handles,
+        and is closed by ``stop``; the product path never names one."""
+        self.rigs.append(rig)
+
+    def rig_rows(self) -> dict[str, list[dict[str, Any]]]:
+        """What each attached rig recorded, by its name (``summary.json`` keys)."""
+        return {r.name: r.rows() for r in self.rigs}
 
     # ------------------------------------------------------------------ clock and events
     def now(self) -> float:
@@ -163,7 +163,9 @@ class RealWorld:
                 await coro
             except asyncio.CancelledError:
                 raise
-            except BaseException as e:  # surfaced by next_event: the loop stops with the cause
+            # broad on purpose: whatever a background task raises is surfaced by next_event
+            # (the loop stops with the cause; a dead core's symptom becomes its loss)
+            except BaseException as e:
                 await self.faults.surfaced(e)  # the core's death as CoreLost, whatever found it
 
         t = asyncio.get_running_loop().create_task(guarded())
@@ -180,8 +182,8 @@ class RealWorld:
         self._last_event = 0.0
         self.spawn(self.faults.heartbeat())
         self.spawn(self.proxy_watch.run())
-        if self.nemesis.enabled:
-            self.spawn(self.nemesis.run())
+        for rig in self.rigs:
+            self.spawn(rig.run())
 
     async def stop(self) -> None:
         for t in list(self._bg):
@@ -189,10 +191,12 @@ class RealWorld:
         await asyncio.gather(*self._bg, return_exceptions=True)
         await self.execs.stop()
         await self.cluster.stop()
+        for rig in self.rigs:  # last: a rig's own files never keep the run's processes up
+            rig.close()
 
     def live(self, status: dict[str, Any]) -> Feed:
         """What the live view shows now, from what this process holds (no Ray call)."""
-        load = self.cluster.engine_load()
+        load = self.cluster.proxy.load()
         engines = load["engines"]
         return Feed(
             records=self.records,
@@ -210,12 +214,12 @@ class RealWorld:
                 "errors_5xx": load.get("errors_5xx", 0),
                 "engines_lost": len(self.cluster.dead_engines),
                 "cells_lost": sum(
-                    1 for f in self.records.faults if f["kind"] not in ("proxy", "engine")
+                    1 for f in self.records.faults if f.kind not in ("proxy", "engine")
                 ),
                 "proxy_restarts": self.proxy_watch.restarts,
-                "chaos_kills": sum(1 for k in self.records.chaos if "target" in k),
                 "harness_failed": self.execs.failed,
             },
+            rigs={k: v for r in self.rigs for k, v in r.counts().items()},
         )
 
     def _set_role(self, cell: int, role: CellRole) -> None:
@@ -342,9 +346,7 @@ class RealWorld:
             else:
                 moved = 0
                 await self.cluster.to_rollout(cell)
-        except Exception as e:
-            if not actor_died(e):
-                raise
+        except ActorDied as e:
             self.faults.lost(cell, e, "switch")  # no CellSwitched: the policy hears CellLost
             return
         if cell in self.faults.down:  # lost (a heartbeat) while its switch ended: CellLost stands
@@ -393,9 +395,7 @@ class RealWorld:
                 stats = await self.cluster.compute(
                     a.cell, rec.step, rec.version, a.group_id, self.group_tasks[a.group_id], shard
                 )
-            except Exception as e:
-                if not actor_died(e):
-                    raise
+            except ActorDied as e:
                 self.faults.lost(a.cell, e, "micro_step")  # the policy queues it again
                 return
         if self.roles[a.cell] is CellRole.LOST:
@@ -443,7 +443,10 @@ class RealWorld:
             metrics = await self.cluster.finish_step(
                 k, rec.stats, rec.n_scored, [f"g{g}" for g, _ in rec.groups]
             )
-        except Exception as e:  # a participant lost: CoreLost (gyre.runtime.faults)
+        # broad on purpose: a participant's death shows in the collective as any error (gloo's
+        # RuntimeError, a RayTaskError); in_reduce pings the participants and gives CoreLost
+        # for a loss, the error itself, unchanged, for anything else
+        except Exception as e:
             raise await self.faults.in_reduce(rec.step, k, e) from None
         finally:
             for c in range(k):

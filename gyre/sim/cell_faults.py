@@ -9,8 +9,8 @@ capacity leaves (its executions' calls move, as the proxy's drain does), the pol
 ``CellLost``, and ``restart_h`` later ``CellBack``. The core is lost like any cell: a
 publication it had in flight is void too (the policy publishes again when it is back), and
 ``restart_h`` stands for its new process loading the last checkpoint. As in the runtime, a
-participant lost during the step's reduce stops the run, unless the faults are the chaos
-nemesis's (``World(kills_wait_reduce=True)``): its kill waits for the reduce to end.
+participant lost during the step's reduce stops the run, unless the schedule spares the reduce
+(``World(spare_reduce=True)``): such a fault waits for the reduce to end.
 """
 
 from __future__ import annotations

@@ -122,12 +122,13 @@ def fault_cost(cfg: SimConfig, placement: str, faults: list[Fault]) -> dict[str,
 
 
 def replay_fault_cost(
-    src: object, faults: list[Fault], placement: str | None = None, *, nemesis: bool = False
+    src: object, faults: list[Fault], placement: str | None = None, *, spare_reduce: bool = False
 ) -> dict:
     """A real run's predicted fault cost: its realised workload (``workload.json``, one draw:
     every execution keeps its own measured duration) replayed without and with ``faults``.
-    ``nemesis``: the faults are the chaos nemesis's kills, which wait for a step's reduce to
-    end (virtual time differs from the run's, so a kill may land in a simulated reduce).
+    ``spare_reduce``: the faults wait for a step's reduce to end, as an injector that spares
+    the reduce does (virtual time differs from the run's, so a kill may land in a simulated
+    reduce).
 
     Replay the run *without* faults for both sides: a faulted run's own file has other
     executions (a different count of groups reshapes the draw that fills unrealised slots), so
@@ -142,7 +143,7 @@ def replay_fault_cost(
     row: dict[str, object] = {"placement": name, "makespan_s": _s(base.makespan)}
     try:
         fs = tuple(f.as_tuple() for f in faults)
-        hit = World(cfg, name, draw, record=False, faults=fs, kills_wait_reduce=nemesis).run()
+        hit = World(cfg, name, draw, record=False, faults=fs, spare_reduce=spare_reduce).run()
     except PolicyError as e:
         return row | {"survived": False, "why": str(e)}
     cost = None

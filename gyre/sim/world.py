@@ -89,13 +89,13 @@ class World:
         record: bool = True,
         drain: bool = False,
         faults: tuple[tuple[int, float, float | None, int], ...] = (),
-        kills_wait_reduce: bool = False,
+        spare_reduce: bool = False,
     ) -> None:
         """``faults``: ``(cell, at_h, restart_h, slots)`` each: the cell's process (cell -1: a
         standalone engine of ``slots``) dies at ``at_h`` and is back ``restart_h`` later (None:
-        never), as :mod:`gyre.sim.faults` parses them. ``kills_wait_reduce``: the faults are
-        the chaos nemesis's, which never kills a training cell in the step's reduce (it waits
-        for the step to end); otherwise such a loss stops the run."""
+        never), as :mod:`gyre.sim.faults` parses them. ``spare_reduce``: a fault that
+        lands on a training cell in the step's reduce waits for the step to end (a fault
+        injector that spares the reduce); otherwise such a loss stops the run."""
         self.cfg = cfg
         self.name = placement
         self.pcfg = cfg.policy_config(placement)
@@ -130,7 +130,7 @@ class World:
             self.routing = Routing(K, self.Ce, self.pcfg.standalone_capacity)
         self._reducing = False  # in the step's reduce: a participant lost there stops the run
         self._reduce_end = 0.0  # when the reduce under way ends
-        self.kills_wait_reduce = kills_wait_reduce
+        self.spare_reduce = spare_reduce
         self.faults = CellFaults(K)  # whose work is void once it dies (gyre.sim.cell_faults)
         for cell, at_h, restart_h, slots in faults:
             self._push(at_h, Lost(cell, restart_h, slots))
@@ -421,7 +421,7 @@ class World:
                 self._push(t + what.restart_h, Back(cell, what.slots))
             return EngineLost(time=t, capacity=what.slots)
         if self._reducing and self.roles[cell] is CellRole.TRAINING:
-            if self.kills_wait_reduce:  # the nemesis's kill waits for the step's end (its OptimDone
+            if self.spare_reduce:  # the fault waits for the step's end (its OptimDone
                 self._push(self._reduce_end, what)  # was pushed first, so it pops first)
                 return Tick(time=t)
             # as the runtime: a participant lost in the reduce stops the run

@@ -163,3 +163,23 @@ def test_no_import_runs_up_the_layers() -> None:
         + "\n".join(bad)
         + f"\nallowed (leaves {sorted(LEAVES)} aside):\n{table}"
     )
+
+
+# Test rigs (gyre.runtime.handles.Rig): the modules that may name them, i.e. the rig itself,
+# its audit, and the one place that reads its config section and attaches it to the world.
+RIGS = {"gyre.runtime.chaos", "gyre.runtime.chaos_audit"}
+RIG_ATTACHERS = {"gyre.runtime.loop"}
+
+
+def test_rigs_attach_from_outside_the_product() -> None:
+    """Only the attaching module imports a rig: the world, supervision, records, the live view
+    and the report know a rig by the ``Rig`` protocol alone (issue 36: rigs out of the
+    product path)."""
+    bad = [
+        f"{m} -> {name}"
+        for m, p in _modules().items()
+        if m not in RIGS | RIG_ATTACHERS
+        for name in sorted(_imports(m, p))
+        if name in RIGS or any(name.startswith(r + ".") for r in RIGS)
+    ]
+    assert not bad, "modules of the product path importing a test rig:\n" + "\n".join(bad)

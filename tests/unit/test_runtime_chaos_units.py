@@ -7,12 +7,16 @@ import subprocess
 import types
 from pathlib import Path
 
-import pytest
-
 from gyre.runtime.chaos import carry, harness_pids, schedule
 from gyre.runtime.config import RunConfig
 from gyre.runtime.proxy_watchdog import ProxyWatchdog
-from gyre.runtime.records import Records
+from gyre.runtime.records import FaultRecord, Records
+
+
+def _f(**keys: object) -> FaultRecord:
+    """A fault record with the keys a test names (the rest as an old file would lack them)."""
+    return FaultRecord.from_json(keys)
+
 
 KINDS = ["rollout_cell", "satellite", "engine", "proxy", "harness"]
 
@@ -48,51 +52,61 @@ def test_harness_pids_finds_a_process_by_its_workspace(tmp_path: Path):
         q.wait()
 
 
-class _Proxy:
-    def __init__(self) -> None:
+class _Server:
+    """What ManagedProxy asks of its ProxyServer here: liveness, the answered counter, restart."""
+
+    def __init__(self, restarted: list[int]) -> None:
         self.alive, self.port, self._error = False, 1234, None
         self.service = types.SimpleNamespace(counters=types.SimpleNamespace(answered=7))
+        self.restarted = restarted
+
+    def restart(self) -> None:
+        self.restarted.append(1)
+        self.alive = True
 
 
-def _world(proxy: _Proxy) -> types.SimpleNamespace:
+def _world(alive: bool = False) -> types.SimpleNamespace:
+    from gyre.runtime.managed_proxy import ManagedProxy
+
     records = Records(cells=1)
     restarted: list[int] = []
-
-    async def restart_proxy() -> None:
-        restarted.append(1)
-        proxy.alive = True
-
-    cluster = types.SimpleNamespace(proxy=proxy, live_proxy=proxy, restart_proxy=restart_proxy)
+    proxy = ManagedProxy()
+    proxy._server = _Server(restarted)  # type: ignore[assignment]
+    proxy._server.alive = alive
     cfg = types.SimpleNamespace(run=RunConfig())
     return types.SimpleNamespace(
-        cfg=cfg, cluster=cluster, records=records, now=records.now, restarted=restarted
+        cfg=cfg, proxy=proxy, records=records, now=records.now, restarted=restarted
     )
 
 
 def test_watchdog_restarts_a_dead_proxy_once_and_records_it():
-    proxy = _Proxy()
-    w = _world(proxy)
-    dog = ProxyWatchdog(w.cfg.run.fault, w.cluster, w.records, w.now)
+    w = _world()
+    dog = ProxyWatchdog(w.cfg.run.fault, w.proxy, w.records, w.now)
+    assert w.proxy.ensure == dog.ensure  # whoever uses the proxy asks the watchdog first
 
     async def go() -> None:
-        await asyncio.gather(dog.ensure("watchdog"), dog.ensure("switch"))
+        await asyncio.gather(dog.ensure("watchdog"), w.proxy.serving("switch"))
         await dog.ensure("watchdog")  # alive now: nothing to do
 
     asyncio.run(go())
     assert w.restarted == [1] and dog.restarts == 1
     (f,) = w.records.faults
-    assert f["kind"] == "proxy" and f["cell"] is None and f["action"] == "restart"
-    assert f["detected_by"] == "watchdog" and f["answered_before"] == 7
-    assert f["back"] is not None and f["restart_s"] >= 0
+    assert f.kind == "proxy" and f.cell is None and f.action == "restart"
+    assert f.detected_by == "watchdog" and f.extra("answered_before") == 7
+    assert f.back is not None and f.restart_s is not None and f.restart_s >= 0
+    assert f.cost_s == round(f.back - f.time, 3)  # completing ``back`` prices it
+    assert f.to_json()["answered_before"] == 7 and f.to_json()["port"] == 1234
 
 
-@pytest.mark.parametrize("alive", [True])
-def test_watchdog_leaves_a_live_proxy_alone(alive):
-    proxy = _Proxy()
-    proxy.alive = alive
-    w = _world(proxy)
-    asyncio.run(ProxyWatchdog(w.cfg.run.fault, w.cluster, w.records, w.now).ensure("watchdog"))
+def test_watchdog_leaves_a_live_or_stopped_proxy_alone():
+    w = _world(alive=True)
+    asyncio.run(ProxyWatchdog(w.cfg.run.fault, w.proxy, w.records, w.now).ensure("watchdog"))
     assert w.restarted == [] and w.records.faults == []
+    from gyre.runtime.managed_proxy import ManagedProxy
+
+    stopped = ManagedProxy()  # never started (or stopped): nothing to restart
+    asyncio.run(ProxyWatchdog(w.cfg.run.fault, stopped, w.records, w.now).ensure("watchdog"))
+    assert w.records.faults == []
 
 
 def test_the_live_view_says_what_died_last_and_what_it_cost():
@@ -100,22 +114,20 @@ def test_the_live_view_says_what_died_last_and_what_it_cost():
 
     assert last_fault([]) is None
     cell = {"cell": 2, "kind": "hung", "time": 12.1, "detected_by": "heartbeat"}
-    assert last_fault([{**cell, "action": "restart"}]) == (
+    assert last_fault([_f(**cell, action="restart")]) == (
         "last fault: cell 2 hung at 12.1s (heartbeat), restart not back yet"
     )
     proxy = {"cell": None, "kind": "proxy", "time": 40.0, "detected_by": "watchdog"}
-    text = last_fault(
-        [{**cell, "action": "restart"}, {**proxy, "action": "restart", "cost_s": 0.06}]
-    )
+    text = last_fault([_f(**cell, action="restart"), _f(**proxy, action="restart", cost_s=0.06)])
     assert text == "last fault: proxy at 40.0s (watchdog), restart back after 0.1s"
 
 
 def test_a_cell_lost_again_while_restarting_is_back_when_its_newest_loss_is():
     from gyre.runtime.chaos import _back
 
-    first = {"cell": 2, "time": 6.0, "back": None}
-    again = {"cell": 2, "time": 36.9, "back": 68.9}
-    other = {"cell": 1, "time": 50.0, "back": None}
+    first = _f(cell=2, time=6.0, back=None)
+    again = _f(cell=2, time=36.9, back=68.9)
+    other = _f(cell=1, time=50.0, back=None)
     assert _back([first, again, other], first) == 68.9
     assert _back([first], first) is None
     assert _back([first, again], again) == 68.9
@@ -130,14 +142,14 @@ def test_a_core_kill_carried_into_the_next_segment_is_closed_and_counted():
         {"kind": "harness", "time": 5.0, "skipped": "no target"},
     ]
     faults = [
-        {
-            "cell": 0,
-            "kind": "died",
-            "unix_time": 106.02,
-            "detected_by": "heartbeat",
-            "action": "restart from checkpoint step 4",
-            "core_restart": 1,
-        },
+        _f(
+            cell=0,
+            kind="died",
+            unix_time=106.02,
+            detected_by="heartbeat",
+            action="restart from checkpoint step 4",
+            core_restart=1,
+        ),
     ]
     assert carry(chaos, faults) == 3
     core = chaos[1]
@@ -156,23 +168,24 @@ def test_a_harness_kill_does_not_wait_for_a_restart_to_come_back():
 
     records = Records(cells=3)
     records.roles[:] = [CellRole.TRAINING, CellRole.ROLLOUT, CellRole.ROLLOUT]
-    proxy = types.SimpleNamespace(alive=True)
+    proxy = types.SimpleNamespace(alive=True)  # what the nemesis reads of the ManagedProxy
     n = Nemesis.__new__(Nemesis)
     n.records, n.cluster, n.down = records, types.SimpleNamespace(proxy=proxy), set()
-    n.carried_faults = 0
-    engine = {"cell": None, "kind": "engine", "action": "restart", "back": None}
+    n.carried_faults, n.kills = 0, []
+    engine = _f(cell=None, kind="engine", action="restart", back=None)
     records.faults.append(engine)
-    records.chaos.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
+    n.kills.append({"kind": "engine", "target": {"url": "u"}, "handled": True})
     assert not n._quiet("rollout_cell") and not n._quiet("proxy")
     assert n._quiet("harness")
     n.down.add(1)  # a cell lost, not back: still no wait for a harness kill
     assert n._quiet("harness") and not n._quiet("satellite")
-    records.chaos.append({"kind": "rollout_cell", "target": {"cell": 1}})  # not found yet
+    n.kills.append({"kind": "rollout_cell", "target": {"cell": 1}})  # not found yet
     assert not n._quiet("harness")
-    records.chaos[-1]["handled"] = True
+    n.kills[-1]["handled"] = True
     proxy.alive = False  # a dead proxy: nothing is killed until it serves again
     assert not n._quiet("harness")
-    engine["back"], proxy.alive = 30.0, True
+    records.complete(engine, back=30.0)
+    proxy.alive = True
     n.down.clear()
     assert n._quiet("rollout_cell") and n._quiet("harness")
 
@@ -207,3 +220,44 @@ def test_no_training_cell_is_killed_at_a_steps_end():
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_the_nemesis_carries_its_kills_to_the_next_segment_in_its_own_file(tmp_path: Path):
+    """A rig keeps what the next segment needs itself: the kills go to ``chaos.jsonl`` when the
+    segment ends, and the next segment's nemesis reads them, closes the core's kill from the
+    carried fault and goes on with the rest of the schedule."""
+    from gyre.runtime.chaos import CHAOS_FILE, Nemesis
+    from gyre.runtime.config import ChaosConfig
+    from gyre.runtime.rundir import RunDir
+
+    cfg = ChaosConfig(seed=1, kills=3, kinds=["core", "proxy", "harness"])
+    rd = RunDir(tmp_path)
+    bus = types.SimpleNamespace(now=lambda: 0.0)
+
+    def nemesis(records: Records) -> Nemesis:
+        return Nemesis(cfg, None, records, bus, down=set(), results=set(), rundir=rd)  # type: ignore[arg-type]
+
+    first = nemesis(Records(cells=2))
+    assert first.rows() == [] and len(first.plan) == 3
+    first.close()
+    assert not (tmp_path / CHAOS_FILE).exists()  # nothing killed: no file
+    kill = {"kind": "core", "time": 4.0, "unix_time": 100.0, "target": {"cell": 0, "pid": 9}}
+    first.kills.append(kill)
+    assert first.counts() == {"chaos kills": 1}
+    first.close()
+    records = Records(cells=2, segment=1)
+    records.faults.append(
+        _f(cell=0, kind="died", unix_time=100.01, detected_by="heartbeat",
+           action="restart from checkpoint step 2")
+    )  # fmt: skip
+    second = nemesis(records)
+    (carried,) = second.rows()
+    assert carried["handled"] is True and carried["action"] == "restart from checkpoint step 2"
+    assert len(second.plan) == 2  # the rest of the schedule, spaced as drawn
+
+
+def test_the_live_view_shows_a_rigs_counts_apart_from_the_faults():
+    from gyre.runtime.progress import _faults
+
+    s = {"faults": {"cells_lost": 1, "core_restarts": 1}, "rigs": {"chaos kills": 2}}
+    assert _faults(s) == "faults 1 (cells lost 1, core restarts 1, chaos kills 2)"

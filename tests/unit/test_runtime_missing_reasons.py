@@ -9,10 +9,14 @@ from gyre.config import GyreConfig
 from gyre.harness.execution import ExecutionResult, HarnessRun, Timings
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
-from gyre.runtime.executions import Executions
+from gyre.runtime.executions import ExecutionRunner
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.trace.assessment import Missing, MissingReason, Scored
+
+
+async def _revoke(execution_id: str) -> None:
+    """The proxy's revoke, as ManagedProxy.revoke answers it."""
 
 
 class FakeExecutor:
@@ -39,10 +43,9 @@ async def test_unreachable_execution_is_missing_with_its_reason_in_executions_js
     cfg = GyreConfig.model_validate({"model_dir": str(tmp_path)})
     rundir = RunDir(tmp_path / "run").create()
     tasks = TaskStream("quickstart", ["digits"], [], seed=0)
-    cluster = SimpleNamespace(proxy=SimpleNamespace(url="http://127.0.0.1:9"))
-    ex = Executions(cfg, rundir, tasks, cluster)
+    proxy = SimpleNamespace(url="http://127.0.0.1:9", revoke=_revoke)  # a ManagedProxy's
+    ex = ExecutionRunner(cfg, rundir, tasks, proxy)
     ex.profile = load_profile("reference")
-    ex.admin = SimpleNamespace(revoke=lambda eid: 1)
     dead = Missing(
         reason=MissingReason.model_unreachable,
         detail="1 model call attempted, none answered by the policy (at the proxy): HTTP 503",
@@ -70,10 +73,9 @@ async def test_missing_by_reason_reaches_the_step_metrics(tmp_path):
     cfg = GyreConfig.model_validate({"model_dir": str(tmp_path), "policy": {"group_size": 2}})
     rundir = RunDir(tmp_path / "run").create()
     tasks = TaskStream("quickstart", ["digits"], [], seed=0)
-    cluster = SimpleNamespace(proxy=SimpleNamespace(url="http://127.0.0.1:9"))
-    ex = Executions(cfg, rundir, tasks, cluster)
+    proxy = SimpleNamespace(url="http://127.0.0.1:9", revoke=_revoke)  # a ManagedProxy's
+    ex = ExecutionRunner(cfg, rundir, tasks, proxy)
     ex.profile = load_profile("reference")
-    ex.admin = SimpleNamespace(revoke=lambda eid: 1)
     dead = Missing(reason=MissingReason.model_unreachable, detail="HTTP 503")
     ex.executor = FakeExecutor(
         {

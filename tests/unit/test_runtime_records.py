@@ -1,6 +1,7 @@
 """The real run's records (gyre.runtime.records) and the world's notices that write them."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -95,3 +96,42 @@ async def test_world_notices_write_the_step_and_makespan(tmp_path):
     assert isinstance(ev, Tick)
     world.carry_out([EndRun(steps=3)])
     assert world.records.makespan is not None and world.records.makespan >= 0.0
+
+
+def test_a_fault_record_reads_and_writes_the_old_dicts_unchanged():
+    """``faults.jsonl`` and ``summary.json`` keep the dicts that came before the dataclass: a
+    line of an old run directory reads back to the same object, keys of one kind included."""
+    import json
+
+    from gyre.runtime.records import FaultRecord
+
+    old = {
+        "cell": 1, "kind": "died", "role": "rollout", "time": 6.0, "unix_time": 1700000006.0,
+        "detected_by": "heartbeat", "cause": "x", "action": "restart", "back": 20.5,
+        "segment": 0, "moved_calls": 3, "requeued": 1, "restart_s": 12.0, "cost_s": 14.5,
+    }  # fmt: skip
+    rec = FaultRecord.from_json(json.loads(json.dumps(old)))
+    assert rec.cell == 1 and rec.back == 20.5 and rec.cost_s == 14.5
+    assert rec.extra("moved_calls") == 3 and rec.core_restart is None
+    assert rec.to_json() == old
+    with pytest.raises(KeyError):
+        rec.extra("cost_s")  # a field is read as an attribute, never by key
+
+
+def test_records_complete_a_fault_in_place_and_price_its_return():
+    from gyre.runtime.records import FaultRecord
+
+    r = Records(cells=2, segment=3)
+    rec = r.fault(cell=1, kind="hung", role="rollout", at=2.0, detected_by="heartbeat",
+                  cause="timeout", action="restart", moved_calls=2)  # fmt: skip
+    assert isinstance(rec, FaultRecord) and rec.segment == 3 and rec.back is None
+    new = r.complete(rec, back=9.5, restart_s=6.0)
+    assert r.faults == [new] and new.cost_s == 7.5 and new.extra("moved_calls") == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        new.back = 1.0  # type: ignore[misc]
+    with pytest.raises(KeyError):
+        r.complete(rec, back=1.0)  # a stale record: a bug, said at once
+    assert set(new.to_json()) == {
+        "cell", "kind", "role", "time", "unix_time", "detected_by", "cause", "action",
+        "back", "segment", "moved_calls", "restart_s", "cost_s",
+    }  # fmt: skip

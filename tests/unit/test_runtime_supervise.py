@@ -21,7 +21,7 @@ from gyre.policy import CellRole
 from gyre.runtime import loop
 from gyre.runtime.faults import CellFaults, CoreLost
 from gyre.runtime.progress import closing_lines
-from gyre.runtime.records import Records
+from gyre.runtime.records import FaultRecord, Records
 from gyre.runtime.supervise import FAULTS_FILE, resume_state, supervise
 
 
@@ -61,16 +61,18 @@ class Segments:
         i = len(self.resumes) - 1
         step = (resume or {}).get("step", 0)
         records = Records(cells=3, segment=(resume or {}).get("segment", 0))
-        records.faults.extend((resume or {}).get("faults", []))
+        records.faults.extend(FaultRecord.from_json(f) for f in (resume or {}).get("faults", []))
         for _ in range(self.dies[i] if self.dies[i] is not None else self.steps - step):
             _metrics(run_dir, step)
             step += 1
             if step % self.every == 0 or step == self.steps:
                 _checkpoint(run_dir, step, [f"g{s}" for s in range(step)])
         if self.dies[i] is None:
-            return {"steps": step, "faults": records.faults}
-        rec = {"cell": 0, "kind": "died", "time": 1.0, "unix_time": 1.0, "detected_by": "call"}
-        rec.update(action="run stopped", segment=records.segment, role="training")
+            return {"steps": step, "faults": [f.to_json() for f in records.faults]}
+        rec = FaultRecord(
+            cell=0, kind="died", role="training", time=1.0, unix_time=1.0, detected_by="call",
+            cause="x", action="run stopped", segment=records.segment,
+        )  # fmt: skip
         records.faults.append(rec)
         raise CoreLost(
             "cell 0 (the core) was lost (died: x); ... --resume ...", rec, records.faults
@@ -215,11 +217,10 @@ def test_the_cores_death_found_by_any_call_is_core_lost():
     err.__cause__ = _died("c0")  # raised from Ray's error, as a wrapper would
     asyncio.run(faults.surfaced(err))
     (e,) = w.errors
-    assert isinstance(e, CoreLost) and e.record["detected_by"] == "call"
+    assert isinstance(e, CoreLost) and e.record.detected_by == "call"
     assert "step 3 has no checkpoint" in str(e)  # so not in place: the segment restarts
     assert w.records.faults == [e.record]
-    assert e.record["executions_cut"] == 5  # the work the restart throws away, counted
-    assert e.chaos is w.records.chaos  # the nemesis's kills go to the next segment with it
+    assert e.record.executions_cut == 5  # the work the restart throws away, counted
 
 
 def test_the_cores_death_with_its_last_steps_checkpoint_is_restarted_in_place(tmp_path):
@@ -229,7 +230,7 @@ def test_the_cores_death_with_its_last_steps_checkpoint_is_restarted_in_place(tm
     asyncio.run(faults.surfaced(err))
     assert w.errors == []  # the error only said the core died: not the run's
     (rec,) = w.records.faults
-    assert rec["cell"] == 0 and rec["action"] == "restart" and "executions_cut" not in rec
+    assert rec.cell == 0 and rec.action == "restart" and rec.executions_cut is None
     assert 0 in faults.down and len(w.spawned) == 1  # its replacement is under way
     assert faults.core_checkpoint() == str(tmp_path / "checkpoints" / "step-3")
     # a later symptom of the same dead process is not the run's either; another error is
@@ -263,7 +264,7 @@ def test_a_satellite_dead_in_the_reduce_is_core_lost_naming_it():
     w, faults = _world()
     e = asyncio.run(faults.in_reduce(5, 2, _died("c1")))
     assert isinstance(e, CoreLost) and "cell 1 died during the reduce of step 5" in str(e)
-    assert e.record["cell"] == 1 and e.record["detected_by"] == "reduce"
+    assert e.record.cell == 1 and e.record.detected_by == "reduce"
     w, faults = _world()
     plain = ValueError("shapes differ")  # the reduce's own error, every participant alive
     assert asyncio.run(faults.in_reduce(5, 2, plain)) is plain

@@ -11,7 +11,7 @@ from gyre.harness.execution import ExecutionResult, HarnessRun, Timings
 from gyre.harness.model_calls import ModelCalls
 from gyre.harness.profiles import load_profile
 from gyre.harness.reference_agent import MAIN_SUMMARY_SYSTEM, MAIN_SYSTEM, SUB_SYSTEM
-from gyre.runtime.executions import Executions
+from gyre.runtime.executions import ExecutionRunner
 from gyre.runtime.records import Records, StepRecord
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
@@ -19,6 +19,10 @@ from gyre.runtime.tracking import numeric
 from gyre.trace.assessment import Missing, MissingReason, Scored
 from gyre.trace.record import OutputSegment, TraceRecord
 from gyre.trace.store import TraceWriter
+
+
+async def _revoke(execution_id: str) -> None:
+    """The proxy's revoke, as ManagedProxy.revoke answers it."""
 
 
 class FakeExecutor:
@@ -68,10 +72,9 @@ def rec(eid: str, seq: int, system: str, calls: int, unparsed: int = 0, finish: 
 async def test_tool_health_reaches_metrics_tensorboard_and_trackers(tmp_path):
     cfg = GyreConfig.model_validate({"model_dir": str(tmp_path), "policy": {"group_size": 3}})
     rundir = RunDir(tmp_path / "run").create()
-    cluster = SimpleNamespace(proxy=SimpleNamespace(url="http://127.0.0.1:9"))
-    ex = Executions(cfg, rundir, TaskStream("quickstart", ["digits"], [], seed=0), cluster)
+    proxy = SimpleNamespace(url="http://127.0.0.1:9", revoke=_revoke)  # a ManagedProxy's
+    ex = ExecutionRunner(cfg, rundir, TaskStream("quickstart", ["digits"], [], seed=0), proxy)
     ex.profile = load_profile("reference")
-    ex.admin = SimpleNamespace(revoke=lambda eid: 1)
     a0, a1, a2 = (f"r0-g00000-a0{i}" for i in range(3))
     ex.executor = FakeExecutor(
         {

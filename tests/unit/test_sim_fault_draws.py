@@ -118,7 +118,7 @@ def test_a_nemesis_kill_that_lands_in_a_reduce_waits_for_its_end():
     kill = ((0, (start + end) / 2, 1 / 60, 0),)  # the core, mid-reduce of the second step
     with pytest.raises(PolicyError, match="during the step's reduce"):
         World(cfg, "elastic", draw, record=False, faults=kill).run()
-    hit = World(cfg, "elastic", draw, record=False, faults=kill, kills_wait_reduce=True)
+    hit = World(cfg, "elastic", draw, record=False, faults=kill, spare_reduce=True)
     assert hit.run().makespan is not None
     (lost, back) = hit.faults.log
     assert lost["cell"] == 0 and abs(lost["lost_h"] - end) < 1e-12, lost
