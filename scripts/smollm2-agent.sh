@@ -2,7 +2,8 @@
 # Train the real model to use a shell tool: SmolLM2-135M-Instruct on the calc family through
 # Gyre's reference agent, several turns per execution (examples/smollm2-agent.toml).
 #   bash scripts/smollm2-agent.sh              # prepare (once), then gyre run the example
-#   bash scripts/smollm2-agent.sh --prepare    # only: .venv, the model, its tool template, tasks
+#   bash scripts/smollm2-agent.sh --prepare    # only: .venv, the model, its tool template, tasks,
+#                                              # the warm-up (runs/smollm2-sft)
 #   bash scripts/smollm2-agent.sh --set policy.total_steps=6 ...   # extra args go to gyre run
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,13 @@ bash scripts/get-smollm2.sh
 python -m gyre.harness.families.toolproto runs/smollm2 runs/smollm2-tools >/dev/null
 if [ ! -d runs/tasks/calc ]; then
   gyre harness generate calc runs/tasks/calc --seed 0 --train 256 --held-out 64
+fi
+# the warm-up (issue 34, docs/real-model.md): the base model gets no calc problem right, so
+# RL's groups have nothing to rank; 8 supervised steps on 128 oracle executions of other
+# train-split problems (seed 1) give it the protocol. Skipped once runs/smollm2-sft exists.
+if [ ! -f runs/smollm2-sft/sft.json ]; then
+  gyre harness demos calc runs/demos/calc.jsonl --n 128 --seed 1
+  gyre train sft runs/smollm2-tools runs/demos/calc.jsonl runs/smollm2-sft --steps 8
 fi
 if [ "${1:-}" = "--prepare" ]; then
   exit 0

@@ -95,8 +95,11 @@ async def test_scorer_reads_the_generated_verifier(
     assert not (tmp_path / "scratch").exists()
 
 
-def test_written_verifier_scores_answer(tmp_path: Path) -> None:
-    items = problems("arith", 0, "train", 2) + problems("arith", 0, "held-out", 1)
+@pytest.mark.parametrize("family", ["arith", "calc", "lookup"])
+def test_written_verifier_scores_answer(tmp_path: Path, family: str) -> None:
+    """The generated verifier runs on its own copy of the family (base.py and the family's
+    file): a family that imports anything else from the package fails here, not in a run."""
+    items = problems(family, 0, "train", 2) + problems(family, 0, "held-out", 1)
     write_taskset(items, tmp_path / "set")
     tasks = load_taskset(tmp_path / "set")
     assert sorted(t.name for t in tasks) == sorted(f"{p.split}-{p.name}" for p in items)
