@@ -16,11 +16,11 @@ if [ ! -d runs/tasks/calc ]; then
   gyre harness generate calc runs/tasks/calc --seed 0 --train 256 --held-out 64
 fi
 # the warm-up (issue 34, docs/real-model.md): the base model gets no calc problem right, so
-# RL's groups have nothing to rank; 8 supervised steps on 128 oracle executions of other
+# RL's groups have nothing to rank; 2 supervised steps on oracle executions of other
 # train-split problems (seed 1) give it the protocol. Skipped once runs/smollm2-sft exists.
 if [ ! -f runs/smollm2-sft/sft.json ]; then
   gyre harness demos calc runs/demos/calc.jsonl --n 128 --seed 1
-  gyre train sft runs/smollm2-tools runs/demos/calc.jsonl runs/smollm2-sft --steps 8
+  gyre train sft runs/smollm2-tools runs/demos/calc.jsonl runs/smollm2-sft --steps 2
 fi
 if [ "${1:-}" = "--prepare" ]; then
   exit 0
