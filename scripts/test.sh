@@ -5,6 +5,9 @@
 #   bash scripts/test.sh extended [PATHS]  # long runs whose ground CI tests also cover (~3 min;
 #                                          # not in CI)
 #   bash scripts/test.sh ARGS...    # anything else is passed to pytest (extended tests left out)
+# GYRE_TEST_WORKERS=2 runs the CPU suite on 2 xdist workers (default 0: one process, what CI runs),
+# each with one torch/OpenMP thread (GYRE_TEST_THREADS): one worker goes through the `gyre run`
+# modules one at a time while the other runs the rest (tests/conftest.py, work_unit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -20,4 +23,11 @@ if [ "${1:-}" = "extended" ]; then
   shift
   exec python -m pytest -q -m "extended and not gpu" --durations=10 "${@:-tests}"
 fi
-exec python -m pytest -q -m "not gpu and not extended" --durations=30 "$@"
+workers=${GYRE_TEST_WORKERS:-0}
+xdist=()
+if [ "$workers" != 0 ]; then
+  xdist=(-n "$workers" --dist loadgroup)
+  # one thread a worker: two workers of two OpenMP threads would oversubscribe 2 cores
+  export OMP_NUM_THREADS=${GYRE_TEST_THREADS:-1}
+fi
+exec python -m pytest -q "${xdist[@]}" -m "not gpu and not extended" --durations=30 "$@"
