@@ -126,7 +126,7 @@ class EmbeddedEngine(Engine):
         if self.config.packed_linears:
             from gyre.engine.packed import pack_linears
 
-            pack_linears(self._loaded_model(), self.config.max_batch)
+            pack_linears(self._loaded_model())
 
     def _loaded_model(self) -> PreTrainedModel:
         assert self.model is not None, "engine not started (no model loaded)"
