@@ -316,7 +316,10 @@ class EnginePool:
                     f.moving = True
                     f.abort_sent = now
                     try:
-                        await e.ctl.abort(f.rid, keep_kv=keep_kv)
+                        if keep_kv:
+                            await e.ctl.abort(f.rid, keep_kv=True)
+                        else:
+                            await e.ctl.abort(f.rid)
                     except (
                         Exception
                     ) as err:  # engine gone: the request's connection breaks and it moves

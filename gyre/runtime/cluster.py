@@ -95,6 +95,7 @@ class Cluster:
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
+        self.switch_kv: dict[int, dict[str, Any]] = {}  # cell -> its last drain's K/V moves
         self.engine_urls: list[list[str]] = [[] for _ in range(self.K)]  # every one, per cell
         self.proxy: ProxyServer | None = None
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
@@ -401,6 +402,9 @@ class Cluster:
             proxy = await self.serving_proxy()
             try:
                 moved = await asyncio.to_thread(proxy.drain, url)
+                # what the drain's K/V migration moved and saved, for the switch's record
+                self.switch_kv[cell] = dict(proxy.service.pool.drains.get(url.rstrip("/"), {}))
+                self.switch_kv[cell].pop("moved", None)
                 await asyncio.to_thread(proxy.remove_engine, url)
             except KeyError:  # the cell was found lost meanwhile: its fault handler removed it
                 pass  # (the calls below then fail as the dead actor's, or it is killed)
