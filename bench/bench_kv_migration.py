@@ -78,6 +78,7 @@ async def _park(client, ids: list[int], new: int) -> tuple[str, list[int]]:
 
 async def measure(model_dir: str, sizes: list[int], threads: int, vocab: int) -> list[dict]:
     from gyre.engine.app import create_app
+    from gyre.engine.client import EngineClient
     from gyre.engine.config import EmbeddedEngineConfig
     from gyre.engine.embedded import EmbeddedEngine
     from gyre.engine.runner import ServerRunner
@@ -101,10 +102,12 @@ async def measure(model_dir: str, sizes: list[int], threads: int, vocab: int) ->
     try:
         cfg = PoolConfig()
         ha, hb = await open_engine(a.url, cfg, None), await open_engine(b.url, cfg, None)
+        # generation without a read timeout: a 32K-token prefill takes minutes on 2 loaded cores
+        ca, cb = EngineClient(a.url, read_timeout=None), EngineClient(b.url, read_timeout=None)
         rng = random.Random(0)
         for n in sizes:
             ids = [rng.randrange(20, vocab) for _ in range(n)]
-            rid, out = await _park(ha.ctl, ids, 4)
+            rid, out = await _park(ca, ids, 4)
             ctx = ids + out
             counters = PoolCounters()
             new_rid = f"bench-{uuid.uuid4().hex[:8]}"
@@ -112,10 +115,10 @@ async def measure(model_dir: str, sizes: list[int], threads: int, vocab: int) ->
             moved = await move_kv(ha, hb, rid, new_rid, counters, 600.0)
             transfer = time.perf_counter() - t0
             assert moved is not None, counters
-            gen_s, cached = await _first_token(hb.ctl, new_rid, ctx)
+            gen_s, cached = await _first_token(cb, new_rid, ctx)
             assert cached == len(ctx) - 1, (cached, len(ctx))
             migrated = transfer + gen_s
-            reprefill, cached = await _first_token(hb.ctl, f"bench-{uuid.uuid4().hex[:8]}", ctx)
+            reprefill, cached = await _first_token(cb, f"bench-{uuid.uuid4().hex[:8]}", ctx)
             assert cached == 0
             row = {
                 "context_tokens": len(ctx),
@@ -134,6 +137,8 @@ async def measure(model_dir: str, sizes: list[int], threads: int, vocab: int) ->
         for h in (ha, hb):
             await h.session.close()
             await h.ctl.aclose()
+        await ca.aclose()
+        await cb.aclose()
     finally:
         a.stop()
         b.stop()

@@ -361,8 +361,8 @@ class EmbeddedEngine(Engine):
             packets = {}
         store = self._kv_out
         assert store is not None  # parking is only asked for with migration on
-        for rid in rids:
-            st = self._live.pop(rid)
+        for rid in rids:  # finished here; the loop's drop below forgets them (and any row a
+            st = self._live[rid]  # failed take left in the batch)
             p = packets.get(rid)
             if p is not None and store.room_for(p.nbytes):
                 store.put(rid, p)

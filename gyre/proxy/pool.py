@@ -305,10 +305,14 @@ class EnginePool:
         keep_kv = e.kv_migration and self.config.kv_migration
         kv0 = self._kv_counts()
         # a call's K/V leaves before the drain ends (the engine is stopped after it), but a
-        # call waiting for another engine to appear does not hold the drain past this
-        kv_until = time.monotonic() + self.config.kv_migration_timeout_s
-        while e.inflight or (e.migrating and time.monotonic() < kv_until):
+        # call waiting for another engine to appear holds the drain at most this long
+        kv_until: float | None = None
+        while e.inflight or e.migrating:
             now = time.monotonic()
+            if not e.inflight:
+                kv_until = kv_until or now + self.config.kv_migration_timeout_s
+                if now > kv_until:
+                    break
             for f in list(e.inflight):
                 if now - f.abort_sent > 0.25:  # re-sent: the engine may not have seen the rid yet
                     if not f.moving:

@@ -156,3 +156,25 @@ async def test_target_without_room_or_migration_refuses(tiny_model_dir):
     finally:
         for e in (a, small, off):
             await e.stop()
+
+
+def test_packet_bytes_round_trip_every_dtype():
+    import torch
+
+    from gyre.engine.kv_migrate import KVPacket
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        kv = [(torch.randn(1, 2, 7, 4).to(dtype), torch.randn(1, 2, 7, 4).to(dtype))] * 3
+        p = KVPacket(list(range(7)), kv, 2, 0.5, "float32", generator_state=b"\x01\x02")
+        wire = bytes(encode(p))
+        q = decode(wire)
+        assert (q.tokens, q.kv_version, q.weights_checksum, q.generator_state) == (
+            p.tokens,
+            2,
+            0.5,
+            b"\x01\x02",
+        )
+        assert q.weights_dtype == "float32" and q.layout() == p.layout()
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(kv, q.kv))
+        with pytest.raises(KVRefused):
+            decode(wire[:-1])
