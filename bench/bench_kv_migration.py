@@ -13,7 +13,7 @@ next token:
 B has no prefix cache, so the re-prefill computes the whole context. Models: a tiny Qwen3 built
 from a config (4 layers, hidden 256, 2 K/V heads of 64; max position 65536) at 2K, 8K and 32K
 tokens, and SmolLM2-135M (runs/smollm2) when present, at 2K and 8K (its context is 8192: 32K
-does not fit; the 8K point uses 8192 - 16 tokens).
+does not fit; the 8K point uses 8192 - 32 tokens).
 
     python bench/bench_kv_migration.py [--sizes 2048,8192,32768] [--threads 2] [--json out.json]
 """
@@ -63,7 +63,7 @@ async def _first_token(client, rid: str, ids: list[int]) -> tuple[float, int]:
 async def _park(client, ids: list[int], new: int) -> tuple[str, list[int]]:
     """A call on A that has sampled ``new`` tokens, parked: its rid and output."""
     rid = f"bench-{uuid.uuid4().hex[:8]}"
-    sampling = {"max_new_tokens": 10_000, "temperature": 0.0, "ignore_eos": True}
+    sampling = {"max_new_tokens": new + 24, "temperature": 0.0, "ignore_eos": True}
     out: list[int] = []
     parked = False
     async for chunk in client.generate_stream(ids, sampling, rid=rid):
@@ -72,6 +72,7 @@ async def _park(client, ids: list[int], new: int) -> tuple[str, list[int]]:
             await client.abort(rid, keep_kv=True)
             parked = True
         if chunk.meta_info.finish_reason is not None:
+            assert chunk.meta_info.finish_reason.type == "abort", "finished before its park"
             break
     return rid, out
 
@@ -95,7 +96,7 @@ async def measure(model_dir: str, sizes: list[int], threads: int, vocab: int) ->
             prefix_cache_mb=0,
             kv_migration_mb=8192,
         )
-        return ServerRunner(create_app(EmbeddedEngine(cfg)), name=name).start()
+        return ServerRunner(create_app(EmbeddedEngine(cfg)), name=name).start(timeout=600)
 
     rows = []
     a, b = engine("A"), engine("B")
@@ -151,6 +152,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-real", action="store_true", help="skip SmolLM2-135M")
+    ap.add_argument("--no-tiny", action="store_true", help="skip the tiny model")
     args = ap.parse_args()
     import torch
 
@@ -161,15 +163,16 @@ def main() -> None:
 
     from gyre.models.tiny import build_tiny_model
 
-    with tempfile.TemporaryDirectory() as tmp:
-        tiny = str(build_tiny_model(Path(tmp) / "tiny", layers=4, hidden=256, head_dim=64))
-        print("\ntiny Qwen3 (4 layers, hidden 256, 2 K/V heads x 64, float32): 4 KiB/token")
-        result["tiny"] = asyncio.run(measure(tiny, sizes, args.threads, 2000))
+    if not args.no_tiny:
+        with tempfile.TemporaryDirectory() as tmp:
+            tiny = str(build_tiny_model(Path(tmp) / "tiny", layers=4, hidden=256, head_dim=64))
+            print("\ntiny Qwen3 (4 layers, hidden 256, 2 K/V heads x 64, float32): 4 KiB/token")
+            result["tiny"] = asyncio.run(measure(tiny, sizes, args.threads, 2000))
     real = ROOT / "runs" / "smollm2"
     if not args.no_real and (real / "config.json").exists():
         cfg = json.loads((real / "config.json").read_text())
         limit = int(cfg.get("max_position_embeddings", 8192))
-        fit = sorted({min(n, limit - 16) for n in sizes})
+        fit = sorted({min(n, limit - 32) for n in sizes})  # + 4 sampled + 24 budget
         print(
             f"\nSmolLM2-135M ({cfg['num_hidden_layers']} layers, {cfg['num_key_value_heads']} K/V "
             f"heads x {cfg['hidden_size'] // cfg['num_attention_heads']}, float32: 45 KiB/token); "

@@ -7,8 +7,9 @@ attempt and decides what follows one that did not finish.
 ``drain(url)``: the engine gets no new requests; each in-flight request is
 aborted there (the engine answers with the tokens generated so far) and
 re-issued to another engine with the prompt plus those tokens, asking only for
-the remaining budget. Where both engines can (embedded engines on the same weights), the
-call's K/V moves with it and the new engine skips the prefill (:mod:`gyre.proxy.kvmove`). The client's output is the concatenation, token for
+the remaining budget. Where both engines can (embedded engines on the same
+weights), the call's K/V moves with it and the new engine skips the prefill
+(:mod:`gyre.proxy.kvmove`). The client's output is the concatenation, token for
 token, with each piece's log-probs as sampled; the trace gets one output
 segment per engine. The client sees one slower call, never an error.
 
