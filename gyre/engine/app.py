@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from gyre.engine.base import Engine, EngineInputError
+from gyre.engine.base import Engine, EngineInputError, KVRefused
 from gyre.engine.protocol import (
     DONE_SENTINEL,
     AbortRequest,
@@ -39,6 +39,7 @@ from gyre.engine.protocol import (
     DestroyWeightsUpdateGroupRequest,
     GenerateRequest,
     InitWeightsUpdateGroupRequest,
+    KVExportRequest,
     PauseRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
@@ -105,6 +106,14 @@ def allowed_reload(model_path: str, root: str | Path) -> str:
             f"root {base}; it reloads only the run's published weights"
         )
     return str(path)
+
+
+def _kv_refused(e: KVRefused) -> JSONResponse:
+    """A K/V the engine cannot give or take: 409 with the reason (the caller re-prefills)."""
+    code = 404 if e.reason in ("missing", "unsupported") else 409
+    body = error_payload(str(e), code, "kv_refused")
+    body["error"]["reason"] = e.reason
+    return JSONResponse(body, status_code=code)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -234,7 +243,34 @@ def create_app(
         req = await _parse(AbortRequest, request)
         if req.abort_all:
             return AbortResponse(found=await engine.abort_all() > 0)
+        if req.keep_kv:
+            return AbortResponse(found=await engine.park(req.rid))
         return AbortResponse(found=await engine.abort(req.rid))
+
+    # KV migration (gyre.engine.kv_migrate): a parked request's K/V out as bytes, and in
+    @app.post("/kv_export")
+    async def kv_export(request: Request) -> Response:
+        req = await _parse(KVExportRequest, request)
+        try:
+            packet = await engine.export_kv(req.rid, req.weight_version)
+        except KVRefused as e:
+            return _kv_refused(e)
+        from gyre.engine.kv_migrate import encode
+
+        data = await asyncio.to_thread(encode, packet)  # ~100 MB at 2K tokens: off the loop
+        return Response(content=data, media_type="application/octet-stream")
+
+    @app.post("/kv_import")
+    async def kv_import(request: Request, rid: str) -> JSONResponse:
+        from gyre.engine.kv_migrate import decode
+
+        body = await request.body()
+        try:
+            packet = await asyncio.to_thread(decode, body)
+            out = await engine.import_kv(rid, packet)
+        except KVRefused as e:
+            return _kv_refused(e)
+        return JSONResponse(out)
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> dict:

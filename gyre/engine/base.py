@@ -22,6 +22,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gyre.engine.protocol import (
     FinishReason,
@@ -41,6 +42,16 @@ from gyre.engine.protocol import (
 
 class EngineInputError(ValueError):
     """A request the engine refuses (HTTP 400). The message says what is wrong and how to fix it."""
+
+
+class KVRefused(Exception):
+    """An engine cannot give or take a request's K/V (:mod:`gyre.engine.kv_migrate`): the caller
+    re-prefills instead. ``reason`` is one word for counters: unsupported, missing, version,
+    weights, layout, room, format."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -266,6 +277,19 @@ class Engine(ABC):
             return False
         self.abort_state(st, "aborted by /abort_request")
         return True
+
+    async def park(self, rid: str) -> bool:
+        """Abort ``rid`` keeping its K/V for :meth:`export_kv` (KV migration on reroute). Engines
+        without migration simply abort."""
+        return await self.abort(rid)
+
+    async def export_kv(self, rid: str, weight_version: int) -> Any:
+        """The parked K/V of ``rid`` (a :class:`gyre.engine.kv_migrate.KVPacket`)."""
+        raise KVRefused("unsupported", f"the {self.kind} engine does not migrate K/V")
+
+    async def import_kv(self, rid: str, packet: Any) -> dict[str, Any]:
+        """Keep ``packet`` for the coming request ``rid``; raises :class:`KVRefused`."""
+        raise KVRefused("unsupported", f"the {self.kind} engine does not migrate K/V")
 
     async def abort_all(self, message: str = "aborted by /abort_request abort_all") -> int:
         live = [st for st in self._requests.values() if st.finish is None]

@@ -317,14 +317,20 @@ class EngineClient:
             ) from e
 
     # -- control ----------------------------------------------------------------------------
-    async def abort(self, rid: str) -> bool:
+    async def abort(self, rid: str, *, keep_kv: bool = False) -> bool:
         """Abort request ``rid``; it ends with finish_reason ``abort`` and its partial output.
+        ``keep_kv``: the engine parks its K/V for ``/kv_export`` (only for engines whose model
+        info says ``kv_migration``; others never see the field).
         Returns whether the engine knew the request (always True for SGLang, which does not say)."""
-        resp = await self._request("POST", "/abort_request", AbortRequest(rid=rid).model_dump())
+        body = AbortRequest(rid=rid).model_dump(exclude={"keep_kv"})
+        if keep_kv:
+            body["keep_kv"] = True
+        resp = await self._request("POST", "/abort_request", body)
         return bool(self._json(resp).get("found", True))
 
     async def abort_all(self) -> None:
-        await self._request("POST", "/abort_request", AbortRequest(abort_all=True).model_dump())
+        body = AbortRequest(abort_all=True).model_dump(exclude={"keep_kv"})
+        await self._request("POST", "/abort_request", body)
 
     async def pause(self, mode: PauseMode = "in_place") -> None:
         """Stop scheduling generation steps (mode sent explicitly: SGLang's default is ``abort``)."""

@@ -92,6 +92,12 @@ class EmbeddedEngineConfig(BaseModel):
     prefix_cache_min_tokens: int = Field(
         16, ge=1, description="Shortest shared prefix worth reusing."
     )
+    kv_migration_mb: float = Field(
+        2048.0,
+        ge=0,
+        description="Byte budget (MiB) for K/V of rerouted requests, parked to leave and imported "
+        "to continue (gyre.engine.kv_migrate; 0: off, rerouted requests are prefilled again).",
+    )
     torch_threads: int | None = Field(
         None, ge=1, description="torch.set_num_threads for the worker (None: leave)."
     )

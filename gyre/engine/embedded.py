@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gyre.engine.base import Engine, RequestState
+from gyre.engine.base import Engine, KVRefused, RequestState
 from gyre.engine.batch import DecodeBatch, Row, TokenEvent
 from gyre.engine.checksum import layout_name, weights_checksum
 from gyre.engine.config import EmbeddedEngineConfig
@@ -49,6 +50,7 @@ from gyre.engine.request_checks import check_cache_layout, check_request, eos_id
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from gyre.engine.kv_migrate import KVPacket, KVStore
     from gyre.engine.weight_group import WeightGroup
 
 
@@ -77,6 +79,15 @@ class EmbeddedEngine(Engine):
         self._held: dict[str, int] = {}  # parameter -> version it holds (a delta's base check)
         self.steps = 0  # decode steps run (for tests/benchmarks)
         self.max_rows_seen = 0  # largest batch a decode step ran with
+        # KV migration (gyre.engine.kv_migrate): rids to park at the next step boundary, the
+        # parked (outgoing) and imported (incoming) entries, and what the worker admits with
+        self._parking: set[str] = set()
+        self._kv_out: KVStore | None = None
+        self._kv_in: KVStore | None = None
+        self._admit_kv: dict[str, KVPacket] = {}
+        self.kv_counts = {"parked": 0, "exported": 0, "imported": 0, "admitted": 0, "refused": 0}
+        self.prefill_tokens = 0  # prompt tokens prefilled, and the seconds it took (the
+        self.prefill_s = 0.0  # re-prefill a migration saves is estimated from their ratio)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _load(self, path: str) -> PreTrainedModel:
@@ -164,6 +175,11 @@ class EmbeddedEngine(Engine):
             self._executor = None
             raise
         await super().start()
+        if self.config.kv_migration_mb > 0:
+            from gyre.engine.kv_migrate import KVStore
+
+            budget = int(self.config.kv_migration_mb * 2**20)
+            self._kv_out, self._kv_in = KVStore(budget), KVStore(budget)
         self._wake = asyncio.Event()
         self._scheduler = asyncio.create_task(self._schedule(), name=f"{self.engine_id}-scheduler")
 
@@ -234,7 +250,14 @@ class EmbeddedEngine(Engine):
             stops.update(self.eos_token_ids)
         seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
         gen = None if p.greedy else make_generator(seed)
-        return Row(rid=st.rid, params=p, stops=frozenset(stops), generator=gen)
+        row = Row(rid=st.rid, params=p, stops=frozenset(stops), generator=gen)
+        imported = self._kv_in.pop(st.rid) if self._kv_in is not None else None
+        if imported is not None:  # a migrated request: the worker admits it with its K/V
+            from gyre.engine.kv_migrate import restore_generator
+
+            restore_generator(row, imported)
+            self._admit_kv[st.rid] = imported
+        return row
 
     def _worker_job(
         self, drop: set[str], admit: list[tuple[Row, list[int]]]
@@ -244,8 +267,11 @@ class EmbeddedEngine(Engine):
         batch.remove(drop)
         events: list[TokenEvent] = []
         for row, ids in admit:
-            batch.admit(row, ids)
+            self._admit(batch, row, ids)
+        t0, todo = time.perf_counter(), _prefill_todo(batch)
         events.extend(batch.prefill_some(self.config.prefill_chunk_tokens))
+        self.prefill_tokens += todo - _prefill_todo(batch)
+        self.prefill_s += time.perf_counter() - t0
         if len(batch):
             self.max_rows_seen = max(self.max_rows_seen, len(batch))
             self.steps += 1
@@ -263,6 +289,8 @@ class EmbeddedEngine(Engine):
             # cleared before the state is read, never after: a request enqueued while this loop
             # awaits the worker (freeing finished rows below) has set it and is not missed
             wake.clear()
+            if self._parking:
+                await self._park_now()
             drop = {rid for rid, st in self._live.items() if st.finish is not None}
             for rid in drop:
                 self._live.pop(rid, None)
@@ -314,6 +342,139 @@ class EmbeddedEngine(Engine):
             rid for rid in self._live if rid not in alive and self._live[rid].finish is not None
         ]:
             self._live.pop(rid)  # finished and already gone from the worker's batch
+
+    # -- KV migration (gyre.engine.kv_migrate) --------------------------------------------------
+    async def park(self, rid: str) -> bool:
+        st = self._requests.get(rid)
+        if st is None:
+            return False
+        if self._kv_out is None or rid not in self._live:  # queued: nothing computed to keep
+            return await self.abort(rid)
+        if st.finish is None:
+            self._parking.add(rid)
+            self._kick()
+        return True
+
+    async def _park_now(self) -> None:
+        """At a step boundary: take the rows asked to park out of the batch with their K/V,
+        then finish their requests (``abort``, with every token the client was sent)."""
+        from gyre.engine.protocol import FinishReason
+
+        rids = [r for r in self._parking if r in self._live and self._live[r].finish is None]
+        self._parking.clear()
+        if not rids:
+            return
+        try:
+            packets = await self._run(self._take_rows, rids)
+        except Exception:  # cannot park: the calls move without their K/V
+            packets = {}
+        store = self._kv_out
+        assert store is not None  # parking is only asked for with migration on
+        for rid in rids:  # finished here; the loop's drop below forgets them (and any row a
+            st = self._live[rid]  # failed take left in the batch)
+            p = packets.get(rid)
+            if p is not None and store.room_for(p.nbytes):
+                store.put(rid, p)
+                self.kv_counts["parked"] += 1
+            st.abort_message = "moved: K/V parked for migration"
+            st.finish_with(FinishReason(type="abort", message=st.abort_message))
+
+    def _take_rows(self, rids: list[str]) -> dict[str, KVPacket]:
+        from gyre.engine.kv_migrate import take_row
+
+        out = {}
+        for rid in rids:
+            p = take_row(self._live_batch(), rid, self.weights_checksum)
+            if p is not None:
+                p.weights_dtype = layout_name(self.config.dtype, self.config.compute_dtype)
+                out[rid] = p
+        return out
+
+    def _admit(self, batch: DecodeBatch, row: Row, ids: list[int]) -> None:
+        """Worker: admit a row, with its imported K/V when it has one that still fits."""
+        from gyre.engine.kv_migrate import admit_imported
+
+        p = self._admit_kv.pop(row.rid, None)
+        if p is not None and admit_imported(batch, row, ids, p):
+            self.kv_counts["admitted"] += 1
+            return
+        batch.admit(row, ids)
+
+    async def export_kv(self, rid: str, weight_version: int) -> KVPacket:
+        """The parked K/V of ``rid`` for an engine serving ``weight_version`` (it leaves here)."""
+        p = self._kv_out.pop(rid) if self._kv_out is not None else None
+        if p is None:
+            raise KVRefused("missing", f"no K/V parked for {rid!r}")
+        if p.kv_version < 0 or p.kv_version != int(weight_version):
+            raise KVRefused(
+                "version",
+                f"K/V of {rid!r} computed under weights v{p.kv_version}, the target serves "
+                f"v{weight_version}: it must be prefilled again",
+            )
+        self.kv_counts["exported"] += 1
+        return p
+
+    async def import_kv(self, rid: str, packet: Any) -> dict[str, Any]:
+        """Keep ``packet`` for request ``rid`` if it is this engine's kind of K/V, under its
+        weights, and there is room; else :class:`KVRefused` (the caller re-prefills)."""
+        try:
+            store = self._check_import(packet)
+        except KVRefused:
+            self.kv_counts["refused"] += 1
+            raise
+        store.put(rid, packet)
+        self.kv_counts["imported"] += 1
+        rate = self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else None
+        return {
+            "success": True,
+            "tokens": len(packet.tokens),
+            "bytes": packet.nbytes,
+            "prefill_estimate_s": None if rate is None else len(packet.tokens) / rate,
+        }
+
+    def _check_import(self, p: KVPacket) -> KVStore:
+        store = self._kv_in
+        if store is None:
+            raise KVRefused("unsupported", "KV migration is off on this engine (kv_migration_mb=0)")
+        version = self._loaded_version
+        if p.kv_version < 0 or p.kv_version != version or self.weight_version != version:
+            raise KVRefused(
+                "version",
+                f"K/V computed under weights v{p.kv_version}; this engine serves "
+                f"v{self.weight_version} (loaded v{version})",
+            )
+        if (
+            p.weights_checksum is not None
+            and self.weights_checksum is not None
+            and p.weights_checksum != self.weights_checksum
+        ):
+            raise KVRefused("weights", "K/V computed under other weights (checksums differ)")
+        mine = self._kv_layout()
+        theirs = dict(p.layout(), weights_dtype=p.weights_dtype)
+        if {k: theirs.get(k) for k in mine} != mine:
+            raise KVRefused("layout", f"K/V layout {theirs} does not match this engine's {mine}")
+        if len(p.tokens) >= self.max_context_length:
+            raise KVRefused("room", f"{len(p.tokens)} tokens of K/V exceed the context limit")
+        if not store.room_for(p.nbytes):
+            raise KVRefused(
+                "room",
+                f"{p.nbytes} bytes of K/V over the migration budget "
+                f"({self.config.kv_migration_mb:g} MiB, {store.bytes} bytes held)",
+            )
+        return store
+
+    def _kv_layout(self) -> dict[str, Any]:
+        cfg = self._loaded_model().config
+        heads = int(cfg.num_attention_heads)
+        out: dict[str, Any] = {
+            "layers": int(cfg.num_hidden_layers),
+            "heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+            "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+            "weights_dtype": layout_name(self.config.dtype, self.config.compute_dtype),
+        }
+        if self.config.compute_dtype == "float32":  # K/V are held in the weights' dtype
+            out["dtype"] = self.config.dtype
+        return out
 
     # -- weights ---------------------------------------------------------------------------------
     def _reload(self, path: str, version: int) -> str:
@@ -463,7 +624,12 @@ class EmbeddedEngine(Engine):
             prefilling=len(batch.pending) if batch is not None else 0,
             decode_steps=self.steps,
             max_rows_seen=self.max_rows_seen,
+            prefill_tokens=self.prefill_tokens,
+            prefill_s=round(self.prefill_s, 3),
         )
+        if self._kv_in is not None and self._kv_out is not None:
+            out.update({f"kv_{k}": v for k, v in self.kv_counts.items()})
+            out.update(kv_parked_bytes=self._kv_out.bytes, kv_imported_bytes=self._kv_in.bytes)
         if pc is not None:
             out.update(
                 prefix_cache_entries=len(pc),
@@ -487,4 +653,10 @@ class EmbeddedEngine(Engine):
             paused=self.paused,
             weights_checksum=self.weights_checksum,
             weights_dtype=layout_name(self.config.dtype, self.config.compute_dtype),
+            kv_migration=self.config.kv_migration_mb > 0,
         )
+
+
+def _prefill_todo(batch: DecodeBatch) -> int:
+    """Prompt tokens the batch's queued prefills have still to run."""
+    return sum(len(p.ids) - p.done for p in batch.pending)

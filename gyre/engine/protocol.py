@@ -20,6 +20,8 @@ Routes (all JSON):
 - ``POST /destroy_weights_update_group`` :class:`DestroyWeightsUpdateGroupRequest`
 - ``GET  /get_model_info``           -> :class:`ModelInfo`
 - ``GET  /health``                   -> 200 when the engine can serve
+- ``POST /kv_export``                :class:`KVExportRequest` -> the parked K/V as bytes (Gyre,
+  :mod:`gyre.engine.kv_migrate`); ``POST /kv_import?rid=R`` those bytes -> JSON
 
 Errors: a 4xx/5xx status with ``{"error": {"message": str, "type": str, "code": int}}``
 (SGLang's error shape). Mid-stream errors arrive as one ``data: {"error": ...}`` chunk.
@@ -160,6 +162,18 @@ class GenerateResponse(_Open):
 class AbortRequest(_Open):
     rid: str = ""
     abort_all: bool = False
+    keep_kv: bool = Field(
+        False,
+        description="Gyre: park the request's K/V for /kv_export (KV migration on reroute); "
+        "sent only to engines whose model info says kv_migration.",
+    )
+
+
+class KVExportRequest(_Open):
+    """Gyre: ``POST /kv_export`` (gyre.engine.kv_migrate)."""
+
+    rid: str
+    weight_version: int = Field(description="The target engine's: K/V of other weights stay.")
 
 
 class AbortResponse(_Open):
@@ -292,6 +306,11 @@ class ModelInfo(_Open):
         "compared with the trainer's after each publication; absent where not computed (vLLM).",
     )
     weights_dtype: str | None = Field(None, description="Gyre: dtype the weights are held in.")
+    kv_migration: bool | None = Field(
+        None,
+        description="Gyre: the engine parks, exports and imports a request's K/V "
+        "(/kv_export, /kv_import); absent: a rerouted request is prefilled again.",
+    )
 
 
 class ErrorBody(_Open):

@@ -56,6 +56,8 @@ class EngineHandle:
     session: aiohttp.ClientSession  # the /generate hot path (see open_engine)
     ctl: EngineClient
     engine_id: str
+    kv_migration: bool = False  # its model info says it parks, exports and imports K/V
+    migrating: int = 0  # calls drained off it whose K/V is being moved (a drain waits for them)
     state: EngineState = "active"
     inflight: set = field(default_factory=set)
     failures: int = 0
@@ -116,14 +118,21 @@ async def open_engine(url: str, config: PoolConfig, api_key: str | None) -> Engi
         url, read_timeout=30.0, api_key=api_key
     )  # control calls; a frozen engine cannot hang them
     engine_id = url
+    kv = False
     try:
         info = await asyncio.wait_for(ctl.model_info(), 10.0)
         engine_id = info.engine_id or url
+        kv = bool(info.kv_migration)
     except Exception as e:  # an engine that is still starting: keep its URL as id
         log.warning("engine %s: model info unavailable (%s)", url, e)
     # counted alive from now: one that never answers is declared lost after engine_lost_after_s
     return EngineHandle(
-        url=url, session=session, ctl=ctl, engine_id=engine_id, last_alive=time.monotonic()
+        url=url,
+        session=session,
+        ctl=ctl,
+        engine_id=engine_id,
+        kv_migration=kv,
+        last_alive=time.monotonic(),
     )
 
 

@@ -16,6 +16,14 @@ class PoolConfig(BaseModel):
     max_resumes: int = Field(
         16, description="How often one call may be moved between engines before failing."
     )
+    kv_migration: bool = Field(
+        True,
+        description="A call drained off an engine moves with its K/V when both engines can "
+        "(embedded engines on the same weights, gyre.proxy.kvmove); else it is prefilled again.",
+    )
+    kv_migration_timeout_s: float = Field(
+        30.0, gt=0, description="Longest one call's K/V transfer may take before it is prefilled."
+    )
     engine_timeout_s: float | None = Field(
         None, description="Read timeout towards engines (None: no limit)."
     )

@@ -68,6 +68,16 @@ class PoolCounters:
     heartbeat_stalls: int = 0  # ticks far later than due (the proxy's loop was blocked)
     engines_lost: int = 0  # declared lost by the heartbeat, or removed as lost (a lost cell)
     engines_back: int = 0  # lost ones that answered again
+    # KV migration (gyre.proxy.kvmove): calls moved with their K/V, and those prefilled again
+    kv_migrated: int = 0
+    kv_bytes: int = 0  # K/V bytes moved
+    kv_tokens: int = 0  # context tokens whose prefill the moves skipped
+    kv_transfer_s: float = 0.0  # export + import, summed
+    kv_saved_s: float = 0.0  # the targets' estimate of those prefills, less the transfers
+    kv_fallback_version: int = 0  # K/V computed under other weights than the target's
+    kv_fallback_room: int = 0  # the target had no room for it
+    kv_fallback_unsupported: int = 0  # an engine that cannot move K/V (vLLM, SGLang, scripted)
+    kv_fallback_other: int = 0  # nothing parked, a transfer error or timeout
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,7 +7,9 @@ attempt and decides what follows one that did not finish.
 ``drain(url)``: the engine gets no new requests; each in-flight request is
 aborted there (the engine answers with the tokens generated so far) and
 re-issued to another engine with the prompt plus those tokens, asking only for
-the remaining budget. The client's output is the concatenation, token for
+the remaining budget. Where both engines can (embedded engines on the same
+weights), the call's K/V moves with it and the new engine skips the prefill
+(:mod:`gyre.proxy.kvmove`). The client's output is the concatenation, token for
 token, with each piece's log-probs as sampled; the trace gets one output
 segment per engine. The client sees one slower call, never an error.
 
@@ -56,6 +58,7 @@ from gyre.proxy.enginefaults import (
 from gyre.proxy.enginewire import PartsPayload, generate_body, merge_segments, output_segments
 from gyre.proxy.errors import ApiError
 from gyre.proxy.heartbeat import EngineEvent, EngineListener, Heartbeat
+from gyre.proxy.kvmove import move_kv
 from gyre.trace.record import OutputSegment
 
 log = logging.getLogger("gyre.proxy.pool")
@@ -93,6 +96,7 @@ class _Attempt:
     finish: str | None = None
     marks: list[tuple[int, int]] = field(default_factory=list)  # weights version changes
     broke: bool = False
+    kv_from: EngineHandle | None = None  # drained off an engine that parked its K/V
 
 
 class EnginePool:
@@ -120,6 +124,7 @@ class EnginePool:
         self.listeners: list[EngineListener] = []  # told of every lost / back engine
         self.events: deque[EngineEvent] = deque(maxlen=256)  # the latest, for status readers
         self._closed_active: list[str] = []
+        self.drains: dict[str, dict[str, Any]] = {}  # url -> what its last drain moved
 
     async def start(self) -> None:
         self._changed = asyncio.Event()
@@ -298,8 +303,17 @@ class EnginePool:
                 del self.affinity[ex]
         moved = 0
         deadline = None if timeout is None else time.monotonic() + timeout
-        while e.inflight:
+        keep_kv = e.kv_migration and self.config.kv_migration
+        kv0 = self._kv_counts()
+        # a call's K/V leaves before the drain ends (the engine is stopped after it), but a
+        # call waiting for another engine to appear holds the drain at most this long
+        kv_until: float | None = None
+        while e.inflight or e.migrating:
             now = time.monotonic()
+            if not e.inflight:
+                kv_until = kv_until or now + self.config.kv_migration_timeout_s
+                if now > kv_until:
+                    break
             for f in list(e.inflight):
                 if now - f.abort_sent > 0.25:  # re-sent: the engine may not have seen the rid yet
                     if not f.moving:
@@ -307,7 +321,10 @@ class EnginePool:
                     f.moving = True
                     f.abort_sent = now
                     try:
-                        await e.ctl.abort(f.rid)
+                        if keep_kv:
+                            await e.ctl.abort(f.rid, keep_kv=True)
+                        else:
+                            await e.ctl.abort(f.rid)
                     except (
                         Exception
                     ) as err:  # engine gone: the request's connection breaks and it moves
@@ -316,7 +333,23 @@ class EnginePool:
                 break
             await asyncio.sleep(0.01)
         self.counters.moved += moved
+        kv = {k: v - kv0[k] for k, v in self._kv_counts().items()}
+        self.drains[e.url] = {"moved": moved, **kv}
         return moved
+
+    def _kv_counts(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "kv_migrated": c.kv_migrated,
+            "kv_bytes": c.kv_bytes,
+            "kv_tokens": c.kv_tokens,
+            "kv_transfer_s": c.kv_transfer_s,
+            "kv_saved_s": c.kv_saved_s,
+            "kv_fallbacks": c.kv_fallback_version
+            + c.kv_fallback_room
+            + c.kv_fallback_unsupported
+            + c.kv_fallback_other,
+        }
 
     # -- generation ---------------------------------------------------------------------------
     async def generate(
@@ -339,38 +372,62 @@ class EnginePool:
         avoid: EngineHandle | None = None
         moves = 0
         faults = CallFaults(self.backoff)
-        while True:
-            engine = await self._engine_for(execution_id, avoid, faults)
-            rid = f"gyre-{uuid.uuid4().hex[:16]}"
-            a = _Attempt(InFlight(rid=rid, execution_id=execution_id, engine=engine), len(out.ids))
-            sp = dict(sampling, max_new_tokens=max(budget - len(out.ids), 0))
-            body = generate_body(rid, input_parts, out.ids, sp, stream)
-            async with contextlib.aclosing(self._attempt(a, body, stream, out, faults)) as pieces:
-                async for piece in pieces:
-                    yield piece
-            self._settle(a, out)
-            if a.broke or a.finish == "abort" or a.finish is None:
-                moves += 1
-                if moves > self.config.max_resumes:
-                    raise ApiError(
-                        503,
-                        f"request moved {moves} times without finishing",
-                        "overloaded",
-                        headers={"retry-after": "5"},
-                    )
-                if len(out.ids) >= budget:
-                    a.finish = "length"
-                else:
-                    avoid = engine if (a.broke or a.flight.moving) else None
-                    continue
-            yield GenResult(
-                output_ids=out.ids,
-                logprobs=out.lps,
-                segments=merge_segments(out.segments),
-                finish="length" if a.finish == "length" else "stop",
-                moves=moves,
-            )
-            return
+        kv_from: EngineHandle | None = None  # the engine a drain took the call off, K/V parked
+        kv_rid = ""  # the call's rid there
+        try:
+            while True:
+                engine = await self._engine_for(execution_id, avoid, faults)
+                rid = f"gyre-{uuid.uuid4().hex[:16]}"
+                if kv_from is not None:  # the call's K/V goes first, then the next attempt
+                    src, kv_from = kv_from, None
+                    try:
+                        await move_kv(
+                            src,
+                            engine,
+                            kv_rid,
+                            rid,
+                            self.counters,
+                            self.config.kv_migration_timeout_s,
+                        )
+                    finally:
+                        src.migrating -= 1
+                a = _Attempt(
+                    InFlight(rid=rid, execution_id=execution_id, engine=engine), len(out.ids)
+                )
+                sp = dict(sampling, max_new_tokens=max(budget - len(out.ids), 0))
+                body = generate_body(rid, input_parts, out.ids, sp, stream)
+                async with contextlib.aclosing(
+                    self._attempt(a, body, stream, out, faults)
+                ) as pieces:
+                    async for piece in pieces:
+                        yield piece
+                kv_from, kv_rid, a.kv_from = a.kv_from, a.flight.rid, None
+                self._settle(a, out)
+                if a.broke or a.finish == "abort" or a.finish is None:
+                    moves += 1
+                    if moves > self.config.max_resumes:
+                        raise ApiError(
+                            503,
+                            f"request moved {moves} times without finishing",
+                            "overloaded",
+                            headers={"retry-after": "5"},
+                        )
+                    if len(out.ids) >= budget:
+                        a.finish = "length"
+                    else:
+                        avoid = engine if (a.broke or a.flight.moving) else None
+                        continue
+                yield GenResult(
+                    output_ids=out.ids,
+                    logprobs=out.lps,
+                    segments=merge_segments(out.segments),
+                    finish="length" if a.finish == "length" else "stop",
+                    moves=moves,
+                )
+                return
+        finally:
+            if kv_from is not None:  # the call ended before its K/V could move: the drain goes on
+                kv_from.migrating -= 1
 
     async def _engine_for(
         self, execution_id: str, avoid: EngineHandle | None, faults: CallFaults
@@ -426,6 +483,9 @@ class EnginePool:
         except EngineProtocolError as err:
             raise self._note_protocol_error(engine, err) from None
         finally:
+            if a.flight.moving and not a.broke and engine.kv_migration and self.config.kv_migration:
+                engine.migrating += 1  # counted before the flight leaves: the drain waits for it
+                a.kv_from = engine
             engine.inflight.discard(a.flight)
             if silent or (not done and not a.broke):  # cancelled, frozen or garbled: free the slot
                 asyncio.get_running_loop().create_task(abort_quietly(engine, a.flight.rid))

@@ -144,6 +144,8 @@ def faults(run: Run, execs: list[dict[str, Any]]) -> str:
                 by_reason[why] = by_reason.get(why, 0) + 1
     items = [
         ("calls moved to another engine (reroutes)", proxy.get("moved_calls")),
+        ("of those, moved with their K/V (no re-prefill)", proxy.get("kv_migrated_calls")),
+        ("K/V bytes moved", proxy.get("kv_bytes")),
         ("calls resumed with partial output", proxy.get("resumed_with_partial_output")),
         ("engine errors", proxy.get("engine_errors")),
         ("proxy 5xx answers", proxy.get("errors_5xx")),

@@ -94,6 +94,7 @@ class Cluster:
         self.resume_from = resume_from
         self.cells: list[Any] = []
         self.urls: list[str | None] = [None] * self.K
+        self.switch_kv: dict[int, dict[str, Any]] = {}  # cell -> its last drain's K/V moves
         self.engine_urls: list[list[str]] = [[] for _ in range(self.K)]  # every one, per cell
         self.proxy = ManagedProxy()  # started last by start(), stopped first by stop()
         self.engine_key = secrets.token_urlsafe(32)  # this run's engines answer only to it
@@ -379,6 +380,8 @@ class Cluster:
             await self.proxy.serving("switch")  # a switch must not fail on a dead proxy
             try:
                 moved = await self.proxy.drain(url)
+                # what the drain's K/V migration moved and saved, for the switch's record
+                self.switch_kv[cell] = self.proxy.last_drain(url)
                 await self.proxy.remove_engine(url)
             except KeyError:  # the cell was found lost meanwhile: its fault handler removed it
                 pass  # (the calls below then fail as the dead actor's, or it is killed)

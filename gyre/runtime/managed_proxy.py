@@ -123,6 +123,16 @@ class ManagedProxy:
         """Take ``url`` out of routing and move its calls; returns how many moved."""
         return await asyncio.to_thread(self._live.drain, url)
 
+    def last_drain(self, url: str) -> dict[str, Any]:
+        """What ``url``'s last drain moved with K/V migration (``kv_migrated``, ``kv_bytes``,
+        ``kv_tokens``, ``kv_transfer_s``, ``kv_saved_s``, ``kv_fallbacks``), for the switch's
+        record; empty before any drain of it."""
+        if self._server is None:
+            return {}
+        got = dict(self._server.service.pool.drains.get(url.rstrip("/"), {}))
+        got.pop("moved", None)  # the drain's return value already says it
+        return got
+
     async def add_engine(self, url: str) -> None:
         await asyncio.to_thread(self._live.add_engine, url)
 

@@ -157,6 +157,11 @@ def summarize(
             "answered": counters.get("answered", 0),
             "errors_5xx": counters.get("errors_5xx", 0),
             "moved_calls": pool.get("moved", 0),
+            # of those, moved with their K/V (gyre.proxy.kvmove): bytes, and the prefill
+            # time the targets estimate they skipped, less the transfers
+            "kv_migrated_calls": pool.get("kv_migrated", 0),
+            "kv_bytes": pool.get("kv_bytes", 0),
+            "kv_saved_s": pool.get("kv_saved_s", 0.0),
             "engine_errors": pool.get("engine_errors", 0),
             **reroutes,
         },

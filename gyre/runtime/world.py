@@ -353,8 +353,17 @@ class RealWorld:
             return
         self.faults.back(cell)  # a restarted cell serves again (the core may go to training)
         t1 = self.now()
+        # kv_migrated, kv_bytes, kv_saved_s, ...: the calls that moved with their K/V
+        kv = getattr(self.cluster, "switch_kv", {}).pop(cell, {})
         self.records.switches.append(
-            {"cell": cell, "to": role.value, "start": t0, "seconds": t1 - t0, "moved_calls": moved}
+            {
+                "cell": cell,
+                "to": role.value,
+                "start": t0,
+                "seconds": t1 - t0,
+                "moved_calls": moved,
+                **kv,
+            }
         )
         self._set_role(cell, role)
         self.emit(CellSwitched(time=t1, cell=cell, role=role))

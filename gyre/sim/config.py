@@ -129,7 +129,19 @@ class CostConfig(BaseModel):
         0.0,
         ge=0,
         description="when a cell leaves rollout, each execution it served loses this long "
-        "(its in-flight call is cancelled and retried on another engine)",
+        "(its in-flight call is cancelled and retried on another engine, which prefills its "
+        "whole context again)",
+    )
+    kv_migration: bool = Field(
+        False,
+        description="the moved call takes its K/V along (gyre.proxy.kvmove): each execution "
+        "loses migrated_reroute_delay_h instead of reroute_delay_h",
+    )
+    migrated_reroute_delay_h: float = Field(
+        0.0,
+        ge=0,
+        description="with kv_migration, what a moved execution loses: the K/V transfer and one "
+        "token's prefill (docs/measurements.md, KV migration: ~0.1 s at 2K tokens, 135M model)",
     )
 
 
@@ -238,6 +250,8 @@ ALIASES: dict[str, str] = {
     "satellite_refresh_h": "costs.satellite_refresh_h",
     "reroute_h": "costs.reroute_delay_h",
     "reroute_delay_h": "costs.reroute_delay_h",
+    "kv_migration": "costs.kv_migration",
+    "migrated_reroute_h": "costs.migrated_reroute_delay_h",
     "train_cost": "costs.train_step_cell_h",
     "train_step_cell_h": "costs.train_step_cell_h",
     "micro": "policy.micro_steps_per_execution",

@@ -151,8 +151,9 @@ class World:
         self._stall_until = -math.inf
         self._refresh_h = c.satellite_refresh_h
         self._fresh_at = [-math.inf] * self.pcfg.cells
-        self._reroute_h = c.reroute_delay_h
-        self.rerouted = 0  # executions moved off a leaving cell (each lost reroute_delay_h)
+        # a moved call prefills its context again, or (kv_migration) takes its K/V along
+        self._reroute_h = c.migrated_reroute_delay_h if c.kv_migration else c.reroute_delay_h
+        self.rerouted = 0  # executions moved off a leaving cell (each lost _reroute_h)
 
     def _init_accounting(self, K: int) -> None:
         """The world's own counters (it checks the policy rather than trusting it)."""

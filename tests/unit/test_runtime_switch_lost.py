@@ -36,3 +36,12 @@ def test_a_switch_of_a_live_cell_is_reported():
     w, emitted = _world(set())
     asyncio.run(w._switch(1, CellRole.TRAINING))
     assert [(e.cell, e.role) for e in emitted] == [(1, CellRole.TRAINING)]
+
+
+def test_a_switch_record_carries_what_its_drain_moved_with_kv():
+    w, _ = _world(set())
+    w.cluster.switch_kv = {1: {"kv_migrated": 2, "kv_bytes": 4096, "kv_saved_s": 1.5}}
+    asyncio.run(w._switch(1, CellRole.TRAINING))
+    rec = w.records.switches[0]
+    assert rec["moved_calls"] == 0 and rec["kv_migrated"] == 2 and rec["kv_bytes"] == 4096
+    assert w.cluster.switch_kv == {}  # one switch's moves, not the next one's

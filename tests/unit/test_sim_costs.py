@@ -156,3 +156,17 @@ def test_serving_staleness_is_at_most_the_dispatch_staleness():
         assert not math.isnan(r.serving_staleness_tokens)
     assert res["colocate"].serving_staleness == pytest.approx(res["colocate"].mean_staleness)
     assert res["async"].serving_staleness < res["async"].mean_staleness - 0.05
+
+
+def test_kv_migration_prices_a_reroute_by_its_transfer():
+    """With kv_migration a moved execution loses the migrated delay instead of a re-prefill."""
+    base = apply_overrides(preset("seed-toy"), ["reroute_h=0.5"])
+    moved = apply_overrides(base, ["kv_migration=true", "migrated_reroute_h=0.01"])
+    free = apply_overrides(base, ["kv_migration=true", "migrated_reroute_h=0"])
+    none = apply_overrides(base, ["reroute_h=0"])
+    assert _ms(free, "elastic") == _ms(none, "elastic")  # a free move costs nothing
+    r = simulate(moved, ["elastic"], record=False)["elastic"]
+    assert r.rerouted_executions > 0
+    assert _ms(none, "elastic") < r.makespan_h < _ms(base, "elastic")
+    off = apply_overrides(base, ["migrated_reroute_h=0.01"])  # the knob off: priced as before
+    assert _ms(off, "elastic") == _ms(base, "elastic")
