@@ -26,6 +26,8 @@ with gradients on) a layer computes as ``nn.Linear`` does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -106,4 +108,5 @@ def unpack(model: torch.nn.Module) -> None:
     for mod in model.modules():
         if isinstance(mod, PackedLinear):
             mod._packed = None
-            mod.__class__ = torch.nn.Linear
+            plain: Any = mod  # the instance changes class; its type as narrowed above does not
+            plain.__class__ = torch.nn.Linear
