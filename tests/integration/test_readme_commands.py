@@ -47,6 +47,10 @@ SKIP: dict[str, str] = {
     "(tests/integration/test_engine_servers.py starts it)",
     "gyre proxy --model /tmp/tiny --engine http://127.0.0.1:30000 --port 8000 --trace-dir "
     "traces &": "a server left running in the background (the proxy tests start it)",
+    "gyre harness demos": "a name in prose, not a command: scripts/smollm2-agent.sh --prepare "
+    "runs it with its arguments (tests/unit/test_sft.py runs the CLI)",
+    "gyre train sft": "a name in prose, not a command: scripts/smollm2-agent.sh --prepare runs "
+    "it (tests/unit/test_sft.py trains a tiny model with it)",
     "gyre train demo --cells 3 --steps 2": "three trainer processes for minutes "
     "(the cell tests run the same code)",
     "gyre harness run TASK --profile claude-code --base-url http://127.0.0.1:8000 --api-key KEY "
