@@ -88,13 +88,15 @@ class CoreLost(FatalFault):
         self.faults = faults
 
 
-# what Ray raises when the actor behind a call is gone (a dead or killed process)
-ActorDied = ray.exceptions.RayActorError
+# what Ray raises when the actor behind a call is gone (a dead or killed process). A call in
+# flight when Ray's memory monitor kills the actor's worker raises OutOfMemoryError, not a
+# RayActorError: the actor (max_restarts 0) is as dead, so it is the same fault.
+ActorDied = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
 
 
 def actor_died(e: BaseException) -> bool:
     """Whether ``e`` says the actor behind a call is gone (not an error of the call itself)."""
-    return isinstance(e, ray.exceptions.RayActorError)
+    return isinstance(e, ActorDied)
 
 
 class CellFaults:

@@ -14,12 +14,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, OutOfMemoryError
 
 from gyre.config import GyreConfig
 from gyre.policy import CellRole
 from gyre.runtime import loop
-from gyre.runtime.faults import CellFaults, CoreLost
+from gyre.runtime.faults import ActorDied, CellFaults, CoreLost, actor_died
 from gyre.runtime.progress import closing_lines
 from gyre.runtime.records import FaultRecord, Records
 from gyre.runtime.supervise import FAULTS_FILE, resume_state, supervise
@@ -268,3 +268,18 @@ def test_a_satellite_dead_in_the_reduce_is_core_lost_naming_it():
     w, faults = _world()
     plain = ValueError("shapes differ")  # the reduce's own error, every participant alive
     assert asyncio.run(faults.in_reduce(5, 2, plain)) is plain
+
+
+def test_a_call_cut_by_rays_memory_monitor_is_the_cells_death():
+    """Ray's memory monitor killing a cell's worker mid-call raises OutOfMemoryError (no
+    actor id) from that call: it must reach the cell-loss path, not stop the run with a
+    traceback (seen: a micro-step's compute on an agent run with a TRL run beside it)."""
+    oom = OutOfMemoryError("1 worker(s) were killed due to the node running low on memory")
+    assert actor_died(oom)
+    with pytest.raises(ActorDied):  # what world._micro and the switch paths catch
+        raise oom
+    w, faults = _world(core_alive=False)
+    asyncio.run(faults.surfaced(oom))  # no actor id: the ping finds the core dead
+    (e,) = w.errors
+    assert isinstance(e, CoreLost) and e.record.detected_by == "call"
+    assert not actor_died(RuntimeError("the call's own error"))
