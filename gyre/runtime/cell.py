@@ -34,6 +34,7 @@ from gyre.log import LogSpec
 from gyre.ports import free_ports
 from gyre.runtime.cpulimit import confine
 from gyre.runtime.engines import RolloutEngineConfig, cell_engine_config, keeps_engine
+from gyre.runtime.heap import release
 from gyre.runtime.nodeaddr import gloo_env, ipv4_interfaces, node_ip
 from gyre.runtime.publication import MemoryPublisher
 from gyre.runtime.ranks import leave_world, sharded_setup
@@ -86,6 +87,7 @@ class Cell:
         self.parked = False  # the engine is kept, paused, while the cell trains (vLLM)
         self.role: str | None = None  # "rollout" or "training" once it took one
         self._leaving: float | None = None  # when this cell began to leave its role
+        self._released: dict[str, float] = {}  # heap.release() of the last role left
 
     def _comm(self):
         if self.devices > 1:  # the sharded trainer holds its own groups
@@ -188,6 +190,7 @@ class Cell:
         self._leave()
         if self.engine is None or self.engine.url is None or not keeps_engine(self.ecfg):
             self.stop_engine()
+            self._released = release()  # the engine's pages back to the machine (gyre.runtime.heap)
             return
         asyncio.run(_pause(self.engine.url))
         self.parked = True
@@ -213,6 +216,7 @@ class Cell:
         """Satellites drop their replica; the core keeps weights and optimizer state (host memory)."""
         self._leave()
         self.trainer.drop()
+        self._released = release()  # activations, gradients (a satellite's replica too)
 
     def _leave(self) -> None:
         """A switch out of the cell's role begins (the drain before it is the driver's)."""
@@ -223,6 +227,7 @@ class Cell:
         """The cell holds ``role`` at ``version``: one ``switch`` record, timed from when it began
         to leave its last role (from ``t0`` for its first one)."""
         seconds = time.perf_counter() - (self._leaving if self._leaving is not None else t0)
+        released, self._released = self._released, {}
         if self.local:  # a multi-rank cell's switch is its leader's record
             self.role, self._leaving = role, None
             return
@@ -240,6 +245,7 @@ class Cell:
                 "to": role,
                 "seconds": round(seconds, 4),
                 "version": version,
+                **released,  # what leaving the last role gave back (gyre.runtime.heap)
             },
         )
         self.role, self._leaving = role, None
