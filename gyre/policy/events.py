@@ -121,5 +121,14 @@ class WeightsPublished(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class EvaluationRunning(Event):
+    """``executions`` evaluation executions are live (0: none). They belong to no group, so
+    the waterlevel does not count them; while any runs, the last cell serving rollouts stays,
+    or they would wait without an engine until their harness timeout scored them 0."""
+
+    executions: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick(Event):
     """Time passed (answer to ``WakeAt``, or any periodic poke from the world)."""

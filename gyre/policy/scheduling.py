@@ -47,6 +47,7 @@ from gyre.policy.events import (
     CellSwitched,
     EngineBack,
     EngineLost,
+    EvaluationRunning,
     Event,
     ExecutionFinished,
     ExecutionId,
@@ -81,6 +82,7 @@ class SchedulingPolicy(PolicyState):
         self._steps = c.total_steps
         # counters (executions)
         self.launched = 0
+        self.evaluating = 0  # live evaluation executions (outside every group)
         self._reserved = 0  # launch requested, not yet finished: occupies capacity
         self._queue: deque[ExecutionId] = deque()
         self._groups: dict[int, _Group] = {}
@@ -154,15 +156,7 @@ class SchedulingPolicy(PolicyState):
 
     def handle(self, event: Event) -> list[Action]:
         """Apply one event; return the actions it triggers (possibly none)."""
-        if not self._started:
-            raise PolicyError("call start() before handle()")
-        if event.time < self.now - 1e-9:
-            raise PolicyError(f"event time {event.time} is before the last event's time {self.now}")
-        cell = getattr(event, "cell", None)
-        if cell is not None and not 0 <= cell < self.K:
-            raise PolicyError(
-                f"{type(event).__name__} names cell {cell}; cells are 0..{self.K - 1}"
-            )
+        self._check(event)
         acts: list[Action] = []
         # exact types (no subclass is an event); mypy narrows `type(event) is X`
         if type(event) is ExecutionFinished:
@@ -185,6 +179,8 @@ class SchedulingPolicy(PolicyState):
             faults.on_engine_lost(self, event)
         elif type(event) is EngineBack:
             faults.on_engine_back(self, event)
+        elif type(event) is EvaluationRunning:
+            self.evaluating = event.executions
         elif type(event) is Tick:
             pass
         else:
@@ -192,6 +188,20 @@ class SchedulingPolicy(PolicyState):
         self.now = event.time  # only once the event was accepted
         self._react(acts)
         return acts
+
+    def _check(self, event: Event) -> None:
+        """Refuse an event the policy cannot apply, before any state changes."""
+        if not self._started:
+            raise PolicyError("call start() before handle()")
+        if event.time < self.now - 1e-9:
+            raise PolicyError(f"event time {event.time} is before the last event's time {self.now}")
+        cell = getattr(event, "cell", None)
+        if cell is not None and not 0 <= cell < self.K:
+            raise PolicyError(
+                f"{type(event).__name__} names cell {cell}; cells are 0..{self.K - 1}"
+            )
+        if type(event) is EvaluationRunning and event.executions < 0:
+            raise PolicyError(f"EvaluationRunning with {event.executions} executions")
 
     # ------------------------------------------------------------------ event handlers
     def _on_finished(self, ev: ExecutionFinished) -> None:
@@ -397,6 +407,8 @@ class SchedulingPolicy(PolicyState):
         cap_after = self.capacity - self.Ce * len(leaving)
         if cap_after < self.waterlevel:
             return  # waterlevel rule: what stays must cover every queued or running execution
+        if self.evaluating and cap_after <= 0:
+            return  # an evaluation in flight keeps one engine serving it (EvaluationRunning)
         for i in leaving:
             roles[i] = CellRole.TO_TRAINING
             self._left_at[i] = self.version

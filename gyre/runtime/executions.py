@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,9 @@ class ExecutionRunner:
         self.running = 0
         self._last_eval = -1
         self.eval_tasks: set[asyncio.Task] = set()
+        self.eval_live = 0  # evaluation executions running (no group holds them)
+        # told each change of eval_live: the world reports it to the policy (EvaluationRunning)
+        self.on_eval_live: Callable[[int], None] = lambda n: None
         lt = cfg.run.longtail
         self.longtail = (
             None
@@ -310,8 +314,18 @@ class ExecutionRunner:
     async def evaluate(self, version: int) -> dict[str, Any]:
         """Fresh attempts on the evaluation split (recorded apart from training rewards)."""
         jobs = [(t, a) for t in self.tasks.eval for a in range(self.cfg.run.eval_attempts)]
+
+        async def one(eid: str, task: Any) -> Any:
+            try:
+                return await self._run_one(eid, task)
+            finally:
+                self.eval_live -= 1
+                self.on_eval_live(self.eval_live)
+
+        self.eval_live += len(jobs)
+        self.on_eval_live(self.eval_live)
         res = await asyncio.gather(
-            *[self._run_one(f"r{self.segment}-eval-v{version}-{t.name}-a{a}", t) for t, a in jobs]
+            *[one(f"r{self.segment}-eval-v{version}-{t.name}-a{a}", t) for t, a in jobs]
         )
         scored = [r.reward for r in res if r.reward is not None]
         row = {

@@ -23,6 +23,7 @@ from gyre.policy import (
     ClaimMicroStep,
     DispatchGroups,
     EndRun,
+    EvaluationRunning,
     Event,
     ExecutionFinished,
     ExecutionsLaunched,
@@ -70,6 +71,7 @@ class RealWorld:
             cfg, rundir, resume_from=r.get("checkpoint"), base_version=self.base_step
         )
         self.execs = ExecutionRunner(cfg, rundir, tasks, self.cluster.proxy, segment=self.segment)
+        self.execs.on_eval_live = lambda n: self.emit(EvaluationRunning(self.now(), n))
         self.records = Records(cells=self.K, segment=self.segment)  # what the readers read
         # earlier segments' faults (faults.jsonl)
         self.records.faults.extend(FaultRecord.from_json(f) for f in r.get("faults", []))

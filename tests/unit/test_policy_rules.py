@@ -12,6 +12,7 @@ from gyre.policy import (
     CellSwitched,
     ClaimMicroStep,
     DispatchGroups,
+    EvaluationRunning,
     Event,
     ExecutionFinished,
     ExecutionsLaunched,
@@ -115,6 +116,24 @@ def test_waterlevel_rule_holds_back_when_outstanding_work_exceeds_capacity_left(
     assert not of(acts, SwitchCell)
     acts = p.handle(ExecutionFinished(0.7, (1, 0), 1.0))  # w = 9 <= 9
     assert of(acts, SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
+
+
+def test_an_evaluation_in_flight_keeps_the_last_rollout_cell():
+    """Evaluation executions belong to no group: with every group's executions done, the
+    cells would all go training and leave them without an engine (seen: a resumed agent run's
+    held-out evaluations all cut by the harness timeout, scored 0)."""
+    p = SchedulingPolicy(cfg(cells=2, cell_capacity=8, phi=0.0, mu=1, streaming=True))
+    p.start(0.0)
+    p.handle(EvaluationRunning(0.5, 16))
+    acts = finish_group(p, 0, 1.0)
+    acts += finish_group(p, 1, 1.1)  # waterlevel 0: the rule alone would let both go
+    assert of(acts, SwitchCell) == [SwitchCell(0, CellRole.TRAINING)]
+    acts = p.handle(CellSwitched(1.2, 0, CellRole.TRAINING))
+    assert not of(acts, SwitchCell)  # cell 1 serves the evaluation
+    acts = p.handle(EvaluationRunning(2.0, 0))
+    assert of(acts, SwitchCell) == [SwitchCell(1, CellRole.TRAINING)]
+    with pytest.raises(PolicyError, match="-1 executions"):
+        p.handle(EvaluationRunning(2.1, -1))
 
 
 # ---------------------------------------------------------------- supply check
