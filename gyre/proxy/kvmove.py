@@ -117,4 +117,7 @@ def _fallback(counters: PoolCounters, status: int, raw: bytes, what: str) -> Non
         counters.kv_fallback_unsupported += 1
     else:
         counters.kv_fallback_other += 1
-    log.info("K/V not moved (%s): %s answered %d (%s)", reason, what, status, raw[:200])
+    # routine (nothing parked: the call was queued or done; the target serves newer weights):
+    # counted, logged at debug (a drain of 64 calls wrote 64 info lines); the rest at info
+    level = logging.DEBUG if reason in ("missing", "version", "weights") else logging.INFO
+    log.log(level, "K/V not moved (%s): %s answered %d (%s)", reason, what, status, raw[:200])
