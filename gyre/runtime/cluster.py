@@ -42,6 +42,7 @@ from gyre.runtime.managed_proxy import ManagedProxy
 from gyre.runtime.publication import Publications
 from gyre.runtime.ray_setup import (
     RuntimeSetupError,
+    actor_died,
     cell_resources,
     check_resources,
     engine_env,
@@ -292,7 +293,16 @@ class Cluster:
         ips = await asyncio.gather(*[c.node_ip.remote() for c in self.cells])
         store = await self.rendezvous.store_file(self.cells)  # one machine: a private file
         (dist_port,) = [0] if store else await self.cells[0].free_ports.remote(1)
-        await asyncio.gather(*[c.setup.remote(dist_port, ips[0], store) for c in self.cells])
+        # every cell's answer before any error is raised: a cell that died on the way leaves
+        # the others waiting in this rendezvous until its timeout, and the next rebuild must
+        # not start while they are (they would queue its setup behind this one's)
+        done = await asyncio.gather(
+            *[c.setup.remote(dist_port, ips[0], store) for c in self.cells],
+            return_exceptions=True,
+        )
+        errors = [x for x in done if isinstance(x, BaseException)]
+        if errors:
+            raise next((x for x in errors if actor_died(x)), errors[0])
         return f"{ips[0]}:{dist_port}"  # port 0: no TCP rendezvous (a FileStore)
 
     def log_spec(self, name: str) -> LogSpec:

@@ -69,6 +69,7 @@ from gyre.runtime import ranks
 from gyre.runtime.cluster import Cluster
 from gyre.runtime.config import GyreConfig
 from gyre.runtime.handles import EventBus
+from gyre.runtime.ray_setup import ActorDied, actor_died
 from gyre.runtime.records import BREAKS_STEP, FaultRecord, Records
 from gyre.runtime.rundir import RunDir
 
@@ -86,17 +87,6 @@ class CoreLost(FatalFault):
         super().__init__(message)
         self.record = record
         self.faults = faults
-
-
-# what Ray raises when the actor behind a call is gone (a dead or killed process). A call in
-# flight when Ray's memory monitor kills the actor's worker raises OutOfMemoryError, not a
-# RayActorError: the actor (max_restarts 0) is as dead, so it is the same fault.
-ActorDied = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
-
-
-def actor_died(e: BaseException) -> bool:
-    """Whether ``e`` says the actor behind a call is gone (not an error of the call itself)."""
-    return isinstance(e, ActorDied)
 
 
 class CellFaults:
@@ -128,6 +118,9 @@ class CellFaults:
         self.down: set[int] = set()  # lost, not back yet
         self._open: dict[int, FaultRecord] = {}  # cell -> its fault record until it is back
         self._dead_cores: set[str] = set()  # actor ids of the core's lost processes
+        # one gloo world rebuild at a time: each joins every cell's current actor, so two
+        # overlapping ones would split the cells between two rendezvous
+        self._rebuilding = asyncio.Lock()
 
     # ------------------------------------------------------------------ detection
     async def heartbeat(self) -> None:
@@ -348,10 +341,31 @@ class CellFaults:
             found = self.core_checkpoint()
             start = found if isinstance(found, str) else None
             rec = self._open[cell] = records.complete(rec, checkpoint_step=cl.trainer_version)
-        await cl.replace_cell(cell, start, rec_count(records.faults, cell))
+        try:
+            async with self._rebuilding:
+                await cl.replace_cell(cell, start, rec_count(records.faults, cell))
+        except ActorDied as e:
+            if not await self._rebuild_lost_another(cell, e):
+                raise
         rec = self._open[cell] = records.complete(rec, restart_s=round(time.perf_counter() - t0, 3))
         self.down.discard(cell)
         bus.emit(CellBack(time=bus.now(), cell=cell))
+
+    async def _rebuild_lost_another(self, cell: int, e: BaseException) -> bool:
+        """The world rebuilt for ``cell``'s new actor failed because another cell died (seen:
+        one killed as hung by the heartbeat while it was due to join). That is the other
+        cell's loss, whose own replacement rebuilds the world again, with ``cell``'s new actor
+        in it; so ``cell`` is back. False when no other cell is found dead (its own new actor
+        died, say): then the error is the run's, as before."""
+        others = [c for c in range(len(self.cluster.cells)) if c != cell]
+        who = self.cell_of(e, range(len(self.cluster.cells)))
+        if who == cell:
+            return False
+        if who is not None:
+            self.lost(who, e, "rebuild")
+            return True
+        await self.alive([c for c in others if c not in self.down])  # pings find the dead
+        return bool(self.down.intersection(others))
 
     def back(self, cell: int) -> None:
         """The restarted cell serves again (its switch to rollout is done)."""

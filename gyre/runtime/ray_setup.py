@@ -19,6 +19,16 @@ from gyre.runtime.config import GyreConfig
 from gyre.runtime.nodeaddr import BIND_HOST_ENV, LOOPBACK, ray_local_ip
 from gyre.runtime.rundir import RunDir
 
+# what Ray raises when the actor behind a call is gone (a dead or killed process). A call in
+# flight when Ray's memory monitor kills the actor's worker raises OutOfMemoryError, not a
+# RayActorError: the actor (max_restarts 0) is as dead, so it is the same fault.
+ActorDied = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
+
+
+def actor_died(e: BaseException) -> bool:
+    """Whether ``e`` says the actor behind a call is gone (not an error of the call itself)."""
+    return isinstance(e, ActorDied)
+
 
 class RuntimeSetupError(RuntimeError):
     """The run could not start (Ray, a cell, or the proxy failed to come up)."""

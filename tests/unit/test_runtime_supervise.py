@@ -283,3 +283,42 @@ def test_a_call_cut_by_rays_memory_monitor_is_the_cells_death():
     (e,) = w.errors
     assert isinstance(e, CoreLost) and e.record.detected_by == "call"
     assert not actor_died(RuntimeError("the call's own error"))
+
+
+def test_a_cell_dead_while_the_world_is_rebuilt_is_its_own_loss_not_the_runs():
+    """Cell 2's replacement rebuilds the gloo world; cell 1, killed as hung by the heartbeat
+    meanwhile, makes that rebuild raise ActorDiedError (seen once in the nemesis run). That is
+    cell 1's loss, whose replacement rebuilds again; cell 2 is back, and the run goes on.
+    The new actor's own death is still the run's error."""
+    w, faults = _world()
+    events: list = []
+    w.emit = events.append
+    rebuilt: list[int] = []
+
+    async def take_out(cell, why):
+        return {}
+
+    async def replace_cell(cell, start, restarts):
+        rebuilt.append(cell)
+        raise _died("c1")
+
+    w.cluster.take_out, w.cluster.replace_cell = take_out, replace_cell
+    faults.lost(2, TimeoutError(), "heartbeat", kind="hung")
+    asyncio.run(faults._replace(2, faults._open[2]))  # what lost() spawned
+    assert rebuilt == [2] and w.errors == []
+    assert 2 not in faults.down and [type(e).__name__ for e in events][-1] == "CellBack"
+    (_, r1) = w.records.faults
+    assert (r1.cell, r1.detected_by, r1.action) == (1, "rebuild", "restart")
+    assert 1 in faults.down and len(w.spawned) == 2  # cell 1's own replacement is under way
+
+    w, faults = _world()
+    w.emit = lambda e: None
+    w.cluster.take_out = take_out
+
+    async def own_death(cell, start, restarts):
+        raise _died("c2")  # the new actor itself
+
+    w.cluster.replace_cell = own_death
+    faults.lost(2, TimeoutError(), "heartbeat", kind="hung")
+    with pytest.raises(ActorDiedError):
+        asyncio.run(faults._replace(2, faults._open[2]))
