@@ -243,13 +243,20 @@ def demos(
     system: str | None = typer.Option(
         None, help="System prompt (default: the tool protocol's, as examples/smollm2-agent.toml)."
     ),
+    harness: str = typer.Option(
+        "reference",
+        help="The conversation's form: reference (the reference agent's tool calls) or "
+        "mini-swe-agent (gyre/harness/mini_tools.yaml's text actions; its own system prompt).",
+    ),
 ) -> None:
     """Write the family's oracle executions as chat conversations, for `gyre train sft`.
 
     Each line is ``{"messages": [...], "tools": [...]}`` (the conversational format TRL's
     SFTTrainer reads too): the system prompt, the task, the oracle's tool call, the tool's
     output and the answer, with the tools the reference agent offers (``--no-delegate``), so
-    a warm-up renders them as the rollout will. Held-out problems are never drawn.
+    a warm-up renders them as the rollout will. Held-out problems are never drawn. With
+    ``--harness mini-swe-agent`` each line is mini-swe-agent's conversation with our config
+    instead: no tools, the actions as bash blocks in text, the answer as its submit command.
     """
     import json
 
@@ -257,13 +264,22 @@ def demos(
     from gyre.harness.families.registry import demonstration
     from gyre.harness.families.toolproto import SYSTEM
 
+    from .mini_tools import demonstration as mini_demonstration
     from .reference_agent import TOOLS
 
+    if harness not in ("reference", "mini-swe-agent"):
+        fail("harness demos", f"unknown --harness {harness!r} (known: reference, mini-swe-agent)")
+    if harness == "mini-swe-agent" and system is not None:
+        fail("harness demos", "--system: mini-swe-agent's comes from gyre/harness/mini_tools.yaml")
     tools = [TOOLS[k] for k in ("read_file", "write_file", "run_command", "submit")]
     head = [{"role": "system", "content": SYSTEM if system is None else system}]
     try:
         lines = [
-            json.dumps({"messages": head + demonstration(p), "tools": tools})
+            json.dumps(
+                {"messages": mini_demonstration(demonstration(p))}
+                if harness == "mini-swe-agent"
+                else {"messages": head + demonstration(p), "tools": tools}
+            )
             for p in problems(family, seed, "train", n)
         ]
     except ValueError as e:
@@ -273,7 +289,7 @@ def demos(
         out_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
     except OSError as e:
         fail("harness demos", f"cannot write {out_file}: {e.strerror or e}")
-    typer.echo(f"{out_file}: {n} {family} demonstrations (train split, seed {seed})")
+    typer.echo(f"{out_file}: {n} {family} {harness} demonstrations (train split, seed {seed})")
 
 
 @app.command("profiles")

@@ -17,8 +17,52 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 CONFIG = Path(__file__).resolve().with_name("mini_tools.yaml")
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def demonstration(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A family's oracle conversation (the reference agent's: task, tool call, tool output,
+    answer) as mini-swe-agent with :data:`CONFIG` holds it: the config's system prompt, the
+    task as mini's instance message, each tool call as a bash block in the reply's text,
+    each output as mini's observation (a user turn), and the answer as the submit command.
+    A warm-up on these (``gyre harness demos --harness mini-swe-agent``) teaches the format
+    mini parses, which the reference agent's demonstrations do not: there the answer is a
+    reply, here it must be a command."""
+    import yaml  # type: ignore[import-untyped]  # yaml, jinja2: as mini reads and renders
+    from jinja2 import StrictUndefined, Template
+
+    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    obs = Template(cfg["model"]["observation_template"], undefined=StrictUndefined)
+    out: list[dict[str, Any]] = [{"role": "system", "content": cfg["agent"]["system_template"]}]
+    for m in messages:
+        if m["role"] == "user":
+            out.append({"role": "user", "content": m["content"]})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            (call,) = m["tool_calls"]
+            out.append(
+                {"role": "assistant", "content": _block(call["function"]["arguments"]["command"])}
+            )
+        elif m["role"] == "tool":
+            status, _, output = m["content"].partition("\n")
+            rc = int(status.removeprefix("exit status "))
+            out.append(
+                {"role": "user", "content": obs.render(output={"returncode": rc, "output": output})}
+            )
+        elif m["role"] == "assistant":
+            answer = m["content"].strip().splitlines()[-1]
+            out.append(
+                {"role": "assistant", "content": _block(f"echo {SUBMIT} && echo '{answer}'")}
+            )
+        else:
+            raise ValueError(f"a demonstration turn mini-swe-agent has no form for: {m['role']!r}")
+    return out
+
+
+def _block(command: str) -> str:
+    return f"```bash\n{command}\n```"
 
 
 def submission(trajectory: Path) -> str:

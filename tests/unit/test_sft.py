@@ -42,6 +42,36 @@ def test_calc_oracle_runs_and_scores_one() -> None:
         assert score(conv[3]["content"], p).reward == 1.0
 
 
+def test_mini_swe_agent_demonstration_is_what_mini_parses_and_submits() -> None:
+    """The mini-swe-agent warm-up's conversations: each reply is one action under mini's own
+    regex, each observation is what mini renders for that command's real output, and the
+    submit command's output is a submission mini accepts and the verifier scores 1."""
+    import re
+
+    import yaml  # type: ignore[import-untyped]
+
+    from gyre.harness.mini_tools import CONFIG, SUBMIT
+    from gyre.harness.mini_tools import demonstration as mini_demonstration
+
+    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    regex = cfg["model"]["action_regex"]
+    for p in problems("calc", 3, "train", 6):
+        conv = mini_demonstration(demonstration(p))
+        assert [m["role"] for m in conv] == ["system", "user", "assistant", "user", "assistant"]
+        assert conv[0]["content"] == cfg["agent"]["system_template"] and "tools" not in conv[0]
+        assert conv[1]["content"] == p.instruction
+        outputs = []
+        for reply in (conv[2], conv[4]):
+            (action,) = re.findall(regex, reply["content"], re.DOTALL)
+            outputs.append(
+                subprocess.run(["bash", "-c", action], capture_output=True, text=True, check=True)
+            )
+        assert conv[3]["content"] == f"exit status 0\n{outputs[0].stdout}"
+        first, *rest = outputs[1].stdout.splitlines(keepends=True)
+        assert first.strip() == SUBMIT  # mini's own test for a finished run
+        assert score("".join(rest), p).reward == 1.0
+
+
 def test_family_without_oracle_is_refused() -> None:
     (p,) = problems("lookup", 0, "train", 1)
     with pytest.raises(ValueError, match="no oracle"):
@@ -103,6 +133,7 @@ def test_sft_user_mistakes_are_one_line(tool_model: Path, tmp_path: Path) -> Non
         (["train", "sft", str(tool_model), str(tmp_path / "none"), str(tmp_path / "o")], "no such"),
         (["train", "sft", str(tmp_path), str(bad), str(tmp_path / "o")], "MODEL_DIR"),
         (["harness", "demos", "lookup", str(tmp_path / "d.jsonl")], "no oracle"),
+        (["harness", "demos", "calc", str(tmp_path / "d.jsonl"), "--harness", "x"], "--harness"),
     ]
     for args, needle in cases:
         r = runner.invoke(app, args)
