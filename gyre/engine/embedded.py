@@ -636,6 +636,7 @@ class EmbeddedEngine(Engine):
                 prefix_cache_bytes=pc.bytes,
                 prefix_cache_hits=pc.hits,
                 prefix_cache_misses=pc.misses,
+                prefix_cache_hit_tokens=pc.hit_tokens,
             )
         return out
 

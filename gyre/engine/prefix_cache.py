@@ -41,6 +41,7 @@ class PrefixCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        self.hit_tokens = 0  # prompt tokens served from here instead of prefilled
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -94,5 +95,6 @@ class PrefixCache:
             return None
         self._entries.move_to_end(best_key)
         self.hits += 1
+        self.hit_tokens += best_n
         e = self._entries[best_key]
         return best_n, [(k[:, :, :best_n, :], v[:, :, :best_n, :]) for k, v in e.kv]

@@ -87,7 +87,9 @@ class Cell:
         self.parked = False  # the engine is kept, paused, while the cell trains (vLLM)
         self.role: str | None = None  # "rollout" or "training" once it took one
         self._leaving: float | None = None  # when this cell began to leave its role
-        self._released: dict[str, float] = {}  # heap.release() of the last role left
+        self._released: dict[
+            str, Any
+        ] = {}  # heap.release() of the last role left, and the engine's counts
 
     def _comm(self):
         if self.devices > 1:  # the sharded trainer holds its own groups
@@ -189,8 +191,9 @@ class Cell:
         weights and K/V with it; a vLLM server (30-90 s to start) is paused and kept."""
         self._leave()
         if self.engine is None or self.engine.url is None or not keeps_engine(self.ecfg):
+            did = _served(self.engine)
             self.stop_engine()
-            self._released = release()  # the engine's pages back to the machine (gyre.runtime.heap)
+            self._released = release() | did  # its pages back to the machine (gyre.runtime.heap)
             return
         asyncio.run(_pause(self.engine.url))
         self.parked = True
@@ -371,6 +374,18 @@ class Cell:
             self._publisher = MemoryPublisher(node_ip())
         params = named_params(model)
         return self._publisher.publish(version, params, urls)
+
+
+# what an embedded engine did in its rollout phase, for the switch record that ends it: its
+# prefix cache (hits, misses, tokens served from it) against the tokens it prefilled, which
+# is how much a conversation's growing prefix is reused across its turns
+SERVED = ("prefix_cache_hits", "prefix_cache_misses", "prefix_cache_hit_tokens", "prefill_tokens")
+
+
+def _served(svc: EngineService | None) -> dict[str, dict[str, int]]:
+    st = svc.engine.stats() if svc is not None and svc.engine is not None else {}
+    got = {k: int(st[k]) for k in SERVED if k in st}
+    return {"engine": got} if got else {}
 
 
 def _start_timeout(ecfg: RolloutEngineConfig) -> float:

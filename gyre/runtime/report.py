@@ -107,6 +107,32 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def prefix_cache(rundir: RunDir) -> dict[str, Any]:
+    """The embedded engines' prefix cache over the run, from the cells' switch records (each
+    rollout phase's engine, counted when it leaves): ``hit_rate`` is the share of admitted
+    prompts that found a shared prefix (another turn of their conversation, or the system
+    prompt of another), ``token_share`` the share of prompt tokens served from the cache
+    instead of prefilled. Empty when no engine reported (vLLM, SGLang, a run still going)."""
+    got = {k: 0 for k in ("hits", "misses", "hit_tokens", "prefill_tokens")}
+    phases = 0
+    for log in sorted(rundir.logs.glob("cell-*.jsonl")):
+        for r in rundir.read_jsonl(f"{rundir.logs.name}/{log.name}"):
+            e = r.get("engine") if r.get("event") == "switch" else None
+            if isinstance(e, dict):
+                phases += 1
+                for k in got:
+                    got[k] += int(e.get(k if k == "prefill_tokens" else f"prefix_cache_{k}", 0))
+    if not phases:
+        return {}
+    lookups, prompt = got["hits"] + got["misses"], got["hit_tokens"] + got["prefill_tokens"]
+    return {
+        "engine_phases": phases,
+        **got,
+        "hit_rate": round(got["hits"] / lookups, 4) if lookups else None,
+        "token_share": round(got["hit_tokens"] / prompt, 4) if prompt else None,
+    }
+
+
 def summarize(
     records: Records,
     cluster: Cluster,
@@ -165,6 +191,7 @@ def summarize(
             "engine_errors": pool.get("engine_errors", 0),
             **reroutes,
         },
+        "prefix_cache": prefix_cache(rundir),
         "switches": {
             d: {
                 "count": len(v),

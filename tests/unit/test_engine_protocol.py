@@ -230,6 +230,7 @@ def test_prefix_cache_lcp_lru_budget_and_supersede():
     n, _ = pc.lookup(list(range(10)))
     assert n == 9  # one token left to run for logits
     assert pc.lookup([0, 1, 2, 50]) is None  # shares 3 < min_tokens
+    assert (pc.hits, pc.misses, pc.hit_tokens) == (2, 2, 6 + 9)  # what a run's report sums
     pc.put(list(range(20)), kv(20))  # extends the first: replaces it
     assert len(pc) == 1 and pc.bytes == 20 * 32
     pc.put([7] * 30, kv(30))  # over budget: the older entry goes
