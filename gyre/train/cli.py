@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from gyre.cli_errors import fail
+from gyre.cli_errors import fail, first_line
 
 app = typer.Typer(
     help="Trainer: local elastic cells on synthetic groups, checkpoints.", no_args_is_help=True
@@ -119,7 +119,7 @@ def sft(
     try:
         res = train(model_dir, convs, out_dir, tools=tools, settings=settings, progress=progress)
     except ValueError as e:
-        fail("train sft", str(e).splitlines()[0])
+        fail("train sft", first_line(e))
     typer.echo(
         f"{out_dir}: {res.demonstrations} demonstrations, {res.target_tokens} target tokens, "
         f"loss {res.losses[0]:.3f} -> {res.losses[-1]:.3f} in {res.seconds:.0f} s"
