@@ -198,6 +198,18 @@ class Cell:
         asyncio.run(_pause(self.engine.url))
         self.parked = True
 
+    def log_engine_phase(self) -> None:
+        """The run ends with this cell serving: log what its engine did in that last phase (the
+        switch records hold only phases that ended in a switch, and an Async run's rollout
+        cells never switch)."""
+        did = _served(self.engine)
+        if did and not self.local:
+            log.info(
+                "cell %d: engine phase closed by the run's end",
+                self.index,
+                extra={"event": "engine_phase", "cell": self.index, **did},
+            )
+
     def stop_engine(self) -> None:
         """Drop the engine: its weights and K/V go with it (a vLLM server is stopped)."""
         if self.engine is not None:

@@ -283,6 +283,14 @@ class Cluster:
 
         return ranks.new_cell(make, res.devices)
 
+    async def close_engine_phases(self) -> None:
+        """Every cell still serving logs its engine's counts (``Cell.log_engine_phase``); one
+        that cannot (gone at the run's end) only leaves its phase out of the run's figures."""
+        serving = [self.cells[i] for i, url in enumerate(self.urls) if url is not None]
+        await asyncio.gather(
+            *[c.log_engine_phase.remote() for c in serving], return_exceptions=True
+        )
+
     async def build_world(self) -> str:
         """Every cell (re)joins a fresh gloo world and builds its prefix communicators
         (collective). Its rendezvous is a fresh file in the driver's private folder when every

@@ -109,7 +109,8 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def prefix_cache(rundir: RunDir) -> dict[str, Any]:
     """The embedded engines' prefix cache over the run, from the cells' switch records (each
-    rollout phase's engine, counted when it leaves): ``hit_rate`` is the share of admitted
+    rollout phase's engine, counted when it leaves) and the phases the run's end closed
+    (``engine_phase``): ``hit_rate`` is the share of admitted
     prompts that found a shared prefix (another turn of their conversation, or the system
     prompt of another), ``token_share`` the share of prompt tokens served from the cache
     instead of prefilled. Empty when no engine reported (vLLM, SGLang, a run still going)."""
@@ -117,7 +118,7 @@ def prefix_cache(rundir: RunDir) -> dict[str, Any]:
     phases = 0
     for log in sorted(rundir.logs.glob("cell-*.jsonl")):
         for r in rundir.read_jsonl(f"{rundir.logs.name}/{log.name}"):
-            e = r.get("engine") if r.get("event") == "switch" else None
+            e = r.get("engine") if r.get("event") in ("switch", "engine_phase") else None
             if isinstance(e, dict):
                 phases += 1
                 for k in got:

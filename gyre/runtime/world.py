@@ -241,6 +241,7 @@ class RealWorld:
             progress.message(f"final evaluation of version {final}")
             self.execs.start_eval(final)
         await self.execs.wait_evals()
+        await self.cluster.close_engine_phases()  # for the run's prefix-cache figures
 
     # ------------------------------------------------------------------ actions
     def carry_out(self, actions: list) -> None:

@@ -407,7 +407,7 @@ def test_switches_and_publications(done):
     assert disk["checkpoints"] > 0 and disk["published_weights"] > 0 and disk["traces"] > 0
     # each rollout phase's engine reported its prefix cache when it left (issue 35's hit rate)
     pc = s["prefix_cache"]
-    assert pc["engine_phases"] >= s["switches"]["training"]["count"] - 1, pc
+    assert pc["engine_phases"] >= s["switches"]["training"]["count"], pc  # + the run's end
     assert pc["prefill_tokens"] > 0 and pc["hits"] + pc["misses"] > 0, pc
     assert 0 <= pc["hit_rate"] <= 1 and 0 <= pc["token_share"] < 1, pc
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def test_the_prefix_cache_figures_of_a_run_sum_the_engines_switch_records(tmp_path):
     """report.prefix_cache reads what each rollout phase's engine said when it left (the
-    cell's switch record): hits and misses per admitted prompt, tokens served and prefilled."""
+    cell's switch record) or when the run ended (``engine_phase``): hits and misses per
+    admitted prompt, tokens served and prefilled."""
     import json
 
     from gyre.runtime.report import prefix_cache
@@ -32,7 +33,7 @@ def test_the_prefix_cache_figures_of_a_run_sum_the_engines_switch_records(tmp_pa
     (rd.logs / "cell-2.jsonl").write_text(
         json.dumps(
             {
-                "event": "switch",
+                "event": "engine_phase",  # serving when the run ended (an Async rollout cell)
                 "engine": {
                     "prefix_cache_hits": 1,
                     "prefix_cache_misses": 3,
