@@ -87,9 +87,8 @@ class Cell:
         self.parked = False  # the engine is kept, paused, while the cell trains (vLLM)
         self.role: str | None = None  # "rollout" or "training" once it took one
         self._leaving: float | None = None  # when this cell began to leave its role
-        self._released: dict[
-            str, Any
-        ] = {}  # heap.release() of the last role left, and the engine's counts
+        # heap.release() of the last role left, and its engine's counts (_served)
+        self._released: dict[str, Any] = {}
 
     def _comm(self):
         if self.devices > 1:  # the sharded trainer holds its own groups

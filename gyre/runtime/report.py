@@ -110,10 +110,10 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def prefix_cache(rundir: RunDir) -> dict[str, Any]:
     """The embedded engines' prefix cache over the run, from the cells' switch records (each
     rollout phase's engine, counted when it leaves) and the phases the run's end closed
-    (``engine_phase``): ``hit_rate`` is the share of admitted
-    prompts that found a shared prefix (another turn of their conversation, or the system
-    prompt of another), ``token_share`` the share of prompt tokens served from the cache
-    instead of prefilled. Empty when no engine reported (vLLM, SGLang, a run still going)."""
+    (``engine_phase``). ``hit_rate`` is the share of admitted prompts that found a shared
+    prefix (another turn of their conversation, or the system prompt of another);
+    ``token_share`` the share of prompt tokens served from the cache instead of prefilled.
+    Empty when no engine reported (vLLM, SGLang, a run still going)."""
     got = {k: 0 for k in ("hits", "misses", "hit_tokens", "prefill_tokens")}
     phases = 0
     for log in sorted(rundir.logs.glob("cell-*.jsonl")):
