@@ -26,8 +26,9 @@ if [ ! -d runs/tasks/calc ]; then
 fi
 # the warm-up (issue 34, docs/real-model.md): the base model gets no calc problem right, so
 # RL's groups have nothing to rank; 2 supervised steps on oracle executions of other
-# train-split problems (seed 1) give it the protocol. Skipped once runs/smollm2-sft exists.
-if [ ! -f runs/smollm2-sft/sft.json ]; then
+# train-split problems (seed 1) give it the protocol. Skipped once runs/smollm2-sft exists,
+# and with --mini, which has its own (below).
+if [ "$mini" = 0 ] && [ ! -f runs/smollm2-sft/sft.json ]; then
   gyre harness demos calc runs/demos/calc.jsonl --n 128 --seed 1
   gyre train sft runs/smollm2-tools runs/demos/calc.jsonl runs/smollm2-sft --steps 2
 fi

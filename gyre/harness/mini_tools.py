@@ -12,6 +12,7 @@ harness timeout leaves no answer.txt, and its workspace scores 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import subprocess
@@ -31,12 +32,8 @@ def demonstration(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     A warm-up on these (``gyre harness demos --harness mini-swe-agent``) teaches the format
     mini parses, which the reference agent's demonstrations do not: there the answer is a
     reply, here it must be a command."""
-    import yaml  # type: ignore[import-untyped]  # yaml, jinja2: as mini reads and renders
-    from jinja2 import StrictUndefined, Template
-
-    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    obs = Template(cfg["model"]["observation_template"], undefined=StrictUndefined)
-    out: list[dict[str, Any]] = [{"role": "system", "content": cfg["agent"]["system_template"]}]
+    system, obs = _templates()
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for m in messages:
         if m["role"] == "user":
             out.append({"role": "user", "content": m["content"]})
@@ -59,6 +56,18 @@ def demonstration(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             raise ValueError(f"a demonstration turn mini-swe-agent has no form for: {m['role']!r}")
     return out
+
+
+@functools.cache
+def _templates() -> tuple[str, Any]:
+    """mini's system prompt and observation template from :data:`CONFIG` (read once, not
+    once per demonstration)."""
+    import yaml  # type: ignore[import-untyped]  # yaml, jinja2: as mini reads and renders
+    from jinja2 import StrictUndefined, Template
+
+    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    obs = Template(cfg["model"]["observation_template"], undefined=StrictUndefined)
+    return cfg["agent"]["system_template"], obs
 
 
 def _block(command: str) -> str:

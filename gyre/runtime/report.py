@@ -107,6 +107,15 @@ def execution_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# the summary's name of each engine count a cell logs (gyre.runtime.cell.SERVED)
+_ENGINE_COUNTS = {
+    "hits": "prefix_cache_hits",
+    "misses": "prefix_cache_misses",
+    "hit_tokens": "prefix_cache_hit_tokens",
+    "prefill_tokens": "prefill_tokens",
+}
+
+
 def prefix_cache(rundir: RunDir) -> dict[str, Any]:
     """The embedded engines' prefix cache over the run, from the cells' switch records (each
     rollout phase's engine, counted when it leaves) and the phases the run's end closed
@@ -114,15 +123,15 @@ def prefix_cache(rundir: RunDir) -> dict[str, Any]:
     prefix (another turn of their conversation, or the system prompt of another);
     ``token_share`` the share of prompt tokens served from the cache instead of prefilled.
     Empty when no engine reported (vLLM, SGLang, a run still going)."""
-    got = {k: 0 for k in ("hits", "misses", "hit_tokens", "prefill_tokens")}
+    got = dict.fromkeys(_ENGINE_COUNTS, 0)
     phases = 0
     for log in sorted(rundir.logs.glob("cell-*.jsonl")):
         for r in rundir.read_jsonl(f"{rundir.logs.name}/{log.name}"):
             e = r.get("engine") if r.get("event") in ("switch", "engine_phase") else None
             if isinstance(e, dict):
                 phases += 1
-                for k in got:
-                    got[k] += int(e.get(k if k == "prefill_tokens" else f"prefix_cache_{k}", 0))
+                for k, stat in _ENGINE_COUNTS.items():
+                    got[k] += int(e.get(stat, 0))
     if not phases:
         return {}
     lookups, prompt = got["hits"] + got["misses"], got["hit_tokens"] + got["prefill_tokens"]
