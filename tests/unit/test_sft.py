@@ -134,6 +134,11 @@ def test_sft_user_mistakes_are_one_line(tool_model: Path, tmp_path: Path) -> Non
         (["train", "sft", str(tmp_path), str(bad), str(tmp_path / "o")], "MODEL_DIR"),
         (["harness", "demos", "lookup", str(tmp_path / "d.jsonl")], "no oracle"),
         (["harness", "demos", "calc", str(tmp_path / "d.jsonl"), "--harness", "x"], "--harness"),
+        (
+            ["harness", "demos", "calc", str(tmp_path / "d.jsonl"), "--harness", "mini-swe-agent"]
+            + ["--system", "x"],
+            "mini_tools.yaml",
+        ),
     ]
     for args, needle in cases:
         r = runner.invoke(app, args)
