@@ -16,11 +16,11 @@ controller overhead per event, and how long training cells wait within a step.
    pauses, reloads from disk, resumes), under the same live load. Baseline: the cold engine
    start of (1), what restarting the engines on new weights would cost instead.
 3. Controller overhead per event in a short real ``gyre run`` (examples/quickstart.toml, 3 steps,
-   no evaluation): ``SchedulingPolicy.handle(event)`` plus ``RealWorld.carry_out(actions)``,
-   timed by wrapping both from outside (library code unchanged); an AssignGroup's parts (traces
-   to trees, packing, the tasks into the object store) from the run's own spans
-   (``Records.assigns``). Reference peer: the simulator's per-event cost (``policy.handle`` +
-   ``World._apply``) on the same policy config.
+   no evaluation): ``SchedulingPolicy.handle(event)`` plus ``RealWorld.carry_out(actions)``, and
+   an AssignGroup's parts (traces to trees, packing, the tasks into the object store), all from
+   the run's own record (``summary.json`` ``controller``: the main loop times both calls, the
+   world its AssignGroup spans). Reference peer: the simulator's per-event cost
+   (``policy.handle`` + ``World._apply``, its ``World.event_costs``) on the same policy config.
 4. Per step of that run: how long each training cell computed and how long it waited (time in
    the training role within the step minus its busy intervals), from the run's own records
    (the world's role segments and busy intervals, which ``timeline.png`` draws; step windows
@@ -428,51 +428,47 @@ def print_publish(r: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------- 3 + 4
+class KeepRecords:
+    """A rig (``gyre.runtime.handles.Rig``, attached through ``loop.run(rigs=...)``) that only
+    keeps the world's records, for the per-step table; it adds nothing to the run."""
+
+    name = "bench_records"
+
+    def __init__(self, world) -> None:
+        self.records, self.K = world.records, world.K
+
+    async def run(self) -> None:
+        return None
+
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def rows(self) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
 def bench_run(cfg, tmp: Path) -> dict:
-    """A short real run with handle() and carry_out() timed from outside."""
-    from gyre.policy import SchedulingPolicy
+    """A short real run; the controller's cost per event is its own record (``summary.json``
+    ``controller``: the main loop times each ``policy.handle`` and ``world.carry_out``)."""
     from gyre.runtime import loop
-    from gyre.runtime.world import RealWorld
 
-    handle_t: list[tuple[float, str]] = []
-    carry_t: list[tuple[float, tuple]] = []
-    worlds: list = []
-    orig_handle, orig_carry = SchedulingPolicy.handle, RealWorld.carry_out
+    kept: list[KeepRecords] = []
 
-    def handle(self, event):
-        t0 = time.perf_counter()
-        acts = orig_handle(self, event)
-        handle_t.append((time.perf_counter() - t0, type(event).__name__))
-        return acts
+    def keep(world) -> KeepRecords:
+        kept.append(KeepRecords(world))
+        return kept[-1]
 
-    def carry_out(self, actions):
-        if not worlds:
-            worlds.append(self)
-        t0 = time.perf_counter()
-        orig_carry(self, actions)
-        carry_t.append((time.perf_counter() - t0, tuple(type(x).__name__ for x in actions)))
-
-    # the public entry points are timed from outside; AssignGroup's parts are the run's own
-    # spans (RealWorld.records.assigns)
-    SchedulingPolicy.handle, RealWorld.carry_out = handle, carry_out
-    try:
-        t0 = time.perf_counter()
-        summary = loop.run(cfg, run_dir=tmp / "run", quiet=True)
-        wall = time.perf_counter() - t0
-    finally:
-        SchedulingPolicy.handle, RealWorld.carry_out = orig_handle, orig_carry
-    assigns = worlds[0].records.assigns
-    # carry_out #0 follows policy.start(); carry_out #i+1 carries out what handle #i returned
-    per_event = [(h + c, ev, acts) for (h, ev), (c, acts) in zip(handle_t, carry_t[1:])]
+    t0 = time.perf_counter()
+    summary = loop.run(cfg, run_dir=tmp / "run", quiet=True, rigs=[keep])
+    wall = time.perf_counter() - t0
     rows = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
     return {
-        "per_event": per_event,
-        "handle": [h for h, _ in handle_t],
-        "carry": [c for c, _ in carry_t[1:]],
-        "assign": [a["all"] for a in assigns],
-        "assign_parts": {k: [a[k] for a in assigns] for k in ("trees", "pack", "put")},
-        "n_tasks": int(sum(a["tasks"] for a in assigns)),
-        "world": worlds[0],
+        "controller": summary["controller"],
+        "records": kept[0].records,
+        "K": kept[0].K,
         "summary": summary,
         "metrics": rows,
         "wall": wall,
@@ -480,11 +476,10 @@ def bench_run(cfg, tmp: Path) -> dict:
 
 
 def bench_sim(cfg) -> dict:
-    """The simulator on the same policy config: per-event policy.handle + World._apply."""
-    from gyre.policy import SchedulingPolicy
+    """The simulator on the same policy config: per-event policy.handle + World._apply, from the
+    simulator's own record (``World.event_costs``)."""
     from gyre.sim.config import SIM_HOLD_TAU_H, PlacementSpec, SimConfig
-    from gyre.sim.run import simulate
-    from gyre.sim.world import World
+    from gyre.sim.run import run_world
 
     p = cfg.policy
     # the run's own rules, embedded; the simulator keeps its hours (tau = 2 min) and
@@ -494,80 +489,70 @@ def bench_sim(cfg) -> dict:
         policy=p.model_copy(update={"hold_tau": SIM_HOLD_TAU_H, "micro_steps_per_execution": 1}),
         placements={"x": PlacementSpec(placement=p.placement)},
     )
-    per: list[float] = []
-    h_t: list[float] = []
-    orig_handle, orig_apply = SchedulingPolicy.handle, World._apply
-    pending = [0.0]
-
-    def handle(self, event):
-        t0 = time.perf_counter()
-        acts = orig_handle(self, event)
-        pending[0] = time.perf_counter() - t0
-        h_t.append(pending[0])
-        return acts
-
-    def apply(self, acts):
-        t0 = time.perf_counter()
-        orig_apply(self, acts)
-        if h_t:
-            per.append(pending[0] + time.perf_counter() - t0)
-
-    SchedulingPolicy.handle, World._apply = handle, apply
-    try:
-        for _ in range(3):  # repeated: the per-event figures pool over all three
-            simulate(scfg, ["x"], record=True)
-    finally:
-        SchedulingPolicy.handle, World._apply = orig_handle, orig_apply
-    return {"per_event": per, "handle": h_t, "steps": p.total_steps}
+    costs: list[tuple[float, float]] = []
+    for _ in range(3):  # repeated: the per-event figures pool over all three
+        costs += run_world(scfg, "x").event_costs
+    return {
+        "per_event": [h + a for h, a in costs],
+        "handle": [h for h, _ in costs],
+        "steps": p.total_steps,
+    }
 
 
 def print_controller(run: dict, sim: dict) -> None:
-    ev = [x for x, _, _ in run["per_event"]]
+    ctl = run["controller"]
     sv = sim["per_event"]
     print(
         f"\n3. controller overhead per event: policy.handle(event) + world.carry_out(actions); real run "
-        f"{len(ev)} events ({run['summary']['steps']} steps, {run['wall']:.0f} s wall); "
-        f"simulator {len(sv)} events (3 x {sim['steps']} steps)"
+        f"{ctl['per_event']['n']} events ({run['summary']['steps']} steps, {run['wall']:.0f} s wall; "
+        f"the run's own record, summary.json 'controller'); "
+        f"simulator {len(sv)} events (3 x {sim['steps']} steps, World.event_costs)"
     )
     hdr = f"{'what':<52}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'vs baseline':>13}"
     print(hdr)
     print("-" * len(hdr))
+    b = p50(sv) * 1e3
 
-    def row(label, xs, base=None):
-        ms = [x * 1e3 for x in xs]
-        ratio = f"{p50(xs) / base:>12.1f}x" if base else f"{'':>13}"
+    def row(label, q, base=None):
+        if not q["n"]:
+            print(f"{label:<52}{'none':>9}")
+            return
+        ratio = f"{q['p50_ms'] / base:>12.1f}x" if base else f"{'':>13}"
         print(
-            f"{label:<52}{pct(ms, 0.5):>9.3f}{pct(ms, 0.9):>9.3f}{pct(ms, 0.99):>9.3f}{max(ms):>9.3f}{ratio}"
+            f"{label:<52}{q['p50_ms']:>9.3f}{q['p90_ms']:>9.3f}{q['p99_ms']:>9.3f}{q['max_ms']:>9.3f}{ratio}"
         )
 
-    b = p50(sv)
-    row("gyre run: handle + carry_out (goal p50 < 1 ms)", ev, b)
-    row("  policy.handle", run["handle"])
-    row("  world.carry_out", run["carry"])
-    if run["assign"]:
-        n = len(run["assign"])
-        row(f"  of which AssignGroup (pack one group, {n}x)", run["assign"])
-        ap = run["assign_parts"]
-        row("    trees from traces (group_from_traces)", ap["trees"])
-        row("    packing (pack_groups)", ap["pack"])
-        row(f"    tasks into the object store ({run['n_tasks']} in all)", ap["put"])
-    no_assign = [x for x, _, acts in run["per_event"] if "AssignGroup" not in acts]
-    row("  events whose actions hold no AssignGroup", no_assign, b)
-    row("baseline: simulator handle + _apply (same policy)", sv, b)
-    worst = sorted(run["per_event"], key=lambda x: -x[0])[:3]
+    row("gyre run: handle + carry_out (goal p50 < 1 ms)", ctl["per_event"], b)
+    row("  policy.handle", ctl["handle"])
+    row("  world.carry_out", ctl["carry_out"])
+    a = ctl["assign"]
+    if a["all"]["n"]:
+        row(f"  of which AssignGroup (pack one group, {a['all']['n']}x)", a["all"])
+        row("    trees from traces (group_from_traces)", a["trees"])
+        row("    packing (pack_groups)", a["pack"])
+        row(f"    tasks into the object store ({ctl['assign_tasks']} in all)", a["put"])
+    row("  events whose actions hold no AssignGroup", ctl["without_assign"], b)
+    ms = sorted(x * 1e3 for x in sv)
+    sim_q = {
+        "n": len(ms),
+        "p50_ms": pct(ms, 0.5),
+        "p90_ms": pct(ms, 0.9),
+        "p99_ms": pct(ms, 0.99),
+        "max_ms": max(ms, default=float("nan")),
+    }
+    row("baseline: simulator handle + _apply (same policy)", sim_q, b)
     print(
         "slowest real events: "
         + "; ".join(
-            f"{e} -> {','.join(sorted(set(acts))) or 'no action'} {x * 1e3:.1f} ms"
-            for x, e, acts in worst
+            f"{x['event']} -> {','.join(sorted(set(x['actions']))) or 'no action'} {x['ms']:.1f} ms"
+            for x in ctl["slowest"]
         )
     )
 
 
 def print_idle(run: dict) -> None:
     """Per step: each training cell's compute vs wait inside the step window."""
-    world, rows = run["world"], run["metrics"]
-    K = world.K
+    records, rows, K = run["records"], run["metrics"], run["K"]
 
     def overlap(iv, s, e):
         return sum(max(0.0, min(b, e) - max(a, s)) for a, b in iv)
@@ -584,14 +569,14 @@ def print_idle(run: dict) -> None:
     print(hdr)
     print("-" * len(hdr))
     tot_train = tot_wait = 0.0
-    for i, (s, e) in enumerate(world.records.steps):
+    for i, (s, e) in enumerate(records.steps):
         cells = ""
         train_all = wait_all = switching = 0.0
         for c in range(K):
-            segs = world.records.segments[c]
+            segs = records.segments[c]
             tr = overlap([(a, b) for a, b, r in segs if r == "training"], s, e)
             sw = overlap([(a, b) for a, b, r in segs if r.startswith("to_")], s, e)
-            busy = overlap(world.records.busy[c], s, e)
+            busy = overlap(records.busy[c], s, e)
             wait = max(0.0, tr - busy)
             train_all += tr
             wait_all += wait
@@ -605,7 +590,7 @@ def print_idle(run: dict) -> None:
     print(
         "groups per step (metrics.jsonl batch/groups): "
         + str([r["batch/groups"] for r in rows])
-        + f"; AssignGroup carried out {len(run['assign'])}x"
+        + f"; AssignGroup carried out {run['controller']['assign']['all']['n']}x"
     )
     print(
         f"all steps: training cells waited {tot_wait:.2f} s of {tot_train:.2f} s in the training role "

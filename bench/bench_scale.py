@@ -6,11 +6,12 @@ stand when the synthetic harness keeps the cells full.
 
 One real run (``examples/quickstart.toml`` with the tiny model, reshaped: K=4 elastic cells,
 C_e=40, N=8, B=4; harness profile ``synthetic``: each execution is one stdlib Python process
-making a few model calls over a long-tailed virtual duration, scaled to seconds) instrumented
-from outside, library code unchanged:
+making a few model calls over a long-tailed virtual duration, scaled to seconds), read from its
+own records and sampled by a probe attached through the run's rig hook (``loop.run(rigs=...)``):
 
 1. Controller: ``SchedulingPolicy.handle(event)`` + ``RealWorld.carry_out(actions)`` per event,
-   timed by wrapping both (as bench_runtime does); events per second over the makespan.
+   as the main loop records them (``summary.json`` ``controller``); events per second over the
+   makespan.
    Baseline (peer): the simulator's per-event cost, ``policy.handle`` + ``World._apply``, on the
    same policy config (bench_runtime's ``bench_sim``). The driver's event-loop lag (a 50 ms
    sleep's overshoot, sampled all run) says whether the loop itself keeps up.
@@ -144,22 +145,42 @@ def ray_system_pids() -> list[int]:
 
 # ------------------------------------------------------------------------------ the instrumented run
 class Probe:
-    """Samples the live run from inside the driver's event loop (never from another thread)."""
+    """Samples the live run from inside the driver's event loop (never from another thread): a
+    rig (``gyre.runtime.handles.Rig``) attached through ``loop.run(rigs=...)``, started once the
+    cells are up; the world cancels it first when the run stops, before the cells go, so its
+    last act reads their CPU. With ``profile``, cProfile covers the driver's main thread over
+    the same span."""
 
-    def __init__(self) -> None:
-        self.world = None
+    name = "bench_scale_probe"
+
+    def __init__(self, world, profile: cProfile.Profile | None = None) -> None:
+        self.world = world
+        self.profile = profile
         self.running: list[tuple[float, int]] = []
         self.answered: list[tuple[float, int]] = []
         self.inflight: list[int] = []
         self.lag: list[float] = []
         self.cell_cpu: dict[str, float] = {}
         self.threads: dict[str, float] = {}
-        self._tasks: list[asyncio.Task] = []
 
-    def start(self, world) -> None:
-        self.world = world
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._fast()), loop.create_task(self._slow())]
+    async def run(self) -> None:
+        if self.profile is not None:
+            self.profile.enable()
+        try:
+            await asyncio.gather(self._fast(), self._slow())
+        finally:  # cancelled by the world's stop, before the cells go
+            if self.profile is not None:
+                self.profile.disable()
+            self._last()
+
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def rows(self) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        return None
 
     async def _fast(self) -> None:
         while True:
@@ -181,10 +202,8 @@ class Probe:
             self.answered.append((time.monotonic(), int(st["counters"].get("answered", 0))))
             self.inflight.append(sum(e["inflight"] for e in st["pool"]["engines"]))
 
-    def stop(self) -> None:
+    def _last(self) -> None:
         """Before the cells go: their processes' CPU so far, and the driver's threads."""
-        for t in self._tasks:
-            t.cancel()
         pids = [c["pid"] for c in self.world.cluster.placement if "pid" in c]
         self.cell_cpu = {
             "cell processes (engines, trainers)": proc_cpu(pids),
@@ -210,73 +229,28 @@ def launches_of(run_dir: Path) -> list[tuple[float | None, dict]]:
 
 
 def instrumented_run(cfg, tmp: Path, profile: bool) -> dict:
-    from gyre.policy import SchedulingPolicy
+    """The run, with the probe attached; the controller's figures are the run's own record
+    (``summary.json`` ``controller``)."""
     from gyre.runtime import loop
-    from gyre.runtime.world import RealWorld
 
-    probe = Probe()
-    handle_t: list[tuple[float, str]] = []
-    carry_t: list[tuple[float, int]] = []
     prof = cProfile.Profile() if profile else None
-    orig = (
-        SchedulingPolicy.handle,
-        RealWorld.carry_out,
-        RealWorld.start,
-        RealWorld.stop,
-    )
+    probes: list[Probe] = []
 
-    def handle(self, event):
-        t0 = time.perf_counter()
-        acts = orig[0](self, event)
-        handle_t.append((time.perf_counter() - t0, type(event).__name__))
-        return acts
+    def attach(world) -> Probe:
+        probes.append(Probe(world, prof))
+        return probes[-1]
 
-    def carry_out(self, actions):
-        t0 = time.perf_counter()
-        orig[1](self, actions)
-        carry_t.append((time.perf_counter() - t0, len(actions)))
-
-    async def start(self, roles):
-        await orig[2](self, roles)
-        probe.start(self)
-        if prof is not None:
-            prof.enable()
-
-    async def stop(self):
-        if prof is not None:
-            prof.disable()
-        probe.stop()
-        await orig[3](self)
-
-    (
-        SchedulingPolicy.handle,
-        RealWorld.carry_out,
-        RealWorld.start,
-        RealWorld.stop,
-    ) = (handle, carry_out, start, stop)
     c0 = os.times()
-    try:
-        t0 = time.perf_counter()
-        summary = loop.run(cfg, run_dir=tmp / "scale", quiet=True)
-        wall = time.perf_counter() - t0
-    finally:
-        (
-            SchedulingPolicy.handle,
-            RealWorld.carry_out,
-            RealWorld.start,
-            RealWorld.stop,
-        ) = orig
+    t0 = time.perf_counter()
+    summary = loop.run(cfg, run_dir=tmp / "scale", quiet=True, rigs=[attach])
+    wall = time.perf_counter() - t0
     c1 = os.times()
-    per_event = [h + c for (h, _), (c, _) in zip(handle_t, carry_t[1:])]
     return {
         "summary": summary,
         "wall": wall,
-        "per_event": per_event,
-        "handle": [h for h, _ in handle_t],
-        "carry": [c for c, _ in carry_t[1:]],
-        "events": [e for _, e in handle_t],
+        "controller": summary["controller"],
         "launches": launches_of(tmp / "scale"),
-        "probe": probe,
+        "probe": probes[0],
         "children_cpu": (c1.children_user + c1.children_system)
         - (c0.children_user + c0.children_system),
         "profile": prof,
@@ -288,7 +262,8 @@ def report(r: dict, sim: dict | None, a: argparse.Namespace, cfg) -> None:
     s, probe = r["summary"], r["probe"]
     mk = s["makespan_s"]
     p = cfg.policy
-    ev = r["per_event"]
+    ctl = r["controller"]
+    ev = ctl["per_event"]
     peak = max((n for _, n in probe.running), default=0)
     at100 = sum(0.05 for _, n in probe.running if n >= 100)
     print(
@@ -315,18 +290,25 @@ def report(r: dict, sim: dict | None, a: argparse.Namespace, cfg) -> None:
         )
         print(f"{label:<58}{value:>12}{q}")
 
+    def qrow(label: str, value: str, q: dict) -> None:
+        """A row from the run's own quantiles (ms)."""
+        if not q["n"]:
+            return row(label, value)
+        cols = "".join(f"{q[k]:>10.3f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
+        print(f"{label:<58}{value:>12}{cols}")
+
     row("peak concurrent executions (sampled every 0.1 s)", f"{peak}")
     row("  seconds with 100+ running", f"{at100:.1f}")
-    row("controller events handled", f"{len(ev)}")
-    row("controller events per second (over the makespan)", f"{len(ev) / mk:.1f}")
-    row(
+    row("controller events handled", f"{ev['n']}")
+    row("controller events per second (over the makespan)", f"{ev['n'] / mk:.1f}")
+    qrow(
         "controller overhead per event, ms: handle + carry_out",
-        f"{sum(ev) / len(ev) * 1e3:.3f}",
+        f"{ev['total_s'] / max(ev['n'], 1) * 1e3:.3f}",
         ev,
     )
-    row("  policy.handle, ms", "", r["handle"])
-    row("  world.carry_out, ms", "", r["carry"])
-    row("  controller busy share of the makespan", f"{sum(ev) / mk:.1%}")
+    qrow("  policy.handle, ms", "", ctl["handle"])
+    qrow("  world.carry_out, ms", "", ctl["carry_out"])
+    row("  controller busy share of the makespan", f"{ev['total_s'] / mk:.1%}")
     if sim:
         sv = sim["per_event"]
         row(
@@ -334,7 +316,7 @@ def report(r: dict, sim: dict | None, a: argparse.Namespace, cfg) -> None:
             f"{sum(sv) / len(sv) * 1e3:.3f}",
             sv,
         )
-        print(f"{'  runtime / simulator (p50)':<58}{p50(ev) / p50(sv):>11.1f}x")
+        print(f"{'  runtime / simulator (p50)':<58}{ev['p50_ms'] / (p50(sv) * 1e3):>11.1f}x")
     row("driver event-loop lag (50 ms sleep overshoot), ms", "", probe.lag)
     ans = probe.answered
     rates = []

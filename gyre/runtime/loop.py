@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,30 @@ from gyre.policy import CellRole, SchedulingPolicy
 from gyre.runtime import chaos, workload
 from gyre.runtime.calibrate import calibrate
 from gyre.runtime.config import GyreConfig
+from gyre.runtime.handles import Rig
 from gyre.runtime.progress import Progress, closing_lines
+from gyre.runtime.records import ControllerTimes
 from gyre.runtime.report import summarize, write_timeline
 from gyre.runtime.rundir import RunDir
 from gyre.runtime.tasks import TaskStream
 from gyre.runtime.tracking import open_tracker
 from gyre.runtime.world import RealWorld
 
+RigFactory = Callable[[RealWorld], Rig]
+
 
 async def train(
-    cfg: GyreConfig, rundir: RunDir, progress: Progress, resume: dict[str, Any] | None = None
+    cfg: GyreConfig,
+    rundir: RunDir,
+    progress: Progress,
+    resume: dict[str, Any] | None = None,
+    rigs: Sequence[RigFactory] = (),
 ) -> dict:
     """Run the steps left (all of them, or those after ``resume``'s checkpoint), then finish:
     final weights and evaluation, ``summary.json``, ``timeline.png``. A run killed after its
-    last step but before its summary has no step left: this segment only finishes it."""
+    last step but before its summary has no step left: this segment only finishes it.
+    ``rigs``: test or benchmark facilities, each built on the world and attached before the
+    cells start (``RealWorld.attach``)."""
     tasks = TaskStream(cfg.run.taskset, cfg.run.train_tasks, cfg.run.eval_tasks, cfg.seed)
     done = (resume or {}).get("step", 0)
     left = cfg.policy.total_steps - done
@@ -46,6 +57,8 @@ async def train(
     world = RealWorld(cfg, rundir, tasks, resume=resume)
     world.sched_status = policy.status
     chaos.attach(cfg.run.chaos, world)  # a test facility, off by default ([run.chaos])
+    for make in rigs:
+        world.attach(make(world))
     progress.message(
         f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}"
     )
@@ -57,13 +70,14 @@ async def train(
         world.execs.start_eval(world.base_step)  # the starting policy, for comparison
     try:
         if left > 0:
+            clock = world.records.controller  # the loop's own cost per event
             actions = policy.start(world.now())
             while not policy.done:
-                world.carry_out(actions)
+                _carry_out(world, actions, clock)
                 event = await world.next_event(timeout=cfg.run.step_timeout_s)
-                actions = policy.handle(event)
+                actions = _handle(policy, event, clock)
                 _show(progress, world, policy)
-            world.carry_out(actions)  # EndRun: the makespan is taken here
+            _carry_out(world, actions, clock)  # EndRun: the makespan is taken here
         else:  # the engines serve the last checkpoint; its evaluation (above) is the final one
             world.records.makespan = 0.0
             progress.message(f"all {done} steps were done before the restart: finishing the run")
@@ -99,6 +113,20 @@ async def _calibrate(cfg: GyreConfig, progress: Progress) -> dict[str, Any] | No
     return cal
 
 
+def _carry_out(world: RealWorld, actions: list, clock: ControllerTimes) -> None:
+    t0 = time.perf_counter()
+    world.carry_out(actions)
+    clock.carried.append(time.perf_counter() - t0)
+
+
+def _handle(policy: SchedulingPolicy, event, clock: ControllerTimes) -> list:
+    t0 = time.perf_counter()
+    actions = policy.handle(event)
+    names = tuple(type(a).__name__ for a in actions)
+    clock.handled.append((time.perf_counter() - t0, type(event).__name__, names))
+    return actions
+
+
 def _show(progress: Progress, world: RealWorld, policy, *, force: bool = False) -> None:
     progress.update(lambda: world.live(policy.status()), len(world.rundir.step_rows), force=force)
 
@@ -118,7 +146,10 @@ def run(
     resume: dict[str, Any] | None = None,
     quiet: bool = False,
     log_format: str | None = None,
+    rigs: Sequence[RigFactory] = (),
 ) -> dict:
+    """``gyre run``'s body: the run directory, the progress view, the tracker around
+    :func:`train`; returns the summary. ``rigs``: as :func:`train` (benchmarks, tests)."""
     rundir = RunDir(run_dir).create()
     if resume is None:
         rundir.write_config(cfg)
@@ -133,7 +164,7 @@ def run(
             cfg.run.tracking, rundir.path, cfg.model_dump(mode="json"), progress.message
         )
         try:
-            summary = asyncio.run(train(cfg, rundir, progress, resume))
+            summary = asyncio.run(train(cfg, rundir, progress, resume, rigs))
         # broad on purpose (cleanup, re-raised): the tracked run is marked stopped however the
         # run ended (an error, Ctrl-C); a --resume continues it
         except BaseException:

@@ -146,6 +146,67 @@ class StepRecord:
     claims: dict[int, int] = field(default_factory=dict)  # cell -> policy micro-steps it ran
 
 
+def _ms_quantiles(xs: list[float]) -> dict[str, float | int | None]:
+    """p50/p90/p99/max of ``xs`` (seconds) in milliseconds, their count and their sum (s)."""
+    if not xs:
+        return {
+            "n": 0, "total_s": 0.0, "p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None
+        }  # fmt: skip
+    ys = sorted(xs)
+
+    def q(f: float) -> float:
+        k = (len(ys) - 1) * f
+        lo, hi = int(k), min(int(k) + 1, len(ys) - 1)
+        return round((ys[lo] + (ys[hi] - ys[lo]) * (k - lo)) * 1e3, 4)
+
+    return {
+        "n": len(ys),
+        "total_s": round(sum(ys), 4),
+        "p50_ms": q(0.5),
+        "p90_ms": q(0.9),
+        "p99_ms": q(0.99),
+        "max_ms": q(1.0),
+    }
+
+
+@dataclass
+class ControllerTimes:
+    """What the main loop's own work cost per event, on the driver's clock (seconds): each
+    ``policy.handle(event)`` with the event's and its actions' type names, and each
+    ``world.carry_out(actions)``. The first carry-out follows ``policy.start``; carry-out
+    ``i + 1`` carries out what handle ``i`` returned, so an event's cost is the pair. Waiting
+    for the next event is not in it: this is the overhead the controller adds to a run."""
+
+    handled: list[tuple[float, str, tuple[str, ...]]] = field(default_factory=list)
+    carried: list[float] = field(default_factory=list)
+
+    def per_event(self) -> list[tuple[float, float, str, tuple[str, ...]]]:
+        """(handle s, carry-out s, event, actions) per event handled and carried out."""
+        return [(h, c, ev, acts) for (h, ev, acts), c in zip(self.handled, self.carried[1:])]
+
+    def summary(self, assigns: list[dict[str, float]]) -> dict[str, Any]:
+        """``summary.json``'s ``controller``: quantiles per event (all, handle, carry-out, the
+        events whose actions assign a group and the rest), an AssignGroup's parts (from
+        ``assigns``, the world's spans) and the three slowest events."""
+        ev = self.per_event()
+        slow = sorted(ev, key=lambda x: -(x[0] + x[1]))[:3]
+        return {
+            "per_event": _ms_quantiles([h + c for h, c, _, _ in ev]),
+            "handle": _ms_quantiles([h for h, _, _, _ in ev]),
+            "carry_out": _ms_quantiles([c for _, c, _, _ in ev]),
+            "with_assign": _ms_quantiles([h + c for h, c, _, a in ev if "AssignGroup" in a]),
+            "without_assign": _ms_quantiles([h + c for h, c, _, a in ev if "AssignGroup" not in a]),
+            "assign": {
+                k: _ms_quantiles([a[k] for a in assigns]) for k in ("all", "trees", "pack", "put")
+            },
+            "assign_tasks": int(sum(a["tasks"] for a in assigns)),
+            "slowest": [
+                {"ms": round((h + c) * 1e3, 3), "event": e, "actions": list(a)}
+                for h, c, e, a in slow
+            ],
+        }
+
+
 @dataclass
 class Records:
     """Everything the world recorded; ``cells`` cells, all starting in rollout."""
@@ -179,6 +240,8 @@ class Records:
     # what each AssignGroup cost the driver's loop, in seconds: "trees" (traces to trees),
     # "pack" (to micro-step tasks), "put" (the tasks into Ray's object store), "all"; "tasks"
     assigns: list[dict[str, float]] = field(default_factory=list)
+    # what the main loop's handle and carry-out cost per event (gyre.runtime.loop)
+    controller: ControllerTimes = field(default_factory=ControllerTimes)
 
     def fault(
         self,

@@ -221,6 +221,8 @@ def summarize(
             "in_memory": _in_memory([p["memory"] for p in pubs if "memory" in p]),
         },
         "role_shares": records.role_shares(),
+        # the main loop's own cost per event (policy.handle + world.carry_out), ms
+        "controller": records.controller.summary(records.assigns),
         "regime": regime(records, tok_s, calibration),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": cluster.placement,

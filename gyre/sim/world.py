@@ -124,6 +124,9 @@ class World:
         self._run_heap: list[tuple[float, int, int]] = []  # (progress target, group, attempt)
         self._init_accounting(K)
         self.trace = Trace(cells=K, segments=[[] for _ in range(K)], busy=[[] for _ in range(K)])
+        # record: what each event cost on the host's clock (s), policy.handle and _apply, the
+        # twin of the runtime's ``Records.controller`` (bench_runtime compares the two)
+        self.event_costs: list[tuple[float, float]] = []
         # which serving unit runs each execution: only kept when a reroute costs something
         self.routing: Routing | None = None
         if self._reroute_h > 0:
@@ -524,7 +527,14 @@ class World:
                     continue
                 self.now = t
                 ev = self._arrive(t, what)
-            self._apply(pol.handle(ev))
+            if self.record:
+                t1 = _time.perf_counter()
+                acts = pol.handle(ev)
+                t2 = _time.perf_counter()
+                self._apply(acts)
+                self.event_costs.append((t2 - t1, _time.perf_counter() - t2))
+            else:
+                self._apply(pol.handle(ev))
         self._close()
         self.wall_s = _time.perf_counter() - t0
         return self

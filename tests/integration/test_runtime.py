@@ -261,6 +261,14 @@ def test_run_exits_0_and_summary(done):
     cal = r["calibration"]
     assert cal["iterations"] > 0 and cal["gflops"] > 0 and "error" not in cal, cal
     assert cal["cpus"] == os.cpu_count() and cal["load_before"] >= 0, cal
+    # the main loop's own cost per event: every handled event was carried out and timed, and
+    # each step assigned its groups (AssignGroup's spans are in it)
+    ctl = s["controller"]
+    assert ctl["per_event"]["n"] == ctl["handle"]["n"] == ctl["carry_out"]["n"] > 0, ctl
+    assert ctl["with_assign"]["n"] + ctl["without_assign"]["n"] == ctl["per_event"]["n"], ctl
+    assert ctl["assign"]["all"]["n"] >= STEPS and ctl["assign_tasks"] > 0, ctl
+    assert 0 < ctl["per_event"]["p50_ms"] <= ctl["per_event"]["max_ms"], ctl
+    assert 0 < ctl["per_event"]["total_s"] < s["makespan_s"], ctl
     # the final progress line counts every step
     assert f"step {STEPS}/{STEPS}" in done["log"]
     # the live view (plain lines): every cell's activity, counters, rounded scores; no Ray notice

@@ -135,3 +135,34 @@ def test_records_complete_a_fault_in_place_and_price_its_return():
         "cell", "kind", "role", "time", "unix_time", "detected_by", "cause", "action",
         "back", "segment", "moved_calls", "restart_s", "cost_s",
     }  # fmt: skip
+
+
+def test_controller_times_pair_each_handle_with_the_carry_out_of_its_actions():
+    """The first carry-out follows policy.start (no event); carry-out i+1 carries out what
+    handle i returned. The summary's quantiles are over those pairs, split by AssignGroup."""
+    from gyre.runtime.records import ControllerTimes
+
+    c = ControllerTimes()
+    c.carried.append(9.0)  # policy.start's actions: not an event's cost
+    c.handled.append((0.001, "ExecutionFinished", ("AssignGroup", "StartStep")))
+    c.carried.append(0.003)
+    c.handled.append((0.002, "Tick", ()))
+    c.carried.append(0.0)
+    c.handled.append((0.0005, "Tick", ("WakeAt",)))  # its carry-out never came (run stopped)
+    assert c.per_event() == [
+        (0.001, 0.003, "ExecutionFinished", ("AssignGroup", "StartStep")),
+        (0.002, 0.0, "Tick", ()),
+    ]
+    s = c.summary([{"all": 0.002, "trees": 0.001, "pack": 0.0005, "put": 0.0005, "tasks": 3}])
+    assert s["per_event"]["n"] == 2 and s["per_event"]["max_ms"] == pytest.approx(4.0)
+    assert s["per_event"]["p50_ms"] == pytest.approx(3.0)  # between 2 ms and 4 ms
+    assert s["per_event"]["total_s"] == pytest.approx(0.006)
+    assert s["with_assign"]["n"] == 1 and s["with_assign"]["max_ms"] == pytest.approx(4.0)
+    assert s["without_assign"]["n"] == 1 and s["without_assign"]["p50_ms"] == pytest.approx(2.0)
+    assert s["assign"]["trees"]["p50_ms"] == pytest.approx(1.0) and s["assign_tasks"] == 3
+    assert [x["event"] for x in s["slowest"]] == ["ExecutionFinished", "Tick"]
+    empty = ControllerTimes().summary([])
+    assert empty["per_event"] == {
+        "n": 0, "total_s": 0.0, "p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None
+    }  # fmt: skip
+    assert empty["slowest"] == [] and empty["assign_tasks"] == 0

@@ -127,3 +127,26 @@ def test_gather_floor_does_not_depend_on_training_when_capacity_never_binds():
     assert f.overhang_h == pytest.approx(0.0, abs=1e-9)
     assert f.makespan_h == pytest.approx(f.gather_h)
     assert r.makespan_h > f.makespan_h
+
+
+def test_a_recording_world_times_each_event_it_handles_and_a_fast_one_does_not():
+    """The simulator's per-event cost (``World.event_costs``: policy.handle, then _apply) is
+    the baseline bench_runtime sets the runtime's own record beside: one pair per event."""
+    cfg = preset("seed-toy")
+    events = []
+    orig = SchedulingPolicy.handle
+
+    def counting(self, ev):
+        events.append(ev)
+        return orig(self, ev)
+
+    SchedulingPolicy.handle = counting
+    try:
+        w = World(cfg, "elastic", make_draw(cfg), record=True).run()
+    finally:
+        SchedulingPolicy.handle = orig
+    assert len(w.event_costs) == len(events) > 12
+    assert all(h >= 0 and a >= 0 for h, a in w.event_costs)
+    assert sum(h + a for h, a in w.event_costs) < w.wall_s
+    fast = World(cfg, "elastic", make_draw(cfg), record=False).run()
+    assert fast.event_costs == [] and fast.makespan == pytest.approx(w.makespan)
