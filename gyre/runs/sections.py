@@ -91,9 +91,15 @@ def mismatch(run: Run) -> str:
     if not keys:
         return '<p class="none">mismatch: not recorded in this run</p>'
     groups: dict[str, list[Series]] = {}
-    for k in keys:  # one chart per quantity, the version classes as its series
+    for k in keys:  # one chart per quantity, the version classes (or model calls) as its series
         m = re.fullmatch(r"mismatch/(.+?)_(same|other)_version", k)
-        name, series = (m.group(1), f"{m.group(2)} version") if m else (k[len("mismatch/") :], k)
+        t = re.fullmatch(r"mismatch/(.+?)_same_version_turn(.+)", k)
+        if m:
+            name, series = m.group(1), f"{m.group(2)} version"
+        elif t:
+            name, series = f"{t.group(1)} same version, by model call", f"call {t.group(2)}"
+        else:
+            name, series = k[len("mismatch/") :], k
         groups.setdefault(name, []).append((series, per_step(run, k)))
     return "".join(line_chart(f"mismatch: {n}", s, "step") for n, s in groups.items())
 

@@ -62,6 +62,10 @@ class PackedSequence:
     tree_index: list[int] = field(default_factory=list)
     # path_index[i]: which admitted path (index into Admission.paths) fixed this target (-1 elsewhere).
     path_index: list[int] = field(default_factory=list)
+    # turn[i]: for a target, which of its execution's model calls sampled it (1 = the first
+    # call, by the proxy's arrival order ``TraceRecord.seq``); -1 elsewhere. Empty: unknown.
+    # The trainer splits the train/inference mismatch by it (later calls, longer contexts).
+    turn: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -84,7 +88,7 @@ class PackedSequence:
         ):
             if len(getattr(self, name)) != n:
                 raise PackingError(f"{name} has {len(getattr(self, name))} entries for {n} tokens")
-        for name in ("tree_index", "path_index"):
+        for name in ("tree_index", "path_index", "turn"):
             if getattr(self, name) and len(getattr(self, name)) != n:
                 raise PackingError(f"{name} has {len(getattr(self, name))} entries for {n} tokens")
         for i, p in enumerate(self.parent):
@@ -224,9 +228,22 @@ def _tree_arrays(tree) -> dict[str, np.ndarray]:
             "depth": np.asarray(tree.depth, dtype=np.int64),
             "logprob": np.asarray(tree.logprob, dtype=np.float64),
             "version": np.asarray(tree.version, dtype=np.int64),
+            "turn": _turns(tree),
         }
         tree._np_cache = cache
     return cache
+
+
+def _turns(tree) -> np.ndarray:
+    """Per token: the 1-based call index (``TraceRecord.seq`` + 1) of the request that sampled
+    it, for targets; -1 for context."""
+    n = len(tree.tokens)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    call = np.asarray([r.seq + 1 for r in tree.requests], dtype=np.int64)
+    src = np.asarray(tree.source, dtype=np.int64)
+    tgt = np.frombuffer(bytes(tree.is_target), dtype=np.uint8).astype(bool)
+    return np.where(tgt, call[src], -1)
 
 
 def pack(admissions: list, mode: str, token_budget: int) -> list[MicroStep]:
@@ -286,7 +303,7 @@ def _row(b: list[int], units: list[_Unit], admissions: list, mode: str) -> Micro
     executions: list[str] = []
     ex_index: dict[int, int] = {}
     parts: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix")
+        k: [] for k in ("ids", "pos", "par", "tgt", "blp", "ver", "exe", "w", "tix", "pix", "turn")
     }
     off = 0
     for u in b:
@@ -308,6 +325,7 @@ def _row(b: list[int], units: list[_Unit], admissions: list, mode: str) -> Micro
         parts["w"].append(np.where(tg, adm.weight, 0.0))
         parts["tix"].append(t)
         parts["pix"].append(unit.owner)
+        parts["turn"].append(np.where(tg, arr["turn"][t], -1))
         off += len(t)
     cat = {k: np.concatenate(v).tolist() for k, v in parts.items()}
     row = PackedSequence(
@@ -321,5 +339,6 @@ def _row(b: list[int], units: list[_Unit], admissions: list, mode: str) -> Micro
         token_weight=cat["w"],
         tree_index=cat["tix"],
         path_index=cat["pix"],
+        turn=cat["turn"],
     )
     return MicroStep(mode=mode, sequences=[row], executions=executions)

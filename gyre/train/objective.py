@@ -50,7 +50,7 @@ import math
 import torch
 
 from gyre.trace.packing import ACCUMULATED_WEIGHT_SUM_TOL, weights_sum_to_one
-from gyre.train.stats import N_SUM, ObjectiveStats
+from gyre.train.stats import N_SUM, TURN_BUCKETS, ObjectiveStats
 
 __all__ = [
     "N_SUM",
@@ -66,6 +66,7 @@ def mismatch_stats(
     behaviour: torch.Tensor,
     token_version: torch.Tensor,
     trainer_version: int | None,
+    turn: torch.Tensor | None = None,
 ) -> ObjectiveStats:
     """The train/inference mismatch of some targets, as the ``mm_*`` fields of ObjectiveStats.
 
@@ -74,6 +75,9 @@ def mismatch_stats(
     KL(pi_gen || pi_train) with tokens sampled from pi_gen: ``exp(d) - d - 1``, >= 0, zero
     iff ``l == b``); ``token_mult_prob_error`` is NeMo-RL's mean of ``exp(|d|)`` (1 when the
     two agree). ``trainer_version=None`` (unknown) counts every target as other-version.
+    ``turn``: each target's model call in its execution (1-based; <= 0 unknown): the
+    same-version targets' count and k3 sum are also kept per bucket of calls (TURN_BUCKETS),
+    because a mismatch that grows with the context shows there first.
     """
     d_all = logp.detach().to(torch.float64) - behaviour.detach().to(torch.float64)
     ver = token_version.to(d_all.device)
@@ -90,6 +94,16 @@ def mismatch_stats(
         setattr(out, f"mm_{name}_k3", float((torch.expm1(d) - d).sum()))
         setattr(out, f"mm_{name}_mult", float(torch.exp(d.abs()).sum()))
         setattr(out, f"mm_{name}_max", float(d.abs().max()))
+    if turn is not None and trainer_version is not None:
+        t = turn.to(d_all.device)
+        known = same & (ver >= 0) & (t > 0)
+        # bucket = ceil(log2 t), the last bucket open-ended: 1, 2, 3-4, 5-8, ..., 33+
+        bucket = sum((t > b).long() for b in (1, 2, 4, 8, 16, 32))
+        for i, label in enumerate(TURN_BUCKETS):
+            d = d_all[known & (bucket == i)]
+            if d.numel():
+                setattr(out, f"mm_turn{label}_tokens", int(d.numel()))
+                setattr(out, f"mm_turn{label}_k3", float((torch.expm1(d) - d).sum()))
     return out
 
 

@@ -81,12 +81,13 @@ class ReplicaWorker:
     def _targets(self, task: MicroStepTask, grad: bool):
         """Concatenate l_t, b_t, execution index and token weight over the micro-step's targets.
 
-        Returns ``(logp, ref, exec_index, token_weight, token_weight_f64, behaviour, version)``:
-        ``ref`` is ``None`` under the proximal reference; ``behaviour`` (float64) and ``version``
-        (each target's sampling weights version) are always there, for the mismatch metrics.
+        Returns ``(logp, ref, exec_index, token_weight, token_weight_f64, behaviour, version,
+        turn)``: ``ref`` is ``None`` under the proximal reference; ``behaviour`` (float64),
+        ``version`` (each target's sampling weights version) and ``turn`` (its model call, -1
+        unknown) are always there, for the mismatch metrics.
         """
         dev = next(self.live_model.parameters()).device
-        logps, refs, exs, tws, vers = [], [], [], [], []
+        logps, refs, exs, tws, vers, turns = [], [], [], [], [], []
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:
             for seq in task.micro_step.sequences:
@@ -115,13 +116,21 @@ class ReplicaWorker:
                 vers.append(
                     torch.tensor([seq.policy_version[i] for i in idx], dtype=torch.long, device=dev)
                 )
+                turns.append(
+                    torch.tensor(
+                        [seq.turn[i] for i in idx] if seq.turn else [-1] * len(idx),
+                        dtype=torch.long,
+                        device=dev,
+                    )
+                )
         if not logps:
             return None
         logp = torch.cat(logps)
         beh = torch.cat(refs)
         ref = None if self.cfg.objective.ratio_reference == "proximal" else beh.to(logp.dtype)
         tw64 = torch.cat(tws)
-        return logp, ref, torch.cat(exs), tw64.to(logp.dtype), tw64, beh, torch.cat(vers)
+        exi, ver, turn = torch.cat(exs), torch.cat(vers), torch.cat(turns)
+        return logp, ref, exi, tw64.to(logp.dtype), tw64, beh, ver, turn
 
     def _partials(self, step: int, task: MicroStepTask) -> dict[str, tuple[float, float]]:
         """No-grad per-execution (sum w*(l-b), sum w) of one micro-step, cached per step."""
@@ -130,7 +139,7 @@ class ReplicaWorker:
             got = self._targets(task, grad=False)
             out: dict[str, tuple[float, float]] = {}
             if got is not None:
-                logp, ref, ex, _tw, tw64, _beh, _ver = got
+                logp, ref, ex, _tw, tw64, _beh, _ver, _turn = got
                 diff = logp - (logp if ref is None else ref)
                 num, den = execution_log_ratio(diff, ex, tw64, len(task.micro_step.executions))
                 for i, e in enumerate(task.micro_step.executions):
@@ -162,7 +171,7 @@ class ReplicaWorker:
         got = self._targets(task, grad=True)
         if got is None:
             return ObjectiveStats()
-        logp, ref, ex, tw, tw64, beh, ver = got
+        logp, ref, ex, tw, tw64, beh, ver, turn = got
         execs = task.micro_step.executions
         adv = torch.tensor(task.advantages, dtype=logp.dtype, device=logp.device)
         if len(task.advantages) != len(execs):
@@ -217,5 +226,5 @@ class ReplicaWorker:
             token_weight_exact=tw64,
         )
         loss.backward()
-        stats.add(mismatch_stats(logp, beh, ver, version))
+        stats.add(mismatch_stats(logp, beh, ver, version, turn))
         return stats

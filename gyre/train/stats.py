@@ -35,6 +35,22 @@ class ObjectiveStats:
     mm_other_tokens: int = 0  # same three, for targets sampled at another version
     mm_other_k3: float = 0.0
     mm_other_mult: float = 0.0
+    # the same-version targets again, by which model call of their execution sampled them
+    # (PackedSequence.turn; TURN_BUCKETS): later calls have longer contexts
+    mm_turn1_tokens: int = 0
+    mm_turn1_k3: float = 0.0
+    mm_turn2_tokens: int = 0
+    mm_turn2_k3: float = 0.0
+    mm_turn3_4_tokens: int = 0
+    mm_turn3_4_k3: float = 0.0
+    mm_turn5_8_tokens: int = 0
+    mm_turn5_8_k3: float = 0.0
+    mm_turn9_16_tokens: int = 0
+    mm_turn9_16_k3: float = 0.0
+    mm_turn17_32_tokens: int = 0
+    mm_turn17_32_k3: float = 0.0
+    mm_turn33_up_tokens: int = 0
+    mm_turn33_up_k3: float = 0.0
     mm_same_max: float = 0.0  # max |d| (max-reduced)
     mm_other_max: float = 0.0
 
@@ -72,7 +88,18 @@ class ObjectiveStats:
                 out[f"mismatch/token_mult_prob_error_{cls_}_version"] = (
                     getattr(self, f"mm_{cls_}_mult") / n
                 )
+        for label in TURN_BUCKETS:  # only the buckets some target fell in
+            n = getattr(self, f"mm_turn{label}_tokens")
+            if n:
+                key = label.replace("_up", "+").replace("_", "-")
+                out[f"mismatch/tokens_same_version_turn{key}"] = float(n)
+                out[f"mismatch/kl_same_version_turn{key}"] = getattr(self, f"mm_turn{label}_k3") / n
         return out
+
+
+# model-call buckets of the per-turn mismatch: call 1, 2, 3-4, 5-8, 9-16, 17-32, 33 and later
+# (bucket i holds the calls k with ceil(log2 k) == i, the last one everything after)
+TURN_BUCKETS = ("1", "2", "3_4", "5_8", "9_16", "17_32", "33_up")
 
 
 MAX_FIELDS = ("mm_same_max", "mm_other_max")

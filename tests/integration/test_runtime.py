@@ -466,6 +466,12 @@ def test_mismatch_metrics_per_step(done):
     for r in same:
         assert r["mismatch/max_abs_same_version"] < 1e-3, r
         assert 1.0 <= r["mismatch/token_mult_prob_error_same_version"] < 1.001, r
+        # the same targets again, by the model call of their execution that sampled them
+        turns = {k: v for k, v in r.items() if k.startswith("mismatch/tokens_same_version_turn")}
+        assert "mismatch/tokens_same_version_turn1" in turns, r
+        assert sum(turns.values()) == r["mismatch/tokens_same_version"], r
+        for k in turns:
+            assert 0 <= r[k.replace("tokens_", "kl_")] < 1e-6, r
 
 
 def test_evaluations(done):

@@ -46,10 +46,17 @@ def test_pack_covers_every_admitted_target_once_with_unit_weight(mode, budget):
                 if w:
                     assert row.is_target[i]
                     wsum[s.executions[row.execution_index[i]]] += w
-            # packed tokens carry the tree's data
+            # packed tokens carry the tree's data, and a target its model call (1-based)
             for i, t in enumerate(row.is_target):
                 if t:
                     assert row.behaviour_logprob[i] < 0 and row.policy_version[i] >= 0
+                    a = adms[
+                        [x.execution_id for x in adms].index(s.executions[row.execution_index[i]])
+                    ]
+                    req = a.tree.requests[a.tree.source[row.tree_index[i]]]
+                    assert row.turn[i] == req.seq + 1 >= 1
+                else:
+                    assert row.turn[i] == -1
     assert all(v == pytest.approx(1.0) for v in wsum.values()) and len(wsum) == len(adms)
 
 

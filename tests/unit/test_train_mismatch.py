@@ -49,6 +49,29 @@ def test_constructed_example():
     assert u["mismatch/tokens_other_version"] == 3
 
 
+def test_same_version_mismatch_per_model_call_bucket():
+    """Each same-version target counts once, in the bucket of the call that sampled it (1, 2,
+    3-4, 5-8, ..., 33+); other-version, unrecorded and call-unknown targets count in none."""
+    k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
+    b = torch.zeros(8, dtype=torch.float64)
+    d = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], dtype=torch.float64)
+    ver = torch.tensor([4, 4, 4, 4, 4, 3, -1, 4])
+    turn = torch.tensor([1, 3, 4, 5, 40, 2, 2, -1])
+    m = mismatch_stats(b + d, b, ver, 4, turn).mismatch_metrics()
+    per = {
+        k[len("mismatch/tokens_same_version_turn") :]: v
+        for k, v in m.items()
+        if "turn" in k and "tokens" in k
+    }
+    assert per == {"1": 1, "3-4": 2, "5-8": 1, "33+": 1}
+    assert m["mismatch/kl_same_version_turn3-4"] == pytest.approx((k3(0.2) + k3(0.3)) / 2)
+    assert m["mismatch/kl_same_version_turn33+"] == pytest.approx(k3(0.5))
+    assert m["mismatch/tokens_same_version"] == 6  # the call-unknown one is same-version too
+    # no turns given (a PackedSequence without them), or the trainer's version unknown: none
+    for got in (mismatch_stats(b + d, b, ver, 4), mismatch_stats(b + d, b, ver, None, turn)):
+        assert not any("turn" in k for k in got.mismatch_metrics())
+
+
 def test_reduce_sums_counters_and_maxes_the_max():
     a = ObjectiveStats(tokens=3, mm_same_tokens=2, mm_same_k3=0.5, mm_same_max=0.4)
     b = ObjectiveStats(tokens=4, mm_same_tokens=1, mm_same_k3=0.25, mm_same_max=0.9)
