@@ -226,6 +226,9 @@ class Records:
     # (gid, att) -> launch, end (None while it runs)
     exec_times: dict[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
     micros: list[tuple[int, int, float, float]] = field(default_factory=list)  # cell, version, s, e
+    # global group id -> seconds of each of its micro-steps that computed something (empty
+    # shares and claims voided by a fault left out): a group's training is as lumpy as this
+    group_train: dict[int, list[float]] = field(default_factory=dict)
     optims: list[tuple[float, float]] = field(default_factory=list)  # the core's FinishStep
     finished_steps: list[StepRecord] = field(default_factory=list)
     restored: int = 0  # executions a resume kept from the killed segment (not run again)

@@ -189,6 +189,21 @@ def _timeline(records: Records, end: float) -> dict[str, Any]:
     }
 
 
+def _groups(records: Records) -> list[dict[str, Any]]:
+    """Every group a finished step trained (or that computed before the run stopped), with the
+    seconds of its non-empty micro-steps and their count (0 and 0: its rewards were all equal,
+    so it trained nothing)."""
+    trained = {g for st in records.finished_steps for g, _ in st.groups}
+    return [
+        {
+            "group": g,
+            "train_s": round(sum(records.group_train.get(g, [])), 4),
+            "micro_steps": len(records.group_train.get(g, [])),
+        }
+        for g in sorted(trained | set(records.group_train))
+    ]
+
+
 def build(
     records: Records, cluster: Cluster, execs: ExecutionRunner, rundir: RunDir
 ) -> dict[str, Any]:
@@ -212,6 +227,9 @@ def build(
         else {**lt.cfg.describe(), "groups": lt.groups, "group_size": p.group_size},
         "executions": _executions(records, rows, lt, end),
         "costs": _costs(records, p, calls, end),
+        # each trained group's own compute: its non-empty micro-steps are indivisible blocks
+        # (one packed task each), which a mean per micro-step spreads too evenly over cells
+        "groups": _groups(records),
         "measured": {
             "makespan_s": records.makespan,
             "steps_done": len(records.finished_steps),

@@ -426,6 +426,8 @@ class RealWorld:
         self.records.micros.append(
             (a.cell, rec.version if shard else -1, t0, t1)
         )  # -1: empty share
+        if shard and self.roles[a.cell] is CellRole.TRAINING:
+            self.records.group_train.setdefault(self.gid(a.group_id), []).append(t1 - t0)
         self.emit(
             MicroStepDone(time=t1, cell=a.cell, step=a.step, group_id=a.group_id, index=a.index)
         )

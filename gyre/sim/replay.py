@@ -72,6 +72,16 @@ class DrawSpec(BaseModel):
     time_scale: float | None = None
 
 
+class GroupTraining(BaseModel):
+    """One trained group's compute (seconds of its non-empty micro-steps, and their count)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    group: int = Field(ge=0)
+    train_s: float = Field(ge=0)
+    micro_steps: int = Field(ge=0)
+
+
 class MeasuredCosts(BaseModel):
     """Medians the run measured (seconds); ``None`` = not observed (replayed as 0)."""
 
@@ -107,6 +117,7 @@ class WorkloadFile(BaseModel):
     draw: DrawSpec | None = None
     executions: list[ExecutionRecord]
     costs: MeasuredCosts = Field(default_factory=MeasuredCosts)
+    groups: list[GroupTraining] = Field(default_factory=list)  # older files: none
     measured: Measured | None = None
 
 
@@ -281,7 +292,23 @@ def replay_draw(wf: WorkloadFile, cfg: SimConfig) -> tuple[Draw, dict[str, int]]
         calls = np.full((groups, n), float(np.median(known)))
         for r in done:
             calls[r.group, r.attempt] = float(r.calls or 0)
-    draw = Draw(duration_h=dur, missing=missing, harness_timeout=timeout, calls=calls)
+    train_h = train_k = None
+    if wf.groups:  # each trained group's own compute, as the run measured it
+        train_h = np.zeros(groups)
+        train_k = np.full(groups, -1, dtype=np.int64)
+        for gt in wf.groups:
+            if gt.group < groups:
+                train_h[gt.group] = gt.train_s * H
+                train_k[gt.group] = gt.micro_steps
+        info["groups_measured"] = len(wf.groups)
+    draw = Draw(
+        duration_h=dur,
+        missing=missing,
+        harness_timeout=timeout,
+        calls=calls,
+        train_h=train_h,
+        train_blocks=train_k,
+    )
     return draw, info
 
 

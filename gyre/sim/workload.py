@@ -24,6 +24,12 @@ class Draw:
     # model calls per execution, when known (a replayed run): an execution's tokens then weigh
     # by its calls in the token-weighted staleness; None = by its length
     calls: np.ndarray | None = None
+    # per group (shape (groups,)), when a replayed run measured it: the seconds-in-hours of its
+    # non-empty micro-steps and how many there were (-1: not measured; 0: it trained nothing).
+    # Its first ``train_blocks`` claims then cost ``train_h / train_blocks`` each and the rest
+    # nothing, where the cost model spreads one mean per claim (gyre.sim.world._claim)
+    train_h: np.ndarray | None = None
+    train_blocks: np.ndarray | None = None
 
     @property
     def groups(self) -> int:

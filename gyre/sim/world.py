@@ -106,6 +106,9 @@ class World:
         self._missing = draw.missing.tolist()
         self._groups_drawn = draw.groups
         self._calls = draw.calls.tolist() if draw.calls is not None else None
+        measured = draw.train_h is not None and draw.train_blocks is not None
+        self._train_h = draw.train_h.tolist() if measured else None
+        self._train_k = draw.train_blocks.tolist() if measured else None
         self._init_costs(cfg)
         self.serving = ServingStaleness(steady_from_step=self.pcfg.mu)  # gyre.sim.serving
         K = self.pcfg.cells
@@ -328,7 +331,16 @@ class World:
         start = self.now
         if a.cell and self._refresh_h:  # a satellite first loads the core's new weights
             start = max(start, self._fresh_at[a.cell])
-        self.faults.track(a.cell, self._push(start + self._micro_h, done))
+        self.faults.track(a.cell, self._push(start + self._claim_h(a.group_id, a.index), done))
+
+    def _claim_h(self, group: int, index: int) -> float:
+        """One claim's compute: the mean per micro-step, or, where a replayed run measured the
+        group, its first k claims share its measured seconds and the rest cost nothing (the
+        runtime packs a group into k indivisible tasks; a group with equal rewards is k = 0)."""
+        if self._train_k is None or group >= len(self._train_k) or self._train_k[group] < 0:
+            return self._micro_h
+        k = self._train_k[group]
+        return self._train_h[group] / k if index < k else 0.0
 
     def _switch(self, a: SwitchCell) -> None:
         self.trace.switch_order.append((self.now, a.cell, a.role.value))

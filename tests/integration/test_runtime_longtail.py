@@ -99,6 +99,15 @@ def test_the_simulators_reader_accepts_it(run):
     assert w.draw is not None and w.draw.harness_timeout_s == LT.harness_timeout_s
     p = predict(run["workload"])
     assert p["makespan_s"] > 0
+    # each trained group's own compute: every group of every step listed once, its seconds the
+    # sum of its non-empty micro-steps (together at most the cells' busy time)
+    groups = run["workload"]["groups"]
+    assert len(groups) == len({g["group"] for g in groups}) >= STEPS * B
+    assert any(g["micro_steps"] > 0 and g["train_s"] > 0 for g in groups), groups
+    assert all((g["micro_steps"] == 0) == (g["train_s"] == 0) for g in groups), groups
+    busy = sum(b - a for _, a, b in run["workload"]["measured"]["busy"])
+    assert sum(g["train_s"] for g in groups) <= busy + 1e-3
+    assert p["executions"]["groups_measured"] == len(groups)
 
 
 def test_realised_durations_are_the_draw_plus_overhead(run):

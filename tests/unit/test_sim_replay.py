@@ -163,3 +163,38 @@ def test_token_staleness_weighs_by_the_runs_calls(wf):
     q = predict(wf)
     assert q["staleness_mean"] != pytest.approx(q["staleness_serving_per_execution"], abs=1e-6)
     assert q["makespan_s"] == p["makespan_s"]  # weighting never changes the schedule
+
+
+def test_measured_group_compute_replays_as_indivisible_blocks(wf):
+    """A run that measured each group's compute (workload.json ``groups``): its first k claims
+    carry the group's seconds and the rest nothing, where the mean per micro-step would
+    spread it evenly over cells. Unlisted groups keep the mean; older files have no list."""
+    w = load_workload(wf)
+    cfg = sim_config(w, ["elastic"])
+    assert replay_draw(w, cfg)[0].train_h is None  # the fixture predates the list
+    base = predict(wf)["makespan_s"]
+    # every group of the run trained nothing (equal rewards): no compute, never slower
+    nothing = copy.deepcopy(wf)
+    nothing["groups"] = [{"group": g, "train_s": 0.0, "micro_steps": 0} for g in range(19)]
+    draw, info = replay_draw(load_workload(nothing), cfg)
+    assert info["groups_measured"] == 19 and (draw.train_blocks == 0).all()
+    free = predict(nothing)
+    assert free["makespan_s"] <= base + 1e-6
+    # what is busy now is the core's optimizer steps and publications, never a claim
+    rest = sum(b - a for cell in free["busy"] for a, b in cell)
+    assert rest < 1.0
+    # one group's compute as a single 30 s block: one cell computes it whole (it cannot be
+    # split over cells), and the step that trains it lasts at least that long
+    lump = copy.deepcopy(nothing)
+    lump["groups"][0] = {"group": 0, "train_s": 30.0, "micro_steps": 1}
+    p = predict(lump)
+    blocks = sorted(b - a for cell in p["busy"] for a, b in cell)
+    # one block on one cell (a busy interval may run on into the core's optimizer step)
+    assert blocks[-1] == pytest.approx(30.0, abs=0.5) and blocks[-2] < 1.0
+    s0, e0 = next((a, b) for a, b in p["steps"] if b - a > 1.0)  # its step waits for it
+    assert e0 - s0 >= 30.0 - 1e-6 and p["makespan_s"] > free["makespan_s"] + 15.0
+    # two blocks of one group share its seconds
+    two = copy.deepcopy(nothing)
+    two["groups"][0] = {"group": 0, "train_s": 30.0, "micro_steps": 2}
+    blocks2 = sorted(b - a for cell in predict(two)["busy"] for a, b in cell)
+    assert blocks2[-2:] == pytest.approx([15.0, 15.0], abs=0.5) and blocks2[-3] < 1.0
