@@ -25,6 +25,8 @@ def _serve(cfg: dict, info: str, tokenizer=None, wait_stdin: bool = True) -> Non
     from gyre.proxy.config import ProxyConfig
     from gyre.proxy.runner import ProxyServer
 
+    if cfg.get("admin_socket") is None:
+        cfg = {**cfg, "admin_socket": _admin_beside(info)}
     px = ProxyServer(ProxyConfig(**cfg), tokenizer).start()
     doc = {"url": px.url, "admin_socket": px.admin_socket, "token": px.admin_token}
     doc["pid"] = os.getpid()
@@ -37,6 +39,18 @@ def _serve(cfg: dict, info: str, tokenizer=None, wait_stdin: bool = True) -> Non
         px.stop()
     else:
         signal.pause()  # until killed
+
+
+def _admin_beside(info: str) -> str | None:
+    """The admin socket next to INFO_PATH when that folder is private (a test's tmp_path), so a
+    proxy killed with -9 leaves its socket there, not a ``gyre-admin-*`` folder in /tmp (twenty
+    per kill test, before); None (a fresh private temp folder) otherwise."""
+    folder = os.path.dirname(os.path.abspath(info))
+    st = os.stat(folder)
+    path = os.path.join(folder, os.path.basename(info) + ".admin.sock")
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or len(os.fsencode(path)) > 100:
+        return None
+    return path
 
 
 def zygote() -> None:
