@@ -111,6 +111,13 @@ class TrainerConfig(BaseModel):
         "while weights, gradients and optimizer state stay in `dtype`; log-softmax stays float32",
     )
     device: str = "cpu"
+    activation_checkpointing: bool = Field(
+        False,
+        description="keep only each decoder layer's input through the forward and recompute the "
+        "rest in the backward (HF's gradient checkpointing, also in Gyre's tree-attention "
+        "layer loop): a micro-step's activations shrink from every layer's intermediates to "
+        "one hidden state per layer, for one more forward of compute",
+    )
     seed: int = 0
     j_max: int | None = Field(
         5, ge=1, description="admission: at most this many paths per execution (None: all)"

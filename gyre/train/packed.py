@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from gyre.trace.packing import PackedSequence
 
@@ -156,27 +157,40 @@ def _layer_loop(model, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Te
     ``q`` (1, H, L, hd) and ``k``/``v`` (1, Hkv, L, hd).
     """
     base, _head, _cfg = _modules(model)
-    L = ids.shape[0]
     x = base.embed_tokens(ids)[None]  # (1, L, D)
     cos, sin = base.rotary_emb(x, pos[None])
     cos, sin = cos[:, None], sin[:, None]  # (1, 1, L, hd)
+    # HF's switch (model.gradient_checkpointing_enable()): keep each layer's input only and
+    # recompute its inside in the backward
+    recompute = getattr(base, "gradient_checkpointing", False) and torch.is_grad_enabled()
     for layer in base.layers:
-        attn = layer.self_attn
-        hd = attn.head_dim
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(1, L, -1, hd)
-        k = attn.k_proj(h).view(1, L, -1, hd)
-        v = attn.v_proj(h).view(1, L, -1, hd).transpose(1, 2)
-        if getattr(attn, "q_norm", None) is not None:
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        o = attend(q, k, v, attn.scaling, q.shape[1] != k.shape[1])
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(1, L, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if recompute:
+            x = torch.utils.checkpoint.checkpoint(
+                _decoder_layer, layer, x, cos, sin, attend, use_reentrant=False
+            )
+        else:
+            x = _decoder_layer(layer, x, cos, sin, attend)
     return base.norm(x)[0]
+
+
+def _decoder_layer(layer, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
+    """One pre-norm decoder layer of a Qwen2/Qwen3/Llama-shaped model on ``x`` (1, L, D)."""
+    L = x.shape[1]
+    attn = layer.self_attn
+    hd = attn.head_dim
+    h = layer.input_layernorm(x)
+    q = attn.q_proj(h).view(1, L, -1, hd)
+    k = attn.k_proj(h).view(1, L, -1, hd)
+    v = attn.v_proj(h).view(1, L, -1, hd).transpose(1, 2)
+    if getattr(attn, "q_norm", None) is not None:
+        q = attn.q_norm(q)
+        k = attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    o = attend(q, k, v, attn.scaling, q.shape[1] != k.shape[1])
+    x = x + attn.o_proj(o.transpose(1, 2).reshape(1, L, -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 def _segment_attention(parent: list[int], device):

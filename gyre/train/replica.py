@@ -30,13 +30,25 @@ def resolve(spec: str) -> Callable:
     return getattr(importlib.import_module(mod), fn)
 
 
-def load_causal_lm(model_dir: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
-    """Any HF causal LM directory -> model in train mode (eager-free, SDPA attention)."""
+def load_causal_lm(
+    model_dir: str, dtype: str = "float32", device: str = "cpu", checkpointing: bool = False
+) -> torch.nn.Module:
+    """Any HF causal LM directory -> model in train mode (eager-free, SDPA attention).
+    ``checkpointing``: HF's gradient checkpointing on (non-reentrant), which
+    :func:`gyre.train.packed.token_logprobs` honours in its own layer loop too."""
     from transformers import AutoModelForCausalLM
 
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
     model.to(device)
     model.train()
+    if checkpointing:  # transformers 5 renamed it; 4.x has only the old name
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
     return model
 
 
@@ -51,7 +63,10 @@ class ReplicaWorker:
 
     def start(self, model_dir: str | None = None) -> None:
         self.model = load_causal_lm(
-            model_dir or self.cfg.model_dir, self.cfg.dtype, self.cfg.device
+            model_dir or self.cfg.model_dir,
+            self.cfg.dtype,
+            self.cfg.device,
+            checkpointing=self.cfg.activation_checkpointing,
         )
 
     def stop(self) -> None:

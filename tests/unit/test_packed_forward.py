@@ -364,3 +364,32 @@ def test_float64_models_stay_float64(tiny_model_dir, impl):
     ref = torch.log_softmax(m(input_ids=torch.tensor([paths[0]])).logits[0], -1)
     want = torch.stack([ref[j - 1, paths[0][j]] for j in range(1, len(paths[0]))])
     torch.testing.assert_close(got[rows[0][1:]], want.detach(), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("impl", ["segments", "dense"])
+def test_activation_checkpointing_gives_the_same_logprobs_and_gradients(tiny_model_dir, impl):
+    """``trainer.activation_checkpointing``: HF's switch, honoured by Gyre's own layer loop
+    (segments) and by HF's (dense); the backward recomputes each layer instead of keeping its
+    inside, so fewer tensors are saved, and nothing else changes."""
+    from gyre.train.replica import load_causal_lm
+
+    seq, _ = _tree_row(_paths(seed=5))
+    out = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        m = load_causal_lm(tiny_model_dir, checkpointing=ckpt)
+        saved: list[int] = []
+
+        def keep(t, saved=saved):
+            saved.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            lp = token_logprobs(m, seq, impl=impl)
+        lp.sum().backward()
+        out.append((lp.detach(), {n: p.grad for n, p in m.named_parameters()}, sum(saved)))
+    (lp0, g0, s0), (lp1, g1, s1) = out
+    torch.testing.assert_close(lp0, lp1, atol=0, rtol=0)
+    for n in g0:
+        torch.testing.assert_close(g0[n], g1[n], atol=1e-6, rtol=1e-5)
+    assert s1 < s0 / 2, (s0, s1)  # elements kept for the backward
