@@ -106,9 +106,10 @@ class World:
         self._missing = draw.missing.tolist()
         self._groups_drawn = draw.groups
         self._calls = draw.calls.tolist() if draw.calls is not None else None
-        measured = draw.train_h is not None and draw.train_blocks is not None
-        self._train_h = draw.train_h.tolist() if measured else None
-        self._train_k = draw.train_blocks.tolist() if measured else None
+        # a replayed run's own compute per group (see _claim_h), or none
+        self._train: tuple[list[float], list[int]] | None = None
+        if draw.train_h is not None and draw.train_blocks is not None:
+            self._train = (draw.train_h.tolist(), draw.train_blocks.tolist())
         self._init_costs(cfg)
         self.serving = ServingStaleness(steady_from_step=self.pcfg.mu)  # gyre.sim.serving
         K = self.pcfg.cells
@@ -337,10 +338,11 @@ class World:
         """One claim's compute: the mean per micro-step, or, where a replayed run measured the
         group, its first k claims share its measured seconds and the rest cost nothing (the
         runtime packs a group into k indivisible tasks; a group with equal rewards is k = 0)."""
-        if self._train_k is None or group >= len(self._train_k) or self._train_k[group] < 0:
+        if self._train is None or group >= len(self._train[1]) or self._train[1][group] < 0:
             return self._micro_h
-        k = self._train_k[group]
-        return self._train_h[group] / k if index < k else 0.0
+        train_h, blocks = self._train
+        k = blocks[group]
+        return train_h[group] / k if index < k else 0.0
 
     def _switch(self, a: SwitchCell) -> None:
         self.trace.switch_order.append((self.now, a.cell, a.role.value))

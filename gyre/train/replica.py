@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,13 +43,12 @@ def load_causal_lm(
     model.to(device)
     model.train()
     if checkpointing:  # transformers 5 renamed it; 4.x has only the old name
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable({"use_reentrant": False})
+        hf: Any = model  # a PreTrainedModel: nn.Module's typing does not know its methods
+        kwargs = {"use_reentrant": False}
+        if hasattr(hf, "activation_checkpointing_enable"):
+            hf.activation_checkpointing_enable(kwargs)
         else:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
 
 
