@@ -200,7 +200,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
     unobs = rows[0]["prediction"]["unobserved_costs"]
     console.print(
         f"[dim]executions replayed as measured: {ex['realised']}, cut by the run's end: {ex['cut']}, "
-        f"filled from the draw: {ex['filled']}; costs not observed (0 used): "
+        f"filled from the draw: {ex['filled']}; groups with their own measured compute: "
+        f"{ex.get('groups_measured', 0)} (others: the mean micro-step); costs not observed (0 used): "
         f"{', '.join(unobs) or 'none'}. E\\[d]: serving version per trained token / dispatch "
         "version per group.[/dim]"
     )

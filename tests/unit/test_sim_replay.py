@@ -106,6 +106,7 @@ def test_cli_prints_measured_vs_predicted_and_writes_json(tmp_path):
     assert png.stat().st_size > 10_000  # measured + three predicted panels
     for word in ("colocate", "async", "elastic", "measured", "predicted"):
         assert word in r.output
+    assert "groups with their own measured compute: 0" in " ".join(r.output.split())
     rep = json.loads(out.read_text())
     el = next(x for x in rep["rows"] if x["placement"] == "elastic")
     assert el["measured_makespan_s"] == 40.0
