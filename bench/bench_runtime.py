@@ -428,14 +428,12 @@ def print_publish(r: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------- 3 + 4
-class KeepRecords:
-    """A rig (``gyre.runtime.handles.Rig``, attached through ``loop.run(rigs=...)``) that only
-    keeps the world's records, for the per-step table; it adds nothing to the run."""
+class BenchRig:
+    """A benchmark's rig (``gyre.runtime.handles.Rig``, attached through ``loop.run(rigs=...)``)
+    that shows nothing in the live view and puts nothing in ``summary.json``; a subclass sets
+    ``name`` and does its work in ``run`` (spawned once the cells are up)."""
 
-    name = "bench_records"
-
-    def __init__(self, world) -> None:
-        self.records, self.K = world.records, world.K
+    name = "bench"
 
     async def run(self) -> None:
         return None
@@ -448,6 +446,15 @@ class KeepRecords:
 
     def close(self) -> None:
         return None
+
+
+class KeepRecords(BenchRig):
+    """Keeps the world's records, for the per-step table; it adds nothing to the run."""
+
+    name = "bench_records"
+
+    def __init__(self, world) -> None:
+        self.records, self.K = world.records, world.K
 
 
 def bench_run(cfg, tmp: Path) -> dict:

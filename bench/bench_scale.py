@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runtime import bench_sim, load_avg, p50, pct
+from bench_runtime import BenchRig, bench_sim, load_avg, p50, pct
 
 REPO = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -144,7 +144,7 @@ def ray_system_pids() -> list[int]:
 
 
 # ------------------------------------------------------------------------------ the instrumented run
-class Probe:
+class Probe(BenchRig):
     """Samples the live run from inside the driver's event loop (never from another thread): a
     rig (``gyre.runtime.handles.Rig``) attached through ``loop.run(rigs=...)``, started once the
     cells are up; the world cancels it first when the run stops, before the cells go, so its
@@ -172,15 +172,6 @@ class Probe:
             if self.profile is not None:
                 self.profile.disable()
             self._last()
-
-    def counts(self) -> dict[str, int]:
-        return {}
-
-    def rows(self) -> list[dict]:
-        return []
-
-    def close(self) -> None:
-        return None
 
     async def _fast(self) -> None:
         while True:

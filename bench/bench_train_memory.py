@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
 
 CHILD = r"""
 import json, resource, sys, time
@@ -59,16 +59,6 @@ seq = row(tokens)
 times = [step(seq) for _ in range(repeats)]
 print(json.dumps({"loaded_mb": ready, "peak_mb": rss(), "times": times}))
 """
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_one(model: str, tokens: int, ckpt: bool, repeats: int, threads: int) -> dict:
@@ -108,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (Path(a.model) / "config.json").is_file():
         print(f"bench_train_memory: {a.model} is not a model directory", file=sys.stderr)
         return 2
+    from engine_roofline import cpu_model  # the benches' one reader of /proc/cpuinfo
+
     print(
         f"{cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; model "
         f"{a.model}, {a.threads} torch threads, float32"
