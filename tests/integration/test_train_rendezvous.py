@@ -117,7 +117,9 @@ def test_a_local_world_is_out_of_other_users_reach(tmp_path):
         (port,) = free_ports()
         for probes in _form(list(files), port, tmp_path):
             assert probes == ["store rb refused", "store ab refused", "port closed"], probes
-        assert not any(Path(f).exists() for f in files)  # each removed once its ranks left
+        # torch's FileStore removes its file when the last rank's store object is collected,
+        # which a process may exit before (CI saw one left): not a guarantee. The folder, and
+        # every world file in it, goes with the driver's close: that is asserted below.
     finally:
         rdv.close()
     assert not folder.exists()
