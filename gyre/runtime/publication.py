@@ -35,6 +35,7 @@ import ray
 
 from gyre.engine.client import EngineClient, EngineError
 from gyre.engine.protocol import ModelInfo, UpdateWeightsResponse
+from gyre.runtime.rundir import tree_bytes
 
 log = logging.getLogger("gyre.runtime.publication")
 
@@ -270,13 +271,24 @@ class Publications:
         """Whether any engine is still starting on a published version."""
         return bool(+self._loading)
 
-    def prune(self, version: int, keep: int) -> None:
+    def prune(self, version: int, keep: int) -> int:
         """Keep the published weight directories of the newest ``keep`` versions (every engine
-        has reloaded ``version`` by now, and a returning one starts on the newest)."""
+        has reloaded ``version`` by now, and a returning one starts on the newest); the bytes
+        removed."""
+        freed = 0
         for p in Path(self.root).glob("v*"):
             try:
                 v = int(p.name[1:])
             except ValueError:
                 continue
             if v <= version - keep and v not in self._loading:
+                freed += tree_bytes(p)
                 shutil.rmtree(p, ignore_errors=True)
+        return freed
+
+    def keep_final(self) -> int:
+        """At the end of a run: only the newest published directory stays (the final weights
+        as an HF directory a user can serve); the bytes removed."""
+        newest = max((int(p.name[1:]) for p in Path(self.root).glob("v*") if p.name[1:].isdigit()),
+                     default=None)  # fmt: skip
+        return 0 if newest is None else self.prune(newest, 1)

@@ -233,6 +233,7 @@ class Records:
     finished_steps: list[StepRecord] = field(default_factory=list)
     restored: int = 0  # executions a resume kept from the killed segment (not run again)
     makespan: float | None = None
+    dropped_at_end: int = 0  # bytes of scratch removed when the run finished (RealWorld.finish)
     # what the live view shows of work under way (gyre.runtime.progress): cell -> what it
     # computes now ({"what": Phase.MICRO_STEP, "index", "of", "group"}, or another Phase),
     # and the version every rollout engine is reloading while a publication runs

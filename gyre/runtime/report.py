@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gyre.runtime import measure
+from gyre.runtime.rundir import tree_bytes
 from gyre.sim.plot import plot_gantt
 from gyre.trace.store import read_trace
 
@@ -71,17 +72,14 @@ def disk_bytes(rundir) -> dict[str, int]:
     """Bytes the run directory holds, by what holds them (checkpoints and published weights are
     one model each; their number is bounded by trainer.checkpoint.keep and run.keep_published)."""
 
-    def size(p: Path) -> int:
-        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.exists() else 0
-
-    snaps = size(Path(rundir.snapshots))
+    snaps = tree_bytes(Path(rundir.snapshots))
     out = {
-        "checkpoints": size(rundir.checkpoints),
-        "published_weights": size(rundir.weights) - snaps,
+        "checkpoints": tree_bytes(rundir.checkpoints),
+        "published_weights": tree_bytes(rundir.weights) - snaps,
         "snapshots": snaps,
-        "traces": size(rundir.traces),
+        "traces": tree_bytes(rundir.traces),
     }
-    out["total"] = size(rundir.path)
+    out["total"] = tree_bytes(rundir.path)
     return out
 
 
@@ -231,7 +229,8 @@ def summarize(
         "faults": [
             f.to_json() for f in records.faults
         ],  # every cell lost: when, how found, what was done, its cost
-        "disk_bytes": disk_bytes(rundir),
+        "disk_bytes": disk_bytes(rundir),  # at the end, after the scratch below went
+        "disk_dropped_at_end": records.dropped_at_end,
         "policy": policy.status() if policy is not None else {"steps_done": 0, "done": True},
     }
 

@@ -86,6 +86,11 @@ def dumps(obj: Any, **kw: Any) -> str:
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 if it is gone)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(
@@ -116,6 +121,16 @@ class RunDir:
             # local user has business in either (an existing folder is left as it is).
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self
+
+    def clear_snapshots(self) -> int:
+        """At the end of a run: the core's weight snapshots (what joining satellites pulled;
+        two models) are scratch, and a resumed run writes its own. The bytes removed."""
+        freed = 0
+        for f in Path(self.snapshots).glob("*"):
+            if f.is_file():
+                freed += f.stat().st_size
+                f.unlink(missing_ok=True)
+        return freed
 
     # ------------------------------------------------------------------ writers
     def write_config(self, cfg) -> None:

@@ -242,6 +242,11 @@ class RealWorld:
             self.execs.start_eval(final)
         await self.execs.wait_evals()
         await self.cluster.close_engine_phases()  # for the run's prefix-cache figures
+        # nothing trains or reloads any more: the satellites' snapshots and every published
+        # directory but the final one are scratch (docs/runtime.md, "Disk")
+        self.records.dropped_at_end = (
+            self.rundir.clear_snapshots() + self.cluster.publications.keep_final()
+        )
 
     # ------------------------------------------------------------------ actions
     def carry_out(self, actions: list) -> None:

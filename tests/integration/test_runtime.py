@@ -405,10 +405,12 @@ def test_switches_and_publications(done):
     shares = s["role_shares"]
     assert any(sh.get("training", 0) > 0 for sh in shares[1:])  # a satellite trained
     assert all(sh.get("rollout", 0) > 0 for sh in shares)  # every cell served rollouts
-    # published weights are pruned (the newest run.keep_published = 2 stay)
-    assert (
-        len([p for p in (done["dir"] / "weights").glob("v*") if not p.name.endswith(".tmp")]) <= 2
-    )
+    # published weights are pruned during the run (the newest run.keep_published = 2), and at
+    # its end only the final one stays, with no satellite snapshot beside it
+    published = [p for p in (done["dir"] / "weights").glob("v*") if not p.name.endswith(".tmp")]
+    assert [p.name for p in published] == [f"v{s['steps']}"], published
+    assert not list((done["dir"] / "weights" / "snapshots").iterdir())
+    assert s["disk_dropped_at_end"] > 0  # at least the satellites' snapshots
     # every engine reload was checked against the core's fingerprint (embedded engines)
     assert s["publications"]["engines_checked"] >= 1
     disk = s["disk_bytes"]

@@ -160,3 +160,21 @@ def test_a_publication_returns_the_engines_that_failed_to_take_it(tmp_path):
     assert info["engines"] == 1 and info["checked"] == 0
     assert (pubs.version, pubs.dir, pubs.sums) == (1, str(tmp_path / "v1"), {"float32": 1.0})
     assert sorted(p.name for p in tmp_path.glob("v*")) == ["v1"]
+
+
+def test_at_the_end_only_the_final_published_weights_stay(tmp_path):
+    """``keep_final``: every published directory but the newest goes (a directory an engine
+    still loads stays), unfinished ``.tmp`` ones and other folders are not touched; the bytes
+    removed are counted."""
+    from gyre.runtime.publication import Publications
+
+    for v in (4, 5, 7):
+        (tmp_path / f"v{v}").mkdir()
+        (tmp_path / f"v{v}" / "model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "v8.tmp").mkdir()
+    (tmp_path / "snapshots").mkdir()
+    pubs = Publications(tmp_path, str(tmp_path / "v7"), 7, "key", keep=2, in_memory=False)
+    pubs._loading[4] += 1  # an engine still starting on v4
+    assert pubs.keep_final() == 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["snapshots", "v4", "v7", "v8.tmp"]
+    assert Publications(tmp_path / "none", "", 0, "key", keep=2, in_memory=False).keep_final() == 0
