@@ -335,7 +335,7 @@ async def bench_cluster(cfg, tmp: Path, a) -> dict:
             if to == "training":
                 await c.load_replica.remote(snap_version, rundir.snapshots, None)
             else:
-                await c.start_engine.remote(cluster.weights_dir, cluster.weights_version)
+                await c.start_engine.remote(cluster.weights_dir, cluster.published_version)
             dt = time.perf_counter() - t0
             out["cold"][to].append({"seconds": dt, "process": t_proc, "load": dt - t_proc})
             if to == "rollout":

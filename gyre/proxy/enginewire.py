@@ -179,7 +179,7 @@ def output_segments(
 ) -> list[OutputSegment]:
     """Output ``[start, end)`` from one engine attempt, split where its weights version changed."""
     if not marks:
-        return [OutputSegment(start=start, end=end, engine_id=engine_id, weights_version=-1)]
+        return [OutputSegment(start=start, end=end, engine_id=engine_id, policy_version=-1)]
     marks = sorted(marks)
     marks[0] = (0, marks[0][1])
     out = []
@@ -187,7 +187,7 @@ def output_segments(
         s = min(start + i, end)
         e = min(start + marks[k + 1][0], end) if k + 1 < len(marks) else end
         if e > s:
-            out.append(OutputSegment(start=s, end=e, engine_id=engine_id, weights_version=v))
+            out.append(OutputSegment(start=s, end=e, engine_id=engine_id, policy_version=v))
     return out
 
 
@@ -197,14 +197,14 @@ def merge_segments(segs: list[OutputSegment]) -> list[OutputSegment]:
         if (
             out
             and out[-1].engine_id == s.engine_id
-            and out[-1].weights_version == s.weights_version
+            and out[-1].policy_version == s.policy_version
             and out[-1].end == s.start
         ):
             out[-1] = OutputSegment(
                 start=out[-1].start,
                 end=s.end,
                 engine_id=s.engine_id,
-                weights_version=s.weights_version,
+                policy_version=s.policy_version,
             )
         else:
             out.append(s)

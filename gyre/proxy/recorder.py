@@ -230,7 +230,7 @@ class Recorder:
     ) -> None:
         """Keep what the policy sampled for a client that went away, marked as such."""
         ids, lps = out
-        seg = OutputSegment(start=0, end=len(ids), engine_id="unknown", weights_version=-1)
+        seg = OutputSegment(start=0, end=len(ids), engine_id="unknown", policy_version=-1)
         rec = self.trace_record(
             st, call, plan, (ids, lps, (seg,)), "abort", headers, t0, {"client_disconnected": True}
         )

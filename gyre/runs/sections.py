@@ -180,8 +180,13 @@ def trace_versions(path: Path, root: Path) -> list[int]:
     for rec in read_jsonl(path, root):
         segs = rec.get("segments")
         for seg in segs if isinstance(segs, list) else []:
-            if isinstance(seg, dict) and isinstance(seg.get("weights_version"), int):
-                vs.add(seg["weights_version"])
+            v = (
+                seg.get("policy_version", seg.get("weights_version"))
+                if isinstance(seg, dict)
+                else None
+            )
+            if isinstance(v, int):  # weights_version: the name in traces before 2026-12-08
+                vs.add(v)
     return sorted(vs)
 
 

@@ -128,7 +128,9 @@ class Cluster:
         return self.publications.dir
 
     @property
-    def weights_version(self) -> int:
+    def published_version(self) -> int:
+        """The policy version the engines serve (the trainer's, ``trainer_version``, runs
+        ahead of it within a burst)."""
         return self.publications.version
 
     @property
@@ -329,7 +331,7 @@ class Cluster:
         try:
             urls = await asyncio.gather(
                 *[
-                    self.cells[i].start_engine.remote(self.weights_dir, self.weights_version)
+                    self.cells[i].start_engine.remote(self.weights_dir, self.published_version)
                     for i in range(self.K)
                     if roles[i] is CellRole.ROLLOUT
                 ]

@@ -155,7 +155,7 @@ class ExecutionRunner:
             recs = read_trace(path).records if path.exists() else []
         except (OSError, ValueError):  # unreadable: the trainer reports it, never fatal here
             return []
-        return sorted({s.weights_version for r in recs for s in r.segments})
+        return sorted({s.policy_version for r in recs for s in r.segments})
 
     async def run(self, gid: int, attempt: int, version: int | None = None) -> float | None:
         """Run one training execution to its assessment; its reward, or None when missing.

@@ -62,7 +62,7 @@ class Feed:
     evals: list[dict[str, Any]] = field(default_factory=list)
     running: int = 0
     version: int = 0
-    weights_version: int = 0
+    published_version: int = 0
     cell_load: list[tuple[int, int] | None] = field(default_factory=list)
     parks_engine: bool = False  # a training cell keeps its engine paused (vLLM)
     counters: dict[str, int] = field(default_factory=dict)
@@ -94,7 +94,7 @@ def doing(
     load: tuple[int, int] | None,
     *,
     publishing: int | None = None,
-    weights_version: int = 0,
+    published_version: int = 0,
     parks_engine: bool = False,
     done: bool = False,
 ) -> str:
@@ -102,7 +102,7 @@ def doing(
     if role == "to_training":
         return "switching to training (drain, load replica)"
     if role == "to_rollout":
-        return f"switching to rollout (engine on v{weights_version})"
+        return f"switching to rollout (engine on v{published_version})"
     if role == "training":
         what = (activity or {}).get("what")
         if what == Phase.MICRO_STEP:
@@ -194,7 +194,7 @@ class Progress:
                         rec.activity.get(c),
                         load,
                         publishing=rec.publishing,
-                        weights_version=feed.weights_version,
+                        published_version=feed.published_version,
                         parks_engine=feed.parks_engine,
                         done=bool(st.get("done")),
                     ),

@@ -53,7 +53,7 @@ def read_calls(
                     end=r.t_end - wall_offset,
                     tokens=len(r.output_ids),
                     engines=len({s.engine_id for s in r.segments}),
-                    versions=tuple((s.weights_version, s.end - s.start) for s in r.segments),
+                    versions=tuple((s.policy_version, s.end - s.start) for s in r.segments),
                 )
             )
     return calls

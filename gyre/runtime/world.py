@@ -207,7 +207,7 @@ class RealWorld:
             evals=self.rundir.eval_rows,
             running=self.execs.running,
             version=self.cluster.trainer_version,
-            weights_version=self.cluster.weights_version,
+            published_version=self.cluster.published_version,
             cell_load=[engines.get(u.rstrip("/")) if u else None for u in self.cluster.urls],
             parks_engine=keeps_engine(self.cfg.engine),
             counters={
@@ -232,7 +232,7 @@ class RealWorld:
         final = self.base_step + len(self.records.finished_steps)
         if self.cfg.run.eval_interval and self.records.finished_steps:
             rollout = [c for c in range(self.K) if self.roles[c] is CellRole.ROLLOUT]
-            if final > self.cluster.weights_version:
+            if final > self.cluster.published_version:
                 await self.cluster.publish(final, rollout)
             # every cell trained last (colocate): serve the final weights on the core
             if not rollout:

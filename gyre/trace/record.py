@@ -30,7 +30,8 @@ class TraceFormatError(ValueError):
 
 @dataclass(frozen=True)
 class OutputSegment:
-    """A run of output tokens sampled by one engine at one weights version.
+    """A run of output tokens sampled by one engine at one policy version (the engine's
+    ``weight_version``, SGLang's name for it on the wire).
 
     A request moved off a draining engine mid-generation is resumed elsewhere,
     so one output can span engines (and, across a publication, versions).
@@ -40,7 +41,16 @@ class OutputSegment:
     start: int
     end: int
     engine_id: str
-    weights_version: int
+    policy_version: int
+
+
+def _segment(d: dict[str, Any]) -> OutputSegment:
+    """A segment as written; traces written before 2026-12-08 spell its version
+    ``weights_version`` (the same field, renamed to the glossary's name)."""
+    if "weights_version" in d and "policy_version" not in d:
+        d = {**d, "policy_version": d["weights_version"]}
+        del d["weights_version"]
+    return OutputSegment(**d)
 
 
 @dataclass(frozen=True)
@@ -121,7 +131,7 @@ class TraceRecord:
                 input_suffix=tuple(int(x) for x in d["input_suffix"]),
                 output_ids=tuple(int(x) for x in d["output_ids"]),
                 output_logprobs=tuple(float(x) for x in d["output_logprobs"]),
-                segments=tuple(OutputSegment(**s) for s in d.get("segments", ())),
+                segments=tuple(_segment(s) for s in d.get("segments", ())),
                 finish_reason=str(d.get("finish_reason", "stop")),
                 forked=bool(d.get("forked", False)),
                 t_start=float(d.get("t_start", 0.0)),

@@ -66,12 +66,12 @@ class _Gen:
         if len(out) >= 4 and self.rng.random() < 0.1:
             cut = len(out) // 2
             segs: tuple[OutputSegment, ...] = (
-                OutputSegment(start=0, end=cut, engine_id="engine-0", weights_version=v),
-                OutputSegment(start=cut, end=len(out), engine_id="engine-1", weights_version=v + 1),
+                OutputSegment(start=0, end=cut, engine_id="engine-0", policy_version=v),
+                OutputSegment(start=cut, end=len(out), engine_id="engine-1", policy_version=v + 1),
             )
         else:
             segs = (
-                (OutputSegment(start=0, end=len(out), engine_id="engine-0", weights_version=v),)
+                (OutputSegment(start=0, end=len(out), engine_id="engine-0", policy_version=v),)
                 if out
                 else ()
             )

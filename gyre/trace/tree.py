@@ -280,7 +280,7 @@ class TrajectoryTree:
             raise TreeBuildError(f"{where}: output without any input (nothing to condition on)")
         vers = [0] * len(rec.output_ids)
         for s in rec.segments:
-            vers[s.start : s.end] = [s.weights_version] * (s.end - s.start)
+            vers[s.start : s.end] = [s.policy_version] * (s.end - s.start)
         seq = list(rec.input_suffix) + list(rec.output_ids)
         idx = len(self.requests)
         end = start

@@ -107,7 +107,7 @@ def test_the_run_completes_and_trains(done):
 def test_both_vllm_engines_serve_and_their_versions_advance(done):
     by_engine: dict[str, set[int]] = {}
     for seg in done["segments"]:
-        by_engine.setdefault(seg["engine_id"], set()).add(seg["weights_version"])
+        by_engine.setdefault(seg["engine_id"], set()).add(seg["policy_version"])
     # the cell's engine (woken with a reload) and the standalone one (reloaded while serving)
     assert set(by_engine) == {"cell-0", "standalone-0"}, by_engine
     for engine, versions in by_engine.items():

@@ -48,7 +48,7 @@ def _feed(*, tools: bool = False, publishing: int | None = None) -> Feed:
         evals=evals,
         running=10,
         version=7,
-        weights_version=6,
+        published_version=6,
         cell_load=[None, None, (1, 1), (6, 3)],
         counters={"rerouted": 3, "harness_failed": 1, "engines_lost": 0, "engine_errors": 0},
     )

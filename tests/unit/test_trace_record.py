@@ -66,3 +66,20 @@ def test_bad_records_are_named_and_rest_kept(tmp_path):
 def test_validate_rejects_positive_logprob():
     with pytest.raises(TraceFormatError, match="r0"):
         _rec(0, output_logprobs=(0.5, -0.1)).validate()
+
+
+def test_a_trace_written_with_the_old_name_of_the_segment_version_reads_the_same():
+    """Segments name their version ``policy_version``; traces written before 2026-12-08 call
+    it ``weights_version``. Both read to the same record, and it is written back in the new
+    name."""
+    d = _rec(0, segments=(OutputSegment(0, 1, "e0", 3), OutputSegment(1, 2, "e1", 4))).to_json()
+    assert [s["policy_version"] for s in d["segments"]] == [3, 4]
+    old = {**d, "segments": [
+        {k if k != "policy_version" else "weights_version": v for k, v in s.items()}
+        for s in d["segments"]
+    ]}  # fmt: skip
+    assert TraceRecord.from_json(old) == TraceRecord.from_json(d)
+    assert TraceRecord.from_json(old).to_json() == d
+    bad = {**d, "segments": [{"start": 0, "end": 2, "engine_id": "e0"}]}  # no version at all
+    with pytest.raises(TraceFormatError):
+        TraceRecord.from_json(bad)
