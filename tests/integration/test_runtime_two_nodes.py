@@ -64,6 +64,9 @@ profile = "reference"
 harness_args = ["--max-turns", "1", "--max-tokens", "24", "--no-delegate", "--client", "stdlib"]
 # the core on node A, both satellites on node B: placement by config, not code
 cell_resources = [{node_a = 1}, {node_b = 1}, {node_b = 1}]
+
+[run.cell]
+calibrate_s = 0.0  # the start-up calibration (2 s) only where a test reads it
 """
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
