@@ -18,7 +18,10 @@ def _modules() -> list[Path]:
     return sorted(INTEGRATION.glob("test_*.py"))
 
 
-def test_every_module_that_starts_gyre_run_is_in_the_ray_unit() -> None:
+def test_every_module_that_starts_gyre_run_is_in_the_ray_unit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GYRE_TEST_RAY_LANES", raising=False)  # one lane (a suite run may set 2)
     runs = [p.name for p in _modules() if STARTS_A_RUN.search(p.read_text())]
     assert "test_runtime.py" in runs and "test_real_model_example.py" in runs  # the regex works
     for name in runs:
