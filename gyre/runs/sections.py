@@ -12,6 +12,7 @@ from gyre.runs import safefs
 from gyre.runs.files import Run, finite, read_jsonl
 from gyre.runs.page import table
 from gyre.runs.svg import Series, bar_rows, line_chart
+from gyre.trace.record import segment_version
 
 ROLE_COLORS = {
     "rollout": "#4C78A8",
@@ -180,12 +181,8 @@ def trace_versions(path: Path, root: Path) -> list[int]:
     for rec in read_jsonl(path, root):
         segs = rec.get("segments")
         for seg in segs if isinstance(segs, list) else []:
-            v = (
-                seg.get("policy_version", seg.get("weights_version"))
-                if isinstance(seg, dict)
-                else None
-            )
-            if isinstance(v, int):  # weights_version: the name in traces before 2026-12-08
+            v = segment_version(seg) if isinstance(seg, dict) else None
+            if isinstance(v, int):
                 vs.add(v)
     return sorted(vs)
 

@@ -271,16 +271,23 @@ class Publications:
         """Whether any engine is still starting on a published version."""
         return bool(+self._loading)
 
+    def _published(self) -> dict[int, Path]:
+        """Each published weight directory under the root, by its version (``v<N>``; a
+        ``v<N>.tmp`` still being written is none)."""
+        out = {}
+        for p in Path(self.root).glob("v*"):
+            try:
+                out[int(p.name[1:])] = p
+            except ValueError:
+                continue
+        return out
+
     def prune(self, version: int, keep: int) -> int:
         """Keep the published weight directories of the newest ``keep`` versions (every engine
         has reloaded ``version`` by now, and a returning one starts on the newest); the bytes
         removed."""
         freed = 0
-        for p in Path(self.root).glob("v*"):
-            try:
-                v = int(p.name[1:])
-            except ValueError:
-                continue
+        for v, p in self._published().items():
             if v <= version - keep and v not in self._loading:
                 freed += tree_bytes(p)
                 shutil.rmtree(p, ignore_errors=True)
@@ -289,6 +296,5 @@ class Publications:
     def keep_final(self) -> int:
         """At the end of a run: only the newest published directory stays (the final weights
         as an HF directory a user can serve); the bytes removed."""
-        newest = max((int(p.name[1:]) for p in Path(self.root).glob("v*") if p.name[1:].isdigit()),
-                     default=None)  # fmt: skip
+        newest = max(self._published(), default=None)
         return 0 if newest is None else self.prune(newest, 1)

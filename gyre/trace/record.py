@@ -44,13 +44,20 @@ class OutputSegment:
     policy_version: int
 
 
+OLD_VERSION_KEY = "weights_version"  # a segment's version in traces written before 2026-12-08
+
+
+def segment_version(d: dict[str, Any]) -> Any:
+    """A written segment's policy version, under its name or the one older traces used."""
+    return d.get("policy_version", d.get(OLD_VERSION_KEY))
+
+
 def _segment(d: dict[str, Any]) -> OutputSegment:
-    """A segment as written; traces written before 2026-12-08 spell its version
-    ``weights_version`` (the same field, renamed to the glossary's name)."""
-    if "weights_version" in d and "policy_version" not in d:
-        d = {**d, "policy_version": d["weights_version"]}
-        del d["weights_version"]
-    return OutputSegment(**d)
+    """A segment as written (older traces: the same field under its old name)."""
+    rest = {k: v for k, v in d.items() if k not in ("policy_version", OLD_VERSION_KEY)}
+    if "policy_version" in d or OLD_VERSION_KEY in d:
+        rest["policy_version"] = segment_version(d)
+    return OutputSegment(**rest)
 
 
 @dataclass(frozen=True)
