@@ -57,16 +57,20 @@ class ClientGone(Exception):
     pass
 
 
+def load_tokenizer(model_dir: str) -> Any:
+    """The served model's tokenizer. Most of its cost is the first import of ``transformers``
+    (2-3 s on a quiet 2-core machine), which ``gyre run`` pays in a thread while its cells start."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
 class ProxyService:
     """Holds the tokenizer, renderer, engine pool, key registry, execution states and trace writer."""
 
     def __init__(self, config: ProxyConfig, tokenizer: Any = None) -> None:
         self.config = config
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(config.model_dir)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model_dir)
         self.renderer = Renderer(tokenizer, time_limit_s=config.template_time_limit_s)
         self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
         self.prompt_bound = PromptBound(

@@ -33,6 +33,7 @@ from gyre.log import LogSpec, current
 from gyre.policy import CellRole
 from gyre.proxy.config import ProxyConfig
 from gyre.proxy.heartbeat import EngineEvent
+from gyre.proxy.service import load_tokenizer
 from gyre.runtime import ranks
 from gyre.runtime.cell import Cell
 from gyre.runtime.config import GyreConfig
@@ -79,6 +80,19 @@ def _sweep_cgroups() -> None:
         time.sleep(0.1)
 
 
+class _Phases:
+    """Seconds since the previous lap, under a name: where a run's start-up went (a user
+    waiting for the first step, and the suite that starts ~30 runs, both want to know)."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.t = into, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = round(now - self.t, 3)
+        self.t = now
+
+
 class Cluster:
     def __init__(
         self,
@@ -115,6 +129,8 @@ class Cluster:
         self.dead_engines: list[str] = []
         self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
         self.rendezvous = Rendezvous()  # the gloo worlds' store files (one machine)
+        self.startup: dict[str, float] = {}  # seconds per start-up phase (summary.json)
+        self._tokenizer: asyncio.Future[Any] | None = None  # the proxy's, loading (start())
         self._asks: list[dict[str, float]] = []
         self._runtime_env: dict[str, Any] = {}
         # called with (cell, cause, where) when a cell's engine is found dead (the world's)
@@ -142,18 +158,29 @@ class Cluster:
     async def start(self, roles: list[CellRole]) -> None:
         """Cells up (Ray actors, their gloo world), each in its initial role, the standalone
         engines, then the proxy in front of every engine."""
+        clock = _Phases(self.startup)
+        # the proxy's tokenizer loads in a thread while Ray, the cells and their engines come up
+        self._tokenizer = asyncio.get_running_loop().run_in_executor(
+            None, load_tokenizer, self.cfg.proxy.model_dir
+        )
+        self._tokenizer.add_done_callback(lambda f: f.cancelled() or f.exception())  # read later
         init_ray(self.cfg)
+        clock.lap("ray_s")
         res = self.cfg.run.cell
         asks = [cell_resources(self.cfg, i) for i in range(self.K)]
         standalone = self.cfg.run.standalone_engines if self.cfg.policy.standalone_capacity else 0
         check_resources(asks + [res.resources] * standalone, ray.cluster_resources())
         runtime_env = self._runtime_env = {"env_vars": engine_env(self.cfg, self.rundir)}
         await self._start_cells(asks, runtime_env)
+        clock.lap("cells_s")
         await self._take_roles(roles)
+        clock.lap("engines_s")
         if self.cfg.policy.standalone_capacity > 0:  # C_s: engines that never train
             await self._start_standalone()
+            clock.lap("standalone_s")
         self.rundir.write_cells(self.placement)
         await self._start_proxy()
+        clock.lap("proxy_s")
 
     async def _start_standalone(self) -> None:
         """Every engine of the standalone pool; one that fails stops everything with one line."""
@@ -362,7 +389,10 @@ class Cluster:
         )
         loop = asyncio.get_running_loop()  # the heartbeat calls on the proxy's thread: hand over
         await self.proxy.start(
-            pcfg, self.engine_key, lambda ev: loop.call_soon_threadsafe(self._on_engine_event, ev)
+            pcfg,
+            self.engine_key,
+            lambda ev: loop.call_soon_threadsafe(self._on_engine_event, ev),
+            await self._tokenizer if self._tokenizer is not None else None,
         )
 
     def _on_engine_event(self, ev: EngineEvent) -> None:

@@ -63,8 +63,11 @@ async def train(
         f"starting {cfg.policy.cells} cells ({cfg.policy.placement.value}) in {rundir.path}"
     )
     await world.start(list(policy.roles) if left > 0 else [CellRole.ROLLOUT] * cfg.policy.cells)
+    up = world.cluster.startup
+    phases = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in up.items())
     progress.message(
-        f"cells up; proxy at {world.cluster.proxy.url}; training steps {done}..{cfg.policy.total_steps}"
+        f"cells up in {sum(up.values()):.1f} s ({phases}); proxy at {world.cluster.proxy.url}; "
+        f"training steps {done}..{cfg.policy.total_steps}"
     )
     if cfg.run.eval_interval and not _evaluated(rundir, world.base_step):
         world.execs.start_eval(world.base_step)  # the starting policy, for comparison

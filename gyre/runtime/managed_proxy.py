@@ -48,11 +48,16 @@ class ManagedProxy:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(
-        self, cfg: ProxyConfig, engine_key: str, on_event: Callable[[EngineEvent], object]
+        self,
+        cfg: ProxyConfig,
+        engine_key: str,
+        on_event: Callable[[EngineEvent], object],
+        tokenizer: Any = None,
     ) -> None:
         """Serve ``cfg`` with ``engine_key`` (the pool's key to every engine); ``on_event`` is
-        called on the proxy's thread with each engine the heartbeat loses or finds back."""
-        server = ProxyServer(cfg)
+        called on the proxy's thread with each engine the heartbeat loses or finds back.
+        ``tokenizer``: ``cfg.model_dir``'s, loaded already (None: loaded here)."""
+        server = ProxyServer(cfg, tokenizer)
         server.set_engine_api_key(engine_key)
         server.on_engine_event(on_event)
         await asyncio.to_thread(server.start)

@@ -224,6 +224,9 @@ def summarize(
         "regime": regime(records, tok_s, calibration),
         "evals": rundir.read_jsonl("evals.jsonl"),
         "cells": cluster.placement,
+        # this segment's start-up, seconds per phase: Ray, the cell actors and their gloo
+        # world, the first engines, the standalone pool, the proxy
+        "startup": cluster.startup,
         "engine_urls": cluster.engine_urls,  # per cell, every URL its engines served at
         "dead_engines": cluster.dead_engines,
         "faults": [

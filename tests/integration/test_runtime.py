@@ -253,6 +253,10 @@ def test_run_exits_0_and_summary(done):
     assert 0 < s["makespan_s"] < done["seconds"]
     assert len(s["cells"]) == 3 and len({c["pid"] for c in s["cells"]}) == 3
     assert len(s["role_shares"]) == 3
+    up = s["startup"]  # where this segment's start-up went, phase by phase
+    assert {"ray_s", "cells_s", "engines_s", "proxy_s"} <= set(up), up
+    assert all(v > 0 for v in up.values()) and sum(up.values()) < done["seconds"], up
+    assert f"cells up in {sum(up.values()):.1f} s (ray " in done["log"]
     for share in s["role_shares"]:
         assert sum(share.values()) == pytest.approx(1.0, abs=1e-3)
     assert s["policy"]["steps_done"] == STEPS and s["policy"]["done"] is True
