@@ -5,9 +5,10 @@
 #   bash scripts/test.sh extended [PATHS]  # long runs whose ground CI tests also cover (~3 min;
 #                                          # not in CI)
 #   bash scripts/test.sh ARGS...    # anything else is passed to pytest (extended tests left out)
-# GYRE_TEST_WORKERS=2 runs the CPU suite on 2 xdist workers (default 0: one process, what CI runs),
+# The CPU suite runs on 2 xdist workers where the machine has 2 CPUs or more (what CI runs),
 # each with one torch/OpenMP thread (GYRE_TEST_THREADS): one worker goes through the `gyre run`
 # modules one at a time while the other runs the rest (tests/conftest.py, work_unit).
+# GYRE_TEST_WORKERS=0 runs it in one process, GYRE_TEST_WORKERS=N on N workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,7 +24,8 @@ if [ "${1:-}" = "extended" ]; then
   shift
   exec python -m pytest -q -m "extended and not gpu" --durations=10 "${@:-tests}"
 fi
-workers=${GYRE_TEST_WORKERS:-0}
+cpus=$(nproc 2>/dev/null || echo 1)
+workers=${GYRE_TEST_WORKERS:-$((cpus >= 2 ? 2 : 0))}
 xdist=()
 if [ "$workers" != 0 ]; then
   xdist=(-n "$workers" --dist loadgroup)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers.xdist_units import work_unit
+from helpers.xdist_units import order, work_unit
 from hypothesis import settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,16 +38,14 @@ def tiny_tokenizer(tiny_model_dir):
 # run ``gyre run`` (a local Ray instance, its cells, the proxy, harnesses; fault tests that kill
 # parts of it on heartbeat and probe deadlines) form one unit, "ray", so that at most one run
 # goes at a time while the other worker goes through everything else. The unit is the longest,
-# so it goes first. GYRE_TEST_RAY_LANES=2 splits it in two units of about equal length (two runs
-# at a time: faster where the machine has the cores, not proven on 2).
-# The units are computed from the node ids (tests/helpers/xdist_units.py): xdist 3.8 applies
-# ``xdist_group`` marks by rewriting ``item._nodeid``, which pytest 9 no longer reads, so marks
-# would group nothing.
-
-
+# so it goes first; a few of its modules without deadlines form a "ray-tail" unit queued last,
+# which the worker that runs out of work first takes (tests/helpers/xdist_units.py).
+# The units are computed from the node ids: xdist 3.8 applies ``xdist_group`` marks by
+# rewriting ``item._nodeid``, which pytest 9 no longer reads, so marks would group nothing.
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadgroup``: units from :func:`work_unit`, in collection order (ray first)."""
+    """``--dist loadgroup``: units from :func:`work_unit`, in collection order (ray first,
+    the ray tail last)."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -61,6 +59,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker, the ray unit's tests first (the longest units start first)."""
+    """On an xdist worker, the ray unit's tests first (the longest unit starts first), the ray
+    tail's last."""
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: not work_unit(item.nodeid).startswith("ray"))
+        items.sort(key=lambda item: order(item.nodeid))
