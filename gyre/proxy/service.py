@@ -70,7 +70,9 @@ class ProxyService:
 
     def __init__(self, config: ProxyConfig, tokenizer: Any = None) -> None:
         self.config = config
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model_dir)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(config.model_dir)
+        self.tokenizer = tokenizer
         self.renderer = Renderer(tokenizer, time_limit_s=config.template_time_limit_s)
         self.max_context = config.max_context_tokens or _model_max_context(config.model_dir)
         self.prompt_bound = PromptBound(
