@@ -22,6 +22,7 @@ memory), never to the driver's environment that harness processes start from, no
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -57,14 +58,29 @@ from gyre.train.stats import ObjectiveStats
 if TYPE_CHECKING:
     from gyre.train.tasks import MicroStepTask
 
+log = logging.getLogger("gyre.runtime.cluster")
 
-async def _settle(refs: list, timeout_s: float = 30.0) -> None:
+
+# what a cell's or engine's stop gets at the run's end before its actor is killed: an embedded
+# engine and a gloo world stop in well under a second; a vLLM server is given longer
+SETTLE_S = {"embedded": 10.0, "vllm": 30.0}
+
+
+async def _settle(refs: list, what: str, timeout_s: float) -> None:
     """Wait for actor calls made at shutdown, whatever they raise, but not forever: the actors
-    are killed next either way, and a hung one must not hold the run's exit."""
-    try:
-        await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), timeout_s)
-    except TimeoutError:
-        pass
+    are killed next either way (Ray kills an actor's child processes with it, a vLLM server
+    included), and a hung one must not hold the run's exit. One that did not answer in time
+    is named in the log: a stop that hangs is a bug to find, not to wait out."""
+    tasks = [asyncio.ensure_future(r) for r in refs]
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s) if tasks else (set(), set())
+    for t in done:  # read each outcome: nothing is re-raised at exit
+        if not t.cancelled():
+            t.exception()
+    if pending:
+        late = [i for i, t in enumerate(tasks) if t in pending]
+        log.warning("%s %s did not stop within %.0f s: killed", what, late, timeout_s)
+        for t in pending:
+            t.cancel()
 
 
 def _sweep_cgroups() -> None:
@@ -406,9 +422,10 @@ class Cluster:
             )
 
     async def stop(self) -> None:
+        settle = SETTLE_S[self.cfg.engine.kind]
         await self.proxy.stop()
         if self.cells:
-            await _settle([c.teardown.remote() for c in self.cells])
+            await _settle([c.teardown.remote() for c in self.cells], "cells", settle)
             for c in self.cells:
                 ranks.kill(c)
             self.cells = []
@@ -416,7 +433,7 @@ class Cluster:
                 await asyncio.to_thread(_sweep_cgroups)
         self.rendezvous.close()
         if self.standalone:  # stop first: a vLLM server is a process of its own, not the actor's
-            await _settle([a.stop.remote() for a, _ in self.standalone])
+            await _settle([a.stop.remote() for a, _ in self.standalone], "standalone", settle)
         for a, _ in self.standalone:
             ray.kill(a)
         self.standalone = []

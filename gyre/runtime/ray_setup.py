@@ -30,6 +30,13 @@ def actor_died(e: BaseException) -> bool:
     return isinstance(e, ActorDied)
 
 
+# A local Ray starts one idle Python worker per logical CPU for tasks to come (each importing
+# Ray: ~1 s of CPU). A run's cells and engines never use them: every actor of a run has its
+# own runtime_env, so Ray starts a worker of its own for each. On a small machine those idle
+# starts compete with the cells' own start for the cores.
+NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
+
 class RuntimeSetupError(RuntimeError):
     """The run could not start (Ray, a cell, or the proxy failed to come up)."""
 
@@ -64,7 +71,12 @@ def init_ray(cfg: GyreConfig) -> None:
         if rc.address:
             ray.init(address=rc.address, **kw)
         else:  # Ray rewrites 127.0.0.1 to the routable address; 127.0.0.2 stays loopback
-            ray.init(num_cpus=rc.num_cpus, _node_ip_address=ray_local_ip(rc.node_ip), **kw)
+            ray.init(
+                num_cpus=rc.num_cpus,
+                _node_ip_address=ray_local_ip(rc.node_ip),
+                _system_config=NO_PRESTART,
+                **kw,
+            )
     # broad on purpose: ray.init fails in many ways (a bad --address, a local node that did not
     # come up in time: ConnectionError, RuntimeError, TimeoutError, ValueError), each one line
     except Exception as e:
