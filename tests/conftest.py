@@ -38,14 +38,14 @@ def tiny_tokenizer(tiny_model_dir):
 # run ``gyre run`` (a local Ray instance, its cells, the proxy, harnesses; fault tests that kill
 # parts of it on heartbeat and probe deadlines) form one unit, "ray", so that at most one run
 # goes at a time while the other worker goes through everything else. The unit is the longest,
-# so it goes first; a few of its modules without deadlines form a "ray-tail" unit queued last,
-# which the worker that runs out of work first takes (tests/helpers/xdist_units.py).
+# so it goes first; a few of its modules without deadlines form a "ray-beside" unit queued next,
+# which the other worker starts with (tests/helpers/xdist_units.py).
 # The units are computed from the node ids: xdist 3.8 applies ``xdist_group`` marks by
 # rewriting ``item._nodeid``, which pytest 9 no longer reads, so marks would group nothing.
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``--dist loadgroup``: units from :func:`work_unit`, in collection order (ray first,
-    the ray tail last)."""
+    """``--dist loadgroup``: units from :func:`work_unit`, in collection order (the ray unit
+    first, then the one beside it)."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -59,7 +59,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker, the ray unit's tests first (the longest unit starts first), the ray
-    tail's last."""
+    """On an xdist worker, the ray unit's tests first, then those beside it: the longest units
+    start first."""
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: order(item.nodeid))

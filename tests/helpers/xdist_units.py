@@ -2,12 +2,13 @@
 in tests/conftest.py asks :func:`work_unit`). The modules that start ``gyre run`` form the "ray"
 unit, so that two runs rarely share CI's 2 cores; every other module is a unit of its own.
 
-The ray unit is the longest (about 950 s of a 2-worker suite), so it starts first, on one
-worker, while the other goes through everything else and would then wait idle for it. The
-modules of :data:`RAY_TAIL` are a second unit, "ray-tail", queued last: the worker that runs
-out of other work first takes it, overlapping only the end of the ray unit. They are modules
-without heartbeat or probe deadlines (no fault is injected), which a second run beside them
-cannot make fail, only slow.
+The ray unit is the longest (about 850 s of a 2-worker suite), so it starts first, on one
+worker, while the other goes through everything else. The modules of :data:`RAY_BESIDE` are
+a second unit, "ray-beside", queued right after it: the other worker starts with it, so the
+longest units go first and the small ones even out the two workers' ends (queued last, its
+~150 s ran alone at the end of a measured suite while the ray unit's worker sat idle). They
+are modules without heartbeat or probe deadlines (no fault is injected), which a second run
+beside them cannot make fail, only slow.
 """
 
 from __future__ import annotations
@@ -24,26 +25,25 @@ RAY_MODULES = {
     "test_runtime_core_inplace.py",
     "test_runtime_cell_faults.py",
     "test_runtime_multirank.py",
-    "test_runtime_publication_memory.py",
     "test_runtime_engine_kill.py",
     "test_runtime_vllm.py",
 }
-# the ray unit's modules that go last, as a unit of their own (their length: about what the
-# other worker would otherwise wait for the ray unit, measured on a 2-worker suite)
-RAY_TAIL = {"test_real_model_example.py"}
+# the ray unit's modules that run beside it, as a unit of their own
+RAY_BESIDE = {"test_real_model_example.py"}
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: "ray", "ray-tail", or the path of its module."""
+    """The xdist work unit of a test: "ray", "ray-beside", or the path of its module."""
     path = nodeid.split("::", 1)[0]
     name = path.rsplit("/", 1)[-1]
     if path.startswith("tests/integration/") and (
         name in RAY_MODULES or name.startswith("test_runtime")
     ):
-        return "ray-tail" if name in RAY_TAIL else "ray"
+        return "ray-beside" if name in RAY_BESIDE else "ray"
     return path
 
 
 def order(nodeid: str) -> int:
-    """Where a test's unit goes in the queue: the ray unit first, the ray tail last."""
-    return {"ray": 0, "ray-tail": 2}.get(work_unit(nodeid), 1)
+    """Where a test's unit goes in the queue: the ray unit, then the one beside it, then the rest
+    in collection order."""
+    return {"ray": 0, "ray-beside": 1}.get(work_unit(nodeid), 2)

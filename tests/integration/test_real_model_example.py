@@ -1,4 +1,4 @@
-"""The real-model example, 2 steps: ``examples/smollm2-arith.toml`` as shipped, on the imported
+"""The real-model examples, 2 steps: ``examples/smollm2-arith.toml`` as shipped, on the imported
 SmolLM2-135M-Instruct, through Ray cells, the proxy, the reference agent and the family's
 verifier. Only the size is overridden (steps, groups, evaluation); every other value is the
 example's, so a config change that breaks the example fails here.
@@ -56,6 +56,9 @@ def _two_steps(example: Path, model: Path, tasks: Path, tmp_path: Path, name: st
     return tmp_path / name
 
 
+@pytest.mark.extended  # the agent example below runs the same path (real model, cells, proxy,
+# reference agent, verifier) with turns and tools; tests/unit/test_examples_load.py checks this
+# example's config. Here: `bash scripts/test.sh extended`.
 def test_example_trains_two_steps(tmp_path: Path) -> None:
     if not (MODEL / "model.safetensors").is_file():
         pytest.skip("runs/smollm2 is absent: run scripts/get-smollm2.sh")

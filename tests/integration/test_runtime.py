@@ -823,11 +823,18 @@ def test_killed_after_its_last_step_the_resume_finishes_the_run(done, tmp_path):
 @pytest.mark.slow
 def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
     """SIGKILL one reference-agent process: the run still finishes, the execution is recorded
-    as failed, and the summary counts it as interrupted."""
-    steps = 2
+    as failed, and the summary counts it as interrupted.
+
+    The same run (one run where there were three, for the suite's time) bounds its disk (a
+    checkpoint every 3 steps, so only the final one, one kept, one published
+    weights directory kept) and publishes in memory (``run.publication = "distributed"``):
+    the engines get every publication from the core over a gloo weight group instead of
+    reloading the HF directory, each reply matching the core's fingerprint (the publication
+    check stops the run otherwise); the directory is still written (late joiners, the
+    fallback). Async placement: cell 0 trains and the others serve throughout, so every
+    publication has rollout engines to reach."""
+    steps = 3  # async publishes after steps 1 and 2 (the last step's weights: the final ones)
     rd = tmp_path / "hk"
-    # the same run bounds its disk: a checkpoint every 3 steps (so only the final one, after step
-    # 2), one kept, one published weights directory kept
     argv = _args(
         tiny_model_dir,
         tmp_path,
@@ -837,6 +844,9 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
         "trainer.checkpoint.every_steps=3",
         "trainer.checkpoint.keep=1",
         "run.keep_published=1",
+        "run.publication=distributed",
+        "policy.placement=async",
+        "policy.mu=1",
     )
     log = tmp_path / "hk.log"
     victim = None
@@ -898,3 +908,14 @@ def test_harness_killed_is_recorded_and_run_completes(tiny_model_dir, tmp_path):
     assert s["disk_bytes"]["checkpoints"] > 0 and s["disk_bytes"]["total"] >= sum(
         v for k, v in s["disk_bytes"].items() if k != "total"
     )
+    # in memory: no engine reloaded from disk, every publication reached its engines
+    assert "reloading from disk" not in text, text[-4000:]
+    pubs = s["publications"]
+    assert pubs["count"] >= 2
+    assert pubs["engines_in_memory"] >= pubs["count"]
+    assert pubs["engines_checked"] >= pubs["engines_in_memory"]
+    assert s["disk_bytes"]["published_weights"] > 0
+    mem = pubs["in_memory"]
+    assert mem["count"] == pubs["count"]
+    # after the first (full) publication the engines hold the base: deltas, and fewer bytes
+    assert mem["deltas"] >= 1 and mem["bytes"] < mem["raw_bytes"], mem

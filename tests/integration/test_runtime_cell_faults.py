@@ -48,8 +48,9 @@ class _Killer:
             self.pid = json.loads((self.rd / "cells.json").read_text())[self.cell]["pid"]
         except (ValueError, KeyError, IndexError):
             return
-        os.kill(self.pid, self.sig)
-        self.at = time.time()
+        at = time.time()  # before the signal: after it, this thread may wait its turn for a
+        os.kill(self.pid, self.sig)  # core while the driver already found the loss
+        self.at = at
 
 
 def _lines(p: Path) -> int:
