@@ -124,7 +124,11 @@ def test_realised_durations_are_the_draw_plus_overhead(run):
         # launch (workspace, key, spawn) and scoring add a little, never take away
         assert plan.duration_s - 0.05 <= e["duration_s"] <= plan.duration_s + 3.0, e
         assert e["harness_timeout"] == plan.harness_timeout, e
-        assert e["calls"] == max(1, round(plan.run_s / LT.call_every_s))
+        planned = max(1, round(plan.run_s / LT.call_every_s))
+        if plan.harness_timeout:  # paced to end at the cap: on loaded cores the last calls can
+            assert 1 <= e["calls"] <= planned, e  # come after it (a 2-worker suite: 4 of 6)
+        else:
+            assert e["calls"] == planned, e
         assert not e["interrupted"] and e["missing"] is None
     assert any(e["harness_timeout"] for e in realised), "the draw should hit the 3 s cap"
     for e in realised:  # a capped execution ends at the cap (plus overhead), not at a kill
