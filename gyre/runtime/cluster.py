@@ -78,7 +78,7 @@ async def _settle(refs: list, what: str, timeout_s: float) -> None:
             t.exception()
     if pending:
         late = [i for i, t in enumerate(tasks) if t in pending]
-        log.warning("%s %s did not stop within %.0f s: killed", what, late, timeout_s)
+        log.warning("%s %s did not stop within %g s: killed", what, late, timeout_s)
         for t in pending:
             t.cancel()
 
