@@ -146,7 +146,6 @@ class Cluster:
         self.engine_events: list[EngineEvent] = []  # the proxy heartbeat's lost / back engines
         self.rendezvous = Rendezvous()  # the gloo worlds' store files (one machine)
         self.startup: dict[str, float] = {}  # seconds per start-up phase (summary.json)
-        self._tokenizer: asyncio.Future[Any] | None = None  # the proxy's, loading (start())
         self._asks: list[dict[str, float]] = []
         self._runtime_env: dict[str, Any] = {}
         # called with (cell, cause, where) when a cell's engine is found dead (the world's)
@@ -176,10 +175,11 @@ class Cluster:
         engines, then the proxy in front of every engine."""
         clock = _Phases(self.startup)
         # the proxy's tokenizer loads in a thread while Ray, the cells and their engines come up
-        self._tokenizer = asyncio.get_running_loop().run_in_executor(
+        tokenizer = asyncio.get_running_loop().run_in_executor(
             None, load_tokenizer, self.cfg.proxy.model_dir
         )
-        self._tokenizer.add_done_callback(lambda f: f.cancelled() or f.exception())  # read later
+        # its outcome is read here too: a cell that fails to start leaves it unawaited
+        tokenizer.add_done_callback(lambda f: f.cancelled() or f.exception())
         init_ray(self.cfg)
         clock.lap("ray_s")
         res = self.cfg.run.cell
@@ -195,7 +195,7 @@ class Cluster:
             await self._start_standalone()
             clock.lap("standalone_s")
         self.rundir.write_cells(self.placement)
-        await self._start_proxy()
+        await self._start_proxy(await tokenizer)
         clock.lap("proxy_s")
 
     async def _start_standalone(self) -> None:
@@ -392,8 +392,9 @@ class Cluster:
                 self._serving(i, next(it))
                 self.placement[i]["url"] = self.urls[i]
 
-    async def _start_proxy(self) -> None:
-        """The managed proxy in front of every engine, with this run's engine key."""
+    async def _start_proxy(self, tokenizer: Any) -> None:
+        """The managed proxy in front of every engine, with this run's engine key and the
+        served model's ``tokenizer``."""
         engines = [u for u in self.urls if u] + [u for _, u in self.standalone]
         pcfg = ProxyConfig.model_validate(
             {
@@ -408,7 +409,7 @@ class Cluster:
             pcfg,
             self.engine_key,
             lambda ev: loop.call_soon_threadsafe(self._on_engine_event, ev),
-            await self._tokenizer if self._tokenizer is not None else None,
+            tokenizer,
         )
 
     def _on_engine_event(self, ev: EngineEvent) -> None:

@@ -319,3 +319,21 @@ def test_unreachable_ray_address_is_one_line_exit_1(tmp_path):
     cfg = load_config(QUICKSTART, [f"model_dir={tmp_path}", f"run.ray.address=127.0.0.1:{port}"])
     with pytest.raises(RuntimeSetupError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
         init_ray(cfg)
+
+
+def test_a_local_ray_starts_no_idle_workers(tmp_path, monkeypatch):
+    """A local run's Ray prestarts no idle Python workers: no actor of a run could use them
+    (each has its own runtime_env), and their start takes the cores the cells start on."""
+    import ray
+
+    from gyre.config import load_config
+    from gyre.runtime import ray_setup
+
+    seen: dict = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    ray_setup.init_ray(load_config(QUICKSTART, [f"model_dir={tmp_path}"]))
+    assert seen["_system_config"] == {
+        "enable_worker_prestart": False,
+        "prestart_worker_first_driver": False,
+    }
